@@ -1,0 +1,28 @@
+"""Federated learning methods, one module each, registered by name on import."""
+
+from edgefl.algorithms import fedavg, fedprox, local  # noqa: F401  (registration)
+from edgefl.algorithms.base import (
+    Algorithm,
+    DeviceContext,
+    DeviceHalf,
+    DeviceRecord,
+    ServerContext,
+    ServerHalf,
+    TrainSettings,
+    algorithm_names,
+    get_algorithm,
+    register,
+)
+
+__all__ = [
+    "Algorithm",
+    "DeviceContext",
+    "DeviceHalf",
+    "DeviceRecord",
+    "ServerContext",
+    "ServerHalf",
+    "TrainSettings",
+    "algorithm_names",
+    "get_algorithm",
+    "register",
+]

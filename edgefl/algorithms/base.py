@@ -1,0 +1,258 @@
+"""The algorithm interface: one module per method, both halves in it, registered by name.
+
+A method is an :class:`Algorithm` entry naming a :class:`DeviceHalf` and a :class:`ServerHalf`.
+
+Device half (one object per device, owns the device's model):
+    ``receive(round, payload)``  absorb what the server sent (weights, statistics, kernels …).
+                                 Idempotent while the server state is unchanged: the runtime may
+                                 call it again before an evaluation.
+    ``fit(round) -> Payload``     local work; returns the uplink.
+    ``finish(round, payload)``    the end of the run: default = ``receive`` (install the final model);
+                                 methods with a last local phase (FedVTC's fine-tuning) override it.
+
+Server half (one object per run):
+    ``select(round, device_ids, rng)``       which devices work this round (default: a fraction).
+    ``downlink(round, device_id) -> Payload`` what a device gets (per device: sub-models, tiers).
+    ``aggregate(round, uplinks) -> metrics``  fold the round's uplinks into the server state. Only
+                                             the uplinks that arrived are passed; a missing device
+                                             is never an error here.
+    ``state_dict()/load_state_dict()``       arrays only, so checkpoints need no pickle.
+    ``closing_rounds``                       rounds after training the method needs (FedVTC's
+                                             one-shot decoder upload); the runtime adds them.
+
+Payloads are dicts of numpy arrays plus scalar metadata (:class:`edgefl.wire.Payload`); the same
+objects run in the in-memory simulation and over MQTT. Algorithms never import a transport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgefl.data import ArrayDataset
+from edgefl.errors import ConfigError, UnknownNameError
+from edgefl.models import ModelSpec, build_model
+from edgefl.wire import Payload
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local-training hyperparameters shared by every method."""
+
+    epochs: int = 1
+    steps: int | None = None  # if set: this many minibatch steps per round instead of epochs
+    batch_size: int = 32
+    optimizer: str = "sgd"  # sgd | adam
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_decay_rounds: tuple[int, ...] = ()  # multiply lr by lr_gamma at each of these rounds
+    lr_gamma: float = 0.1
+
+    def lr_at(self, round: int) -> float:
+        return self.lr * self.lr_gamma ** sum(round >= r for r in self.lr_decay_rounds)
+
+
+@dataclass
+class DeviceContext:
+    """What a device half is given: its identity, model spec, private data and settings."""
+
+    device_id: str
+    spec: ModelSpec
+    train_data: ArrayDataset
+    settings: TrainSettings
+    seed: int  # this device's seed (derived from the run seed and the device id)
+    rounds: int  # training rounds of the run (for schedules such as FedHeNN's η_t)
+    public: ArrayDataset | None = None  # a pool the device also holds (FedHeNN's RAD option)
+
+    @property
+    def num_classes(self) -> int:
+        return self.spec.num_classes
+
+    def rng(self, round: int, stream: int = 0) -> np.random.Generator:
+        """Reproducible per (device, round): the same on any transport and in any order."""
+        return np.random.default_rng([self.seed, round, stream])
+
+
+@dataclass
+class DeviceRecord:
+    """The server's view of one device."""
+
+    spec: ModelSpec
+    num_samples: int = 0
+    profile: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ServerContext:
+    """What a server half is given. ``fleet`` is live: devices may join during a run."""
+
+    num_classes: int
+    fleet: dict[str, DeviceRecord]
+    settings: TrainSettings
+    rounds: int
+    seed: int
+    fraction: float = 1.0
+    min_devices: int = 1
+    public: ArrayDataset | None = None  # server-held data (HierarchyFL's labelled 1%, FedHeNN's pool)
+
+    def specs(self) -> list[ModelSpec]:
+        """The distinct model specs of the fleet, in first-seen order."""
+        return list(dict.fromkeys(r.spec for r in self.fleet.values()))
+
+    def single_spec(self, method: str) -> ModelSpec:
+        specs = self.specs()
+        if len(specs) != 1:
+            names = ", ".join(s.name for s in specs)
+            raise ConfigError(f"{method} trains one global model, but the fleet has {len(specs)} architectures ({names}); give one tier")
+        return specs[0]
+
+    def rng(self, round: int, stream: int = 0) -> np.random.Generator:
+        return np.random.default_rng([self.seed, round, 10_000 + stream])
+
+
+class DeviceHalf:
+    """Base of every device half; subclasses implement :meth:`fit`."""
+
+    def __init__(self, ctx: DeviceContext, options: Any):
+        self.ctx = ctx
+        self.options = options
+        with torch.random.fork_rng():
+            torch.manual_seed(ctx.seed)
+            self.model: nn.Module = build_model(ctx.spec)
+
+    def receive(self, round: int, payload: Payload) -> None:  # noqa: B027 - optional hook
+        """Absorb the server's downlink. Default: nothing (purely local methods)."""
+
+    def fit(self, round: int) -> Payload:
+        raise NotImplementedError
+
+    def finish(self, round: int, payload: Payload) -> None:
+        self.receive(round, payload)
+
+
+class ServerHalf:
+    """Base of every server half."""
+
+    closing_rounds: int = 0
+
+    def __init__(self, ctx: ServerContext, options: Any):
+        self.ctx = ctx
+        self.options = options
+
+    def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
+        ids = sorted(device_ids)
+        if not ids:
+            return []
+        k = min(len(ids), max(self.ctx.min_devices, int(math.ceil(self.ctx.fraction * len(ids) - 1e-9))))
+        return sorted(rng.choice(ids, size=k, replace=False).tolist())
+
+    def downlink(self, round: int, device_id: str) -> Payload:
+        return Payload()
+
+    def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:  # noqa: B027
+        pass
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """For methods without options of their own."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registry entry: the two halves, typed options and the paper's default run settings."""
+
+    name: str
+    description: str
+    device: type[DeviceHalf]
+    server: type[ServerHalf]
+    options: type = NoOptions
+    #: Run-config defaults that match the paper (model family, tiers, optimizer, lr, …); the
+    #: user's explicit options override them.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    #: Share of the training set carved out (stratified) and held by the server only.
+    public_fraction: float = 0.0
+
+    def parse_options(self, raw: Mapping[str, Any]) -> Any:
+        return parse_options(self.options, raw, self.name)
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    if algorithm.name in _REGISTRY:
+        raise ValueError(f"algorithm {algorithm.name!r} is already registered")
+    _REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def get_algorithm(name: str) -> Algorithm:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownNameError("algorithm", name, algorithm_names()) from None
+
+
+def algorithm_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _coerce(value: Any, typ: Any, key: str, method: str) -> Any:
+    origin = typing.get_origin(typ)
+    if origin is typing.Literal:
+        choices = typing.get_args(typ)
+        if value not in choices:
+            raise ConfigError(f"{method} option {key}={value!r}: choose one of {', '.join(map(str, choices))}")
+        return value
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return None
+        return _coerce(value, args[0], key, method)
+    if origin is tuple:
+        (inner, *_) = typing.get_args(typ)
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(_coerce(v, inner, key, method) for v in items if v != "")
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        return typ(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{method} option {key}={value!r} is not a valid {getattr(typ, '__name__', typ)}") from None
+
+
+def parse_options(cls: type, raw: Mapping[str, Any], method: str) -> Any:
+    """Build an options dataclass from strings (CLI ``-o key=value``) or typed values."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        valid = ", ".join(sorted(fields)) or "(none)"
+        raise ConfigError(f"{method} has no option {', '.join(unknown)}; its options are: {valid}")
+    hints = typing.get_type_hints(cls)
+    values = {k: _coerce(v, hints[k], k, method) for k, v in raw.items()}
+    try:
+        return cls(**values)
+    except ValueError as e:
+        raise ConfigError(f"{method}: {e}") from None

@@ -1,0 +1,80 @@
+"""FedAvg (McMahan et al., 2017): one global model, averaged weighted by local data size.
+
+Also the home of the global-model halves that FedProx and FedDW build on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from edgefl.algorithms.aggregate import weighted_average
+from edgefl.algorithms.base import Algorithm, DeviceHalf, NoOptions, ServerHalf, register
+from edgefl.algorithms.training import train_local
+from edgefl.models import build_model
+from edgefl.wire import Payload, arrays_to_state, state_to_arrays
+
+WEIGHTS = "w/"
+
+
+class GlobalModelDevice(DeviceHalf):
+    """Loads the global weights it receives, trains, and sends its weights back."""
+
+    def receive(self, round: int, payload: Payload) -> None:
+        state = arrays_to_state(payload.arrays, WEIGHTS)
+        if state:
+            self.model.load_state_dict(state, strict=True)
+
+    def loss_fn(self, round: int):
+        """The local objective; None = plain cross-entropy. Subclasses add their terms."""
+        return None
+
+    def fit(self, round: int) -> Payload:
+        stats = train_local(self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round), self.loss_fn(round))
+        arrays = state_to_arrays(self.model.state_dict(), WEIGHTS)
+        return Payload(arrays, {"num_samples": len(self.ctx.train_data), **stats})
+
+
+class GlobalModelServer(ServerHalf):
+    """Holds the global model; averages uplinked weights by the devices' sample counts."""
+
+    def __init__(self, ctx, options):
+        super().__init__(ctx, options)
+        spec = ctx.single_spec(type(self).__name__)
+        with torch.random.fork_rng():
+            torch.manual_seed(ctx.seed)
+            model = build_model(spec)
+        self.weights: dict[str, np.ndarray] = state_to_arrays(model.state_dict(), WEIGHTS)
+
+    def downlink(self, round: int, device_id: str) -> Payload:
+        return Payload(dict(self.weights))
+
+    def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+        if uplinks:
+            self.weights = weighted_average(
+                ({k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)}, float(p.meta["num_samples"]))
+                for p in uplinks.values()
+            )
+        return {}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return dict(self.weights)
+
+    def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.weights = {k: np.array(v) for k, v in arrays.items() if k.startswith(WEIGHTS)}
+
+
+PAPER_DEFAULTS = {"model": "cnn", "tiers": ("2",), "optimizer": "sgd", "lr": 0.05, "batch_size": 32, "epochs": 1}
+
+register(
+    Algorithm(
+        name="fedavg",
+        description="FedAvg: average the weights of one shared architecture (weighted by data size)",
+        device=GlobalModelDevice,
+        server=GlobalModelServer,
+        options=NoOptions,
+        defaults=PAPER_DEFAULTS,
+    )
+)

@@ -1,0 +1,48 @@
+"""FedProx (Li et al., 2020): FedAvg plus a proximal term μ/2·‖w − w_global‖² on the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from edgefl.algorithms.base import Algorithm, register
+from edgefl.algorithms.fedavg import PAPER_DEFAULTS, GlobalModelDevice, GlobalModelServer
+from edgefl.wire import Payload
+
+
+@dataclass(frozen=True)
+class FedProxOptions:
+    mu: float = 0.01
+
+    def __post_init__(self):
+        if self.mu < 0:
+            raise ValueError("mu must be >= 0")
+
+
+def proximal_term(model: torch.nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
+    return sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True))
+
+
+class FedProxDevice(GlobalModelDevice):
+    def receive(self, round: int, payload: Payload) -> None:
+        super().receive(round, payload)
+        self.anchor = [p.detach().clone() for p in self.model.parameters()]
+
+    def loss_fn(self, round: int):
+        mu = self.options.mu
+        anchor = getattr(self, "anchor", None) or [p.detach().clone() for p in self.model.parameters()]
+        return lambda x, y: F.cross_entropy(self.model(x), y) + 0.5 * mu * proximal_term(self.model, anchor)
+
+
+register(
+    Algorithm(
+        name="fedprox",
+        description="FedProx: FedAvg with a proximal term mu/2*||w - w_global||^2 in the local loss",
+        device=FedProxDevice,
+        server=GlobalModelServer,
+        options=FedProxOptions,
+        defaults=PAPER_DEFAULTS,
+    )
+)

@@ -1,0 +1,25 @@
+"""Local: every device trains alone on its own data; nothing travels. The lower bound."""
+
+from __future__ import annotations
+
+from edgefl.algorithms.base import Algorithm, DeviceHalf, NoOptions, ServerHalf, register
+from edgefl.algorithms.training import train_local
+from edgefl.wire import Payload
+
+
+class LocalDevice(DeviceHalf):
+    def fit(self, round: int) -> Payload:
+        stats = train_local(self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round))
+        return Payload({}, {"num_samples": len(self.ctx.train_data), **stats})
+
+
+register(
+    Algorithm(
+        name="local",
+        description="Local training only, no communication (lower bound)",
+        device=LocalDevice,
+        server=ServerHalf,
+        options=NoOptions,
+        defaults={"model": "cnn", "tiers": ("2",), "optimizer": "sgd", "lr": 0.05, "batch_size": 32, "epochs": 1},
+    )
+)

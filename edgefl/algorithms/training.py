@@ -1,0 +1,84 @@
+"""Local training and evaluation loops shared by the device halves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgefl.algorithms.base import TrainSettings
+from edgefl.data import ArrayDataset
+from edgefl.errors import ConfigError
+
+#: loss_fn(x, y) -> scalar loss; a closure over the model and whatever the method needs.
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def make_optimizer(params: Iterable[nn.Parameter], settings: TrainSettings, round: int) -> torch.optim.Optimizer:
+    lr = settings.lr_at(round)
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=settings.weight_decay)
+    raise ConfigError(f"unknown optimizer {settings.optimizer!r}; choose sgd or adam")
+
+
+def local_batches(
+    data: ArrayDataset, settings: TrainSettings, rng: np.random.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The minibatches of one round of local work: ``steps`` batches if set, else ``epochs`` passes."""
+    if len(data) == 0:
+        return
+    if settings.steps is None:
+        for _ in range(settings.epochs):
+            yield from data.batches(settings.batch_size, shuffle=True, rng=rng)
+        return
+    done = 0
+    while done < settings.steps:
+        for batch in data.batches(settings.batch_size, shuffle=True, rng=rng):
+            yield batch
+            done += 1
+            if done == settings.steps:
+                return
+
+
+def train_local(
+    model: nn.Module,
+    data: ArrayDataset,
+    settings: TrainSettings,
+    round: int,
+    rng: np.random.Generator,
+    loss_fn: LossFn | None = None,
+    params: Iterable[nn.Parameter] | None = None,
+) -> dict[str, float]:
+    """Run one round of local training; returns the mean loss and the number of samples seen."""
+    loss_fn = loss_fn or (lambda x, y: F.cross_entropy(model(x), y))
+    model.train()
+    opt = make_optimizer(params if params is not None else model.parameters(), settings, round)
+    total, seen = 0.0, 0
+    for x, y in local_batches(data, settings, rng):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(x, y)
+        loss.backward()
+        opt.step()
+        total += float(loss.detach()) * len(y)
+        seen += len(y)
+    return {"train_loss": total / max(seen, 1), "samples_seen": float(seen)}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1000) -> dict[str, float]:
+    """Accuracy (0–1) and mean cross-entropy of ``model`` on ``data``."""
+    was_training = model.training
+    model.eval()
+    correct, loss, n = 0, 0.0, 0
+    for x, y in data.batches(batch_size, shuffle=False):
+        logits = model(x)
+        loss += float(F.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(1) == y).sum())
+        n += len(y)
+    model.train(was_training)
+    return {"accuracy": correct / max(n, 1), "loss": loss / max(n, 1), "samples": float(n)}

@@ -1,0 +1,1 @@
+"""The ``edgefl`` command-line interface (Typer)."""

@@ -1,0 +1,134 @@
+"""``edgefl simulate``: a whole fleet on this machine, in memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from edgefl.errors import ConfigError
+
+err = Console(stderr=True)
+
+
+def _split(value: str | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} {item!r} must look like key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def simulate(
+    algorithm: str = typer.Option(None, "--algorithm", "-a", help="Method (see README); default fedavg."),
+    option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
+    dataset: str = typer.Option(None, help="fashion-mnist, mnist, cifar10, cifar100, cinic10, imagefolder:DIR, synthetic."),
+    data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
+    partition: str = typer.Option(None, help="iid, dirichlet or shards."),
+    alpha: float = typer.Option(None, help="Dirichlet concentration (> 0)."),
+    classes_per_client: int = typer.Option(None, "--classes-per-client", "-k", help="Classes per device for shards."),
+    clients: int = typer.Option(None, help="Number of devices."),
+    fraction: float = typer.Option(None, help="Share of devices sampled each round, in (0, 1]."),
+    rounds: int = typer.Option(None, help="Training rounds."),
+    epochs: int = typer.Option(None, help="Local epochs per round."),
+    steps: int = typer.Option(None, help="Local minibatch steps per round (instead of epochs)."),
+    batch_size: int = typer.Option(None, help="Local batch size."),
+    optimizer: str = typer.Option(None, help="sgd or adam."),
+    lr: float = typer.Option(None, help="Learning rate."),
+    model: str = typer.Option(None, help="Model family (resnet, cnn, hierarchy-depth, hierarchy-width, …)."),
+    tiers: str = typer.Option(None, help="Comma-separated tiers of the family, assigned round-robin to devices."),
+    width: float = typer.Option(None, help="Channel width multiplier (CPU-sized runs: 0.25)."),
+    feature_dim: int = typer.Option(None, help="Common feature dimension (adds a projection where needed)."),
+    seed: int = typer.Option(None, help="Seed for partition, models and sampling."),
+    train_samples: int = typer.Option(None, help="Subsample the training set for quick runs."),
+    test_samples: int = typer.Option(None, help="Subsample the test set for the final evaluation."),
+    eval_every: int = typer.Option(None, help="Evaluate every N rounds (on --eval-samples test samples)."),
+    out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
+    run_name: str = typer.Option(None, help="Name of the run directory (default: timestamp-algorithm-dataset-seed)."),
+    config: Path = typer.Option(None, "--config", help="TOML file with any of these settings."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Run a whole federated fleet on this machine with the in-memory transport."""
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import load_toml, resolve_config
+    from edgefl.data import dataset_info
+    from edgefl.models import family_tiers
+    from edgefl.runtime.simulation import simulate as run_simulation
+
+    explicit = load_toml(config) if config else {}
+    flags = {
+        "algorithm": algorithm,
+        "dataset": dataset,
+        "data_dir": data_dir,
+        "partition": partition,
+        "alpha": alpha,
+        "classes_per_client": classes_per_client,
+        "clients": clients,
+        "fraction": fraction,
+        "rounds": rounds,
+        "epochs": epochs,
+        "steps": steps,
+        "batch_size": batch_size,
+        "optimizer": optimizer,
+        "lr": lr,
+        "model": model,
+        "tiers": _split(tiers),
+        "width": width,
+        "feature_dim": feature_dim,
+        "seed": seed,
+        "train_samples": train_samples,
+        "test_samples": test_samples,
+        "eval_every": eval_every,
+        "out_dir": str(out) if out else None,
+        "run_name": run_name,
+    }
+    explicit.update({k: v for k, v in flags.items() if v is not None})
+    if option:
+        explicit["options"] = {**explicit.get("options", {}), **_pairs(option, "option")}
+    algo = get_algorithm(explicit.get("algorithm", "fedavg"))
+    cfg = resolve_config(explicit, dict(algo.defaults))
+    # fail on unknown names before any progress is drawn
+    dataset_info(cfg.dataset)
+    family_tiers(cfg.model)
+
+    total = cfg.rounds + algo.server.closing_rounds
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet,
+        transient=as_json,
+    ) as progress:
+        task = progress.add_task(f"{cfg.algorithm} rounds", total=total, status="")
+
+        def on_round(r: dict) -> None:
+            status = f"acc {100 * r['eval']['mean_accuracy']:.1f}%" if "eval" in r else ""
+            if r["failed"]:
+                status += f" failed {len(r['failed'])}"
+            progress.update(task, advance=1, status=status)
+
+        summary = run_simulation(cfg, on_round=on_round)
+
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    err.print(
+        f"[bold green]done[/] {summary['algorithm']}: mean accuracy {100 * summary['mean_accuracy']:.2f}% "
+        f"over {len(summary['client_accuracy'])} devices in {summary['wall_seconds']:.0f} s"
+    )
+    for tier, acc in summary["tier_accuracy"].items():
+        err.print(f"  tier {tier}: {100 * acc:.2f}%")
+    err.print(f"results: {summary['run_dir']}")

@@ -1,0 +1,151 @@
+"""The typed run configuration, validated at the edge (CLI flags or a TOML file).
+
+Precedence: explicit options (flags, then file) > the algorithm's paper defaults > these defaults.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from edgefl.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: str = "fedavg"
+    options: dict[str, str] = Field(default_factory=dict, description="algorithm options key=value")
+
+    # data
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    partition: Literal["iid", "dirichlet", "shards"] = "iid"
+    alpha: float = 0.5
+    classes_per_client: int = 2
+    min_size: int = 10
+    train_samples: int | None = None  # subsample the training set (quick runs)
+    test_samples: int | None = None  # subsample the test set for the final evaluation
+    eval_samples: int = 2000  # test samples for per-round evaluation
+    public_fraction: float | None = None  # override the algorithm's server-held share
+
+    # fleet
+    clients: int = 10
+    fraction: float = 1.0
+    min_devices: int = 1
+    model: str = "cnn"
+    tiers: tuple[str, ...] | None = None  # None: every tier of the family, round-robin over devices
+    width: float = 1.0
+    feature_dim: int | None = None
+    head: str = "linear"
+    model_options: dict[str, str] = Field(default_factory=dict)
+
+    # rounds and local work
+    rounds: int = 10
+    epochs: int = 1
+    steps: int | None = None
+    batch_size: int = 32
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_decay_rounds: tuple[int, ...] = ()
+    lr_gamma: float = 0.1
+    eval_every: int = 1
+    timeout: float | None = None
+
+    # run
+    seed: int = 0
+    out_dir: str = "runs"
+    run_name: str | None = None
+    threads: int | None = None
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError(f"alpha must be > 0 (got {v})")
+        return v
+
+    @field_validator("fraction")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError(f"fraction must be in (0, 1] (got {v})")
+        return v
+
+    @field_validator("clients", "rounds", "epochs", "batch_size", "min_devices", "classes_per_client", "eval_samples")
+    @classmethod
+    def _positive(cls, v: int, info) -> int:
+        if v < 1:
+            raise ValueError(f"{info.field_name} must be >= 1 (got {v})")
+        return v
+
+    @field_validator("lr", "width", "lr_gamma")
+    @classmethod
+    def _positive_float(cls, v: float, info) -> float:
+        if v <= 0:
+            raise ValueError(f"{info.field_name} must be > 0 (got {v})")
+        return v
+
+    @field_validator("steps", "train_samples", "test_samples", "feature_dim", "threads", "timeout")
+    @classmethod
+    def _optional_positive(cls, v, info):
+        if v is not None and v <= 0:
+            raise ValueError(f"{info.field_name} must be > 0 (got {v})")
+        return v
+
+    @field_validator("public_fraction")
+    @classmethod
+    def _public(cls, v):
+        if v is not None and not 0 <= v < 1:
+            raise ValueError(f"public_fraction must be in [0, 1) (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.min_devices > self.clients:
+            raise ValueError(f"min_devices ({self.min_devices}) exceeds clients ({self.clients})")
+        return self
+
+
+def _errors(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc not in msg else msg)
+    return "; ".join(parts)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def resolve_config(explicit: dict[str, Any], algorithm_defaults: dict[str, Any] | None = None) -> RunConfig:
+    """Merge explicit settings over the algorithm's defaults, then validate.
+
+    The algorithm's default tiers belong to its default model: they apply only when the user
+    keeps that model.
+    """
+    defaults = dict(algorithm_defaults or {})
+    if "model" in explicit and explicit["model"] != defaults.get("model") and "tiers" not in explicit:
+        defaults.pop("tiers", None)
+    try:
+        return RunConfig(**{**defaults, **explicit})
+    except ValidationError as e:
+        raise ConfigError(_errors(e)) from None

@@ -1,0 +1,64 @@
+"""Run outputs: resolved config, per-round metrics (JSONL), a summary (JSON + markdown)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: NaN becomes null (the JSON spec has no NaN)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+class RunRecorder:
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rounds_path = self.run_dir / "rounds.jsonl"
+        self.rounds_path.write_text("")
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        (self.run_dir / "config.json").write_text(json.dumps(_clean(config), indent=2) + "\n")
+
+    def append_round(self, record: dict[str, Any]) -> None:
+        with self.rounds_path.open("a") as f:
+            f.write(json.dumps(_clean(record)) + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        (self.run_dir / "summary.json").write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        (self.run_dir / "summary.md").write_text(summary_markdown(summary))
+
+
+def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (Path(run_dir) / "rounds.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    lines = [
+        f"# {s['algorithm']} on {s.get('dataset', '?')}",
+        "",
+        f"- rounds: {s['rounds']}, devices: {len(s.get('client_accuracy', {}))}, wall time: {s['wall_seconds']:.1f} s",
+        f"- mean test accuracy over devices: **{100 * s['mean_accuracy']:.2f}%**",
+        f"- bytes per round: up {_mean(s['bytes_up_per_round']):,.0f}, down {_mean(s['bytes_down_per_round']):,.0f} (mean)",
+        "",
+        "| tier | devices | accuracy (%) |",
+        "|---|---|---|",
+    ]
+    tiers = s.get("tier_devices", {})
+    for tier, acc in s["tier_accuracy"].items():
+        lines.append(f"| {tier} | {tiers.get(tier, '')} | {100 * acc:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0

@@ -1,0 +1,203 @@
+"""The round loop: the one place where a federated run is orchestrated.
+
+    for each round: select devices → send downlinks → collect uplinks until all arrived or the
+    deadline → aggregate what arrived → evaluate (every ``eval_every`` rounds) → record → checkpoint
+    then: send every device its final downlink (``finish``) → evaluate on the full test split.
+
+It knows nothing of MQTT or of any particular method: it talks to a :class:`Transport` in bytes
+and to a :class:`ServerHalf` in payloads. Failed and late devices are recorded, not raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import numpy as np
+import safetensors.numpy
+
+from edgefl.algorithms.base import ServerContext, ServerHalf
+from edgefl.errors import EdgeflError, WireError
+from edgefl.transport.base import Transport
+from edgefl.wire import Envelope, Limits, Payload, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Exchange:
+    """The outcome of one request to a set of devices."""
+
+    replies: dict[str, Envelope] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    bytes_down: dict[str, int] = field(default_factory=dict)
+    bytes_up: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LoopSettings:
+    rounds: int
+    fleet: str = "default"
+    algorithm: str = ""
+    timeout: float | None = None  # per-round deadline in seconds (None: wait for every device)
+    eval_every: int = 1
+    eval_split: str = "quick"  # per-round evaluation split; the final one uses "test"
+    checkpoint_dir: Path | None = None
+    stop_when_all_fail: bool = True  # a round where every device failed is a bug in a simulation
+
+
+class RoundLoop:
+    def __init__(
+        self,
+        server: ServerHalf,
+        ctx: ServerContext,
+        transport: Transport,
+        settings: LoopSettings,
+        *,
+        limits: Limits = Limits(),
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ):
+        self.server, self.ctx, self.transport, self.settings = server, ctx, transport, settings
+        self.limits = limits
+        self.on_round = on_round or (lambda record: None)
+        self.total_rounds = settings.rounds + server.closing_rounds
+        self.start_round = self._resume()
+
+    # -- one exchange ---------------------------------------------------------------------------
+    def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str) -> Exchange:
+        out = Exchange()
+        messages = {}
+        for device_id, payload in payloads.items():
+            env = Envelope(
+                kind=kind,
+                round=round,
+                device_id=device_id,
+                fleet=self.settings.fleet,
+                algorithm=self.settings.algorithm,
+                tier=self.ctx.fleet[device_id].spec.tier,
+                payload=payload,
+            )
+            messages[device_id] = encode(env)
+            out.bytes_down[device_id] = len(messages[device_id])
+        deliveries = self.transport.request(messages, timeout=self.settings.timeout)
+        for device_id in payloads:
+            d = deliveries.get(device_id)
+            if d is None or d.reply is None:
+                out.failed[device_id] = d.error if d is not None else "no reply"
+                continue
+            out.bytes_up[device_id] = len(d.reply)
+            out.seconds[device_id] = d.seconds
+            try:
+                reply = decode(d.reply, self.limits)
+            except WireError as e:
+                log.warning("rejected a reply from %s: %s", device_id, e)
+                out.failed[device_id] = f"rejected: {e}"
+                continue
+            if reply.device_id != device_id or reply.round != round:
+                out.failed[device_id] = f"reply for {reply.device_id!r} round {reply.round}, expected round {round}"
+            elif reply.kind == "error":
+                out.failed[device_id] = str(reply.payload.meta.get("reason", "device error"))
+            elif reply.kind != expect:
+                out.failed[device_id] = f"unexpected reply kind {reply.kind!r}"
+            else:
+                out.replies[device_id] = reply
+        for device_id, reason in out.failed.items():
+            log.warning("round %d: device %s failed: %s", round, device_id, reason)
+        return out
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def evaluate(self, round: int, split: str, with_downlink: bool) -> dict[str, Any]:
+        payloads = {}
+        for device_id in sorted(self.ctx.fleet):
+            p = self.server.downlink(round, device_id) if with_downlink else Payload()
+            payloads[device_id] = Payload(p.arrays, {**p.meta, "split": split})
+        ex = self.exchange("evaluate", round, payloads, expect="metrics")
+        acc = {d: float(r.payload.meta["accuracy"]) for d, r in ex.replies.items()}
+        by_tier: dict[str, list[float]] = {}
+        for d, a in acc.items():
+            by_tier.setdefault(self.ctx.fleet[d].spec.tier, []).append(a)
+        return {
+            "split": split,
+            "mean_accuracy": mean(acc.values()) if acc else float("nan"),
+            "tier_accuracy": {t: mean(v) for t, v in by_tier.items()},
+            "client_accuracy": acc,
+            "eval_failed": ex.failed,
+        }
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run_round(self, round: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        selected = self.server.select(round, sorted(self.ctx.fleet), self.ctx.rng(round))
+        payloads = {d: self.server.downlink(round, d) for d in selected}
+        ex = self.exchange("train", round, payloads, expect="update")
+        if selected and not ex.replies and self.settings.stop_when_all_fail:
+            first = next(iter(ex.failed.values()), "unknown")
+            raise EdgeflError(f"round {round}: all {len(selected)} devices failed (first: {first})")
+        t1 = time.perf_counter()
+        server_metrics = self.server.aggregate(round, {d: r.payload for d, r in ex.replies.items()})
+        t2 = time.perf_counter()
+        metas = {d: r.payload.meta for d, r in ex.replies.items()}
+        record: dict[str, Any] = {
+            "round": round,
+            "phase": "train" if round < self.settings.rounds else "closing",
+            "selected": selected,
+            "completed": sorted(ex.replies),
+            "failed": ex.failed,
+            "bytes_down": ex.bytes_down,
+            "bytes_up": ex.bytes_up,
+            "bytes_down_total": sum(ex.bytes_down.values()),
+            "bytes_up_total": sum(ex.bytes_up.values()),
+            "train_loss": {d: m["train_loss"] for d, m in metas.items() if "train_loss" in m},
+            "train_seconds": {d: m["train_seconds"] for d, m in metas.items() if "train_seconds" in m},
+            "collect_seconds": t1 - t0,
+            "aggregate_seconds": t2 - t1,
+            "server": server_metrics,
+        }
+        last = round == self.total_rounds - 1
+        if not last and self.settings.eval_every > 0 and (round + 1) % self.settings.eval_every == 0:
+            record["eval"] = self.evaluate(round + 1, self.settings.eval_split, with_downlink=True)
+        record["round_seconds"] = time.perf_counter() - t0
+        return record
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        for round in range(self.start_round, self.total_rounds):
+            record = self.run_round(round)
+            self._checkpoint(round)
+            self.on_round(record)
+        end = self.total_rounds
+        payloads = {d: self.server.downlink(end, d) for d in sorted(self.ctx.fleet)}
+        finished = self.exchange("finish", end, payloads, expect="done")
+        final = self.evaluate(end, "test", with_downlink=False)
+        final["finish_failed"] = finished.failed
+        final["finish_bytes_down"] = sum(finished.bytes_down.values())
+        final["wall_seconds"] = time.perf_counter() - t0
+        return final
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _checkpoint(self, round: int) -> None:
+        d = self.settings.checkpoint_dir
+        if d is None:
+            return
+        d.mkdir(parents=True, exist_ok=True)
+        arrays = {k: np.ascontiguousarray(v) for k, v in self.server.state_dict().items()}
+        tmp = d / "server.safetensors.tmp"
+        safetensors.numpy.save_file(arrays, tmp, metadata={"round": str(round)})
+        tmp.replace(d / "server.safetensors")  # atomic: a crash never leaves half a checkpoint
+        (d / "progress.json").write_text(json.dumps({"completed_round": round}))
+
+    def _resume(self) -> int:
+        d = self.settings.checkpoint_dir
+        if d is None or not (d / "progress.json").exists():
+            return 0
+        done = int(json.loads((d / "progress.json").read_text())["completed_round"])
+        self.server.load_state_dict(safetensors.numpy.load_file(d / "server.safetensors"))
+        log.info("resuming after round %d from %s", done, d)
+        return done + 1

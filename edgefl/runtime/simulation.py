@@ -1,0 +1,198 @@
+"""A whole fleet on one machine: the same algorithm objects and round loop, in-memory transport."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from edgefl.algorithms import (
+    DeviceContext,
+    DeviceRecord,
+    ServerContext,
+    TrainSettings,
+    get_algorithm,
+)
+from edgefl.config import RunConfig
+from edgefl.data import ArrayDataset, carve_public, load_dataset, partition
+from edgefl.models import ModelSpec, family_tiers
+from edgefl.report import RunRecorder
+from edgefl.runtime.agent import DeviceAgent
+from edgefl.runtime.loop import LoopSettings, RoundLoop
+from edgefl.transport import InMemoryTransport
+
+log = logging.getLogger(__name__)
+
+
+def derive_seed(seed: int, name: str) -> int:
+    """A stable 31-bit seed for ``name`` (a device id) under the run seed."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def device_ids(n: int) -> list[str]:
+    width = max(2, len(str(n - 1)))
+    return [f"d{i:0{width}d}" for i in range(n)]
+
+
+def subsample(data: ArrayDataset, n: int | None, seed: int) -> ArrayDataset:
+    if n is None or n >= len(data):
+        return data
+    idx = np.sort(np.random.default_rng([seed, 99]).choice(len(data), size=n, replace=False))
+    return data.subset(idx)
+
+
+def fleet_specs(cfg: RunConfig, ids: list[str], info) -> dict[str, ModelSpec]:
+    """Tiers assigned round-robin over devices (device i gets tier i mod #tiers)."""
+    tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+    options = tuple(sorted(cfg.model_options.items()))
+    return {
+        d: ModelSpec(
+            family=cfg.model,
+            tier=tiers[i % len(tiers)],
+            num_classes=info.num_classes,
+            in_shape=tuple(info.in_shape),
+            width=cfg.width,
+            feature_dim=cfg.feature_dim,
+            head=cfg.head,
+            mean=tuple(info.mean),
+            std=tuple(info.std),
+            options=options,
+        )
+        for i, d in enumerate(ids)
+    }
+
+
+def train_settings(cfg: RunConfig) -> TrainSettings:
+    return TrainSettings(
+        epochs=cfg.epochs,
+        steps=cfg.steps,
+        batch_size=cfg.batch_size,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        lr_decay_rounds=tuple(cfg.lr_decay_rounds),
+        lr_gamma=cfg.lr_gamma,
+    )
+
+
+def run_dir_for(cfg: RunConfig) -> Path:
+    name = cfg.run_name or f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}"
+    return Path(cfg.out_dir) / name
+
+
+def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and plots to the run dir."""
+    t_start = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    algorithm = get_algorithm(cfg.algorithm)
+    options = algorithm.parse_options(cfg.options)
+
+    train = subsample(load_dataset(cfg.dataset, "train", cfg.data_dir), cfg.train_samples, cfg.seed)
+    test = subsample(load_dataset(cfg.dataset, "test", cfg.data_dir), cfg.test_samples, cfg.seed + 1)
+    quick = subsample(test, cfg.eval_samples, cfg.seed + 2)
+    labels = train.y.numpy()
+    public_fraction = algorithm.public_fraction if cfg.public_fraction is None else cfg.public_fraction
+    public = None
+    pool = np.arange(len(train))
+    if public_fraction > 0:
+        public_idx, pool = carve_public(labels, public_fraction, seed=cfg.seed)
+        public = train.subset(public_idx)
+    parts = partition(
+        labels[pool],
+        cfg.clients,
+        cfg.partition,
+        alpha=cfg.alpha,
+        classes_per_client=cfg.classes_per_client,
+        seed=cfg.seed,
+        min_size=cfg.min_size,
+    )
+    ids = device_ids(cfg.clients)
+    specs = fleet_specs(cfg, ids, train.info)
+    settings = train_settings(cfg)
+
+    transport = InMemoryTransport()
+    eval_cache: dict = {}
+    fleet: dict[str, DeviceRecord] = {}
+    for d, idx in zip(ids, parts, strict=True):
+        data = train.subset(pool[idx])
+        ctx = DeviceContext(d, specs[d], data, settings, derive_seed(cfg.seed, d), cfg.rounds)
+        half = algorithm.device(ctx, options)
+        agent = DeviceAgent(
+            half, eval_sets={"quick": quick, "test": test}, algorithm=cfg.algorithm, eval_cache=eval_cache
+        )
+        transport.connect(d, agent.handle_bytes)
+        fleet[d] = DeviceRecord(spec=specs[d], num_samples=len(data))
+
+    server_ctx = ServerContext(
+        num_classes=train.info.num_classes,
+        fleet=fleet,
+        settings=settings,
+        rounds=cfg.rounds,
+        seed=cfg.seed,
+        fraction=cfg.fraction,
+        min_devices=cfg.min_devices,
+        public=public,
+    )
+    server = algorithm.server(server_ctx, options)
+    run_dir = run_dir_for(cfg)
+    recorder = RunRecorder(run_dir)
+    recorder.write_config(
+        {
+            **cfg.model_dump(mode="json"),
+            "resolved_options": {k: getattr(options, k) for k in vars(options)} if vars(options) else {},
+            "fleet": {d: {"spec": specs[d].to_dict(), "num_samples": fleet[d].num_samples} for d in ids},
+            "public_samples": 0 if public is None else len(public),
+        }
+    )
+    rounds: list[dict[str, Any]] = []
+
+    def record(r: dict[str, Any]) -> None:
+        rounds.append(r)
+        recorder.append_round(r)
+        if on_round:
+            on_round(r)
+
+    loop = RoundLoop(
+        server,
+        server_ctx,
+        transport,
+        LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=cfg.eval_every, timeout=cfg.timeout),
+        on_round=record,
+    )
+    final = loop.run()
+    summary = {
+        "algorithm": cfg.algorithm,
+        "dataset": cfg.dataset,
+        "rounds": cfg.rounds,
+        "seed": cfg.seed,
+        "mean_accuracy": final["mean_accuracy"],
+        "tier_accuracy": final["tier_accuracy"],
+        "tier_devices": {t: sum(s.tier == t for s in specs.values()) for t in final["tier_accuracy"]},
+        "client_accuracy": final["client_accuracy"],
+        "bytes_up_per_round": [r["bytes_up_total"] for r in rounds],
+        "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
+        "failed_per_round": [len(r["failed"]) for r in rounds],
+        "accuracy_per_round": [
+            {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r
+        ],
+        "test_samples": len(test),
+        "wall_seconds": time.perf_counter() - t_start,
+        "run_dir": str(run_dir),
+    }
+    recorder.write_summary(summary)
+    try:
+        from edgefl.report.plots import plot_run
+
+        plot_run(run_dir)
+    except Exception as e:  # a plot must never cost the run its results
+        log.warning("could not plot %s: %s", run_dir, e)
+    return summary

@@ -1,0 +1,120 @@
+"""Every registered algorithm through the one round loop, plus the shared pieces it relies on."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from edgefl.algorithms import algorithm_names, get_algorithm
+from edgefl.algorithms.aggregate import weighted_average
+from edgefl.algorithms.base import ServerContext, ServerHalf, TrainSettings
+from edgefl.algorithms.fedprox import proximal_term
+from edgefl.errors import ConfigError, UnknownNameError
+from edgefl.runtime.simulation import simulate
+from tests.conftest import tiny_config
+
+
+@pytest.mark.parametrize("name", algorithm_names())
+def test_every_algorithm_runs_two_rounds_in_memory(tmp_path, name):
+    cfg = tiny_config(tmp_path, algorithm=name)
+    summary = simulate(cfg)
+    algo = get_algorithm(name)
+    expected_rounds = 2 + algo.server.closing_rounds
+    assert len(summary["bytes_up_per_round"]) == expected_rounds
+    assert summary["failed_per_round"] == [0] * expected_rounds
+    assert len(summary["client_accuracy"]) == 3
+    assert 0.0 <= summary["mean_accuracy"] <= 1.0
+    assert all(b > 0 for b in summary["bytes_down_per_round"])
+    run = tmp_path / "run"
+    rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == list(range(expected_rounds))
+    assert json.loads((run / "config.json").read_text())["algorithm"] == name
+    assert (run / "summary.md").exists()
+
+
+def test_weighted_average_matches_numpy():
+    rng = np.random.default_rng(0)
+    items = [({"a": rng.normal(size=(3, 2)).astype(np.float32), "n": np.array(4)}, w) for w in (1.0, 3.0, 6.0)]
+    out = weighted_average(items)
+    ref = sum(a["a"].astype(np.float64) * w for a, w in items) / 10.0
+    np.testing.assert_allclose(out["a"], ref, rtol=1e-6)
+    assert out["a"].dtype == np.float32 and out["n"].dtype == items[0][0]["n"].dtype
+
+
+def test_fedavg_server_weights_by_sample_count(tmp_path):
+    cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=1)
+    from edgefl.algorithms.fedavg import GlobalModelServer
+    from edgefl.wire import Payload
+
+    server = _server(GlobalModelServer, cfg)
+    key = next(k for k in server.weights if k.endswith("weight"))
+    ups = {}
+    for d, (n, v) in {"d00": (10, 1.0), "d01": (30, 5.0)}.items():
+        arrays = {k: np.full_like(a, v) for k, a in server.weights.items()}
+        ups[d] = Payload(arrays, {"num_samples": n})
+    server.aggregate(0, ups)
+    np.testing.assert_allclose(server.weights[key], (10 * 1.0 + 30 * 5.0) / 40)
+
+
+def _server(cls, cfg):
+    from edgefl.algorithms import DeviceRecord
+    from edgefl.data import dataset_info
+    from edgefl.runtime.simulation import fleet_specs
+
+    info = dataset_info("synthetic")
+    specs = fleet_specs(cfg, ["d00", "d01"], info)
+    ctx = ServerContext(10, {d: DeviceRecord(s, 10) for d, s in specs.items()}, TrainSettings(), rounds=1, seed=0)
+    return cls(ctx, get_algorithm(cfg.algorithm).parse_options({}))
+
+
+def test_proximal_term_is_squared_distance():
+    model = torch.nn.Linear(3, 2)
+    anchor = [p.detach().clone() for p in model.parameters()]
+    assert float(proximal_term(model, anchor)) == 0.0
+    with torch.no_grad():
+        model.weight.add_(0.5)
+    assert float(proximal_term(model, anchor)) == pytest.approx(6 * 0.25)
+
+
+def test_default_selection_samples_a_fraction_reproducibly():
+    ctx = ServerContext(10, {}, TrainSettings(), rounds=1, seed=3, fraction=0.3, min_devices=1)
+    half = ServerHalf(ctx, None)
+    ids = [f"d{i:02d}" for i in range(10)]
+    a = half.select(4, ids, ctx.rng(4))
+    assert len(a) == 3 and set(a) <= set(ids)
+    assert a == half.select(4, ids, ctx.rng(4))
+    assert any(half.select(r, ids, ctx.rng(r)) != a for r in range(5, 10))
+
+
+def test_same_seed_reproduces_partition_and_first_round(tmp_path):
+    a = simulate(tiny_config(tmp_path / "a", algorithm="fedavg", partition="dirichlet", alpha=0.3, eval_every=1))
+    b = simulate(tiny_config(tmp_path / "b", algorithm="fedavg", partition="dirichlet", alpha=0.3, eval_every=1))
+    ca = json.loads((tmp_path / "a/run/config.json").read_text())["fleet"]
+    cb = json.loads((tmp_path / "b/run/config.json").read_text())["fleet"]
+    assert ca == cb
+    ra = json.loads((tmp_path / "a/run/rounds.jsonl").read_text().splitlines()[0])
+    rb = json.loads((tmp_path / "b/run/rounds.jsonl").read_text().splitlines()[0])
+    assert ra["train_loss"] == rb["train_loss"] and ra["eval"] == rb["eval"]
+    assert a["client_accuracy"] == b["client_accuracy"]
+    simulate(tiny_config(tmp_path / "c", algorithm="fedavg", partition="dirichlet", alpha=0.3, seed=1))
+    cc = json.loads((tmp_path / "c/run/config.json").read_text())["fleet"]
+    assert [v["num_samples"] for v in cc.values()] != [v["num_samples"] for v in ca.values()]
+
+
+def test_options_are_typed_and_checked():
+    prox = get_algorithm("fedprox")
+    assert prox.parse_options({"mu": "0.5"}).mu == 0.5
+    with pytest.raises(ConfigError, match="its options are: mu"):
+        prox.parse_options({"nu": "1"})
+    with pytest.raises(ConfigError, match="not a valid float"):
+        prox.parse_options({"mu": "lots"})
+    with pytest.raises(ConfigError, match="mu must be >= 0"):
+        prox.parse_options({"mu": "-1"})
+    with pytest.raises(UnknownNameError, match="fedavg"):
+        get_algorithm("fedsgd")
+
+
+def test_fedavg_refuses_a_heterogeneous_fleet(tmp_path):
+    with pytest.raises(ConfigError, match="one global model"):
+        simulate(tiny_config(tmp_path, algorithm="fedavg", tiers=("1", "2")))

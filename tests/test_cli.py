@@ -1,0 +1,82 @@
+"""The CLI as a user meets it: help, one-line errors, --json output."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from edgefl.cli.main import app, main
+
+runner = CliRunner()
+
+
+def _run(args, monkeypatch, capsys):
+    """Run through main() (the console script) to see exit codes and the one-line errors."""
+    monkeypatch.setattr("sys.argv", ["edgefl", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_help_lists_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and "simulate" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--algorithm", "fedsgd"], "choose one of: fedavg"),
+        (["--alpha", "0"], "alpha must be > 0"),
+        (["--fraction", "1.5"], "fraction must be in (0, 1]"),
+        (["--clients", "0"], "clients must be >= 1"),
+        (["--model", "transformer"], "choose one of: cnn"),
+        (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
+        (["--dataset", "mnist", "--data-dir", "/nonexistent"], "train-images-idx3-ubyte"),
+        (["-o", "mu"], "key=value"),
+    ],
+)
+def test_bad_input_gives_one_clear_line_and_nonzero_exit(monkeypatch, capsys, args, needle):
+    code, out, err = _run(["simulate", *args, "--quiet"], monkeypatch, capsys)
+    assert code == 1
+    assert needle in err
+    assert "Traceback" not in err and err.strip().count("\n") <= 1
+
+
+def test_debug_shows_the_traceback(monkeypatch, capsys):
+    from edgefl.errors import ConfigError
+
+    monkeypatch.setattr("sys.argv", ["edgefl", "--debug", "simulate", "--alpha", "0", "--quiet"])
+    with pytest.raises(ConfigError):
+        main()
+
+
+def test_simulate_json_has_the_documented_keys(tmp_path, monkeypatch, capsys):
+    args = ["simulate", "--dataset", "synthetic", "--clients", "2", "--rounds", "2", "--train-samples", "400",
+            "--test-samples", "200", "--steps", "2", "--width", "0.25", "--out", str(tmp_path), "--run-name", "r",
+            "--json", "--quiet"]
+    code, out, _ = _run(args, monkeypatch, capsys)
+    assert code == 0
+    summary = json.loads(out)
+    for key in ("algorithm", "rounds", "mean_accuracy", "tier_accuracy", "client_accuracy",
+                "bytes_up_per_round", "bytes_down_per_round", "wall_seconds", "run_dir"):
+        assert key in summary
+    assert summary["algorithm"] == "fedavg" and summary["rounds"] == 2
+    assert len(summary["bytes_up_per_round"]) == 2 and min(summary["bytes_up_per_round"]) > 0
+    assert set(summary["client_accuracy"]) == {"d00", "d01"}
+    assert (tmp_path / "r" / "rounds.jsonl").exists() and (tmp_path / "r" / "accuracy.png").exists()
+
+
+def test_toml_config_is_read_and_flags_override_it(tmp_path, monkeypatch, capsys):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('dataset = "synthetic"\nclients = 2\nrounds = 3\nsteps = 1\nwidth = 0.25\ntrain_samples = 300\n'
+                   'test_samples = 100\n[options]\nmu = "0.1"\n')
+    args = ["simulate", "--config", str(cfg), "--algorithm", "fedprox", "--rounds", "1", "--out", str(tmp_path),
+            "--run-name", "t", "--json", "--quiet"]
+    code, out, _ = _run(args, monkeypatch, capsys)
+    assert code == 0
+    summary = json.loads(out)
+    resolved = json.loads((tmp_path / "t" / "config.json").read_text())
+    assert summary["rounds"] == 1 and resolved["clients"] == 2
+    assert resolved["resolved_options"] == {"mu": 0.1}

@@ -1,0 +1,87 @@
+"""The round loop: failures are data, checkpoints resume, evaluation reports per tier."""
+
+import numpy as np
+
+from edgefl.algorithms import (
+    DeviceContext,
+    DeviceRecord,
+    ServerContext,
+    TrainSettings,
+    get_algorithm,
+)
+from edgefl.data import load_dataset
+from edgefl.runtime.agent import DeviceAgent
+from edgefl.runtime.loop import LoopSettings, RoundLoop
+from edgefl.runtime.simulation import fleet_specs
+from edgefl.transport import InMemoryTransport
+from tests.conftest import tiny_config
+
+
+def _fleet(tmp_path, n=3, **overrides):
+    cfg = tiny_config(tmp_path, algorithm="fedavg", **overrides)
+    train = load_dataset("synthetic", "train").subset(np.arange(300))
+    test = load_dataset("synthetic", "test").subset(np.arange(100))
+    ids = [f"d{i:02d}" for i in range(n)]
+    specs = fleet_specs(cfg, ids, train.info)
+    algo = get_algorithm("fedavg")
+    settings = TrainSettings(steps=2, batch_size=16, lr=0.05)
+    transport = InMemoryTransport()
+    fleet = {}
+    for i, d in enumerate(ids):
+        data = train.subset(np.arange(i * 100, (i + 1) * 100))
+        half = algo.device(DeviceContext(d, specs[d], data, settings, seed=i, rounds=2), algo.parse_options({}))
+        transport.connect(d, DeviceAgent(half, eval_sets={"quick": test, "test": test}).handle_bytes)
+        fleet[d] = DeviceRecord(specs[d], len(data))
+    ctx = ServerContext(10, fleet, settings, rounds=2, seed=0)
+    return algo, ctx, transport
+
+
+def test_a_crashing_device_is_recorded_and_the_round_goes_on(tmp_path):
+    algo, ctx, transport = _fleet(tmp_path)
+
+    def crash(data: bytes) -> bytes:
+        raise ConnectionError("device unplugged")
+
+    transport.connect("d01", crash)
+    records = []
+    loop = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=2), on_round=records.append)
+    final = loop.run()
+    assert all("d01" in r["failed"] and "unplugged" in r["failed"]["d01"] for r in records)
+    assert all(r["completed"] == ["d00", "d02"] for r in records)
+    assert set(final["client_accuracy"]) == {"d00", "d02"}
+
+
+def test_garbage_reply_is_rejected_not_fatal(tmp_path):
+    algo, ctx, transport = _fleet(tmp_path)
+    transport.connect("d02", lambda data: b"\x00" * 64)
+    records = []
+    RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1), on_round=records.append).run()
+    assert records[0]["failed"]["d02"].startswith("rejected")
+    assert records[0]["completed"] == ["d00", "d01"]
+
+
+def test_checkpoint_resumes_after_the_last_completed_round(tmp_path):
+    algo, ctx, transport = _fleet(tmp_path)
+    ck = tmp_path / "ck"
+    server = algo.server(ctx, None)
+    RoundLoop(server, ctx, transport, LoopSettings(rounds=1, checkpoint_dir=ck)).run()
+    saved = {k: v.copy() for k, v in server.state_dict().items()}
+
+    fresh = algo.server(ctx, None)
+    records = []
+    loop = RoundLoop(fresh, ctx, transport, LoopSettings(rounds=3, checkpoint_dir=ck), on_round=records.append)
+    assert loop.start_round == 1
+    for k, v in saved.items():
+        np.testing.assert_array_equal(fresh.state_dict()[k], v)
+    loop.run()
+    assert [r["round"] for r in records] == [1, 2]
+
+
+def test_evaluation_reports_accuracy_per_tier(tmp_path):
+    algo, ctx, transport = _fleet(tmp_path)
+    loop = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1))
+    ev = loop.evaluate(0, "test", with_downlink=True)
+    # every device got the same global model: identical accuracy, one tier
+    assert len(set(ev["client_accuracy"].values())) == 1
+    assert list(ev["tier_accuracy"]) == [ctx.fleet["d00"].spec.tier]
+    assert ev["mean_accuracy"] == ev["client_accuracy"]["d00"]
