@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from edgefl import __version__
+from edgefl.cli import device as device_cmd
 from edgefl.cli import simulate as simulate_cmd
 from edgefl.errors import EdgeflError
 
@@ -45,6 +46,7 @@ def root(
 
 
 app.command("simulate")(simulate_cmd.simulate)
+app.add_typer(device_cmd.app, name="device")
 
 
 def main() -> None:
