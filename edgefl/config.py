@@ -145,6 +145,8 @@ def resolve_config(explicit: dict[str, Any], algorithm_defaults: dict[str, Any] 
     defaults = dict(algorithm_defaults or {})
     if "model" in explicit and explicit["model"] != defaults.get("model") and "tiers" not in explicit:
         defaults.pop("tiers", None)
+    if "epochs" in explicit and "steps" not in explicit:  # asking for epochs overrides a default step count
+        defaults.pop("steps", None)
     try:
         return RunConfig(**{**defaults, **explicit})
     except ValidationError as e:

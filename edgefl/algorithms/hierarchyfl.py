@@ -1,0 +1,524 @@
+"""HierarchyFL (Xia et al.) and its baseline HeteroFL (Diao et al., 2021).
+
+Every device holds a *sub-model* of one global model: a depth tier (``hierarchy-depth``:
+stem + stages 1..i + exit i of a multi-exit ResNet-18, the paper's experiments) or a width tier
+(``hierarchy-width``: the leading channel slices 1/8, 1/4, 1/2, 1 of a ResNet-18, the paper's
+text and HeteroFL's). Parameter names are the global model's, so a sub-model is "the global
+tensors of these names, cut to these leading slices".
+
+Round (both methods):
+
+- **downlink** each device's sub-model, sliced from the current global model. The fleet is live:
+  a device that joins mid-run ("hot-plug") simply gets the current global sub-model of its tier.
+- **device** loads it, trains with cross-entropy on its own exit/width, uploads the *deltas*
+  ``Δ = w_local − w_received`` of its sub-model (``d/<name>``, float tensors only).
+- **server, layer-aligned averaging** (:func:`aligned_average`): every element of every global
+  tensor moves by the mean of the deltas of the devices holding it; an element (a tensor, or the
+  part of it outside every uploaded slice) that no device holds stays unchanged. Uniform over
+  holders by default, as the paper ("in an average way"); ``weighting=samples`` weights by the
+  devices' sample counts.
+
+HeteroFL stops here. HierarchyFL then runs the **ensemble library** and **hierarchical
+self-distillation** on the server's labelled public set (1 % of the training set, carved out
+stratified and removed from the device pools, see ``Algorithm.public_fraction``), for C steps
+(default: one pass, batch = the run's batch size). Each step, on a public batch:
+
+1. forward the global model through every tier of the hierarchy, smallest first: features F_i
+   and logits P_i (depth: the four exits of the multi-exit model; width: the global model cut to
+   each width tier, see below);
+2. meta-learner step: M = softmax(θ) over the tiers, L_M = CE(Σ M_i·P_i, y), SGD on θ only;
+3. ensemble library with the new M, detached: P_M = Σ M_i·P_i, F_M = Σ M_i·F_i;
+4. L_G = Σ_{i<n} [KL(P_i, P_n) + β·MSE(F_i, F_n)] + KL(P_n, P_M) + β·MSE(F_n, F_M), n = the
+   global tier, with teachers detached and KL(t, s) = KL(softmax(t/T) ‖ softmax(s/T))·T²;
+   one SGD step on the global model.
+
+The ablation switch ``ensemble``: ``none`` (averaging only = HeteroFL), ``logits`` (the KL terms
+only: ensemble logits), ``full`` (KL + β·MSE: ensemble logits and features; the default).
+
+Choices that are ours (the paper leaves them open; see ``docs``/ALGORITHMS.md §2):
+
+- **Width tiers in the library.** A width sub-model *is* the global model cut to leading slices,
+  so its (F_i, P_i) are computed by a functional forward of the tier's architecture whose
+  parameters are *views* (leading slices) of the global parameters: gradients of L_G flow into
+  the shared slices of the one global model, exactly the parameters the tier's devices hold. The
+  logits share the class dimension. Features keep their natural sizes d_i = ⌈r·512·width⌉ and are
+  aligned the same way as the weights, by leading slice: channel k of every tier is the same
+  channel of the global model. So MSE(F_i, F_n) compares F_i with the first d_i channels of F_n,
+  and F_M[:, k] is the M-weighted mean over the tiers that have channel k (weights renormalised
+  over those tiers). With ``--feature-dim`` every tier projects to the same dim and this is the
+  paper's formula unchanged.
+- **The hierarchy** is all tiers of the family (4 for both), also when the fleet leaves a tier
+  empty: the meta-learner learns how much each tier is worth.
+- **BatchNorm.** Width tiers default to HeteroFL's static BN (batch statistics in training and
+  evaluation, no running buffers: no tier's statistics are averaged into another's). Depth tiers
+  default to ordinary BN whose running statistics travel as float tensors and are averaged over
+  holders like the weights (all holders of a BN layer see the same layer shapes); the integer
+  ``num_batches_tracked`` does not travel. Distillation runs the global model in training mode.
+- **Server optimizer**: SGD with the run's lr schedule (``server_lr`` overrides), momentum 0.9,
+  weight decay 5e-4, fresh each round; the deltas are added with rate 1 before it. The
+  meta-learner θ (zeros at start, plain SGD, lr 0.05) persists across rounds and checkpoints.
+- **Local work**: the paper trains E = 5 epochs per round; the CPU-friendly default here is
+  50 minibatch steps per round (``--epochs 5`` alone restores the paper's setting).
+
+Wire: downlink ``w/<name>`` (the sub-model's state), uplink ``d/<name>`` (deltas) + meta
+``num_samples``. The server checks every uplink against its tier's names and shapes and drops
+(and counts) a bad one instead of failing the round.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerContext, ServerHalf, register
+from edgefl.algorithms.training import train_local
+from edgefl.errors import ConfigError
+from edgefl.models import ModelSpec, build_model, family_tiers
+from edgefl.wire import Payload, arrays_to_state, state_to_arrays
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "w/"
+DELTAS = "d/"
+THETA = "meta/theta"
+
+#: The tier that builds the global model, per hierarchy family.
+GLOBAL_TIERS = {"hierarchy-depth": "all", "hierarchy-width": "1"}
+
+
+# --- options -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeteroFLOptions:
+    weighting: Literal["uniform", "samples"] = "uniform"  # how holders of a tensor are averaged
+
+
+@dataclass(frozen=True)
+class HierarchyFLOptions(HeteroFLOptions):
+    ensemble: Literal["none", "logits", "full"] = (
+        "full"  # ablation: averaging / +logits / +features
+    )
+    temperature: float = 3.0
+    beta: float = 1.0  # weight of the feature MSE terms
+    distill_steps: int | None = None  # None: one pass over the public set
+    meta_lr: float = 0.05
+    server_lr: float | None = None  # None: the run's lr schedule
+    server_momentum: float = 0.9
+    server_weight_decay: float = 5e-4
+
+    def __post_init__(self):
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0")
+        if self.beta < 0:
+            raise ValueError("beta must be >= 0")
+        if self.distill_steps is not None and self.distill_steps < 0:
+            raise ValueError("distill_steps must be >= 0")
+        if self.meta_lr <= 0 or (self.server_lr is not None and self.server_lr <= 0):
+            raise ValueError("meta_lr and server_lr must be > 0")
+
+
+# --- the hierarchy -----------------------------------------------------------------------------
+
+
+def global_spec(spec: ModelSpec) -> ModelSpec:
+    """The spec of the global model that ``spec`` is a sub-model of."""
+    if spec.family not in GLOBAL_TIERS:
+        raise ConfigError(
+            f"HierarchyFL/HeteroFL need a hierarchy family ({', '.join(GLOBAL_TIERS)}), got {spec.family!r}"
+        )
+    return replace(spec, tier=GLOBAL_TIERS[spec.family])
+
+
+@functools.lru_cache(maxsize=64)
+def _template(spec: ModelSpec) -> nn.Module:
+    with torch.random.fork_rng():
+        return build_model(spec)
+
+
+def state_shapes(spec: ModelSpec, floating_only: bool = False) -> dict[str, torch.Size]:
+    """Names and shapes of the state dict of the model ``spec`` builds (cached per spec);
+    ``floating_only`` leaves out integer buffers (BatchNorm's ``num_batches_tracked``)."""
+    state = _template(spec).state_dict()
+    return {k: v.shape for k, v in state.items() if v.is_floating_point() or not floating_only}
+
+
+def leading(shape: Iterable[int]) -> tuple[slice, ...]:
+    return tuple(slice(0, s) for s in shape)
+
+
+def aligned_average(
+    global_state: Mapping[str, np.ndarray],
+    updates: Iterable[tuple[Mapping[str, np.ndarray], float]],
+) -> tuple[dict[str, np.ndarray], float]:
+    """Layer-aligned averaging of sub-model deltas (by name and leading slice).
+
+    Each element of each global tensor moves by the weighted mean of the deltas of the updates
+    that hold it; elements no update holds keep their value. The sums are folded as the updates
+    arrive, so memory is two global models whatever the number of devices. Returns the new state
+    and the share of global elements that some update held.
+    """
+    sums: dict[str, np.ndarray] = {}
+    weights: dict[str, np.ndarray] = {}
+    for deltas, w in updates:
+        if w <= 0:
+            continue
+        for name, delta in deltas.items():
+            region = leading(np.shape(delta))
+            if name not in sums:
+                sums[name] = np.zeros(np.shape(global_state[name]), np.float64)
+                weights[name] = np.zeros(np.shape(global_state[name]), np.float64)
+            sums[name][region] += w * np.asarray(delta, np.float64)
+            weights[name][region] += w
+    out, held, total = {}, 0, 0
+    for name, value in global_state.items():
+        total += np.size(value)
+        if name not in sums:
+            out[name] = value
+            continue
+        mask = weights[name] > 0
+        held += int(mask.sum())
+        step = np.divide(sums[name], weights[name], out=np.zeros_like(sums[name]), where=mask)
+        out[name] = (np.asarray(value, np.float64) + step).astype(np.asarray(value).dtype)
+    return out, held / max(total, 1)
+
+
+# --- device half -------------------------------------------------------------------------------
+
+
+class SubModelDevice(DeviceHalf):
+    """Loads its sub-model from the downlink, trains it with CE, uploads the deltas."""
+
+    anchor: dict[str, Tensor] | None = None
+
+    def receive(self, round: int, payload: Payload) -> None:
+        state = arrays_to_state(payload.arrays, WEIGHTS)
+        if state:
+            self.model.load_state_dict(state, strict=True)
+            self.anchor = {
+                k: v.detach().clone()
+                for k, v in self.model.state_dict().items()
+                if v.is_floating_point()
+            }
+
+    def fit(self, round: int) -> Payload:
+        if self.anchor is None:  # never received a model: train from the own init, deltas from it
+            self.anchor = {
+                k: v.detach().clone()
+                for k, v in self.model.state_dict().items()
+                if v.is_floating_point()
+            }
+        stats = train_local(
+            self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round)
+        )
+        state = self.model.state_dict()
+        deltas = {
+            DELTAS + k: (state[k].detach() - a).numpy().astype(np.float32)
+            for k, a in self.anchor.items()
+        }
+        return Payload(deltas, {"num_samples": len(self.ctx.train_data), **stats})
+
+
+# --- server halves -----------------------------------------------------------------------------
+
+
+class HeteroFLServer(ServerHalf):
+    """Holds the global model; layer-aligned averaging of the sub-model deltas."""
+
+    def __init__(self, ctx: ServerContext, options: HeteroFLOptions):
+        super().__init__(ctx, options)
+        specs = ctx.specs()
+        if not specs:
+            raise ConfigError("the fleet is empty")
+        self.spec = global_spec(specs[0])
+        for s in specs[1:]:
+            self._check_spec(s)
+        with torch.random.fork_rng():
+            torch.manual_seed(ctx.seed)
+            self.model = build_model(self.spec)
+        self._downlinks: dict[ModelSpec, dict[str, np.ndarray]] = {}
+
+    def _check_spec(self, spec: ModelSpec) -> None:
+        if global_spec(spec) != self.spec:
+            raise ConfigError(
+                f"device model {spec.name} is not a sub-model of the global model {self.spec.name}"
+            )
+
+    # downlink: the device's sub-model, cut from the current global model ------------------------
+    def downlink(self, round: int, device_id: str) -> Payload:
+        spec = self.ctx.fleet[device_id].spec  # live: a device that joined just now is served too
+        if spec not in self._downlinks:
+            self._check_spec(spec)
+            state = self.model.state_dict()
+            sub = {k: state[k][leading(s)] for k, s in state_shapes(spec).items()}
+            self._downlinks[spec] = state_to_arrays(sub, WEIGHTS)
+        return Payload(dict(self._downlinks[spec]))
+
+    # aggregation --------------------------------------------------------------------------------
+    def _valid_deltas(self, device_id: str, payload: Payload) -> dict[str, np.ndarray] | None:
+        record = self.ctx.fleet.get(device_id)
+        if record is None:
+            return None
+        expected = {k: tuple(s) for k, s in state_shapes(record.spec, floating_only=True).items()}
+        deltas = {k[len(DELTAS) :]: v for k, v in payload.arrays.items() if k.startswith(DELTAS)}
+        problem = None
+        if set(deltas) != set(expected):
+            problem = f"tensor names differ from tier {record.spec.tier}"
+        elif any(tuple(np.shape(v)) != expected[k] for k, v in deltas.items()):
+            problem = f"tensor shapes differ from tier {record.spec.tier}"
+        elif not all(np.all(np.isfinite(v)) for v in deltas.values()):
+            problem = "non-finite values"
+        if problem:
+            log.warning("dropping the update of %s: %s", device_id, problem)
+            return None
+        return deltas
+
+    def average(self, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+        valid = {d: self._valid_deltas(d, p) for d, p in uplinks.items()}
+        use = {d: v for d, v in valid.items() if v is not None}
+        state = {k: v.detach().numpy() for k, v in self.model.state_dict().items()}
+
+        def weight(d: str) -> float:
+            return (
+                float(uplinks[d].meta.get("num_samples", 0))
+                if self.options.weighting == "samples"
+                else 1.0
+            )
+
+        new, coverage = aligned_average(state, ((v, weight(d)) for d, v in use.items()))
+        self.model.load_state_dict(
+            {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in new.items()}
+        )
+        self._downlinks.clear()
+        return {
+            "averaged_devices": float(len(use)),
+            "rejected_updates": float(len(valid) - len(use)),
+            "coverage": coverage,
+        }
+
+    def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+        return self.average(uplinks)
+
+    # checkpoints --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return state_to_arrays(self.model.state_dict(), WEIGHTS)
+
+    def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.model.load_state_dict(arrays_to_state(arrays, WEIGHTS), strict=True)
+        self._downlinks.clear()
+
+
+class _FeaturesAndLogits(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        s = self.model.features(x)
+        return s, self.model.classify(s)
+
+
+def kd_loss(student: Tensor, teacher: Tensor, temperature: float) -> Tensor:
+    """KL(softmax(teacher/T) ‖ softmax(student/T))·T², teacher detached, mean over the batch."""
+    t = temperature
+    return (
+        F.kl_div(
+            F.log_softmax(student / t, 1), F.softmax(teacher.detach() / t, 1), reduction="batchmean"
+        )
+        * t
+        * t
+    )
+
+
+def feature_mse(student: Tensor, teacher: Tensor) -> Tensor:
+    """Mean squared error over the student's channels, aligned by leading slice to the teacher's."""
+    return F.mse_loss(student, teacher.detach()[:, : student.shape[1]])
+
+
+def slice_aligned_mixture(features: list[Tensor], weights: Tensor) -> Tensor:
+    """Σ M_i·F_i per channel over the tiers that have the channel (weights renormalised there)."""
+    dim = max(f.shape[1] for f in features)
+    num = features[0].new_zeros(features[0].shape[0], dim)
+    den = features[0].new_zeros(dim)
+    for f, m in zip(features, weights, strict=True):
+        num[:, : f.shape[1]] += m * f
+        den[: f.shape[1]] += m
+    return num / den
+
+
+class HierarchyFLServer(HeteroFLServer):
+    """HeteroFL's averaging, then the ensemble library and hierarchical self-distillation."""
+
+    def __init__(self, ctx: ServerContext, options: HierarchyFLOptions):
+        super().__init__(ctx, options)
+        self.tiers = family_tiers(self.spec.family)  # smallest → the global tier, last
+        self.theta = torch.zeros(len(self.tiers))
+        if options.ensemble != "none" and (ctx.public is None or len(ctx.public) == 0):
+            raise ConfigError(
+                "HierarchyFL distils on a server-held public set, but there is none (public_fraction > 0)"
+            )
+        self._views = None
+        if not hasattr(self.model, "forward_exits"):
+            # width tiers: each tier's architecture, run functionally on slices of the global tensors
+            self._views = [
+                _FeaturesAndLogits(_template(replace(self.spec, tier=t))) for t in self.tiers
+            ]
+
+    def meta_weights(self) -> np.ndarray:
+        return torch.softmax(self.theta, 0).numpy()
+
+    def hierarchy_outputs(self, x: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """(features, logits) of every tier, smallest first, as functions of the global weights."""
+        if self._views is None:
+            return self.model.forward_exits(x)
+        tensors = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+        out = []
+        for view in self._views:
+            # leading-slice *views* of the global tensors: L_G's gradients land in the global model
+            sliced = {
+                f"model.{k}": tensors[k][leading(s)]
+                for k, s in state_shapes(view.model.spec).items()
+            }
+            view.train(self.model.training)
+            out.append(functional_call(view, sliced, (x,)))
+        return out
+
+    def distillation_loss(self, outputs: list[tuple[Tensor, Tensor]], weights: Tensor) -> Tensor:
+        """L_G of the spec, with β = 0 for ``ensemble=logits``."""
+        o = self.options
+        beta = o.beta if o.ensemble == "full" else 0.0
+        feats = [f for f, _ in outputs]
+        logits = [p for _, p in outputs]
+        fn, pn = feats[-1], logits[-1]
+        loss = kd_loss(
+            pn, sum(m * p.detach() for m, p in zip(weights, logits, strict=True)), o.temperature
+        )
+        if beta:
+            loss = loss + beta * feature_mse(
+                fn, slice_aligned_mixture([f.detach() for f in feats], weights)
+            )
+        for f, p in zip(feats[:-1], logits[:-1], strict=True):
+            loss = loss + kd_loss(p, pn, o.temperature)
+            if beta:
+                loss = loss + beta * feature_mse(f, fn)
+        return loss
+
+    def distill(self, round: int) -> dict[str, float]:
+        o, public = self.options, self.ctx.public
+        steps = (
+            math.ceil(len(public) / self.ctx.settings.batch_size)
+            if o.distill_steps is None
+            else o.distill_steps
+        )
+        lr = o.server_lr if o.server_lr is not None else self.ctx.settings.lr_at(round)
+        opt = torch.optim.SGD(
+            self.model.parameters(),
+            lr=lr,
+            momentum=o.server_momentum,
+            weight_decay=o.server_weight_decay,
+        )
+        theta = self.theta.clone().requires_grad_(True)
+        meta_opt = torch.optim.SGD([theta], lr=o.meta_lr)
+        rng = self.ctx.rng(round, 1)
+        self.model.train()
+        losses, meta_losses, done = [], [], 0
+        while done < steps:
+            for x, y in public.batches(self.ctx.settings.batch_size, shuffle=True, rng=rng):
+                outputs = self.hierarchy_outputs(x)
+                # meta-learner step on θ only (the tiers' logits are constants here)
+                mix = sum(
+                    m * p.detach()
+                    for m, (_, p) in zip(torch.softmax(theta, 0), outputs, strict=True)
+                )
+                meta_loss = F.cross_entropy(mix, y)
+                meta_opt.zero_grad(set_to_none=True)
+                meta_loss.backward()
+                meta_opt.step()
+                # self-distillation step on the global model, with the updated M (a constant)
+                loss = self.distillation_loss(outputs, torch.softmax(theta.detach(), 0))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+                meta_losses.append(float(meta_loss.detach()))
+                done += 1
+                if done == steps:
+                    break
+        self.theta = theta.detach().clone()
+        self._downlinks.clear()
+        metrics = {
+            "distill_loss": float(np.mean(losses)) if losses else 0.0,
+            "distill_steps": float(done),
+        }
+        metrics["meta_loss"] = float(np.mean(meta_losses)) if meta_losses else 0.0
+        metrics.update(
+            {
+                f"meta_weight_{t}": float(w)
+                for t, w in zip(self.tiers, self.meta_weights(), strict=True)
+            }
+        )
+        return metrics
+
+    def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+        metrics = self.average(uplinks)
+        if self.options.ensemble != "none":
+            metrics.update(self.distill(round))
+        return metrics
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {**super().state_dict(), THETA: self.theta.numpy().astype(np.float32)}
+
+    def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
+        super().load_state_dict(arrays)
+        if THETA in arrays:
+            self.theta = torch.from_numpy(np.array(arrays[THETA], np.float32))
+
+
+# --- registration ------------------------------------------------------------------------------
+
+PAPER_DEFAULTS = {
+    "model": "hierarchy-depth",
+    "tiers": ("1", "2", "3", "4"),
+    "optimizer": "sgd",
+    "lr": 0.05,
+    "momentum": 0.9,
+    "weight_decay": 5e-4,
+    "lr_decay_rounds": (30, 60, 90),
+    "batch_size": 32,
+    "steps": 50,
+    "fraction": 1.0,
+}
+
+register(
+    Algorithm(
+        name="hierarchyfl",
+        description="HierarchyFL: sub-model deltas averaged layer-aligned, then ensemble-library "
+        "self-distillation on a 1% server-held public set (depth or width tiers)",
+        device=SubModelDevice,
+        server=HierarchyFLServer,
+        options=HierarchyFLOptions,
+        defaults=PAPER_DEFAULTS,
+        public_fraction=0.01,
+    )
+)
+
+register(
+    Algorithm(
+        name="heterofl",
+        description="HeteroFL: sub-models (width or depth tiers) of one global model, deltas averaged by name and leading slice",
+        device=SubModelDevice,
+        server=HeteroFLServer,
+        options=HeteroFLOptions,
+        defaults=PAPER_DEFAULTS,
+    )
+)

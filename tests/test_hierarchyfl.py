@@ -1,0 +1,314 @@
+"""HierarchyFL and HeteroFL: aligned averaging, sub-model slicing, the ensemble library, hot-plug."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from edgefl.algorithms import (
+    DeviceContext,
+    DeviceRecord,
+    ServerContext,
+    TrainSettings,
+    get_algorithm,
+)
+from edgefl.algorithms.hierarchyfl import (
+    DELTAS,
+    HeteroFLServer,
+    HierarchyFLServer,
+    SubModelDevice,
+    aligned_average,
+    kd_loss,
+    slice_aligned_mixture,
+)
+from edgefl.data import load_dataset
+from edgefl.models import ModelSpec
+from edgefl.runtime.simulation import simulate
+from edgefl.wire import Payload
+from tests.conftest import tiny_config
+
+SETTINGS = TrainSettings(steps=2, batch_size=16, lr=0.05, momentum=0.9)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny models: a second intra-op thread only costs synchronisation on a busy machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def spec(family: str, tier: str, **kw) -> ModelSpec:
+    return ModelSpec(
+        family,
+        tier,
+        num_classes=10,
+        in_shape=(1, 28, 28),
+        width=0.125,
+        mean=(0.5,),
+        std=(0.25,),
+        **kw,
+    )
+
+
+def fleet(family: str, tiers: list[str], **kw) -> dict[str, DeviceRecord]:
+    return {
+        f"d{i}": DeviceRecord(spec(family, t, **kw), num_samples=10 * (i + 1))
+        for i, t in enumerate(tiers)
+    }
+
+
+def server(
+    algorithm: str, devices: dict[str, DeviceRecord], public_n: int = 64, **options
+) -> HeteroFLServer:
+    data = load_dataset("synthetic", "train")
+    ctx = ServerContext(
+        10, devices, SETTINGS, rounds=2, seed=0, public=data.subset(np.arange(public_n))
+    )
+    algo = get_algorithm(algorithm)
+    return algo.server(ctx, algo.parse_options(options))
+
+
+def device(record_spec: ModelSpec, device_id: str = "d0", n: int = 48) -> SubModelDevice:
+    data = load_dataset("synthetic", "train").subset(np.arange(100, 100 + n))
+    ctx = DeviceContext(device_id, record_spec, data, SETTINGS, seed=7, rounds=2)
+    return SubModelDevice(ctx, get_algorithm("heterofl").parse_options({}))
+
+
+def test_aligned_average_against_a_hand_computed_example():
+    # Prepare: a 2x3 tensor held whole by one device and by a [1, 2] leading slice by another;
+    # a bias held by one device only; a tensor nobody holds.
+    g = {
+        "w": np.ones((2, 3), np.float32),
+        "b": np.zeros(3, np.float32),
+        "untouched": np.full(4, 7.0, np.float32),
+    }
+    whole = {"w": np.full((2, 3), 3.0), "b": np.array([1.0, 2.0, 3.0])}
+    part = {"w": np.array([[1.0, 5.0]])}
+    # Execute
+    uniform, coverage = aligned_average(g, [(whole, 1.0), (part, 1.0)])
+    weighted, _ = aligned_average(g, [(whole, 1.0), (part, 3.0)])
+    # Assert: held by both -> 1 + mean; held by one -> 1 + its delta; unheld -> unchanged
+    np.testing.assert_allclose(uniform["w"], [[1 + 2.0, 1 + 4.0, 1 + 3.0], [4.0, 4.0, 4.0]])
+    np.testing.assert_allclose(uniform["b"], [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(uniform["untouched"], g["untouched"])
+    assert coverage == pytest.approx(9 / 13)
+    np.testing.assert_allclose(weighted["w"][0, :2], [1 + (3 + 3 * 1) / 4, 1 + (3 + 3 * 5) / 4])
+    np.testing.assert_allclose(weighted["w"][1], [4.0, 4.0, 4.0])
+    assert uniform["w"].dtype == np.float32
+
+
+def test_width_submodel_slicing_and_write_back_are_exact():
+    # Prepare
+    srv = server("heterofl", fleet("hierarchy-width", ["1/4", "1"]))
+    before = {k: v.clone() for k, v in srv.model.state_dict().items()}
+    dev = device(spec("hierarchy-width", "1/4"))
+    # Execute: downlink -> device; one round of local training; the delta goes back
+    dev.receive(0, srv.downlink(0, "d0"))
+    for k, v in dev.model.state_dict().items():
+        region = tuple(slice(0, s) for s in v.shape)
+        assert v.shape != before[k].shape or k.endswith("bias")  # really a slice for the weights
+        torch.testing.assert_close(v, before[k][region], rtol=0, atol=0)
+    up = dev.fit(0)
+    trained = {k: v.clone() for k, v in dev.model.state_dict().items()}
+    metrics = srv.aggregate(0, {"d0": up})
+    # Assert: the slice equals the trained sub-model (float rounding only), the rest is untouched
+    after = srv.model.state_dict()
+    assert metrics["averaged_devices"] == 1 and metrics["coverage"] < 0.2
+    for k, v in trained.items():
+        region = tuple(slice(0, s) for s in v.shape)
+        torch.testing.assert_close(after[k][region], v, rtol=0, atol=1e-5)
+        rest = after[k].clone()
+        rest[region] = before[k][region]
+        torch.testing.assert_close(rest, before[k], rtol=0, atol=0)
+    assert any(not torch.equal(after[k], before[k]) for k in trained)
+
+
+def test_depth_submodel_is_the_global_exit():
+    srv = server("heterofl", fleet("hierarchy-depth", ["2", "4"]))
+    dev = device(spec("hierarchy-depth", "2"))
+    dev.receive(0, srv.downlink(0, "d0"))
+    x = load_dataset("synthetic", "test").images(np.arange(8))
+    srv.model.eval()
+    dev.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(dev.model(x), srv.model.forward_exits(x)[1][1])
+    assert not any(k.startswith(("stages.2", "exits.4")) for k in dev.model.state_dict())
+
+
+def test_width_hierarchy_outputs_match_the_sliced_submodels():
+    srv = server("hierarchyfl", fleet("hierarchy-width", ["1/8", "1/2"]))
+    x = load_dataset("synthetic", "test").images(np.arange(16))
+    outputs = srv.hierarchy_outputs(x)
+    for i, tier in enumerate(("1/8", "1/4", "1/2", "1")):
+        dev = device(spec("hierarchy-width", tier))
+        srv._downlinks.clear()
+        srv.ctx.fleet["probe"] = DeviceRecord(dev.ctx.spec)
+        dev.receive(0, srv.downlink(0, "probe"))
+        with torch.no_grad():
+            s = dev.model.features(x)
+            torch.testing.assert_close(outputs[i][0], s)
+            torch.testing.assert_close(outputs[i][1], dev.model.classify(s))
+    # gradients of a small tier's output land in the leading slice of the global tensors only
+    outputs[0][1].sum().backward()
+    grad = srv.model.stem.conv.weight.grad
+    held = device(spec("hierarchy-width", "1/8")).model.stem.conv.weight.shape[0]
+    assert grad[:held].abs().sum() > 0 and grad[held:].abs().sum() == 0
+
+
+def test_slice_aligned_mixture_and_kd_loss_by_hand():
+    f_small, f_big = torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0, 5.0, 6.0]])
+    mix = slice_aligned_mixture([f_small, f_big], torch.tensor([0.25, 0.75]))
+    torch.testing.assert_close(
+        mix, torch.tensor([[0.25 * 1 + 0.75 * 3, 0.25 * 2 + 0.75 * 4, 5.0, 6.0]])
+    )
+    p = torch.tensor([[0.0, 1.0]])
+    assert float(kd_loss(p, p, 3.0)) == pytest.approx(0.0, abs=1e-5)
+    q = torch.tensor([[1.0, 0.0]])
+    t = torch.softmax(q / 3, 1)
+    s = torch.softmax(p / 3, 1)
+    assert float(kd_loss(p, q, 3.0)) == pytest.approx(
+        float((t * (t / s).log()).sum() * 9), rel=1e-5
+    )
+
+
+def _mean_kl_small_to_ensemble(srv: HierarchyFLServer) -> float:
+    x, y = next(srv.ctx.public.batches(len(srv.ctx.public), shuffle=False))
+    with torch.no_grad():
+        outputs = srv.hierarchy_outputs(x)
+        m = torch.softmax(srv.theta, 0)
+        ensemble = sum(w * p for w, (_, p) in zip(m, outputs, strict=True))
+        return float(np.mean([kd_loss(p, ensemble, 3.0) for _, p in outputs[:-1]]))
+
+
+def test_meta_weights_are_a_distribution_and_distillation_lowers_kl_to_the_ensemble():
+    # Prepare: static BN so that measuring does not move running statistics
+    srv = server(
+        "hierarchyfl",
+        fleet("hierarchy-depth", ["1", "2", "3", "4"], options={"bn": "static"}),
+        public_n=96,
+    )
+    before = _mean_kl_small_to_ensemble(srv)
+    # Execute: one pass over the public set (no uplinks: distillation alone)
+    metrics = srv.aggregate(0, {})
+    after = _mean_kl_small_to_ensemble(srv)
+    # Assert
+    w = srv.meta_weights()
+    assert w.shape == (4,) and np.all(w > 0) and w.sum() == pytest.approx(1.0, abs=1e-6)
+    assert not np.allclose(w, 0.25)  # the meta-learner moved
+    assert metrics["distill_steps"] == 6  # ceil(96 / 16)
+    assert after < before
+
+
+def test_ensemble_switch_none_is_heterofl_and_logits_drops_the_feature_terms():
+    devices = fleet("hierarchy-depth", ["1", "4"])
+    hetero, none = server("heterofl", devices), server("hierarchyfl", devices, ensemble="none")
+    dev = device(spec("hierarchy-depth", "4"), "d1")
+    dev.receive(0, hetero.downlink(0, "d1"))
+    up = dev.fit(0)
+    hetero.aggregate(0, {"d1": up})
+    none.aggregate(0, {"d1": up})
+    for k, v in hetero.model.state_dict().items():
+        torch.testing.assert_close(none.model.state_dict()[k], v, rtol=0, atol=0)
+    # logits-only vs full: same KL terms, the difference is exactly beta * the MSE terms
+    full, logits = (
+        server("hierarchyfl", devices, beta=2.0),
+        server("hierarchyfl", devices, ensemble="logits"),
+    )
+    x = full.ctx.public.images(np.arange(8))
+    with torch.no_grad():
+        outs = full.hierarchy_outputs(x)
+        m = torch.tensor([0.1, 0.2, 0.3, 0.4])
+        feats = [f for f, _ in outs]
+        fm = sum(w * f for w, f in zip(m, feats, strict=True))
+        mse = sum(
+            torch.nn.functional.mse_loss(f, feats[-1]) for f in feats[:-1]
+        ) + torch.nn.functional.mse_loss(feats[-1], fm)
+        diff = full.distillation_loss(outs, m) - logits.distillation_loss(outs, m)
+    assert float(diff) == pytest.approx(2.0 * float(mse), rel=1e-4)
+
+
+def test_bad_update_is_dropped_not_fatal():
+    srv = server("heterofl", fleet("hierarchy-width", ["1/2", "1"]))
+    before = {k: v.clone() for k, v in srv.model.state_dict().items()}
+    good_shape = {DELTAS + k: np.zeros(tuple(v.shape), np.float32) for k, v in before.items()}
+    wrong = Payload({k: np.ones((1,), np.float32) for k in good_shape}, {"num_samples": 5})
+    nan = Payload(
+        {k: np.full(v.shape, np.nan, np.float32) for k, v in good_shape.items()}, {"num_samples": 5}
+    )
+    metrics = srv.aggregate(0, {"d0": wrong, "d1": nan})
+    assert metrics["rejected_updates"] == 2 and metrics["averaged_devices"] == 0
+    for k, v in srv.model.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+
+
+def test_hot_plugged_device_starts_from_the_current_global_submodel():
+    # Prepare: a server that has already moved away from its initial weights
+    srv = server("hierarchyfl", fleet("hierarchy-depth", ["1", "2", "3", "4"]), public_n=32)
+    initial = srv.downlink(0, "d1").arrays
+    srv.aggregate(0, {})
+    # Execute: a device the server has never seen joins with tier 2
+    srv.ctx.fleet["late"] = DeviceRecord(spec("hierarchy-depth", "2"), num_samples=48)
+    payload = srv.downlink(1, "late")
+    late = device(spec("hierarchy-depth", "2"), "late")
+    late.receive(1, payload)
+    # Assert: it got the current global sub-model, not the initial one, and its update counts
+    state = srv.model.state_dict()
+    for k, v in late.model.state_dict().items():
+        torch.testing.assert_close(v, state[k], rtol=0, atol=0)
+    assert any(not np.array_equal(payload.arrays[k], initial[k]) for k in initial)
+    metrics = srv.aggregate(1, {"late": late.fit(1)})
+    assert metrics["averaged_devices"] == 1
+
+
+def test_checkpoint_round_trip_keeps_model_and_meta_learner():
+    devices = fleet("hierarchy-width", ["1/8", "1"])
+    a = server("hierarchyfl", devices, public_n=32)
+    a.aggregate(0, {})
+    b = server("hierarchyfl", devices, public_n=32)
+    b.load_state_dict(a.state_dict())
+    np.testing.assert_array_equal(b.meta_weights(), a.meta_weights())
+    for k, v in a.downlink(1, "d0").arrays.items():
+        np.testing.assert_array_equal(b.downlink(1, "d0").arrays[k], v)
+
+
+def test_refuses_a_foreign_family_and_a_missing_public_set():
+    from edgefl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hierarchy family"):
+        server("heterofl", fleet("resnet", ["18"]))
+    with pytest.raises(ConfigError, match="public"):
+        server("hierarchyfl", fleet("hierarchy-depth", ["1"]), public_n=0)
+    with pytest.raises(ConfigError, match="not a sub-model"):
+        server(
+            "heterofl",
+            {
+                **fleet("hierarchy-depth", ["1"]),
+                "x": DeviceRecord(replace(spec("hierarchy-depth", "2"), width=0.25)),
+            },
+        )
+
+
+def test_width_tier_run_in_memory(tmp_path):
+    cfg = tiny_config(
+        tmp_path,
+        algorithm="hierarchyfl",
+        model="hierarchy-width",
+        tiers=("1/8", "1/2", "1"),
+        rounds=1,
+    )
+    summary = simulate(cfg)
+    assert set(summary["tier_accuracy"]) == {"1/8", "1/2", "1"}
+    assert summary["failed_per_round"] == [0]
+    import json
+
+    rounds = [
+        json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()
+    ]
+    server_metrics = rounds[0]["server"]
+    assert server_metrics["averaged_devices"] == 3 and server_metrics["distill_steps"] >= 1
+    assert sum(
+        server_metrics[f"meta_weight_{t}"] for t in ("1/8", "1/4", "1/2", "1")
+    ) == pytest.approx(1.0, abs=1e-5)
