@@ -17,6 +17,9 @@ Server half (one object per run):
                                              the uplinks that arrived are passed; a missing device
                                              is never an error here.
     ``state_dict()/load_state_dict()``       arrays only, so checkpoints need no pickle.
+    ``expected_uplink(device_id)``           optional: ``{array name: shape or None}`` the server
+                                             expects from that device, checked before aggregate
+                                             (edgefl.wire.validate.check_uplink); None = no check.
     ``closing_rounds``                       rounds after training the method needs (FedVTC's
                                              one-shot decoder upload); the runtime adds them.
 
@@ -166,6 +169,14 @@ class ServerHalf:
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:  # noqa: B027
         pass
+
+    def expected_uplink(self, device_id: str) -> Mapping[str, tuple[int, ...] | None] | None:
+        """The arrays (name → shape, None = any shape) an uplink of ``device_id`` must carry.
+
+        None (the default) means no check beyond the envelope codec's. Arrays in a namespace
+        (text up to the first ``/``) that the declaration does not use are always allowed.
+        """
+        return None
 
 
 @dataclass(frozen=True)

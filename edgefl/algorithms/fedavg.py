@@ -62,6 +62,10 @@ class GlobalModelServer(ServerHalf):
     def state_dict(self) -> dict[str, np.ndarray]:
         return dict(self.weights)
 
+    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...]]:
+        """Every weight of the global model, in its shape (other namespaces pass unchecked)."""
+        return {k: tuple(v.shape) for k, v in self.weights.items()}
+
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.weights = {k: np.array(v) for k, v in arrays.items() if k.startswith(WEIGHTS)}
 

@@ -13,12 +13,19 @@ class LocalDevice(DeviceHalf):
         return Payload({}, {"num_samples": len(self.ctx.train_data), **stats})
 
 
+class LocalServer(ServerHalf):
+    """Nothing to aggregate; an uplink carries no arrays at all (anything else is refused)."""
+
+    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...]]:
+        return {}
+
+
 register(
     Algorithm(
         name="local",
         description="Local training only, no communication (lower bound)",
         device=LocalDevice,
-        server=ServerHalf,
+        server=LocalServer,
         options=NoOptions,
         defaults={"model": "cnn", "tiers": ("2",), "optimizer": "sgd", "lr": 0.05, "batch_size": 32, "epochs": 1},
     )

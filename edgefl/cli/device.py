@@ -1,6 +1,7 @@
 """``edgefl device …``: commands run on a device of the fleet.
 
 edgefl device profile [--json] [--quick]    measure this device (what registration sends)
+edgefl device register --device-id ID ...   send the profile to a server, print the assigned model
 """
 
 from __future__ import annotations
@@ -39,3 +40,29 @@ def profile(
         if key != "name" and value not in (None, ""):
             table.add_row(key, str(value))
     out.print(table)
+
+
+@app.command("register")
+def register(
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
+    fleet: str = typer.Option("default", help="Fleet name."),
+    device_id: str = typer.Option(..., "--device-id", help="This device's id (also its MQTT username)."),
+    tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
+    profile_file: str = typer.Option(None, "--profile", help="Profile JSON; default: measure this machine."),
+    username: str = typer.Option(None, help="MQTT username (default: from the URL)."),
+    password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password."),
+    timeout: float = typer.Option(60.0, help="Seconds to wait for the server's answer."),
+    as_json: bool = typer.Option(False, "--json", help="Print the assignment as JSON."),
+) -> None:
+    """Send this device's profile to the fleet's server and print the model it assigns (then exit)."""
+    from edgefl.cli.train import load_profile
+    from edgefl.runtime.device import register_once
+
+    a = register_once(
+        broker=broker, fleet=fleet, device_id=device_id, tier=tier, profile=load_profile(profile_file),
+        username=username, password=password, timeout=timeout,
+    )
+    if as_json:
+        typer.echo(json.dumps(a.to_meta()))
+        return
+    out.print(f"[bold green]registered[/] {device_id} with server {a.epoch}: {a.spec.name} for {a.algorithm}, {a.rounds} rounds")

@@ -13,8 +13,11 @@ import typer
 from rich.console import Console
 
 from edgefl import __version__
+from edgefl.cli import broker as broker_cmd
 from edgefl.cli import device as device_cmd
+from edgefl.cli import server as server_cmd
 from edgefl.cli import simulate as simulate_cmd
+from edgefl.cli import train as train_cmd
 from edgefl.errors import EdgeflError
 
 app = typer.Typer(
@@ -47,6 +50,9 @@ def root(
 
 app.command("simulate")(simulate_cmd.simulate)
 app.add_typer(device_cmd.app, name="device")
+app.add_typer(broker_cmd.app, name="broker")
+app.add_typer(server_cmd.app, name="server")
+app.command("train")(train_cmd.train)
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from edgefl.algorithms.base import ServerContext, ServerHalf
 from edgefl.errors import EdgeflError, WireError
 from edgefl.transport.base import Transport
 from edgefl.wire import Envelope, Limits, Payload, decode, encode
+from edgefl.wire.validate import check_uplink
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,14 @@ class RoundLoop:
         *,
         limits: Limits = Limits(),
         on_round: Callable[[dict[str, Any]], None] | None = None,
+        before_round: Callable[[int], None] | None = None,
     ):
         self.server, self.ctx, self.transport, self.settings = server, ctx, transport, settings
         self.limits = limits
         self.on_round = on_round or (lambda record: None)
+        # called before each round and before the closing exchanges: a deployment's server
+        # adds devices that registered meanwhile to ctx.fleet here (never during an exchange)
+        self.before_round = before_round or (lambda round: None)
         self.total_rounds = settings.rounds + server.closing_rounds
         self.start_round = self._resume()
 
@@ -106,7 +111,16 @@ class RoundLoop:
                 out.failed[device_id] = str(reply.payload.meta.get("reason", "device error"))
             elif reply.kind != expect:
                 out.failed[device_id] = f"unexpected reply kind {reply.kind!r}"
+            elif reply.tier != self.ctx.fleet[device_id].spec.tier:
+                out.failed[device_id] = f"reply from tier {reply.tier!r}, assigned tier {self.ctx.fleet[device_id].spec.tier!r}"
             else:
+                if expect == "update":
+                    try:
+                        check_uplink(reply.payload, self.server.expected_uplink(device_id))
+                    except WireError as e:
+                        log.warning("rejected an uplink from %s: %s", device_id, e)
+                        out.failed[device_id] = f"rejected: {e}"
+                        continue
                 out.replies[device_id] = reply
         for device_id, reason in out.failed.items():
             log.warning("round %d: device %s failed: %s", round, device_id, reason)
@@ -156,6 +170,7 @@ class RoundLoop:
             "bytes_up_total": sum(ex.bytes_up.values()),
             "train_loss": {d: m["train_loss"] for d, m in metas.items() if "train_loss" in m},
             "train_seconds": {d: m["train_seconds"] for d, m in metas.items() if "train_seconds" in m},
+            "reply_seconds": {d: ex.seconds[d] for d in ex.replies},  # sent → reply, local work included
             "collect_seconds": t1 - t0,
             "aggregate_seconds": t2 - t1,
             "server": server_metrics,
@@ -169,10 +184,12 @@ class RoundLoop:
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         for round in range(self.start_round, self.total_rounds):
+            self.before_round(round)
             record = self.run_round(round)
             self._checkpoint(round)
             self.on_round(record)
         end = self.total_rounds
+        self.before_round(end)
         payloads = {d: self.server.downlink(end, d) for d in sorted(self.ctx.fleet)}
         finished = self.exchange("finish", end, payloads, expect="done")
         final = self.evaluate(end, "test", with_downlink=False)

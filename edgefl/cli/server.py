@@ -1,0 +1,86 @@
+"""``edgefl server``: the fleet's server process (registration, tiers, the round loop over MQTT)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from edgefl.cli.simulate import _pairs, _split
+
+app = typer.Typer(help="Run a fleet's server over MQTT.", no_args_is_help=True)
+err = Console(stderr=True)
+
+
+@app.command("start")
+def start(
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
+    fleet: str = typer.Option("default", help="Fleet name (topics edgefl/<fleet>/...)."),
+    algorithm: str = typer.Option(None, "--algorithm", "-a", help="Method; default fedavg."),
+    option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
+    rounds: int = typer.Option(None, help="Training rounds."),
+    min_devices: int = typer.Option(None, help="Ready devices to wait for before the first round."),
+    fraction: float = typer.Option(None, help="Share of devices sampled each round."),
+    deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
+    checkpoint_dir: Path = typer.Option(None, help="Checkpoint after every round; resume from here."),
+    dataset: str = typer.Option(None, help="The task's dataset (input shape, classes; public share)."),
+    data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
+    train_samples: int = typer.Option(None, help="Training-set subsample the devices' shards come from."),
+    model: str = typer.Option(None, help="Model family."),
+    tiers: str = typer.Option(None, help="Comma-separated tiers the policy may assign."),
+    width: float = typer.Option(None, help="Channel width multiplier."),
+    feature_dim: int = typer.Option(None, help="Common feature dimension."),
+    epochs: int = typer.Option(None, help="Local epochs per round."),
+    steps: int = typer.Option(None, help="Local steps per round (instead of epochs)."),
+    batch_size: int = typer.Option(None, help="Local batch size."),
+    optimizer: str = typer.Option(None, help="sgd or adam."),
+    lr: float = typer.Option(None, help="Learning rate."),
+    eval_every: int = typer.Option(None, help="Evaluate every N rounds."),
+    seed: int = typer.Option(None, help="Run seed (models, sampling; devices derive theirs)."),
+    out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
+    run_name: str = typer.Option(None, help="Run directory name (keep it fixed to resume into it)."),
+    config: Path = typer.Option(None, "--config", help="TOML file with run settings."),
+    wait: float = typer.Option(None, help="Give up if min-devices are not ready after this many seconds."),
+    max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
+    username: str = typer.Option(None, help="MQTT username (default: from the URL)."),
+    password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
+) -> None:
+    """Wait for devices, then run the rounds; devices may join later, late ones are recorded."""
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import load_toml, resolve_config
+    from edgefl.runtime.server import ServeOptions, serve
+
+    explicit = load_toml(config) if config else {}
+    flags = {
+        "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "fraction": fraction,
+        "dataset": dataset, "data_dir": data_dir, "train_samples": train_samples, "model": model,
+        "tiers": _split(tiers), "width": width, "feature_dim": feature_dim, "epochs": epochs,
+        "steps": steps, "batch_size": batch_size, "optimizer": optimizer, "lr": lr,
+        "eval_every": eval_every, "seed": seed, "out_dir": str(out) if out else None, "run_name": run_name,
+    }
+    explicit.update({k: v for k, v in flags.items() if v is not None})
+    if option:
+        explicit["options"] = {**explicit.get("options", {}), **_pairs(option, "option")}
+    explicit.setdefault("clients", max(explicit.get("min_devices", 1), 1))
+    algo = get_algorithm(explicit.get("algorithm", "fedavg"))
+    cfg = resolve_config(explicit, dict(algo.defaults))
+    opts = ServeOptions(
+        broker=broker, fleet=fleet, deadline=deadline, checkpoint_dir=checkpoint_dir,
+        wait_for_devices=wait, max_bytes=max_bytes, username=username, password=password,
+    )
+
+    def on_round(r: dict) -> None:
+        acc = f" acc {100 * r['eval']['mean_accuracy']:.1f}%" if "eval" in r else ""
+        err.print(f"round {r['round']}: {len(r['completed'])}/{len(r['selected'])} devices{acc}"
+                  + (f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""))
+
+    summary = serve(cfg, opts, on_round=None if as_json else on_round)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    err.print(f"[bold green]done[/] {summary['algorithm']}: mean accuracy {100 * summary['mean_accuracy']:.2f}% "
+              f"over {len(summary['client_accuracy'])} devices in {summary['wall_seconds']:.0f} s")
+    err.print(f"results: {summary['run_dir']}")

@@ -1,0 +1,400 @@
+"""The device process: connect, register with a profile, build the assigned model, serve rounds.
+
+    run_device(DeviceOptions(broker="mqtt://127.0.0.1:1883", fleet="lab", device_id="pi-07",
+                             data="fashion-mnist:shard=3/6,partition=dirichlet,alpha=0.5,seed=0"))
+
+Life of a device:
+
+1. connect (stable client id, persistent session, Last Will "offline" on its status topic);
+2. register: a ``register`` envelope with its profile (and an optional requested tier) on
+   ``devices/<id>/register``, repeated until the server answers ``assign`` (model spec,
+   algorithm and options, training settings, run seed);
+3. load its data, build the algorithm's device half and the :class:`DeviceAgent` — the same
+   agent the in-memory simulation uses — and register again with ``ready`` and its sample count;
+4. serve requests (train/evaluate/finish) in order, each acknowledged and de-duplicated by the
+   endpoint, until the server broadcasts the end of the run;
+5. when the server restarts (a new epoch on its retained status) register again; the half is
+   kept when the new assignment is identical, so a resumed run continues with the same state.
+
+Reconnection after broker outages is paho's (the endpoint re-subscribes in ``on_connect``).
+
+The ``data`` string names a dataset and, for demos and benchmarks, a shard of a partition made
+exactly as ``edgefl simulate`` makes it (same subsampling, public carve-out and partitioner)::
+
+    NAME[:shard=I/N,partition=iid|dirichlet|shards,alpha=A,k=K,seed=S,min_size=M,
+          train_samples=T,test_samples=U,eval_samples=E,public=F,dir=PATH]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import queue
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgefl.algorithms import DeviceContext, TrainSettings, get_algorithm
+from edgefl.data import ArrayDataset, carve_public, load_dataset, partition
+from edgefl.errors import ConfigError, TransportError, WireError
+from edgefl.models import ModelSpec
+from edgefl.runtime.agent import DeviceAgent
+from edgefl.runtime.simulation import derive_seed, subsample
+from edgefl.transport.broker import check_device_id
+from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
+from edgefl.wire import Envelope, Limits, Payload, decode, encode
+from edgefl.wire.validate import Routing
+
+log = logging.getLogger(__name__)
+
+
+# --- the device's data -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    dataset: str
+    shard: tuple[int, int] | None = None  # (index, count)
+    partition: str = "iid"
+    alpha: float = 0.5
+    classes_per_client: int = 2
+    seed: int = 0
+    min_size: int = 10
+    train_samples: int | None = None
+    test_samples: int | None = None
+    eval_samples: int = 2000
+    public: float | None = None  # None: the algorithm's share (from the assignment)
+    data_dir: str | None = None
+
+    _KEYS = {
+        "shard": "shard",
+        "partition": "partition",
+        "alpha": "alpha",
+        "k": "classes_per_client",
+        "classes_per_client": "classes_per_client",
+        "seed": "seed",
+        "min_size": "min_size",
+        "train_samples": "train_samples",
+        "test_samples": "test_samples",
+        "eval_samples": "eval_samples",
+        "public": "public",
+        "dir": "data_dir",
+    }
+
+    @classmethod
+    def parse(cls, text: str) -> DataSpec:
+        # a dataset name may itself hold ':' (imagefolder:DIR); options follow the last ':'
+        head, sep, tail = text.rpartition(":")
+        name, rest = (head, tail) if sep and ("=" in tail or not tail) else (text, "")
+        if not name:
+            raise ConfigError(f"--data {text!r}: name a dataset, e.g. fashion-mnist:shard=0/6")
+        values: dict[str, Any] = {"dataset": name}
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for item in filter(None, rest.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep or key.strip() not in cls._KEYS:
+                raise ConfigError(f"--data option {item!r}: use key=value with keys {', '.join(sorted(cls._KEYS))}")
+            field_name = cls._KEYS[key.strip()]
+            value = value.strip()
+            try:
+                if field_name == "shard":
+                    i, _, n = value.partition("/")
+                    values["shard"] = (int(i), int(n))
+                elif field_name in ("partition", "data_dir"):
+                    values[field_name] = value
+                elif "float" in str(types[field_name]):
+                    values[field_name] = float(value)
+                else:
+                    values[field_name] = int(value)
+            except ValueError:
+                raise ConfigError(f"--data option {item!r} has an invalid value") from None
+        spec = cls(**values)
+        if spec.shard is not None and not 0 <= spec.shard[0] < spec.shard[1]:
+            raise ConfigError(f"--data shard {spec.shard[0]}/{spec.shard[1]}: need 0 <= I < N")
+        return spec
+
+    def to_string(self) -> str:
+        parts = []
+        if self.shard is not None:
+            parts.append(f"shard={self.shard[0]}/{self.shard[1]}")
+        for key in ("partition", "alpha", "classes_per_client", "seed", "min_size", "train_samples", "test_samples", "eval_samples", "public"):
+            value = getattr(self, key)
+            if value is not None:
+                parts.append(f"{'k' if key == 'classes_per_client' else key}={value}")
+        if self.data_dir:
+            parts.append(f"dir={self.data_dir}")
+        return f"{self.dataset}:{','.join(parts)}"
+
+
+def load_device_data(spec: DataSpec, public_fraction: float) -> tuple[ArrayDataset, dict[str, ArrayDataset]]:
+    """The device's training shard and its evaluation sets, made exactly as the simulator makes them."""
+    train = subsample(load_dataset(spec.dataset, "train", spec.data_dir), spec.train_samples, spec.seed)
+    test = subsample(load_dataset(spec.dataset, "test", spec.data_dir), spec.test_samples, spec.seed + 1)
+    quick = subsample(test, spec.eval_samples, spec.seed + 2)
+    evals = {"quick": quick, "test": test}
+    if spec.shard is None:
+        return train, evals
+    labels = train.y.numpy()
+    fraction = public_fraction if spec.public is None else spec.public
+    pool = np.arange(len(train))
+    if fraction > 0:
+        _, pool = carve_public(labels, fraction, seed=spec.seed)
+    index, count = spec.shard
+    parts = partition(
+        labels[pool], count, spec.partition, alpha=spec.alpha, classes_per_client=spec.classes_per_client, seed=spec.seed, min_size=spec.min_size
+    )
+    return train.subset(pool[parts[index]]), evals
+
+
+# --- assignments -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What the server tells a device at registration (the meta of an ``assign`` envelope)."""
+
+    spec: ModelSpec
+    algorithm: str
+    options: dict[str, str]
+    settings: TrainSettings
+    rounds: int
+    seed: int
+    public_fraction: float
+    epoch: str
+    accepted: bool = False
+
+    def to_meta(self) -> dict[str, Any]:
+        return {
+            "spec": json.dumps(self.spec.to_dict(), sort_keys=True),
+            "algorithm": self.algorithm,
+            "options": json.dumps(self.options, sort_keys=True),
+            "settings": json.dumps(dataclasses.asdict(self.settings), sort_keys=True),
+            "rounds": self.rounds,
+            "seed": self.seed,
+            "public_fraction": self.public_fraction,
+            "epoch": self.epoch,
+            "accepted": self.accepted,
+        }
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> Assignment:
+        try:
+            settings = json.loads(meta["settings"])
+            settings["lr_decay_rounds"] = tuple(settings.get("lr_decay_rounds", ()))
+            return cls(
+                spec=ModelSpec.from_dict(json.loads(meta["spec"])),
+                algorithm=str(meta["algorithm"]),
+                options={str(k): str(v) for k, v in json.loads(meta["options"]).items()},
+                settings=TrainSettings(**settings),
+                rounds=int(meta["rounds"]),
+                seed=int(meta["seed"]),
+                public_fraction=float(meta["public_fraction"]),
+                epoch=str(meta["epoch"]),
+                accepted=bool(meta.get("accepted", False)),
+            )
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+            raise WireError(f"invalid assignment: {type(e).__name__}: {e}") from None
+
+    def same_work(self, other: Assignment | None) -> bool:
+        """Equal up to the server's epoch and acceptance: the built half can be kept."""
+        return other is not None and dataclasses.replace(self, epoch="", accepted=False) == dataclasses.replace(other, epoch="", accepted=False)
+
+
+# --- the device process --------------------------------------------------------------------------
+
+
+@dataclass
+class DeviceOptions:
+    broker: str
+    device_id: str
+    data: str
+    fleet: str = "default"
+    tier: str | None = None  # ask for a tier; the server's policy decides when it is None
+    profile: dict[str, Any] | None = None  # None: measure this machine (quick benchmark)
+    username: str | None = None
+    password: str | None = None
+    delay: float = 0.0  # extra seconds of "local work" per training round (emulates a slow device)
+    max_bytes: int = Limits().max_bytes
+    register_every: float = 3.0
+    exit_when_over: bool = True
+    threads: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def measure_profile(device_id: str) -> dict[str, Any]:
+    from edgefl.profiling import profile_device
+
+    return profile_device(quick=True, name=device_id).to_dict()
+
+
+class DeviceRuntime:
+    def __init__(self, opts: DeviceOptions):
+        check_device_id(opts.device_id)
+        self.opts = opts
+        self.data_spec = DataSpec.parse(opts.data)
+        self.limits = Limits(max_bytes=opts.max_bytes)
+        address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password)
+        self.endpoint = MqttDeviceEndpoint(address, opts.fleet, opts.device_id, limits=self.limits)
+        self.profile = opts.profile if opts.profile is not None else measure_profile(opts.device_id)
+        self.assignment: Assignment | None = None
+        self.agent: DeviceAgent | None = None
+        self.num_samples = 0
+        self.server_epoch: str | None = None
+        self.registered_epoch: str | None = None  # the epoch whose server accepted us
+        self.next_register = 0.0
+        self.held: deque[tuple[Routing, bytes]] = deque()  # requests that came before we were ready
+        self.served = 0
+        self.over = False
+
+    # -- registration --
+    def _register(self) -> None:
+        meta: dict[str, Any] = {"profile": json.dumps(self.profile, sort_keys=True), "ready": self.agent is not None}
+        if self.opts.tier:
+            meta["tier"] = self.opts.tier
+        if self.agent is not None:
+            meta["num_samples"] = self.num_samples
+        if self.server_epoch:
+            meta["epoch"] = self.server_epoch
+        env = Envelope("register", 0, self.opts.device_id, fleet=self.opts.fleet, tier=self.opts.tier or "", payload=Payload({}, meta))
+        self.endpoint.send("register", encode(env))
+        self.next_register = time.monotonic() + self.opts.register_every
+
+    def _on_assign(self, data: bytes) -> None:
+        env = decode(data, self.limits)
+        a = Assignment.from_meta(env.payload.meta)
+        if self.server_epoch is not None and a.epoch != self.server_epoch:
+            log.info("device %s: ignoring an assignment from an earlier server (%s)", self.opts.device_id, a.epoch)
+            return
+        if self.agent is None or not a.same_work(self.assignment):
+            self._build(a)
+            self._register()  # now ready
+        self.assignment = a
+        if a.accepted and self.registered_epoch != a.epoch:
+            self.registered_epoch = a.epoch
+            log.info("device %s: registered with server %s as %s", self.opts.device_id, a.epoch, a.spec.name)
+            while self.held:
+                self._serve(*self.held.popleft())
+
+    def _build(self, a: Assignment) -> None:
+        algorithm = get_algorithm(a.algorithm)
+        options = algorithm.parse_options(a.options)
+        train, evals = load_device_data(self.data_spec, a.public_fraction)
+        ctx = DeviceContext(self.opts.device_id, a.spec, train, a.settings, derive_seed(a.seed, self.opts.device_id), a.rounds)
+        half = algorithm.device(ctx, options)
+        self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet, algorithm=a.algorithm, limits=self.limits)
+        self.num_samples = len(train)
+        log.info("device %s: built %s for %s on %d samples", self.opts.device_id, a.spec.name, a.algorithm, len(train))
+
+    # -- serving --
+    def _serve(self, routing: Routing, data: bytes) -> None:
+        if self.agent is None or self.registered_epoch is None:
+            self.held.append((routing, data))
+            return
+        if routing.kind == "train" and self.opts.delay > 0:
+            time.sleep(self.opts.delay)
+        reply = self.agent.handle_bytes(data)
+        self.endpoint.reply(routing, reply)
+        self.served += 1
+
+    def _on_server(self, status: dict[str, Any]) -> None:
+        epoch = status.get("epoch")
+        if status.get("state") == "online" and isinstance(epoch, str) and epoch != self.server_epoch:
+            log.info("device %s: server %s is online; registering", self.opts.device_id, epoch)
+            self.server_epoch = epoch
+            self.registered_epoch = None
+            self.next_register = 0.0
+
+    def _on_broadcast(self, routing: Routing) -> None:
+        if routing.kind == "finish" and routing.meta.get("run_over") and self.registered_epoch is not None and routing.meta.get("epoch") == self.registered_epoch:
+            log.info("device %s: the run is over", self.opts.device_id)
+            self.over = True
+
+    def run(self, stop_after: float | None = None) -> int:
+        """Serve until the run is over (or ``stop_after`` seconds); returns requests served."""
+        t_end = None if stop_after is None else time.monotonic() + stop_after
+        self.endpoint.start(wait=None)
+        try:
+            while not (self.over and self.opts.exit_when_over):
+                if t_end is not None and time.monotonic() > t_end:
+                    break
+                if self.registered_epoch is None and self.endpoint.connected.is_set() and time.monotonic() >= self.next_register:
+                    self._register()
+                try:
+                    kind, routing, item = self.endpoint.inbox.get(timeout=0.25)
+                except queue.Empty:
+                    self.endpoint.retry_unacked()
+                    continue
+                try:
+                    if kind == "server":
+                        self._on_server(item)
+                    elif kind == "assign":
+                        self._on_assign(item)
+                    elif kind == "broadcast":
+                        self._on_broadcast(routing)
+                    elif kind == "request":
+                        self._serve(routing, item)
+                except (WireError, ConfigError) as e:
+                    log.warning("device %s: rejected a %s message: %s", self.opts.device_id, kind, e)
+                self.endpoint.retry_unacked()
+            self._flush()
+        finally:
+            self.endpoint.stop()
+        return self.served
+
+    def _flush(self, seconds: float = 5.0) -> None:
+        """Before leaving, give the last replies a chance to be acknowledged."""
+        end = time.monotonic() + seconds
+        while self.endpoint.unacked and time.monotonic() < end:
+            self.endpoint.retry_unacked()
+            time.sleep(0.1)
+
+
+def run_device(opts: DeviceOptions, stop_after: float | None = None) -> int:
+    if opts.threads:
+        import torch
+
+        torch.set_num_threads(opts.threads)
+    return DeviceRuntime(opts).run(stop_after)
+
+
+def register_once(
+    *,
+    broker: str,
+    fleet: str,
+    device_id: str,
+    tier: str | None = None,
+    profile: dict[str, Any] | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    timeout: float = 60.0,
+) -> Assignment:
+    """Register (not ready) and return the server's assignment; the device is not added to a run."""
+    check_device_id(device_id)
+    address = BrokerAddress.parse(broker).with_credentials(username, password)
+    endpoint = MqttDeviceEndpoint(address, fleet, device_id, client_id=f"edgefl-{fleet}-{device_id}-register", will=False)
+    profile = profile if profile is not None else measure_profile(device_id)
+    meta: dict[str, Any] = {"profile": json.dumps(profile, sort_keys=True), "ready": False}
+    if tier:
+        meta["tier"] = tier
+    end = time.monotonic() + timeout
+    endpoint.start(wait=min(timeout, 30.0))
+    try:
+        next_send = 0.0
+        while time.monotonic() < end:
+            if time.monotonic() >= next_send:
+                env = Envelope("register", 0, device_id, fleet=fleet, tier=tier or "", payload=Payload({}, meta))
+                endpoint.send("register", encode(env))
+                next_send = time.monotonic() + 3.0
+            try:
+                kind, _, item = endpoint.inbox.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            if kind == "assign":
+                return Assignment.from_meta(decode(item).payload.meta)
+    finally:
+        endpoint.stop()
+    raise TransportError(f"no server of fleet {fleet!r} answered {device_id}'s registration within {timeout:g} s")

@@ -1,0 +1,144 @@
+"""A whole fleet over real MQTT on one machine: a broker, the server, one OS process per device.
+
+``simulate_mqtt(cfg)`` is ``edgefl simulate --transport mqtt``: the same run as the in-memory
+simulation (same shards, tiers, seeds), but every device is an ``edgefl train`` process talking
+to the server (in this process) through a broker — the embedded amqtt one unless a URL is given.
+Devices get shard *i* of the partition the simulator would make and tier ``tiers[i % len]``, so
+results match the in-memory run for the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from edgefl.config import RunConfig
+from edgefl.models import family_tiers
+from edgefl.runtime.device import DataSpec
+from edgefl.runtime.server import ServeOptions, serve
+from edgefl.runtime.simulation import device_ids, run_dir_for
+from edgefl.transport.broker import EmbeddedBroker
+
+log = logging.getLogger(__name__)
+
+#: A fixed, modest profile for simulated devices (no benchmark per process; the tier is given).
+SIMULATED_PROFILE = {
+    "name": "simulated",
+    "arch": "x86_64",
+    "cpu_model": "simulated",
+    "cores": 1,
+    "ram_total_mb": 4096,
+    "ram_available_mb": 2048,
+    "source": "edgefl simulate --transport mqtt",
+}
+
+
+def data_spec_for(cfg: RunConfig, index: int) -> DataSpec:
+    """Device ``index``'s shard, exactly as ``simulate`` partitions ``cfg``'s dataset."""
+    return DataSpec(
+        dataset=cfg.dataset,
+        shard=(index, cfg.clients),
+        partition=cfg.partition,
+        alpha=cfg.alpha,
+        classes_per_client=cfg.classes_per_client,
+        seed=cfg.seed,
+        min_size=cfg.min_size,
+        train_samples=cfg.train_samples,
+        test_samples=cfg.test_samples,
+        eval_samples=cfg.eval_samples,
+        public=cfg.public_fraction,
+        data_dir=cfg.data_dir,
+    )
+
+
+def device_command(
+    broker: str,
+    fleet: str,
+    device_id: str,
+    data: DataSpec | str,
+    *,
+    tier: str | None = None,
+    profile_file: Path | None = None,
+    delay: float = 0.0,
+    threads: int | None = 1,
+    verbose: bool = False,
+) -> list[str]:
+    cmd = [sys.executable, "-m", "edgefl.cli.main"]
+    if verbose:
+        cmd.append("--verbose")
+    cmd += ["train", "--broker", broker, "--fleet", fleet, "--device-id", device_id]
+    cmd += ["--data", data.to_string() if isinstance(data, DataSpec) else data]
+    if tier:
+        cmd += ["--tier", tier]
+    if profile_file is not None:
+        cmd += ["--profile", str(profile_file)]
+    if delay:
+        cmd += ["--delay", str(delay)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    return cmd
+
+
+def start_device(cmd: Sequence[str], log_path: Path | None = None) -> subprocess.Popen:
+    out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env)
+    finally:
+        if log_path is not None:
+            out.close()
+
+
+def simulate_mqtt(
+    cfg: RunConfig,
+    *,
+    broker: str | None = None,
+    fleet: str | None = None,
+    deadline: float = 600.0,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    verbose: bool = False,
+) -> dict[str, Any]:
+    """``cfg``'s run with a broker, this process as the server and one process per device."""
+    embedded = None
+    if broker is None:
+        embedded = EmbeddedBroker(port=0).start()
+        broker = embedded.url
+    fleet = fleet or f"sim-{os.getpid()}"
+    run_dir = run_dir_for(cfg)
+    log_dir = run_dir / "device-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="edgefl-fleet-") as tmp:
+        profile_file = Path(tmp) / "profile.json"
+        profile_file.write_text(json.dumps(SIMULATED_PROFILE))
+        threads = max(1, (os.cpu_count() or 1) // max(1, cfg.clients))
+        try:
+            for i, device_id in enumerate(device_ids(cfg.clients)):
+                cmd = device_command(
+                    broker, fleet, device_id, data_spec_for(cfg, i), tier=tiers[i % len(tiers)],
+                    profile_file=profile_file, threads=threads, verbose=verbose,
+                )
+                procs.append(start_device(cmd, log_dir / f"{device_id}.log"))
+            opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline, wait_for_devices=max(120.0, 20.0 * cfg.clients))
+            full = cfg.model_copy(update={"min_devices": cfg.clients})
+            summary = serve(full, opts, on_round=on_round)
+            summary["broker"] = "embedded amqtt" if embedded else broker
+            summary["device_processes"] = len(procs)
+            return summary
+        finally:
+            for p in procs:
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.terminate()
+                    p.wait(timeout=10)
+            if embedded is not None:
+                embedded.stop()

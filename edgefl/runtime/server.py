@@ -1,0 +1,291 @@
+"""The server process of a real fleet: registration, tier assignment, then the one round loop.
+
+    summary = serve(cfg, ServeOptions(broker="mqtt://127.0.0.1:1883", fleet="lab", deadline=120,
+                                       checkpoint_dir=Path("ck")))
+
+``cfg`` is the same :class:`~edgefl.config.RunConfig` ``edgefl simulate`` uses (algorithm and
+options, model family/tiers/width, training settings, rounds, fraction, min_devices, seed); the
+dataset named there only gives the models their input shape and classes (and the server's public
+share for methods that hold one). Devices bring their own data.
+
+Registration: a device sends ``register`` with its profile (and maybe a requested tier); the
+server answers ``assign`` with its model spec, chosen by the one tier policy of
+:mod:`edgefl.profiling` (``choose_tier``: the largest tier that fits the device's memory and the
+round deadline) unless the device asked for a tier of the run; the device builds its model and
+registers again as ready; ready devices join ``ctx.fleet`` between rounds (the loop's
+``before_round`` hook), so devices can join mid-run. The server waits for ``min_devices`` ready
+devices before the first round, then runs :class:`~edgefl.runtime.loop.RoundLoop` over
+:class:`~edgefl.transport.mqtt.MqttServerTransport`. With a checkpoint directory it checkpoints
+after every round and, restarted, resumes from the last completed one (devices re-register with
+the new server epoch and keep their models when the assignment is unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgefl.algorithms import DeviceRecord, ServerContext, ServerHalf, get_algorithm
+from edgefl.config import RunConfig
+from edgefl.data import carve_public, dataset_info, load_dataset
+from edgefl.errors import EdgeflError, TransportError, WireError
+from edgefl.models import ModelSpec, family_tiers
+from edgefl.report import RunRecorder
+from edgefl.runtime.loop import LoopSettings, RoundLoop
+from edgefl.runtime.simulation import fleet_specs, run_dir_for, subsample, train_settings
+from edgefl.transport.broker import DEVICE_ID
+from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport
+from edgefl.wire import Envelope, Limits, Payload, decode, encode
+
+log = logging.getLogger(__name__)
+
+REGISTER_LIMITS = Limits(max_bytes=1024 * 1024, max_tensors=0)
+
+
+@dataclass
+class ServeOptions:
+    broker: str
+    fleet: str = "default"
+    deadline: float = 120.0  # seconds a round (and an evaluation) waits for its devices
+    checkpoint_dir: Path | None = None
+    wait_for_devices: float | None = None  # seconds to wait for min_devices (None: forever)
+    max_bytes: int = Limits().max_bytes
+    username: str | None = None
+    password: str | None = None
+    memory_fraction: float = 0.5  # tier policy: share of a device's available memory training may use
+
+
+class Registry:
+    """Registrations → assignments → ready devices. Thread-safe (called on the network thread)."""
+
+    def __init__(self, cfg: RunConfig, spec_for: Callable[[str], ModelSpec], epoch: str, public_fraction: float, opts: ServeOptions):
+        self.cfg, self.spec_for, self.epoch, self.public_fraction, self.opts = cfg, spec_for, epoch, public_fraction, opts
+        self.tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+        self.settings = train_settings(cfg)
+        self.lock = threading.Condition()
+        self.assigned: dict[str, ModelSpec] = {}
+        self.profiles: dict[str, dict[str, Any]] = {}
+        self.ready: dict[str, DeviceRecord] = {}
+        self.joined: set[str] = set()  # ready devices already in the loop's fleet
+        self.rejected = 0
+
+    def choose_tier(self, device_id: str, requested: str | None, profile: dict[str, Any]) -> str:
+        if requested:
+            if requested not in self.tiers:
+                raise WireError(f"device {device_id} asked for tier {requested!r}; this run has {', '.join(self.tiers)}")
+            return requested
+        if len(self.tiers) == 1:
+            return self.tiers[0]
+        from edgefl.profiling import DeviceProfile, TierBudget, choose_tier
+
+        template = self.spec_for(self.tiers[0])
+        samples = (self.settings.steps or 0) * self.settings.batch_size or 1000
+        budget = TierBudget(
+            memory_fraction=self.opts.memory_fraction,
+            round_seconds=self.opts.deadline / 2,
+            batch_size=self.settings.batch_size,
+            samples_per_round=samples,
+            optimizer="adam" if self.settings.optimizer == "adam" else ("sgd-momentum" if self.settings.momentum else "sgd"),
+        )
+        try:
+            return choose_tier(DeviceProfile.from_dict(profile), template, self.tiers, budget)
+        except EdgeflError as e:
+            log.warning("device %s: unusable profile (%s); assigning the smallest tier", device_id, e)
+            return self.tiers[0]
+
+    def warm_up(self) -> None:
+        """Cost estimates build models; do it here, not on the network thread mid-run."""
+        if len(self.tiers) > 1:
+            from edgefl.profiling import model_cost
+
+            for tier in self.tiers:
+                model_cost(self.spec_for(tier))
+
+    def handle(self, device_id: str, data: bytes) -> bytes | None:
+        """A registration message → the assignment to send back (None: ignore)."""
+        try:
+            if not DEVICE_ID.match(device_id):
+                raise WireError(f"invalid device id {device_id!r}")
+            env = decode(data, REGISTER_LIMITS)
+            meta = env.payload.meta
+            epoch = meta.get("epoch")
+            if epoch is not None and epoch != self.epoch:
+                log.info("ignoring a registration of %s for an earlier server (%s)", device_id, epoch)
+                return None
+            profile = json.loads(str(meta.get("profile", "{}")))
+            if not isinstance(profile, dict):
+                raise WireError("the profile is not a JSON object")
+            requested = str(meta["tier"]) if meta.get("tier") else None
+            with self.lock:
+                spec = self.assigned.get(device_id)
+            if spec is None or (requested and requested != spec.tier):
+                spec = self.spec_for(self.choose_tier(device_id, requested, profile))
+            ready = bool(meta.get("ready", False))
+            with self.lock:
+                self.assigned[device_id] = spec
+                self.profiles[device_id] = profile
+                if ready:
+                    num_samples = int(meta.get("num_samples", 0))
+                    if num_samples < 1:
+                        raise WireError("a ready device must report num_samples >= 1")
+                    if device_id not in self.ready:
+                        log.info("device %s is ready: %s, %d samples", device_id, spec.name, num_samples)
+                    self.ready[device_id] = DeviceRecord(spec=spec, num_samples=num_samples, profile=profile)
+                    self.lock.notify_all()
+        except (WireError, ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
+            with self.lock:
+                self.rejected += 1
+            log.warning("rejected a registration from %s: %s", device_id, e)
+            return None
+        from edgefl.runtime.device import Assignment
+
+        a = Assignment(spec, self.cfg.algorithm, dict(self.cfg.options), self.settings, self.cfg.rounds, self.cfg.seed, self.public_fraction, self.epoch, ready)
+        return encode(Envelope("assign", 0, device_id, fleet=self.opts.fleet, tier=spec.tier, payload=Payload({}, a.to_meta())))
+
+    def wait_ready(self, n: int, timeout: float | None) -> None:
+        end = None if timeout is None else time.monotonic() + timeout
+        last_log = 0.0
+        with self.lock:
+            while len(self.ready) < n:
+                if end is not None and time.monotonic() > end:
+                    raise TransportError(f"only {len(self.ready)} of {n} devices registered within {timeout:g} s")
+                if time.monotonic() - last_log > 10:
+                    log.info("waiting for devices: %d of %d ready", len(self.ready), n)
+                    last_log = time.monotonic()
+                self.lock.wait(0.5)
+
+    def apply(self, fleet: dict[str, DeviceRecord]) -> None:
+        """Add devices that became ready (or re-registered) to the loop's live fleet."""
+        with self.lock:
+            for device_id, record in self.ready.items():
+                if device_id not in fleet:
+                    log.info("device %s joins the run", device_id)
+                fleet[device_id] = record
+
+
+def serve(
+    cfg: RunConfig,
+    opts: ServeOptions,
+    *,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    on_started: Callable[[MqttServerTransport], None] | None = None,
+    on_done: Callable[[ServerHalf], None] | None = None,
+) -> dict[str, Any]:
+    """Run a federated job over MQTT; returns the same summary as ``simulate``."""
+    t_start = time.perf_counter()
+    algorithm = get_algorithm(cfg.algorithm)
+    options = algorithm.parse_options(cfg.options)
+    info = dataset_info(cfg.dataset)
+    public_fraction = algorithm.public_fraction if cfg.public_fraction is None else cfg.public_fraction
+    public = None
+    if public_fraction > 0:  # the server's share, carved exactly as devices carve it out of their pool
+        train = subsample(load_dataset(cfg.dataset, "train", cfg.data_dir), cfg.train_samples, cfg.seed)
+        public_idx, _ = carve_public(train.y.numpy(), public_fraction, seed=cfg.seed)
+        public = train.subset(public_idx)
+
+    def spec_for(tier: str) -> ModelSpec:
+        return fleet_specs(cfg.model_copy(update={"tiers": (tier,)}), ["x"], info)["x"]
+
+    limits = Limits(max_bytes=opts.max_bytes)
+    address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password)
+    transport = MqttServerTransport(address, opts.fleet, limits=limits)
+    registry = Registry(cfg, spec_for, transport.epoch, public_fraction, opts)
+    registry.warm_up()
+    transport.on_register = registry.handle
+    transport.start()
+    if on_started:
+        on_started(transport)
+    log.info("server %s of fleet %s is up on %s; waiting for %d devices", transport.epoch, opts.fleet, address, cfg.min_devices)
+    try:
+        registry.wait_ready(cfg.min_devices, opts.wait_for_devices)
+        fleet: dict[str, DeviceRecord] = {}
+        registry.apply(fleet)
+        ctx = ServerContext(
+            num_classes=info.num_classes,
+            fleet=fleet,
+            settings=registry.settings,
+            rounds=cfg.rounds,
+            seed=cfg.seed,
+            fraction=cfg.fraction,
+            min_devices=min(cfg.min_devices, len(fleet)),
+            public=public,
+        )
+        server = algorithm.server(ctx, options)
+        settings = LoopSettings(
+            rounds=cfg.rounds,
+            fleet=opts.fleet,
+            algorithm=cfg.algorithm,
+            timeout=opts.deadline,
+            eval_every=cfg.eval_every,
+            checkpoint_dir=opts.checkpoint_dir,
+            stop_when_all_fail=False,  # a real fleet can be all offline for a round
+        )
+        run_dir = run_dir_for(cfg)
+        resuming = opts.checkpoint_dir is not None and (Path(opts.checkpoint_dir) / "progress.json").exists()
+        previous = (run_dir / "rounds.jsonl").read_text() if resuming and (run_dir / "rounds.jsonl").exists() else ""
+        recorder = RunRecorder(run_dir)
+        if previous:
+            recorder.rounds_path.write_text(previous)
+        rounds: list[dict[str, Any]] = []
+
+        def record(r: dict[str, Any]) -> None:
+            stats = transport.take_stats()
+            r["transport"] = {
+                "published_down": stats.bytes_down,
+                "received_up": stats.bytes_up,
+                "retries": stats.retries,
+                "dropped": stats.dropped,
+                "wait_seconds": {d: max(0.0, s - r["train_seconds"].get(d, 0.0)) for d, s in r.get("reply_seconds", {}).items()},
+            }
+            rounds.append(r)
+            recorder.append_round(r)
+            if on_round:
+                on_round(r)
+
+        loop = RoundLoop(server, ctx, transport, settings, limits=limits, on_round=record, before_round=lambda r: registry.apply(ctx.fleet))
+        if loop.start_round:
+            log.info("resuming at round %d from %s", loop.start_round, opts.checkpoint_dir)
+        recorder.write_config(
+            {
+                **cfg.model_dump(mode="json"),
+                "transport": "mqtt",
+                "broker": str(address),
+                "fleet_name": opts.fleet,
+                "deadline": opts.deadline,
+                "resumed_at_round": loop.start_round,
+                "fleet": {d: {"spec": r.spec.to_dict(), "num_samples": r.num_samples} for d, r in fleet.items()},
+            }
+        )
+        final = loop.run()
+        transport.announce_end()
+        summary = {
+            "algorithm": cfg.algorithm,
+            "dataset": cfg.dataset,
+            "rounds": cfg.rounds,
+            "seed": cfg.seed,
+            "transport": "mqtt",
+            "resumed_at_round": loop.start_round,
+            "mean_accuracy": final["mean_accuracy"],
+            "tier_accuracy": final["tier_accuracy"],
+            "tier_devices": {t: sum(r.spec.tier == t for r in ctx.fleet.values()) for t in final["tier_accuracy"]},
+            "client_accuracy": final["client_accuracy"],
+            "bytes_up_per_round": [r["bytes_up_total"] for r in rounds],
+            "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
+            "failed_per_round": [len(r["failed"]) for r in rounds],
+            "accuracy_per_round": [{"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r],
+            "registrations_rejected": registry.rejected,
+            "wall_seconds": time.perf_counter() - t_start,
+            "run_dir": str(run_dir),
+        }
+        recorder.write_summary(summary)
+        if on_done:
+            on_done(server)
+        return summary
+    finally:
+        transport.close()

@@ -1,0 +1,634 @@
+"""MQTT transport (paho-mqtt 2.x): the server's :class:`Transport` and the device's endpoint.
+
+Topics, all under ``edgefl/<fleet>/``::
+
+    devices/<id>/down       server → device   train / evaluate / finish / assign / ack envelopes
+    devices/<id>/up         device → server   update / metrics / done / error / ack envelopes
+    devices/<id>/register   device → server   register envelopes (profile, readiness)
+    devices/<id>/status     device, retained  "online" / "offline" (the Last Will)
+    server/status           server, retained  {"state": "online"|"offline", "epoch": ...} (Last Will)
+    broadcast               server, retained  the end of a run (a "finish" envelope for device "*")
+
+A device writes only under its own id (the Mosquitto ACL in ``broker/`` enforces it) and reads its
+own downlinks, the broadcast and the server status.
+
+Delivery: QoS 1, subscriptions made in ``on_connect`` (so they survive reconnects), persistent
+sessions with stable client ids (MQTT 5 session expiry where the broker speaks 5, else
+``clean_session=False``), and because the broker's QoS is not trusted (queues overflow, brokers
+restart without persistence), an application-level protocol on top:
+
+- the receiver of a request (train/evaluate/finish) answers an ``ack`` envelope naming its
+  message id at once; the server re-publishes an unacknowledged request with back-off until the
+  reply or the deadline;
+- the server acknowledges every reply; a device re-publishes an unacknowledged reply with back-off;
+- both sides de-duplicate by message id (a device answers a repeated request with its cached
+  reply instead of training twice; the server counts a reply once).
+
+Every message is size-checked against :class:`edgefl.wire.Limits` by edgefl itself before it is
+published and before anything parses it, and only the routing header is read here
+(:func:`edgefl.wire.validate.peek`); the round loop decodes and validates the payload. A bad
+message is logged with its reason and dropped; nothing here raises on what the network sends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import ssl
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, unquote, urlparse
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from edgefl.errors import ConfigError, TransportError, WireError
+from edgefl.transport.base import Delivery
+from edgefl.wire import Envelope, Limits, Payload, encode
+from edgefl.wire.validate import Routing, peek
+
+log = logging.getLogger(__name__)
+
+#: What a device answers to each request kind ("error" is always acceptable).
+REPLY_KINDS = {"train": "update", "evaluate": "metrics", "finish": "done"}
+SESSION_EXPIRY_SECONDS = 24 * 3600
+
+
+# --- addresses and topics ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """``mqtt://[user[:password]@]host[:port][?protocol=5|3.1.1|auto&ca=FILE&insecure=1]``.
+
+    ``mqtts://`` turns TLS on (default port 8883; ``ca`` names a CA bundle, else the system's).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    ca_file: str | None = None
+    insecure: bool = False
+    protocol: str = "auto"
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerAddress:
+        u = urlparse(url if "://" in url else f"mqtt://{url}")
+        if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+            raise ConfigError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
+        tls = u.scheme in ("mqtts", "ssl")
+        q = {k: v[-1] for k, v in parse_qs(u.query).items()}
+        protocol = q.get("protocol", "auto")
+        if protocol not in ("auto", "5", "3.1.1"):
+            raise ConfigError(f"broker URL {url!r}: protocol must be 5, 3.1.1 or auto")
+        try:
+            port = u.port or (8883 if tls else 1883)
+        except ValueError:
+            raise ConfigError(f"broker URL {url!r} has an invalid port") from None
+        return cls(
+            host=u.hostname or "127.0.0.1",
+            port=port,
+            username=unquote(u.username) if u.username else None,
+            password=unquote(u.password) if u.password else None,
+            tls=tls,
+            ca_file=q.get("ca"),
+            insecure=q.get("insecure", "0") in ("1", "true", "yes"),
+            protocol=protocol,
+        )
+
+    def with_credentials(self, username: str | None, password: str | None) -> BrokerAddress:
+        return BrokerAddress(
+            self.host, self.port, username or self.username, password or self.password, self.tls, self.ca_file, self.insecure, self.protocol
+        )
+
+    def __str__(self) -> str:
+        user = f"{self.username}@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
+
+
+class Topics:
+    def __init__(self, fleet: str):
+        if not fleet or any(c in fleet for c in "+#/"):
+            raise ConfigError(f"fleet name {fleet!r} must be non-empty without '+', '#' or '/'")
+        self.fleet = fleet
+        self.root = f"edgefl/{fleet}"
+        self.broadcast = f"{self.root}/broadcast"
+        self.server_status = f"{self.root}/server/status"
+
+    def device(self, device_id: str, leaf: str) -> str:
+        return f"{self.root}/devices/{device_id}/{leaf}"
+
+    def parse_device(self, topic: str) -> tuple[str, str] | None:
+        """(device id, leaf) of a per-device topic of this fleet, else None."""
+        parts = topic.split("/")
+        if len(parts) == 5 and parts[:3] == ["edgefl", self.fleet, "devices"]:
+            return parts[3], parts[4]
+        return None
+
+
+# --- protocol detection and the shared client wrapper -------------------------------------------
+
+_PROTOCOL_CACHE: dict[tuple[str, int], int] = {}
+
+
+def _configure(client: mqtt.Client, address: BrokerAddress) -> None:
+    if address.username:
+        client.username_pw_set(address.username, address.password)
+    if address.tls:
+        client.tls_set(ca_certs=address.ca_file, cert_reqs=ssl.CERT_REQUIRED)
+        if address.insecure:
+            client.tls_insecure_set(True)
+
+
+def detect_protocol(address: BrokerAddress, timeout: float = 10.0) -> int:
+    """MQTT 5 when the broker accepts it (Mosquitto), else 3.1.1 (amqtt)."""
+    if address.protocol == "5":
+        return mqtt.MQTTv5
+    if address.protocol == "3.1.1":
+        return mqtt.MQTTv311
+    key = (address.host, address.port)
+    if key in _PROTOCOL_CACHE:
+        return _PROTOCOL_CACHE[key]
+    result: dict[str, object] = {}
+    done = threading.Event()
+    probe = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edgefl-probe-{uuid.uuid4().hex[:12]}", protocol=mqtt.MQTTv5)
+    _configure(probe, address)
+
+    def on_connect(client, userdata, flags, reason, properties):
+        result["reason"] = reason
+        done.set()
+
+    def on_disconnect(client, userdata, flags, reason, properties):
+        result.setdefault("reason", reason)
+        done.set()
+
+    probe.on_connect, probe.on_disconnect = on_connect, on_disconnect
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            probe.connect(address.host, address.port, keepalive=10)
+            break
+        except (OSError, ssl.SSLError) as e:
+            if time.monotonic() > deadline:
+                raise TransportError(f"cannot reach the broker at {address}: {e}") from None
+            time.sleep(0.5)
+    probe.loop_start()
+    done.wait(timeout)
+    probe.loop_stop()
+    try:
+        probe.disconnect()
+    except Exception:  # noqa: S110 - the probe is thrown away
+        pass
+    reason = result.get("reason")
+    if reason is not None and getattr(reason, "value", 1) == 0:
+        proto = mqtt.MQTTv5
+    elif reason is not None and getattr(reason, "value", 0) in (0x86, 0x87, 0x8C):  # bad credentials/auth
+        raise TransportError(f"the broker at {address} refused the connection: {reason}")
+    else:
+        proto = mqtt.MQTTv311
+    _PROTOCOL_CACHE[key] = proto
+    return proto
+
+
+class Endpoint:
+    """One paho client with a stable id, persistent session, Last Will and auto-reconnect."""
+
+    def __init__(
+        self,
+        address: BrokerAddress,
+        client_id: str,
+        topics: Topics,
+        *,
+        limits: Limits = Limits(),
+        will: tuple[str, bytes] | None = None,
+        reconnect_max: float = 8.0,
+    ):
+        self.address, self.client_id, self.topics, self.limits = address, client_id, topics, limits
+        self.protocol = detect_protocol(address)
+        self.connected = threading.Event()
+        self.refused: str | None = None
+        self.bytes_published = 0
+        kwargs = {"clean_session": False} if self.protocol == mqtt.MQTTv311 else {}
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=self.protocol, **kwargs)
+        _configure(self.client, address)
+        self.client.max_inflight_messages_set(100)
+        self.client.reconnect_delay_set(min_delay=1, max_delay=int(reconnect_max))
+        if will is not None:
+            self.client.will_set(will[0], will[1], qos=1, retain=True)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_message = self._on_message_safe
+
+    # subclasses: subscriptions, what to publish on (re)connect, and message handling
+    def subscriptions(self) -> list[str]:
+        return []
+
+    def on_connected(self) -> None:
+        pass
+
+    def on_message(self, topic: str, data: bytes) -> None:
+        pass
+
+    def start(self, wait: float | None = 30.0) -> Endpoint:
+        props = None
+        if self.protocol == mqtt.MQTTv5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = SESSION_EXPIRY_SECONDS
+        self.client.connect_async(
+            self.address.host, self.address.port, keepalive=15, clean_start=False if props is not None else mqtt.MQTT_CLEAN_START_FIRST_ONLY, properties=props
+        )
+        self.client.loop_start()
+        if wait and not self.connected.wait(wait):
+            reason = self.refused or "no answer"
+            self.stop(graceful=False)
+            raise TransportError(f"{self.client_id} could not connect to the broker at {self.address}: {reason}")
+        return self
+
+    def stop(self, graceful: bool = True) -> None:
+        try:
+            if graceful:
+                self.client.disconnect()
+        finally:
+            self.client.loop_stop()
+
+    def publish(self, topic: str, data: bytes, *, retain: bool = False) -> None:
+        if len(data) > self.limits.max_bytes:
+            raise WireError(f"refusing to publish {len(data)} bytes: the limit is {self.limits.max_bytes}")
+        info = self.client.publish(topic, data, qos=1, retain=retain)
+        self.bytes_published += len(data)
+        if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+            log.warning("%s: publishing to %s failed: %s", self.client_id, topic, mqtt.error_string(info.rc))
+
+    def _on_connect(self, client, userdata, flags, reason, properties):
+        if reason.is_failure:
+            self.refused = str(reason)
+            log.warning("%s: the broker refused the connection: %s", self.client_id, reason)
+            return
+        for topic in self.subscriptions():
+            client.subscribe(topic, qos=1)
+        self.on_connected()
+        self.connected.set()
+        log.debug("%s connected (session present: %s)", self.client_id, flags.session_present)
+
+    def _on_disconnect(self, client, userdata, flags, reason, properties):
+        self.connected.clear()
+        if reason.is_failure or str(reason) != "Normal disconnection":
+            log.info("%s disconnected (%s); reconnecting", self.client_id, reason)
+
+    def _on_message_safe(self, client, userdata, msg):
+        try:
+            if len(msg.payload) > self.limits.max_bytes:
+                raise WireError(f"message of {len(msg.payload)} bytes exceeds the limit of {self.limits.max_bytes}")
+            self.on_message(msg.topic, msg.payload)
+        except WireError as e:
+            log.warning("%s: rejected a message on %s: %s", self.client_id, msg.topic, e)
+        except Exception:  # a bug in a handler must not kill the network thread
+            log.exception("%s: failed to handle a message on %s", self.client_id, msg.topic)
+
+
+def ack_envelope(fleet: str, device_id: str, routing: Routing) -> bytes:
+    return encode(Envelope("ack", routing.round, device_id, fleet=fleet, payload=Payload({}, {"ack": routing.message_id})))
+
+
+# --- the server side ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    message_id: str
+    round: int
+    kind: str
+    data: bytes
+    sent: float
+    next_retry: float
+    retry_every: float
+    acked: bool = False
+    reply: bytes | None = None
+    replied_at: float = 0.0
+    published: int = 0
+    attempts: int = 0
+
+
+@dataclass
+class ExchangeStats:
+    """Bytes actually published per device (retries included) and retries, since the last take()."""
+
+    bytes_down: dict[str, int] = field(default_factory=dict)
+    bytes_up: dict[str, int] = field(default_factory=dict)
+    retries: dict[str, int] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+
+
+RegisterHandler = Callable[[str, bytes], bytes | None]
+
+
+class MqttServerTransport(Endpoint):
+    """The server's :class:`~edgefl.transport.base.Transport` over MQTT.
+
+    ``on_register(device_id, envelope_bytes)`` is called (on the network thread) for each
+    registration message; the bytes it returns are published to that device's downlink.
+    """
+
+    def __init__(
+        self,
+        address: BrokerAddress,
+        fleet: str,
+        *,
+        limits: Limits = Limits(),
+        on_register: RegisterHandler | None = None,
+        retry_after: float = 2.0,
+        retry_max: float = 30.0,
+        epoch: str | None = None,
+    ):
+        topics = Topics(fleet)
+        self.epoch = epoch or uuid.uuid4().hex[:12]
+        will = json.dumps({"state": "offline", "epoch": self.epoch}).encode()
+        super().__init__(address, f"edgefl-{fleet}-server", topics, limits=limits, will=(topics.server_status, will))
+        self.fleet = fleet
+        self.on_register = on_register
+        self.retry_after, self.retry_max = retry_after, retry_max
+        self.lock = threading.Condition()
+        self.pending: dict[str, _Pending] = {}
+        self.seen_replies: OrderedDict[str, None] = OrderedDict()
+        self.status: dict[str, str] = {}
+        self.stats = ExchangeStats()
+
+    def subscriptions(self) -> list[str]:
+        return [self.topics.device("+", leaf) for leaf in ("up", "register", "status")]
+
+    def on_connected(self) -> None:
+        online = json.dumps({"state": "online", "epoch": self.epoch}).encode()
+        self.client.publish(self.topics.server_status, online, qos=1, retain=True)
+
+    def start(self, wait: float | None = 30.0) -> MqttServerTransport:
+        super().start(wait)
+        # a new run starts with no "run over" notice in the fleet's broadcast
+        self.client.publish(self.topics.broadcast, b"", qos=1, retain=True)
+        return self
+
+    def take_stats(self) -> ExchangeStats:
+        with self.lock:
+            stats, self.stats = self.stats, ExchangeStats()
+        return stats
+
+    # -- the Transport protocol --
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None) -> dict[str, Delivery]:
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        out: dict[str, Delivery] = {}
+        with self.lock:
+            for device_id, data in messages.items():
+                try:
+                    r = peek(data, self.limits)
+                except WireError as e:  # e.g. larger than the limit: never published
+                    out[device_id] = Delivery(device_id, None, f"not sent: {e}")
+                    continue
+                self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + self.retry_after, self.retry_after)
+        for device_id, data in messages.items():
+            if device_id not in out:
+                self._send(device_id, data)
+        while True:
+            resend = []
+            with self.lock:
+                waiting = [d for d in messages if d in self.pending and self.pending[d].reply is None]
+                now = time.monotonic()
+                if not waiting or (deadline is not None and now >= deadline):
+                    break
+                for d in waiting:
+                    p = self.pending[d]
+                    if not p.acked and now >= p.next_retry:
+                        p.retry_every = min(self.retry_max, p.retry_every * 2)
+                        p.next_retry = now + p.retry_every
+                        p.attempts += 1
+                        self.stats.retries[d] = self.stats.retries.get(d, 0) + 1
+                        resend.append((d, p))
+                if not resend:
+                    wake = min(self.pending[d].next_retry for d in waiting)
+                    if deadline is not None:
+                        wake = min(wake, deadline)
+                    self.lock.wait(max(0.01, min(1.0, wake - now)))
+            # publish outside the lock: paho's network thread takes it in on_message
+            for d, p in resend:
+                log.info("no acknowledgement from %s for %s round %d; re-sending", d, p.kind, p.round)
+                self._send(d, p.data)
+        with self.lock:
+            for device_id in messages:
+                if device_id in out:
+                    continue
+                p = self.pending.pop(device_id, None)
+                if p is not None and p.reply is not None:
+                    out[device_id] = Delivery(device_id, p.reply, None, p.replied_at - p.sent)
+                else:
+                    state = self.status.get(device_id, "unknown")
+                    why = "no acknowledgement" if p is None or not p.acked else "acknowledged but no reply"
+                    out[device_id] = Delivery(device_id, None, f"deadline of {timeout:g} s passed ({why}; device {state})", time.monotonic() - (p.sent if p else now))
+        return out
+
+    def close(self) -> None:
+        self.stop()
+
+    def announce_end(self) -> None:
+        """Tell every device (retained, so also those reconnecting later) that the run is over."""
+        env = Envelope("finish", -1, "*", fleet=self.fleet, payload=Payload({}, {"run_over": True, "epoch": self.epoch}))
+        info = self.client.publish(self.topics.broadcast, encode(env), qos=1, retain=True)
+        try:
+            info.wait_for_publish(5)
+        except (RuntimeError, ValueError):
+            pass
+
+    def _send(self, device_id: str, data: bytes) -> None:
+        self.publish(self.topics.device(device_id, "down"), data)
+        with self.lock:
+            self.stats.bytes_down[device_id] = self.stats.bytes_down.get(device_id, 0) + len(data)
+
+    # -- incoming --
+    def on_message(self, topic: str, data: bytes) -> None:
+        where = self.topics.parse_device(topic)
+        if where is None:
+            return
+        device_id, leaf = where
+        if leaf == "status":
+            with self.lock:
+                self.status[device_id] = data.decode("utf-8", "replace")[:32] or "unknown"
+            return
+        r = peek(data, self.limits)
+        if r.device_id != device_id:
+            raise WireError(f"envelope names device {r.device_id!r} but came on {device_id!r}'s topic")
+        if r.fleet != self.fleet:
+            raise WireError(f"envelope is for fleet {r.fleet!r}, not {self.fleet!r}")
+        if leaf == "register":
+            if r.kind != "register":
+                raise WireError(f"a {r.kind!r} message on the registration topic")
+            if self.on_register is not None:
+                answer = self.on_register(device_id, data)
+                if answer is not None:
+                    self.publish(self.topics.device(device_id, "down"), answer)
+            return
+        if leaf != "up":
+            return
+        if r.kind == "ack":
+            with self.lock:
+                p = self.pending.get(device_id)
+                if p is not None and r.meta.get("ack") == p.message_id:
+                    p.acked = True
+                    self.lock.notify_all()
+            return
+        if r.kind not in ("update", "metrics", "done", "error"):
+            raise WireError(f"a device does not send {r.kind!r} messages")
+        with self.lock:
+            self.stats.bytes_up[device_id] = self.stats.bytes_up.get(device_id, 0) + len(data)
+            duplicate = r.message_id in self.seen_replies
+            p = self.pending.get(device_id)
+            if not duplicate and p is not None and p.reply is None and r.round == p.round and r.kind in (REPLY_KINDS.get(p.kind), "error"):
+                p.reply, p.replied_at, p.acked = bytes(data), time.monotonic(), True
+                self.seen_replies[r.message_id] = None
+                while len(self.seen_replies) > 4096:
+                    self.seen_replies.popitem(last=False)
+                self.lock.notify_all()
+            elif not duplicate:
+                self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
+                log.warning("dropped a late or unsolicited %s from %s for round %d", r.kind, device_id, r.round)
+        # acknowledge even a duplicate or a late reply: the device stops re-sending it
+        self.publish(self.topics.device(device_id, "down"), ack_envelope(self.fleet, device_id, r))
+
+
+# --- the device side ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Unacked:
+    topic: str
+    data: bytes
+    next_retry: float
+    retry_every: float
+    attempts: int = 0
+
+
+class MqttDeviceEndpoint(Endpoint):
+    """A device's connection: its inbox of requests (de-duplicated, acknowledged) and its replies.
+
+    The device runtime reads :attr:`inbox` (tuples ``(kind, routing, bytes)`` with kind "request",
+    "assign" or "broadcast", or ``("server", None, status_dict)``), answers with :meth:`reply`, and
+    calls :meth:`retry_unacked` now and then.
+    """
+
+    def __init__(
+        self,
+        address: BrokerAddress,
+        fleet: str,
+        device_id: str,
+        *,
+        limits: Limits = Limits(),
+        retry_after: float = 2.0,
+        retry_max: float = 30.0,
+        max_attempts: int = 20,
+        client_id: str | None = None,
+        will: bool = True,
+    ):
+        topics = Topics(fleet)
+        super().__init__(
+            address,
+            client_id or f"edgefl-{fleet}-{device_id}",
+            topics,
+            limits=limits,
+            will=(topics.device(device_id, "status"), b"offline") if will else None,
+        )
+        self.fleet, self.device_id = fleet, device_id
+        self.announce = will
+        self.inbox: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.handled: OrderedDict[str, bytes | None] = OrderedDict()  # request id → reply (None: in progress)
+        self.unacked: dict[str, _Unacked] = {}
+        self.retry_after, self.retry_max, self.max_attempts = retry_after, retry_max, max_attempts
+
+    def subscriptions(self) -> list[str]:
+        return [self.topics.device(self.device_id, "down"), self.topics.broadcast, self.topics.server_status]
+
+    def on_connected(self) -> None:
+        if self.announce:  # a helper connection (registration check) does not announce liveness
+            self.client.publish(self.topics.device(self.device_id, "status"), b"online", qos=1, retain=True)
+
+    def stop(self, graceful: bool = True) -> None:
+        if graceful and self.connected.is_set() and self.announce:
+            info = self.client.publish(self.topics.device(self.device_id, "status"), b"offline", qos=1, retain=True)
+            try:
+                info.wait_for_publish(2)
+            except (RuntimeError, ValueError):
+                pass
+        super().stop(graceful)
+
+    def on_message(self, topic: str, data: bytes) -> None:
+        if topic == self.topics.server_status:
+            try:
+                status = json.loads(data) if data else {}
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise WireError("server status is not JSON") from None
+            if isinstance(status, dict):
+                self.inbox.put(("server", None, status))
+            return
+        if topic == self.topics.broadcast:
+            if data:
+                self.inbox.put(("broadcast", peek(data, self.limits), bytes(data)))
+            return
+        r = peek(data, self.limits)
+        if r.fleet != self.fleet or r.device_id != self.device_id:
+            raise WireError(f"a downlink for {r.device_id!r} in fleet {r.fleet!r}")
+        if r.kind == "ack":
+            with self.lock:
+                self.unacked.pop(str(r.meta.get("ack", "")), None)
+            return
+        if r.kind == "assign":
+            self.inbox.put(("assign", r, bytes(data)))
+            return
+        if r.kind not in REPLY_KINDS:
+            raise WireError(f"a device does not handle {r.kind!r} messages")
+        with self.lock:
+            seen = r.message_id in self.handled
+            cached = self.handled.get(r.message_id)
+            if not seen:
+                self.handled[r.message_id] = None
+                while len(self.handled) > 64:
+                    self.handled.popitem(last=False)
+        self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, r))
+        if not seen:
+            self.inbox.put(("request", r, bytes(data)))
+        elif cached is not None:  # our reply was lost: send it again
+            self.publish(self.topics.device(self.device_id, "up"), cached)
+
+    def reply(self, request: Routing, data: bytes) -> None:
+        """Publish the reply to ``request`` and keep re-sending it until the server acknowledges."""
+        reply_id = peek(data, self.limits).message_id
+        topic = self.topics.device(self.device_id, "up")
+        with self.lock:
+            self.handled[request.message_id] = data
+            self.unacked[reply_id] = _Unacked(topic, data, time.monotonic() + self.retry_after, self.retry_after)
+        self.publish(topic, data)
+
+    def send(self, leaf: str, data: bytes) -> None:
+        self.publish(self.topics.device(self.device_id, leaf), data)
+
+    def retry_unacked(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            due = [(k, u) for k, u in self.unacked.items() if now >= u.next_retry]
+            for key, u in due:
+                u.attempts += 1
+                if u.attempts > self.max_attempts:
+                    log.warning("device %s: giving up on a reply after %d attempts", self.device_id, u.attempts - 1)
+                    del self.unacked[key]
+                    continue
+                u.retry_every = min(self.retry_max, u.retry_every * 2)
+                u.next_retry = now + u.retry_every
+        for key, u in due:
+            if key in self.unacked:
+                log.info("device %s: no acknowledgement for a reply; re-sending", self.device_id)
+                self.publish(u.topic, u.data)

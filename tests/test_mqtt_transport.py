@@ -1,0 +1,167 @@
+"""The MQTT transport on a real (embedded) broker: request/reply, acknowledgement and retry,
+de-duplication, size limits; plus the uplink checks of edgefl.wire.validate."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from edgefl.errors import WireError
+from edgefl.transport.broker import EmbeddedBroker
+from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerTransport, Topics
+from edgefl.wire import Envelope, Limits, Payload, decode, encode
+from edgefl.wire.validate import check_uplink, peek
+
+# --- validation (no broker) ----------------------------------------------------------------------
+
+
+def test_check_uplink_accepts_the_declared_arrays_and_other_namespaces():
+    expected = {"w/a": (2, 3), "w/b": None}
+    p = Payload({"w/a": np.zeros((2, 3), np.float32), "w/b": np.zeros(7, np.float32), "sl/sums": np.zeros(4, np.float32)})
+    check_uplink(p, expected)  # no error
+    check_uplink(Payload({"anything": np.zeros(1, np.float32)}), None)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "reason"),
+    [
+        ({"w/a": np.zeros((3, 2), np.float32), "w/b": np.zeros(1, np.float32)}, "shape"),
+        ({"w/b": np.zeros(1, np.float32)}, "missing array 'w/a'"),
+        ({"w/a": np.zeros((2, 3), np.float32), "w/b": np.zeros(1, np.float32), "w/extra": np.zeros(1, np.float32)}, "unexpected array 'w/extra'"),
+    ],
+)
+def test_check_uplink_rejects_wrong_shapes_missing_and_extra_weights(arrays, reason):
+    with pytest.raises(WireError, match=reason):
+        check_uplink(Payload(arrays), {"w/a": (2, 3), "w/b": None})
+
+
+def test_an_empty_declaration_means_no_arrays():
+    check_uplink(Payload({}, {"num_samples": 3}), {})
+    with pytest.raises(WireError, match="expected none"):
+        check_uplink(Payload({"w/x": np.zeros(1, np.float32)}), {})
+
+
+def test_peek_reads_routing_without_tensors_and_refuses_junk():
+    env = Envelope("update", 4, "d01", fleet="f", payload=Payload({"w/x": np.ones(3, np.float32)}, {"ack": "m1"}))
+    r = peek(encode(env))
+    assert (r.kind, r.round, r.device_id, r.fleet, r.message_id, r.meta["ack"]) == ("update", 4, "d01", "f", env.message_id, "m1")
+    with pytest.raises(WireError, match="out of bounds|too short"):
+        peek(b"\xff" * 64)
+    with pytest.raises(WireError, match="exceeds the limit"):
+        peek(encode(env), Limits(max_bytes=100))
+
+
+def test_broker_url_parsing():
+    a = BrokerAddress.parse("mqtts://pi-07:s3cret@broker.lan?ca=/etc/ca.crt&protocol=5")
+    assert (a.host, a.port, a.username, a.password, a.tls, a.ca_file, a.protocol) == ("broker.lan", 8883, "pi-07", "s3cret", True, "/etc/ca.crt", "5")
+    assert BrokerAddress.parse("127.0.0.1:1999").port == 1999
+    assert Topics("lab").device("d1", "up") == "edgefl/lab/devices/d1/up"
+    assert Topics("lab").parse_device("edgefl/lab/devices/d1/register") == ("d1", "register")
+    assert Topics("lab").parse_device("edgefl/other/devices/d1/up") is None
+
+
+# --- transport over the embedded broker -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def amqtt():
+    with EmbeddedBroker(port=0) as broker:
+        yield broker
+
+
+class EchoDevice:
+    """A device endpoint served by a thread: replies "update" to "train"; can lose the first request."""
+
+    def __init__(self, url, fleet, device_id, *, lose_first=False, work=0.0):
+        self.ep = MqttDeviceEndpoint(BrokerAddress.parse(url), fleet, device_id, retry_after=0.3)
+        self.lose_first, self.work, self.trained = lose_first, work, 0
+        self.stop = threading.Event()
+        if lose_first:  # drop the first downlink before the endpoint sees it: no ack, no work
+            inner = self.ep._on_message_safe
+            state = {"lost": False}
+
+            def lossy(client, userdata, msg):
+                if not state["lost"] and msg.topic.endswith("/down") and peek(msg.payload).kind == "train":
+                    state["lost"] = True
+                    return
+                inner(client, userdata, msg)
+
+            self.ep.client.on_message = lossy
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def start(self):
+        self.ep.start()
+        self.thread.start()
+        return self
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                kind, routing, data = self.ep.inbox.get(timeout=0.1)
+            except Exception:
+                self.ep.retry_unacked()
+                continue
+            if kind != "request":
+                continue
+            env = decode(data)
+            time.sleep(self.work)
+            self.trained += 1
+            reply = Envelope("update", env.round, self.ep.device_id, fleet=self.ep.fleet, payload=Payload({"w/x": env.payload.arrays["w/x"] + 1}))
+            self.ep.reply(routing, encode(reply))
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.ep.stop()
+
+
+def _train(fleet, device_id, rnd, value):
+    return encode(Envelope("train", rnd, device_id, fleet=fleet, payload=Payload({"w/x": np.full(4, value, np.float32)})))
+
+
+def test_request_reply_with_a_lost_downlink_retried_and_a_missing_device(amqtt):
+    fleet = "t1"
+    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=0.3).start()
+    good = EchoDevice(amqtt.url, fleet, "good").start()
+    lossy = EchoDevice(amqtt.url, fleet, "lossy", lose_first=True).start()
+    try:
+        out = server.request({d: _train(fleet, d, 0, 1.0) for d in ("good", "lossy", "ghost")}, timeout=6)
+        stats = server.take_stats()
+    finally:
+        good.close()
+        lossy.close()
+        server.close()
+    assert decode(out["good"].reply).payload.arrays["w/x"].tolist() == [2.0] * 4
+    assert decode(out["lossy"].reply).payload.arrays["w/x"].tolist() == [2.0] * 4
+    assert out["ghost"].reply is None and "no acknowledgement" in out["ghost"].error
+    assert stats.retries.get("lossy", 0) >= 1 and "good" not in stats.retries
+    assert lossy.trained == 1  # the re-sent request was served once
+    assert stats.bytes_down["lossy"] > stats.bytes_down["good"]  # retries are counted as published bytes
+
+
+def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):
+    fleet = "t2"
+    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet).start()
+    dev = EchoDevice(amqtt.url, fleet, "d").start()
+    try:
+        msg = _train(fleet, "d", 3, 5.0)
+        first = server.request({"d": msg}, timeout=6)["d"]
+        again = server.request({"d": msg}, timeout=2)["d"]  # same message id: a duplicate delivery
+    finally:
+        dev.close()
+        server.close()
+    assert first.reply is not None and dev.trained == 1
+    # the cached reply was re-sent, but the server had already counted that reply once
+    assert again.reply is None
+
+
+def test_oversized_messages_are_refused_on_both_sides(amqtt):
+    fleet = "t3"
+    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, limits=Limits(max_bytes=10_000)).start()
+    try:
+        big = encode(Envelope("train", 0, "d", fleet=fleet, payload=Payload({"w/x": np.zeros(10_000, np.float32)})))
+        out = server.request({"d": big}, timeout=1)
+    finally:
+        server.close()
+    assert out["d"].reply is None and "limit" in out["d"].error
