@@ -15,6 +15,8 @@ from rich.console import Console
 from edgefl import __version__
 from edgefl.cli import broker as broker_cmd
 from edgefl.cli import device as device_cmd
+from edgefl.cli import export as export_cmd
+from edgefl.cli import infer as infer_cmd
 from edgefl.cli import server as server_cmd
 from edgefl.cli import simulate as simulate_cmd
 from edgefl.cli import train as train_cmd
@@ -53,6 +55,8 @@ app.add_typer(device_cmd.app, name="device")
 app.add_typer(broker_cmd.app, name="broker")
 app.add_typer(server_cmd.app, name="server")
 app.command("train")(train_cmd.train)
+app.command("export")(export_cmd.export)
+app.command("infer")(infer_cmd.infer)
 
 
 def main() -> None:

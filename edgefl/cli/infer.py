@@ -1,0 +1,63 @@
+"""``edgefl infer``: classify images, or measure accuracy on a dataset, with ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from edgefl.errors import ConfigError
+
+err = Console(stderr=True)
+
+
+def infer(
+    model: Path = typer.Argument(..., help="An ONNX model (from `edgefl export`)."),
+    images: list[Path] = typer.Argument(None, help="Image files (PNG, JPEG …) or .npy arrays [N, C, H, W]."),
+    dataset: str = typer.Option(None, "--dataset", help="Measure accuracy on this dataset instead."),
+    split: str = typer.Option("test", "--split", help="Split of --dataset."),
+    data_dir: str = typer.Option(None, "--data-dir", help="Directory holding the dataset files."),
+    limit: int = typer.Option(None, "--limit", help="Use only the first N samples of --dataset."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Images per ONNX Runtime call."),
+    threads: int = typer.Option(None, "--threads", help="ONNX Runtime intra-op threads (default: its own)."),
+    provider: list[str] = typer.Option(None, "--provider", help="Execution provider (cpu, cuda, tensorrt; repeatable). Default: the best available."),
+    resize: bool = typer.Option(False, "--resize", help="Resize pictures of another size to the model's input."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """Run an exported model with ONNX Runtime: predictions for images, or accuracy on a dataset."""
+    from edgefl.inference import Predictor
+
+    if bool(images) == (dataset is not None):
+        raise ConfigError("give image files or --dataset NAME, not both and not neither")
+    predictor = Predictor(model, threads=threads, providers=provider or None)
+    head = {"model": str(model), "providers": predictor.providers, "quantization": predictor.quantization}
+    if dataset is not None:
+        from edgefl.data import load_dataset
+
+        data = load_dataset(dataset, split, data_dir)
+        result = head | {"dataset": dataset, "split": split} | predictor.evaluate(data, batch_size=batch_size, limit=limit)
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        typer.echo(
+            f"accuracy {100 * result['accuracy']:.2f}% on {int(result['samples'])} {dataset} {split} samples "
+            f"({result['samples'] / max(result['seconds'], 1e-9):.0f} images/s, {', '.join(predictor.providers)})"
+        )
+        return
+    import numpy as np
+
+    arrays = [predictor.load_images([path], resize=resize) for path in images]
+    sources = [str(path) for path, a in zip(images, arrays, strict=True) for _ in range(len(a))]
+    probs = predictor.probabilities(np.concatenate(arrays), batch_size=batch_size)
+    rows = [
+        {"source": src, "class": int(k), "name": predictor.class_names[k] if k < len(predictor.class_names) else str(k), "probability": float(p[k])}
+        for src, p, k in zip(sources, probs, probs.argmax(axis=1), strict=True)
+    ]
+    if as_json:
+        typer.echo(json.dumps(head | {"predictions": rows}))
+        return
+    for r in rows:
+        typer.echo(f"{r['source']}\t{r['name']}\t{r['probability']:.3f}")
+

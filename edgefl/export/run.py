@@ -1,0 +1,189 @@
+"""Export the trained models of a run directory (or a model file) — what `edgefl export` calls.
+
+    results = export_run("runs/my-run", "onnx/", all_devices=True, quantize="int8")
+    results = export_checkpoint("d03.safetensors", "d03.onnx", dataset="fashion-mnist")
+
+For each chosen device: load run_dir/models/<id>.safetensors, export to ONNX with the dataset's
+class names, check parity on real test samples (batch 1 and 7), measure fp32 accuracy on the
+test split, and with `quantize="int8"` write <name>.int8.onnx calibrated on training samples
+and measure its accuracy on the same test samples (before/after).
+
+Output naming: one model and `out` ending in ".onnx" → that file; otherwise `out` is a
+directory holding <device_id>.onnx (and <device_id>.int8.onnx). `tier` exports one model per
+tier: that of the first device (by id) holding the tier.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgefl.errors import ConfigError
+from edgefl.export.checkpoint import load_device_model, read_model_file
+from edgefl.export.errors import ModelFileError
+from edgefl.export.onnx_export import DEFAULT_OPSET, DEFAULT_TOLERANCE, export_model
+from edgefl.export.quantize import quantize_int8
+from edgefl.inference import Predictor
+from edgefl.models import EdgeModel
+
+log = logging.getLogger(__name__)
+
+QUANTIZE_CHOICES = ("int8",)
+PARITY_SAMPLES = 56  # 56 = 8 batches of 7, 56 of 1
+
+
+def run_devices(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The run's config and device id → tier, from run_dir/config.json."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ModelFileError(f"{run_dir} is not a run directory (no config.json)")
+    try:
+        config = json.loads(path.read_text())
+        tiers = {d: str(entry["spec"]["tier"]) for d, entry in config["fleet"].items()}
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ModelFileError(f"{path} is not a readable run config: {exc}") from None
+    return config, tiers
+
+
+def choose_devices(
+    tiers: dict[str, str], *, device: str | None, tier: str | None, all_devices: bool
+) -> list[str]:
+    if sum([device is not None, tier is not None, all_devices]) != 1:
+        raise ConfigError("choose exactly one of --device ID, --tier T or --all")
+    if device is not None:
+        if device not in tiers:
+            raise ConfigError(f"the run has no device {device!r}; devices: {', '.join(sorted(tiers))}")
+        return [device]
+    if tier is not None:
+        holders = sorted(d for d, t in tiers.items() if t == tier)
+        if not holders:
+            raise ConfigError(
+                f"no device of the run has tier {tier!r}; tiers: {', '.join(sorted(set(tiers.values())))}"
+            )
+        return holders[:1]
+    return sorted(tiers)
+
+
+def _out_paths(out: Path, names: list[str]) -> list[Path]:
+    if len(names) == 1 and out.suffix == ".onnx":
+        return [out]
+    if out.suffix == ".onnx":
+        raise ConfigError(f"{len(names)} models to export: --out must be a directory, not {out}")
+    return [out / f"{name}.onnx" for name in names]
+
+
+class _Data:
+    """Test and training samples of the dataset the models were trained on, loaded once."""
+
+    def __init__(self, dataset: str, data_dir: str | None, seed: int):
+        from edgefl.data import load_dataset
+
+        self.test = load_dataset(dataset, "test", data_dir)
+        self.train = load_dataset(dataset, "train", data_dir)
+        self.class_names = list(self.test.info.class_names)
+        self.rng = np.random.default_rng([seed, 8])
+
+    def parity_images(self):
+        return self.test.images(np.arange(min(PARITY_SAMPLES, len(self.test))))
+
+    def calibration_images(self, n: int):
+        idx = np.sort(self.rng.choice(len(self.train), size=min(n, len(self.train)), replace=False))
+        return self.train.images(idx)
+
+
+def export_one(
+    model: EdgeModel,
+    out_path: Path,
+    data: _Data,
+    *,
+    opset: int = DEFAULT_OPSET,
+    quantize: str | None = None,
+    calibration_samples: int = 256,
+    test_samples: int | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    metadata: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Export one model (and its int8 version); returns a JSON-safe report."""
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ConfigError(f"--quantize {quantize!r}; choose one of: {', '.join(QUANTIZE_CHOICES)}")
+    if calibration_samples < 1:
+        raise ConfigError(f"--calibration-samples must be positive, got {calibration_samples}")
+    if tuple(data.test.info.in_shape) != tuple(model.spec.in_shape):
+        raise ConfigError(
+            f"{model.spec.name} takes inputs {model.spec.in_shape}, but dataset "
+            f"{data.test.info.name!r} has {data.test.info.in_shape}; pass the dataset it was trained on"
+        )
+    calibration = data.calibration_images(calibration_samples)
+    report = export_model(
+        model,
+        out_path,
+        opset=opset,
+        class_names=data.class_names,
+        parity_images=data.parity_images(),
+        tolerance=tolerance,
+        calibration_images=calibration,
+        metadata=metadata,
+    )
+    result: dict[str, Any] = report.to_dict()
+    if test_samples != 0:
+        result["accuracy"] = Predictor(out_path).evaluate(data.test, limit=test_samples)["accuracy"]
+    if quantize == "int8":
+        q = quantize_int8(out_path, out_path.with_suffix(".int8.onnx"), calibration)
+        result["int8"] = q.to_dict()
+        if test_samples != 0:
+            result["int8"]["accuracy"] = Predictor(q.path).evaluate(data.test, limit=test_samples)["accuracy"]
+    return result
+
+
+def export_run(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    device: str | None = None,
+    tier: str | None = None,
+    all_devices: bool = False,
+    data_dir: str | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Export the chosen devices' models of a run; `options` go to `export_one`."""
+    config, tiers = run_devices(run_dir)
+    ids = choose_devices(tiers, device=device, tier=tier, all_devices=all_devices)
+    data = _Data(config.get("dataset", ""), data_dir or config.get("data_dir"), int(config.get("seed", 0)))
+    results = []
+    for device_id, path in zip(ids, _out_paths(Path(out), ids), strict=True):
+        model = load_device_model(run_dir, device_id)
+        meta = {
+            "edgefl.device_id": device_id,
+            "edgefl.run": Path(run_dir).resolve().name,
+            "edgefl.algorithm": str(config.get("algorithm", "")),
+            "edgefl.dataset": str(config.get("dataset", "")),
+        }
+        log.info("exporting %s (%s) to %s", device_id, model.spec.name, path)
+        results.append({"device_id": device_id, **export_one(model, path, data, metadata=meta, **options)})
+    return results
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Export one model file (safetensors with spec metadata, see `save_model_file`)."""
+    from edgefl.export.checkpoint import load_model_file
+
+    _, _, meta = read_model_file(checkpoint)
+    dataset = dataset or meta.get("dataset")
+    if not dataset:
+        raise ConfigError(f"{checkpoint} does not name its dataset; pass --dataset")
+    model = load_model_file(checkpoint)
+    (path,) = _out_paths(Path(out), [Path(checkpoint).stem])
+    data = _Data(dataset, data_dir, seed)
+    return [export_one(model, path, data, metadata={"edgefl.dataset": dataset}, **options)]

@@ -1,0 +1,155 @@
+"""Inference with ONNX Runtime and the export/infer commands as a user meets them."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from edgefl.cli.main import main
+from edgefl.data import load_dataset
+from edgefl.export import InferenceError, ModelFileError, export_model
+from edgefl.inference import Predictor
+from edgefl.models import ModelSpec, build_model
+
+SYNTH = load_dataset("synthetic", "test")
+SPEC = ModelSpec("cnn", "2", 10, (1, 28, 28), width=0.25, mean=SYNTH.info.mean, std=SYNTH.info.std)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch.manual_seed(0)
+    model = build_model(SPEC).eval()
+    path = tmp_path_factory.mktemp("onnx") / "cnn.onnx"
+    export_model(model, path, class_names=SYNTH.info.class_names)
+    return model, path
+
+
+def _run(args, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["edgefl", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def _cli_ok(args, monkeypatch, capsys):
+    """Run a command that must succeed (typer returns without SystemExit on success)."""
+    monkeypatch.setattr("sys.argv", ["edgefl", *args])
+    try:
+        main()
+    except SystemExit as exc:
+        assert exc.code in (0, None), capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def test_wrong_input_shape_is_a_clear_error(exported):
+    _, path = exported
+    predictor = Predictor(path)
+
+    with pytest.raises(InferenceError, match=r"\[2, 3, 32, 32\] does not fit the model, which takes \[N, 1, 28, 28\]"):
+        predictor.predict(np.zeros((2, 3, 32, 32), np.float32))
+    with pytest.raises(InferenceError, match="uint8 pixels or floats"):
+        predictor.predict(np.zeros((2, 1, 28, 28), np.int32))
+    assert predictor.predict(np.zeros((1, 28, 28), np.float32)).shape == (1,)  # one image, no batch dim
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"this is not an onnx model", bytes(range(256)) * 8, "truncated"],
+    ids=["empty", "text", "binary", "truncated"],
+)
+def test_a_corrupted_file_is_rejected(exported, tmp_path, content):
+    _, path = exported
+    if content == "truncated":
+        content = path.read_bytes()[: path.stat().st_size // 2]
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content)
+
+    with pytest.raises(ModelFileError, match="not a valid ONNX model"):
+        Predictor(bad)
+
+
+def test_cli_errors_are_one_line(exported, tmp_path, monkeypatch, capsys):
+    _, path = exported
+    np.save(tmp_path / "wrong.npy", np.zeros((2, 3, 32, 32), np.float32))
+    (tmp_path / "bad.onnx").write_bytes(b"garbage")
+
+    code, _, err = _run(["infer", str(path), str(tmp_path / "wrong.npy")], monkeypatch, capsys)
+    assert code == 1 and "does not fit the model" in err and "Traceback" not in err
+    code, _, err = _run(["infer", str(tmp_path / "bad.onnx"), "--dataset", "synthetic"], monkeypatch, capsys)
+    assert code == 1 and "not a valid ONNX model" in err and "Traceback" not in err
+    code, _, err = _run(["infer", str(path)], monkeypatch, capsys)
+    assert code == 1 and "image files or --dataset" in err
+
+
+def test_infer_images_prints_the_classes_pytorch_predicts(exported, tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    model, path = exported
+    pixels = SYNTH.x[:3].numpy()
+    for i in range(3):
+        Image.fromarray(pixels[i, 0]).save(tmp_path / f"img{i}.png")
+    np.save(tmp_path / "batch.npy", pixels)  # uint8 [3, 1, 28, 28]
+    files = [str(tmp_path / f"img{i}.png") for i in range(3)] + [str(tmp_path / "batch.npy")]
+
+    out = _cli_ok(["infer", str(path), *files, "--json"], monkeypatch, capsys)
+
+    rows = json.loads(out)["predictions"]
+    with torch.no_grad():
+        expected = model(SYNTH.images(np.arange(3))).argmax(1).tolist()
+    assert [r["class"] for r in rows] == expected * 2
+    assert rows[0]["name"] == SYNTH.info.class_names[expected[0]] and 0 < rows[0]["probability"] <= 1
+
+
+def test_a_picture_of_another_size_needs_resize(exported, tmp_path):
+    from PIL import Image
+
+    _, path = exported
+    Image.fromarray(np.full((40, 40), 128, np.uint8)).save(tmp_path / "big.png")
+    predictor = Predictor(path)
+
+    with pytest.raises(InferenceError, match="40×40 pixels, but the model takes 28×28"):
+        predictor.load_images([tmp_path / "big.png"])
+    assert predictor.load_images([tmp_path / "big.png"], resize=True).shape == (1, 1, 28, 28)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_an_onnx_file_without_edgefl_metadata_still_runs(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 4)).eval()
+    torch.onnx.export(model, (torch.zeros(1, 1, 28, 28),), str(tmp_path / "plain.onnx"), dynamo=False,
+                      input_names=["x"], dynamic_axes={"x": {0: "n"}})
+
+    predictor = Predictor(tmp_path / "plain.onnx")
+
+    assert predictor.input_shape == (1, 28, 28) and predictor.class_names == ["0", "1", "2", "3"]
+    x = SYNTH.images(np.arange(5))
+    with torch.no_grad():
+        np.testing.assert_allclose(predictor.logits(x), model(x).numpy(), atol=1e-5)
+
+
+def test_export_a_run_then_infer_its_accuracy(tmp_path, monkeypatch, capsys):
+    # Prepare: a tiny run whose devices hold static-BN hierarchy-width models (the hard case)
+    _cli_ok(["simulate", "-a", "local", "--dataset", "synthetic", "--model", "hierarchy-width", "--tiers", "1/8,1/4",
+             "--width", "0.25", "--clients", "2", "--rounds", "1", "--steps", "3", "--train-samples", "300",
+             "--test-samples", "100", "--out", str(tmp_path), "--run-name", "r", "--quiet", "--json"], monkeypatch, capsys)
+    # Execute: export one tier with int8, then run the file on the dataset
+    out = _cli_ok(["export", "--run", str(tmp_path / "r"), "--tier", "1/4", "--out", str(tmp_path / "m.onnx"),
+                   "--quantize", "int8", "--calibration-samples", "64", "--json"], monkeypatch, capsys)
+    (report,) = json.loads(out)
+    infer = json.loads(_cli_ok(["infer", str(tmp_path / "m.onnx"), "--dataset", "synthetic", "--json"], monkeypatch, capsys))
+    infer8 = json.loads(_cli_ok(["infer", str(tmp_path / "m.int8.onnx"), "--dataset", "synthetic", "--json"], monkeypatch, capsys))
+    # Assert
+    assert report["device_id"] == "d01" and report["spec"]["tier"] == "1/4"
+    assert report["batch_norm"] == "frozen from 64 calibration images"
+    assert report["accuracy"] == infer["accuracy"] and infer["samples"] == len(SYNTH)
+    assert report["int8"]["accuracy"] == infer8["accuracy"] and "int8" in infer8["quantization"]
+    assert report["int8"]["size_bytes"] < report["size_bytes"]
+
+    code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--device", "d07", "--out", str(tmp_path / "x.onnx")],
+                        monkeypatch, capsys)
+    assert code == 1 and "no device 'd07'" in err
+    code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "x.onnx")],
+                        monkeypatch, capsys)
+    assert code == 1 and "must be a directory" in err
