@@ -46,6 +46,7 @@ def simulate(
     lr: float = typer.Option(None, help="Learning rate."),
     model: str = typer.Option(None, help="Model family (resnet, cnn, hierarchy-depth, hierarchy-width, …)."),
     tiers: str = typer.Option(None, help="Comma-separated tiers of the family, assigned round-robin to devices."),
+    fleet: Path = typer.Option(None, "--fleet", help="Fleet file (devices/*.yaml): device profiles; each device's tier by the tier policy."),
     width: float = typer.Option(None, help="Channel width multiplier (CPU-sized runs: 0.25)."),
     feature_dim: int = typer.Option(None, help="Common feature dimension (adds a projection where needed)."),
     seed: int = typer.Option(None, help="Seed for partition, models and sampling."),
@@ -83,6 +84,7 @@ def simulate(
         "lr": lr,
         "model": model,
         "tiers": _split(tiers),
+        "fleet_file": str(fleet) if fleet else None,
         "width": width,
         "feature_dim": feature_dim,
         "seed": seed,
@@ -95,6 +97,10 @@ def simulate(
     explicit.update({k: v for k, v in flags.items() if v is not None})
     if option:
         explicit["options"] = {**explicit.get("options", {}), **_pairs(option, "option")}
+    if explicit.get("fleet_file") and "clients" not in explicit:  # the fleet file names the devices
+        from edgefl.profiling import load_fleet
+
+        explicit["clients"] = len(load_fleet(explicit["fleet_file"]))
     algo = get_algorithm(explicit.get("algorithm", "fedavg"))
     cfg = resolve_config(explicit, dict(algo.defaults))
     # fail on unknown names before any progress is drawn
