@@ -22,6 +22,7 @@ from edgefl.algorithms import (
 )
 from edgefl.config import RunConfig
 from edgefl.data import ArrayDataset, carve_public, load_dataset, partition
+from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import save_device_models
 from edgefl.models import ModelSpec, family_tiers
 from edgefl.report import RunRecorder
@@ -49,14 +50,17 @@ def subsample(data: ArrayDataset, n: int | None, seed: int) -> ArrayDataset:
     return data.subset(idx)
 
 
-def fleet_specs(cfg: RunConfig, ids: list[str], info) -> dict[str, ModelSpec]:
-    """Tiers assigned round-robin over devices (device i gets tier i mod #tiers)."""
+def fleet_specs(
+    cfg: RunConfig, ids: list[str], info, device_tiers: dict[str, str] | None = None
+) -> dict[str, ModelSpec]:
+    """Tiers from ``device_tiers`` (a fleet file's tier policy), else round-robin over devices
+    (device i gets tier i mod #tiers)."""
     tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
     options = tuple(sorted(cfg.model_options.items()))
     return {
         d: ModelSpec(
             family=cfg.model,
-            tier=tiers[i % len(tiers)],
+            tier=device_tiers[d] if device_tiers else tiers[i % len(tiers)],
             num_classes=info.num_classes,
             in_shape=tuple(info.in_shape),
             width=cfg.width,
@@ -68,6 +72,21 @@ def fleet_specs(cfg: RunConfig, ids: list[str], info) -> dict[str, ModelSpec]:
         )
         for i, d in enumerate(ids)
     }
+
+
+def profiled_tiers(cfg: RunConfig, fleet, info, shard_sizes: dict[str, int]) -> dict[str, str]:
+    """Each device's tier by the profiling module's tier policy (``--fleet``)."""
+    from edgefl.profiling import fleet_tiers
+
+    tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+    template = fleet_specs(cfg, fleet.ids[:1], info, {fleet.ids[0]: tiers[0]})[fleet.ids[0]]
+    samples = {
+        d: cfg.steps * cfg.batch_size if cfg.steps else cfg.epochs * n for d, n in shard_sizes.items()
+    }
+    optimizer = "adam" if cfg.optimizer == "adam" else "sgd-momentum" if cfg.momentum else "sgd"
+    return fleet_tiers(
+        fleet, template, tiers, batch_size=cfg.batch_size, samples_per_round=samples, optimizer=optimizer
+    )
 
 
 def train_settings(cfg: RunConfig) -> TrainSettings:
@@ -96,6 +115,15 @@ def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None =
         torch.set_num_threads(cfg.threads)
     algorithm = get_algorithm(cfg.algorithm)
     options = algorithm.parse_options(cfg.options)
+    fleet_file = None
+    if cfg.fleet_file:  # device profiles whose tiers the tier policy chooses
+        from edgefl.profiling import read_fleet
+
+        fleet_file = read_fleet(cfg.fleet_file)
+        if len(fleet_file.ids) != cfg.clients:
+            raise ConfigError(
+                f"fleet file {cfg.fleet_file} has {len(fleet_file.ids)} devices, but clients={cfg.clients}"
+            )
 
     train = subsample(load_dataset(cfg.dataset, "train", cfg.data_dir), cfg.train_samples, cfg.seed)
     test = subsample(load_dataset(cfg.dataset, "test", cfg.data_dir), cfg.test_samples, cfg.seed + 1)
@@ -116,8 +144,12 @@ def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None =
         seed=cfg.seed,
         min_size=cfg.min_size,
     )
-    ids = device_ids(cfg.clients)
-    specs = fleet_specs(cfg, ids, train.info)
+    ids = fleet_file.ids if fleet_file else device_ids(cfg.clients)
+    device_tiers = None
+    if fleet_file:
+        sizes = {d: len(idx) for d, idx in zip(ids, parts, strict=True)}
+        device_tiers = profiled_tiers(cfg, fleet_file, train.info, sizes)
+    specs = fleet_specs(cfg, ids, train.info, device_tiers)
     settings = train_settings(cfg)
 
     transport = InMemoryTransport()
@@ -153,6 +185,7 @@ def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None =
             **cfg.model_dump(mode="json"),
             "resolved_options": {k: getattr(options, k) for k in vars(options)} if vars(options) else {},
             "fleet": {d: {"spec": specs[d].to_dict(), "num_samples": fleet[d].num_samples} for d in ids},
+            **({"profiles": {d: p.name for d, p in fleet_file.devices}} if fleet_file else {}),
             "public_samples": 0 if public is None else len(public),
         }
     )
