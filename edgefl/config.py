@@ -43,6 +43,7 @@ class RunConfig(BaseModel):
     min_devices: int = 1
     model: str = "cnn"
     tiers: tuple[str, ...] | None = None  # None: every tier of the family, round-robin over devices
+    fleet_file: str | None = None  # devices/*.yaml fleet: device ids + profiles; tiers by the tier policy
     width: float = 1.0
     feature_dim: int | None = None
     head: str = "linear"
@@ -140,13 +141,16 @@ def resolve_config(explicit: dict[str, Any], algorithm_defaults: dict[str, Any] 
     """Merge explicit settings over the algorithm's defaults, then validate.
 
     The algorithm's default tiers and model options belong to its default model: they apply only
-    when the user keeps that model.
+    when the user keeps that model. With a fleet file the tier policy chooses among all the
+    family's tiers unless tiers are given explicitly.
     """
     defaults = dict(algorithm_defaults or {})
     if "model" in explicit and explicit["model"] != defaults.get("model"):
         for key in ("tiers", "model_options"):
             if key not in explicit:
                 defaults.pop(key, None)
+    if explicit.get("fleet_file") and "tiers" not in explicit:  # the tier policy picks from every tier
+        defaults.pop("tiers", None)
     if "epochs" in explicit and "steps" not in explicit:  # asking for epochs overrides a default step count
         defaults.pop("steps", None)
     try:
