@@ -365,3 +365,13 @@ def test_defaults_are_the_papers_and_model_options_follow_the_model():
     assert felo.parse_options({"alpha": "0.25"}).alpha == 0.25
     with pytest.raises(ConfigError, match="feature_upload"):
         get_algorithm("velo").parse_options({"feature_upload": "everything"})
+
+
+def test_batchnorm_counters_keep_their_shape_over_the_wire():
+    # Felo uploads whole state dicts; BatchNorm's num_batches_tracked is a 0-d tensor
+    from edgefl.wire import Envelope, decode, encode
+
+    arrays = {"w/bn.num_batches_tracked": np.array(7, np.int64), "w/x": np.ones((3, 4), np.float32)[:, ::2]}
+    env = decode(encode(Envelope(kind="update", round=0, device_id="d00", payload=Payload(arrays))))
+    assert env.payload.arrays["w/bn.num_batches_tracked"].shape == ()
+    assert env.payload.arrays["w/x"].shape == (3, 2)

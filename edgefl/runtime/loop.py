@@ -204,7 +204,7 @@ class RoundLoop:
         if d is None:
             return
         d.mkdir(parents=True, exist_ok=True)
-        arrays = {k: np.ascontiguousarray(v) for k, v in self.server.state_dict().items()}
+        arrays = {k: np.require(v, requirements="C") for k, v in self.server.state_dict().items()}
         tmp = d / "server.safetensors.tmp"
         safetensors.numpy.save_file(arrays, tmp, metadata={"round": str(round)})
         tmp.replace(d / "server.safetensors")  # atomic: a crash never leaves half a checkpoint

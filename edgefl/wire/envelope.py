@@ -116,7 +116,7 @@ def encode(env: Envelope) -> bytes:
         a = np.asarray(a)
         if a.dtype not in _DTYPES:
             raise WireError(f"tensor {name!r} has dtype {a.dtype}, not one of {sorted(_TAGS)}")
-        arrays[name] = np.ascontiguousarray(a)
+        arrays[name] = np.require(a, requirements="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
     _check_meta(env.payload.meta)
     meta_json = json.dumps(env.payload.meta, sort_keys=True)
     header = {
