@@ -312,3 +312,27 @@ def test_width_tier_run_in_memory(tmp_path):
     assert sum(
         server_metrics[f"meta_weight_{t}"] for t in ("1/8", "1/4", "1/2", "1")
     ) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_tier_policy_gives_a_smaller_sub_model_for_less_memory():
+    from edgefl.profiling import DeviceProfile, TierBudget, choose_tier, estimate_training_memory_mb
+
+    # Prepare: budgets that fit the 1/4 tier but not the 1/2 tier, and every tier
+    template = replace(spec("hierarchy-width", "1"), width=1.0)
+    tiers = ["1/8", "1/4", "1/2", "1"]
+    need = {t: estimate_training_memory_mb(replace(template, tier=t), 32) for t in tiers}
+    assert need["1/8"] < need["1/4"] < need["1/2"] < need["1"]
+
+    def profile(ram_mb: float) -> DeviceProfile:
+        ram = int(ram_mb)
+        return DeviceProfile("dev", "x86_64", "cpu", 4, ram, ram, train_gflops=10.0)
+
+    budget = TierBudget(memory_fraction=0.5)
+    # Execute
+    small = choose_tier(profile(2 * (need["1/4"] + need["1/2"]) / 2), template, tiers, budget)
+    large = choose_tier(profile(2 * need["1"] * 1.1), template, tiers, budget)
+    # Assert: less memory, smaller tier; and the server serves exactly that sub-model
+    assert (small, large) == ("1/4", "1")
+    srv = server("heterofl", {"d0": DeviceRecord(replace(template, tier=small))})
+    shapes = {k: v.shape for k, v in srv.downlink(0, "d0").arrays.items()}
+    assert shapes["w/stem.conv.weight"] == (16, 1, 3, 3)  # ceil(64 / 4) channels of the stem
