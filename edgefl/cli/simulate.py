@@ -58,6 +58,8 @@ def simulate(
     config: Path = typer.Option(None, "--config", help="TOML file with any of these settings."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    transport: str = typer.Option("memory", help="memory, or mqtt: a broker, this process as server, one process per device."),
+    broker: str = typer.Option(None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
     from edgefl.algorithms import get_algorithm
@@ -126,7 +128,14 @@ def simulate(
                 status += f" failed {len(r['failed'])}"
             progress.update(task, advance=1, status=status)
 
-        summary = run_simulation(cfg, on_round=on_round)
+        if transport == "mqtt":
+            from edgefl.runtime.fleet import simulate_mqtt
+
+            summary = simulate_mqtt(cfg, broker=broker, on_round=on_round)
+        elif transport == "memory":
+            summary = run_simulation(cfg, on_round=on_round)
+        else:
+            raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
 
     if as_json:
         typer.echo(json.dumps(summary))

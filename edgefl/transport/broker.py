@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import pwd
 import re
 import secrets
 import shutil
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 #: Largest MQTT packet the brokers accept (edgefl's own Limits.max_bytes is checked separately).
-MAX_PACKET_BYTES = 256 * 1024 * 1024 + 64 * 1024
+MAX_PACKET_BYTES = 268_435_455  # MQTT's own maximum; a larger value makes paho (MQTT 5) refuse the CONNACK
 
 
 def check_device_id(device_id: str) -> str:
@@ -191,6 +193,10 @@ class MosquittoBroker:
             "log_type error",
             "log_type warning",
         ]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            # mosquitto started as root drops to user "mosquitto", who cannot read a private
+            # temp dir; this helper is for tests and demos on loopback, so stay the caller
+            lines.append(f"user {pwd.getpwuid(os.geteuid()).pw_name}")
         if self.password_file is not None:
             lines += ["allow_anonymous false", f"password_file {Path(self.password_file).resolve()}"]
         else:

@@ -1,0 +1,285 @@
+"""Server and device processes over real brokers (embedded amqtt and Mosquitto).
+
+- the same aggregate as the in-memory simulation for the same seed (FedAvg, FedProx);
+- a device killed mid-round: the round closes at the deadline, the device rejoins; the broker
+  restarted mid-run: the run completes; the server SIGKILLed and restarted: it resumes;
+- malformed, oversized, non-finite, wrong-shape and unknown-kind messages: rejected with a
+  logged reason while the server keeps serving.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+import safetensors.numpy
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgefl.runtime import simulation
+from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
+from edgefl.runtime.server import ServeOptions, serve
+from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
+from edgefl.transport.mqtt import Topics
+from edgefl.wire import Envelope, Payload, encode
+from edgefl.wire.validate import peek
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def need_mosquitto():
+    if mosquitto_binary() is None:
+        msg = "mosquitto is not installed"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg + " (CI must install it)")
+        pytest.skip(msg)
+
+
+@pytest.fixture
+def profile_file(tmp_path):
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps(SIMULATED_PROFILE))
+    return p
+
+
+def spawn(url, fleet, cfg, index, tmp_path, profile_file, *, delay=0.0, suffix=""):
+    device_id = f"d{index:02d}"
+    cmd = device_command(url, fleet, device_id, data_spec_for(cfg, index), profile_file=profile_file, delay=delay, verbose=True)
+    return start_device(cmd, tmp_path / f"{device_id}{suffix}.log")
+
+
+def wait_for(predicate, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def finish(procs, timeout=60):
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append("hung")
+    return codes
+
+
+def serve_in_thread(cfg, opts):
+    box = {}
+
+    def run():
+        try:
+            box["summary"] = serve(cfg, opts, on_done=lambda s: box.__setitem__("state", s.state_dict()))
+        except BaseException as e:  # reported by the test
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+# --- the same aggregate as in memory ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("broker_kind", "algorithm"), [("amqtt", "fedavg"), ("mosquitto", "fedprox")])
+def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monkeypatch, broker_kind, algorithm):
+    # Prepare: the in-memory reference, capturing its server half
+    cfg = tiny_config(tmp_path, algorithm=algorithm, rounds=2, clients=3)
+    algo = simulation.get_algorithm(algorithm)
+    captured = []
+
+    class Capture(algo.server):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            captured.append(self)
+
+    monkeypatch.setattr(simulation, "get_algorithm", lambda name: dataclasses.replace(algo, server=Capture))
+    reference = simulation.simulate(cfg.model_copy(update={"run_name": "memory"}))
+    monkeypatch.undo()
+    expected = captured[0].state_dict()
+
+    if broker_kind == "mosquitto":
+        need_mosquitto()
+        broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
+    else:
+        broker = EmbeddedBroker(port=0).start()
+    fleet = f"eq-{broker_kind}"
+    try:
+        # Execute: server in this process, three device processes
+        t, box = serve_in_thread(cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}), ServeOptions(broker=broker.url, fleet=fleet, deadline=60))
+        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file) for i in range(3)]
+        t.join(300)
+        codes = finish(procs)
+    finally:
+        broker.stop()
+
+    # Assert
+    assert "error" not in box, box.get("error")
+    assert codes == [0, 0, 0]  # devices left by themselves when the run was over
+    got = box["state"]
+    assert set(got) == set(expected) and expected
+    for k in expected:
+        np.testing.assert_allclose(got[k], expected[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert box["summary"]["client_accuracy"] == pytest.approx(reference["client_accuracy"])
+    rounds = [json.loads(line) for line in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    assert [r["completed"] for r in rounds] == [["d00", "d01", "d02"]] * 2
+    assert all(r["transport"]["published_down"][d] >= r["bytes_down"][d] for r in rounds for d in r["selected"])
+
+
+# --- failures: a device, the broker, the server -------------------------------------------------------
+
+
+def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_file):
+    need_mosquitto()
+    cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=4, clients=3)
+    fleet = "chaos"
+    broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
+    watcher = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="watcher", protocol=mqtt.MQTTv5)
+    seen = []
+    watcher.on_connect = lambda c, u, f, rc, p: c.subscribe(Topics(fleet).device("d02", "down"), qos=1)
+    watcher.on_message = lambda c, u, m: seen.append(peek(m.payload)) if m.payload else None
+    watcher.connect("127.0.0.1", broker.port)
+    watcher.loop_start()
+    out_dir, ck = tmp_path / "runs", tmp_path / "ck"
+    server_cmd = [
+        sys.executable, "-m", "edgefl.cli.main", "--verbose", "server", "start", "--broker", broker.url, "--fleet", fleet,
+        "--algorithm", "fedavg", "--rounds", "4", "--min-devices", "3", "--deadline", "12", "--checkpoint-dir", str(ck),
+        "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "3", "--batch-size", "16",
+        "--out", str(out_dir), "--run-name", "r", "--json",
+    ]
+    rounds_file = out_dir / "r" / "rounds.jsonl"
+
+    def rounds():
+        return [json.loads(x) for x in rounds_file.read_text().splitlines()] if rounds_file.exists() else []
+
+    procs = []
+    try:
+        server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "server1.log", "wb"))
+        devices = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=120.0 if i == 2 else 0.0) for i in range(3)]
+        procs = [*devices, server]
+        # a device dies in the middle of round 0 (it is "training" for 120 s), then comes back
+        wait_for(lambda: any(r.kind == "train" and r.round == 0 for r in seen), 240, "round 0 to start")
+        time.sleep(1.0)
+        devices[2].send_signal(signal.SIGKILL)
+        devices[2].wait(10)
+        devices[2] = spawn(broker.url, fleet, cfg, 2, tmp_path, profile_file, suffix="-rejoined")
+        procs.append(devices[2])
+        # the broker goes away for a second after round 1
+        wait_for(lambda: len(rounds()) >= 2, 240, "round 1 to complete")
+        broker.restart(down_seconds=1.0)
+        # the server is SIGKILLed after round 2 and started again with the same checkpoint dir
+        wait_for(lambda: len(rounds()) >= 3, 240, "round 2 to complete")
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        server2 = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "server2.log", "wb"))
+        procs.append(server2)
+        stdout, _ = server2.communicate(timeout=300)
+        device_codes = finish([devices[0], devices[1], devices[2]])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        watcher.loop_stop()
+        broker.stop()
+
+    summary = json.loads(stdout.decode().strip().splitlines()[-1])
+    records = rounds()
+    assert server2.returncode == 0
+    assert summary["resumed_at_round"] == 3
+    assert [r["round"] for r in records] == [0, 1, 2, 3]  # every round once, across two server processes
+    first = records[0]
+    assert first["completed"] == ["d00", "d01"] and "deadline" in first["failed"]["d02"]
+    assert first["round_seconds"] >= 12  # the round closed at the deadline
+    assert any("d02" in r["completed"] for r in records[1:])  # the device rejoined
+    assert device_codes == [0, 0, 0]
+    assert len(summary["client_accuracy"]) == 3
+
+
+# --- hostile messages ----------------------------------------------------------------------------------
+
+
+def _raw_envelope(kind, device_id, fleet):
+    meta = {"schema": "1", "kind": kind, "fleet": fleet, "round": "0", "device": device_id, "message_id": "x1",
+            "algorithm": "", "tier": "", "meta": "{}", "digest": "0"}
+    return safetensors.numpy.save({"a": np.zeros(2, np.float32)}, metadata=meta)
+
+
+def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_serving(tmp_path, profile_file, caplog):
+    cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=2, clients=2)
+    fleet = "hostile"
+    topics = Topics(fleet)
+    broker = EmbeddedBroker(port=0).start()
+    # mallory: a plain paho client that registers as a device and answers with bad uplinks
+    m = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mallory", protocol=mqtt.MQTTv311)
+    answered = set()
+
+    def on_message(client, userdata, msg):
+        r = peek(msg.payload)
+        if r.kind not in ("train", "evaluate", "finish") or r.message_id in answered:
+            return
+        answered.add(r.message_id)
+        from edgefl.wire import decode
+
+        env = decode(msg.payload)
+        client.publish(topics.device("mallory", "up"), encode(Envelope("ack", r.round, "mallory", fleet=fleet, payload=Payload({}, {"ack": r.message_id}))), qos=1)
+        if r.kind == "train":
+            arrays = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in env.payload.arrays.items()}
+            name = next(k for k, v in arrays.items() if v.dtype.kind == "f" and v.ndim >= 2)
+            if r.round == 0:
+                arrays[name] = np.full_like(arrays[name], np.nan)  # non-finite
+            else:
+                arrays[name] = arrays[name].reshape(arrays[name].shape[0], -1)[:, :1]  # wrong shape
+            reply = Envelope("update", r.round, "mallory", fleet=fleet, tier=env.tier, payload=Payload(arrays, {"num_samples": 50}))
+        elif r.kind == "evaluate":
+            reply = Envelope("metrics", r.round, "mallory", fleet=fleet, tier=env.tier, payload=Payload({}, {"accuracy": 0.1, "loss": 2.0}))
+        else:
+            reply = Envelope("done", r.round, "mallory", fleet=fleet, tier=env.tier)
+        client.publish(topics.device("mallory", "up"), encode(reply), qos=1)
+
+    m.on_connect = lambda c, u, f, rc, p: c.subscribe(topics.device("mallory", "down"), qos=1)
+    m.on_message = on_message
+    procs = []
+    try:
+        t, box = serve_in_thread(cfg.model_copy(update={"min_devices": 3}), ServeOptions(broker=broker.url, fleet=fleet, deadline=20, max_bytes=2_000_000))
+        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file) for i in range(2)]
+        m.connect("127.0.0.1", broker.port)
+        m.loop_start()
+        time.sleep(1.0)
+        up, reg = topics.device("mallory", "up"), topics.device("mallory", "register")
+        m.publish(up, b"\x07garbage that is no envelope", qos=1)  # malformed
+        m.publish(up, b"\x00" * 3_000_000, qos=1)  # oversized
+        m.publish(reg, _raw_envelope("bogus", "mallory", fleet), qos=1)  # unknown kind
+        m.publish(reg, encode(Envelope("register", 0, "mallory", fleet=fleet, payload=Payload({}, {"profile": "[not json"}))), qos=1)
+        m.publish(topics.device("d00", "up"), encode(Envelope("update", 0, "mallory", fleet=fleet)), qos=1)  # posing as d00
+        good = {"profile": json.dumps(SIMULATED_PROFILE), "ready": True, "num_samples": 50}
+        m.publish(reg, encode(Envelope("register", 0, "mallory", fleet=fleet, payload=Payload({}, good))), qos=1)
+        t.join(300)
+        codes = finish(procs)
+    finally:
+        m.loop_stop()
+        broker.stop()
+
+    assert "error" not in box, box.get("error")
+    assert codes == [0, 0]
+    records = [json.loads(x) for x in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    assert [r["completed"] for r in records] == [["d00", "d01"]] * 2  # the honest devices were served
+    assert "non-finite" in records[0]["failed"]["mallory"]
+    assert "shape" in records[1]["failed"]["mallory"]
+    logs = caplog.text
+    assert "header length" in logs or "not JSON" in logs  # malformed
+    assert "exceeds the limit of 2000000" in logs  # oversized
+    assert "unknown message kind 'bogus'" in logs
+    assert "rejected a registration from mallory" in logs
+    assert "names device 'mallory' but came on 'd00'" in logs
