@@ -264,6 +264,15 @@ class HeteroFLServer(ServerHalf):
             self._downlinks[spec] = state_to_arrays(sub, WEIGHTS)
         return Payload(dict(self._downlinks[spec]))
 
+    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...]] | None:
+        """The deltas of every float tensor of the device's sub-model, in its tier's shapes."""
+        record = self.ctx.fleet.get(device_id)
+        if record is None:
+            return None
+        return {
+            DELTAS + k: tuple(s) for k, s in state_shapes(record.spec, floating_only=True).items()
+        }
+
     # aggregation --------------------------------------------------------------------------------
     def _valid_deltas(self, device_id: str, payload: Payload) -> dict[str, np.ndarray] | None:
         record = self.ctx.fleet.get(device_id)
