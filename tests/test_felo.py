@@ -26,7 +26,7 @@ from edgefl.algorithms.felo import (
 )
 from edgefl.config import resolve_config
 from edgefl.data import dataset_info, load_dataset
-from edgefl.errors import ConfigError
+from edgefl.errors import ConfigError, WireError
 from edgefl.models import ModelSpec
 from edgefl.runtime.simulation import simulate
 from edgefl.wire import Payload
@@ -375,3 +375,16 @@ def test_batchnorm_counters_keep_their_shape_over_the_wire():
     env = decode(encode(Envelope(kind="update", round=0, device_id="d00", payload=Payload(arrays))))
     assert env.payload.arrays["w/bn.num_batches_tracked"].shape == ()
     assert env.payload.arrays["w/x"].shape == (3, 2)
+
+
+def test_expected_uplink_matches_what_devices_send():
+    from edgefl.wire.validate import check_uplink
+
+    for options, server_cls in ((VeloOptions(), VeloServer), (FeloOptions(), KnowledgeServer)):
+        server = server_cls(server_ctx(["10", "14"]), options)
+        up = KnowledgeDevice(DeviceContext("d01", spec("14"), _data(32), TrainSettings(steps=1, batch_size=16), 0, 10), options).fit(0)
+        check_uplink(up, server.expected_uplink("d01"))  # a well-formed uplink passes
+        with pytest.raises(WireError, match="unexpected array|shape"):
+            check_uplink(up, server.expected_uplink("d00"))  # ResNet14 weights where ResNet10's are due
+    he = KnowledgeServer(server_ctx(["10"]), get_algorithm("fedhe").parse_options({}))
+    assert he.expected_uplink("d00") == {"logit": (C, C), "count": (C,)}

@@ -402,6 +402,19 @@ class KnowledgeServer(ServerHalf):
             arrays.update(self.weights[self._architecture(self.ctx.fleet[device_id].spec)])
         return Payload(arrays)
 
+    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...] | None]:
+        """Checked by the round loop before aggregate: knowledge shapes, and this device's weights."""
+        c = self.ctx.num_classes
+        out: dict[str, tuple[int, ...] | None] = {"logit": (c, c), "count": (c,)}
+        if self.features is not None:
+            out["feat"] = (c, self.feature_dim)
+        if self.options.points:
+            out.update({"point": None, "point_label": None})  # as many points as the device saw
+        if self.options.shares_weights:
+            weights = self.weights[self._architecture(self.ctx.fleet[device_id].spec)]
+            out.update({k: tuple(np.shape(v)) for k, v in weights.items()})
+        return out
+
     def _valid(self, device_id: str, p: Payload) -> bool:
         c = self.ctx.num_classes
         shapes = {"logit": (c, c), "count": (c,)}
