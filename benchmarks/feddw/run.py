@@ -144,21 +144,30 @@ def main() -> None:
     p.add_argument("--methods", type=str, default=",".join(METHODS))
     p.add_argument("--lam-decay", type=str, default=None, help="FedDW lam_decay_rounds (default: the code's 9,18,…)")
     p.add_argument("--out", type=Path, default=HERE)
+    p.add_argument("--report-only", action="store_true", help="rewrite results.md from results.json (e.g. of an interrupted run)")
     args = p.parse_args()
     torch.set_num_threads(1)
     methods = [m for m in args.methods.split(",") if m]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     out = args.out
     runs = out / "runs"
-    results = {"machine_before": machine(), "command": "nice -n 10 .venv/bin/python benchmarks/feddw/run.py " + " ".join(sys.argv[1:]), "runs": []}
-    for seed in seeds:
-        for setting in SETTINGS:
-            for m in methods:
-                r = run_one(m, setting, seed, args, runs)
-                results["runs"].append(r)
-                print(f"{setting:12s} {m:11s} seed {seed}: {100 * r['accuracy']:.2f}%  ({r['wall_seconds']:.0f} s)", flush=True)
-                write_json(out / "results.json", results)  # partial results survive an interruption
-    results["machine_after"] = machine()
+    if args.report_only:
+        import json
+
+        results = json.loads((out / "results.json").read_text())
+        methods = [m for m in METHODS if any(r["method"] == m for r in results["runs"])]
+        seeds = sorted({r["seed"] for r in results["runs"]})
+        results.setdefault("machine_after", machine())
+    else:
+        results = {"machine_before": machine(), "command": "nice -n 10 .venv/bin/python benchmarks/feddw/run.py " + " ".join(sys.argv[1:]), "runs": []}
+        for seed in seeds:
+            for setting in SETTINGS:
+                for m in methods:
+                    r = run_one(m, setting, seed, args, runs)
+                    results["runs"].append(r)
+                    print(f"{setting:12s} {m:11s} seed {seed}: {100 * r['accuracy']:.2f}%  ({r['wall_seconds']:.0f} s)", flush=True)
+                    write_json(out / "results.json", results)  # partial results survive an interruption
+        results["machine_after"] = machine()
     write_json(out / "results.json", results)
     rs = results["runs"]
     plot(rs, methods, out / "accuracy.png")

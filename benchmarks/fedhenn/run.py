@@ -171,21 +171,31 @@ def main() -> None:
     p.add_argument("--seeds", type=str, default="0,1")
     p.add_argument("--methods", type=str, default=",".join(METHODS))
     p.add_argument("--out", type=Path, default=HERE)
+    p.add_argument("--report-only", action="store_true", help="rewrite results.md from results.json (e.g. of an interrupted run)")
     args = p.parse_args()
     torch.set_num_threads(1)
     methods = [m for m in args.methods.split(",") if m]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     ks = [int(k) for k in args.ks.split(",") if k]
     out = args.out
-    results = {"machine_before": machine(), "command": "nice -n 10 .venv/bin/python benchmarks/fedhenn/run.py " + " ".join(sys.argv[1:]), "runs": []}
-    for seed in seeds:
-        for k in ks:
-            for m in methods:
-                r = run_one(m, k, seed, args, out / "runs")
-                results["runs"].append(r)
-                print(f"k={k} {m:15s} seed {seed}: local {100 * r['local_accuracy']:.2f}%  global {100 * r['global_accuracy']:.2f}%  ({r['wall_seconds']:.0f} s)", flush=True)
-                write_json(out / "results.json", results)
-    results["machine_after"] = machine()
+    if args.report_only:
+        import json
+
+        results = json.loads((out / "results.json").read_text())
+        methods = [m for m in METHODS if any(r["method"] == m for r in results["runs"])]
+        seeds = sorted({r["seed"] for r in results["runs"]})
+        ks = sorted({r["k"] for r in results["runs"]})
+        results.setdefault("machine_after", machine())
+    else:
+        results = {"machine_before": machine(), "command": "nice -n 10 .venv/bin/python benchmarks/fedhenn/run.py " + " ".join(sys.argv[1:]), "runs": []}
+        for seed in seeds:
+            for k in ks:
+                for m in methods:
+                    r = run_one(m, k, seed, args, out / "runs")
+                    results["runs"].append(r)
+                    print(f"k={k} {m:15s} seed {seed}: local {100 * r['local_accuracy']:.2f}%  global {100 * r['global_accuracy']:.2f}%  ({r['wall_seconds']:.0f} s)", flush=True)
+                    write_json(out / "results.json", results)
+        results["machine_after"] = machine()
     write_json(out / "results.json", results)
     rs = results["runs"]
 
