@@ -1,6 +1,6 @@
 """Federated learning methods, one module each, registered by name on import."""
 
-from edgefl.algorithms import fedavg, feddw, fedhenn, fedprox, felo, hierarchyfl, local  # noqa: F401  (registration)
+from edgefl.algorithms import fedavg, feddw, fedhenn, fedproto, fedprox, fedvtc, felo, hierarchyfl, local  # noqa: F401  (registration)
 from edgefl.algorithms.base import (
     Algorithm,
     DeviceContext,

@@ -218,6 +218,7 @@ def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None =
         "client_accuracy": final["client_accuracy"],
         "bytes_up_per_round": [r["bytes_up_total"] for r in rounds],
         "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
+        "finish_bytes_down": final["finish_bytes_down"],  # the final downlink to every device
         "failed_per_round": [len(r["failed"]) for r in rounds],
         "accuracy_per_round": [
             {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r

@@ -1,0 +1,255 @@
+"""FedVTC: the losses, the alternation, the server's averages, generation and the closing phase."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Normal, kl_divergence
+
+from edgefl.algorithms import (
+    DeviceContext,
+    DeviceRecord,
+    ServerContext,
+    TrainSettings,
+    get_algorithm,
+)
+from edgefl.algorithms.fedvtc import (
+    PSI,
+    SIGMA,
+    FedVTCDevice,
+    FedVTCServer,
+    build_decoder,
+    class_mean_sum,
+    generate,
+    kl_to_prototype,
+    load_generator,
+    tc_terms,
+    vtc_layout,
+)
+from edgefl.data import dataset_info, load_dataset
+from edgefl.errors import ConfigError
+from edgefl.models import ModelSpec
+from edgefl.runtime.simulation import simulate
+from edgefl.wire import Payload
+from tests.conftest import tiny_config
+
+INFO = dataset_info("synthetic")
+
+
+def _spec(family="cnn", tier="2", **kw) -> ModelSpec:
+    return ModelSpec(family, tier, 10, INFO.in_shape, width=kw.pop("width", 0.25), feature_dim=980, **kw)
+
+
+def _device(spec=None, options=None, n=64, seed=1) -> FedVTCDevice:
+    data = load_dataset("synthetic", "train").subset(np.arange(n))
+    ctx = DeviceContext("d00", spec or _spec(), data, TrainSettings(batch_size=16, steps=2), seed=seed, rounds=2)
+    device = FedVTCDevice(ctx, get_algorithm("fedvtc").parse_options(options or {}))
+    device.receive(0, Payload({}, {"vtc_seed": 7, "phase": "train"}))
+    return device
+
+
+def _server(n_devices=3, **options) -> FedVTCServer:
+    fleet = {f"d{i:02d}": DeviceRecord(_spec(tier=str(1 + i % 5)), 10) for i in range(n_devices)}
+    ctx = ServerContext(10, fleet, TrainSettings(), rounds=2, seed=0, fraction=0.5)
+    return FedVTCServer(ctx, get_algorithm("fedvtc").parse_options(options))
+
+
+def test_kl_term_equals_the_closed_form_of_two_gaussians():
+    torch.manual_seed(0)
+    z, c = torch.randn(5, 980), torch.randn(5, 980)
+    log_sigma = 0.3 * torch.randn(980)
+    ours = kl_to_prototype(z, c, log_sigma)
+    reference = kl_divergence(Normal(z, log_sigma.exp()), Normal(c, torch.ones(980))).sum(1)
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-3)
+    # σ = 1 and z = c: no divergence at all
+    assert float(kl_to_prototype(c, c, torch.zeros(980)).abs().max()) < 1e-4
+
+
+def test_class_mean_sum_sums_the_per_class_means():
+    values = torch.tensor([1.0, 3.0, 10.0, 4.0])
+    y = torch.tensor([0, 0, 2, 7])
+    assert float(class_mean_sum(values, y)) == pytest.approx(2.0 + 10.0 + 4.0)
+
+
+def test_distribution_matching_runs_the_devices_own_extractor_on_generated_samples():
+    device = _device()
+    x, y = load_dataset("synthetic", "train").images(np.arange(6)), torch.arange(6)
+    seen = []
+    features = device.model.features
+    device.model.features = lambda inp: seen.append(inp.detach().clone()) or features(inp)  # spy
+    z = features(x).detach()
+    eps = torch.randn(z.shape)
+    protos = torch.randn(10, 980)
+    terms = tc_terms(device.model, device.psi, x, y, z, device.log_sigma, protos, eps)
+    generated = device.psi(z + device.log_sigma.exp() * eps)
+    assert len(seen) == 1 and torch.allclose(seen[0], generated, atol=1e-6)
+    expected = ((features(generated) - protos[y]) ** 2).sum(1).mean() * 6  # one sample per class
+    assert float(terms.dm.detach()) == pytest.approx(float(expected.detach()), rel=1e-4)
+    no_dm = tc_terms(device.model, device.psi, x, y, z, device.log_sigma, protos, eps, with_dm=False)
+    assert float(no_dm.dm) == 0.0 and float(no_dm.le.detach()) == pytest.approx(float(terms.le.detach()), rel=1e-5)
+
+
+def _snapshot(*modules, extra=()):
+    out = {}
+    for i, m in enumerate(modules):
+        out.update({f"{i}.{k}": v.detach().clone() for k, v in m.state_dict().items()})
+    out.update({f"extra{i}": t.detach().clone() for i, t in enumerate(extra)})
+    return out
+
+
+def _changed(before, after):
+    return sorted(k for k in before if not torch.equal(before[k], after[k]))
+
+
+def test_alternation_leaves_the_frozen_part_unchanged():
+    # ResNet: BatchNorm buffers on both sides, so "frozen" must include the running statistics.
+    device = _device(_spec("resnet", "10", width=0.125))
+    device.protos = torch.randn(10, 980)
+    x, y = load_dataset("synthetic", "train").images(np.arange(16)), torch.arange(16) % 10
+    noise = torch.Generator().manual_seed(0)
+    opt_f = torch.optim.SGD(device.model.parameters(), lr=0.01)
+    opt_v = device.vtc_optimizer(0)
+
+    psi_before = _snapshot(device.psi, extra=[device.log_sigma])
+    model_before = _snapshot(device.model)
+    _, _, z = device.step_model(x, y, opt_f, noise)
+    assert _changed(psi_before, _snapshot(device.psi, extra=[device.log_sigma])) == []
+    assert _changed(model_before, _snapshot(device.model))  # the model did move
+
+    model_before = _snapshot(device.model)
+    psi_before = _snapshot(device.psi, extra=[device.log_sigma])
+    device.step_vtc(x, y, z, opt_v, noise)
+    assert _changed(model_before, _snapshot(device.model)) == []
+    moved = _changed(psi_before, _snapshot(device.psi, extra=[device.log_sigma]))
+    assert "extra0" in moved and any(k.endswith("weight") for k in moved)
+    assert all(p.requires_grad for p in [*device.model.parameters(), *device.psi.parameters(), device.log_sigma])
+
+
+def test_server_averages_prototypes_per_class_with_missing_classes():
+    server = _server()
+    p = 980
+    first = {
+        "d00": {0: np.full(p, 1.0), 1: np.full(p, 2.0)},
+        "d01": {1: np.full(p, 4.0), 3: np.full(p, 9.0)},
+    }
+    ups = {d: _uplink(protos, sigma=np.full(p, s)) for (d, protos), s in zip(first.items(), (0.5, 1.5), strict=True)}
+    server.aggregate(0, ups)
+    np.testing.assert_allclose(server.table.values[0], 1.0)
+    np.testing.assert_allclose(server.table.values[1], 3.0)  # unweighted mean over the two holders
+    np.testing.assert_allclose(server.table.values[3], 9.0)
+    assert server.table.known.tolist() == [True, True, False, True] + [False] * 6
+    np.testing.assert_allclose(server.sigma, 1.0)
+    # round 1: only class 1 reported; class 0 and 3 keep their values, nobody divides by zero
+    server.aggregate(1, {"d02": _uplink({1: np.full(p, 10.0)}, sigma=np.full(p, 2.0))})
+    np.testing.assert_allclose(server.table.values[[0, 1, 3], 0], [1.0, 10.0, 9.0])
+    np.testing.assert_allclose(server.sigma, 2.0)
+    # downlink: the device's own classes + σ; a device never heard from gets every known class
+    down = server.downlink(1, "d01")
+    assert down.arrays["proto_classes"].tolist() == [1, 3] and down.meta["phase"] == "train"
+    assert down.arrays[SIGMA].shape == (p,)
+    server.device_classes.pop("d00")
+    assert server.downlink(1, "d00").arrays["proto_classes"].tolist() == [0, 1, 3]
+
+
+def _uplink(protos, sigma):
+    from edgefl.algorithms.fedproto import pack_prototypes
+
+    return Payload({**pack_prototypes(protos), SIGMA: sigma.astype(np.float32)}, {"num_samples": 10})
+
+
+def test_psi_averaging_is_parameter_wise_exact_and_skips_a_bad_upload():
+    server = _server()
+    rng = np.random.default_rng(0)
+    reference = {k: v for k, v in server.psi_shapes.items()}
+    ups = {}
+    for d in ("d00", "d01", "d02"):
+        ups[d] = Payload({k: (rng.normal(size=s) if dt.kind == "f" else rng.integers(0, 9, size=s)).astype(dt) for k, (s, dt) in reference.items()})
+    bad = dict(ups["d00"].arrays)
+    key = next(k for k in bad if k.endswith("weight"))
+    bad[key] = bad[key][:1]
+    ups["d03"] = Payload(bad)
+    assert server.select(2, sorted(ups), np.random.default_rng(0)) == sorted(ups)  # closing: everyone
+    server.aggregate(2, ups)
+    for k, (_, dt) in reference.items():
+        stack = np.stack([ups[d].arrays[k].astype(np.float64) for d in ("d00", "d01", "d02")])
+        expected = stack.mean(0)
+        if dt.kind == "f":
+            np.testing.assert_allclose(server.psi[k], expected.astype(dt), rtol=1e-6, atol=1e-7)
+        else:
+            assert server.psi[k] == np.rint(expected).astype(dt)
+    final = server.downlink(3, "d00")
+    assert final.meta["phase"] == "final" and all(k in final.arrays for k in reference)
+
+
+def test_every_device_builds_the_same_decoder_from_the_servers_seed():
+    a, b = _device(seed=1), _device(seed=2)
+    assert not torch.equal(next(a.model.parameters()), next(b.model.parameters()))
+    assert _changed(_snapshot(a.psi), _snapshot(b.psi)) == []
+    server = _server()
+    assert server.downlink(0, "d00").meta["vtc_seed"] == server.vtc_seed
+    expected = build_decoder(server.layout, server.vtc_seed).state_dict()
+    c = _device()
+    c.psi = None
+    c.receive(0, server.downlink(0, "d00"))
+    assert all(torch.equal(expected[k], v) for k, v in c.psi.state_dict().items())
+
+
+def test_generated_samples_have_the_input_shape_and_range():
+    device = _device()
+    protos = 50 * torch.randn(10, 980)  # far from anything trained: the Sigmoid still bounds them
+    x, y = generate(device.psi, protos, torch.full((980,), 3.0), [0, 4, 9], per_class=7)
+    assert x.shape == (21, *INFO.in_shape) and y.tolist() == [0] * 7 + [4] * 7 + [9] * 7
+    assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+    assert device.psi.training  # generate() restores the mode it found
+
+
+def test_layout_follows_the_paper_and_refuses_a_latent_that_does_not_reshape():
+    assert vtc_layout(_spec()).latent == (20, 7, 7) and vtc_layout(_spec()).hidden == (16, 32, 32)
+    rgb = ModelSpec("cnn", "2", 10, (3, 32, 32), feature_dim=4096)
+    assert vtc_layout(rgb).latent == (64, 8, 8) and vtc_layout(rgb).hidden == (32, 64, 64)
+    with pytest.raises(ConfigError, match="feature_dim"):
+        vtc_layout(ModelSpec("cnn", "2", 10, INFO.in_shape, feature_dim=1000))
+
+
+def test_fit_uploads_prototypes_and_sigma_then_only_psi_in_the_closing_round():
+    device = _device()
+    up = device.fit(0)
+    held = sorted(set(device.ctx.train_data.y.tolist()))
+    assert up.arrays["proto_classes"].tolist() == held
+    assert up.arrays["proto"].shape == (len(held), 980) and up.arrays[SIGMA].shape == (980,)
+    assert not any(k.startswith(PSI) for k in up.arrays) and np.isfinite(up.meta["l_dm"])
+    before = _snapshot(device.model)
+    device.receive(2, Payload({}, {"vtc_seed": 7, "phase": "upload_psi"}))
+    closing = device.fit(2)
+    assert closing.arrays and all(k.startswith(PSI) for k in closing.arrays)
+    assert _changed(before, _snapshot(device.model)) == []  # no training in the closing round
+
+
+def test_finish_fine_tunes_on_s_over_c_samples_per_known_class():
+    device = _device(options={"synthetic_samples": "40", "finetune_epochs": "1"})
+    server = _server()
+    server.table.aggregate([{0: np.ones(980), 5: -np.ones(980)}])
+    before = _snapshot(device.model)
+    device.finish(3, server.downlink(3, "d00"))
+    x, y = device.synthetic
+    assert x.shape == (8, *INFO.in_shape) and sorted(set(y.tolist())) == [0, 5]  # 40 // 10 per class
+    assert _changed(before, _snapshot(device.model))
+
+
+def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):
+    gen = tmp_path / "gen.safetensors"
+    single = simulate(tiny_config(tmp_path / "a", algorithm="fedvtc", fraction=1.0, options={"save_generator": str(gen), "synthetic_samples": "50", "finetune_epochs": "1"}))
+    rounds = [json.loads(line) for line in (tmp_path / "a/run/rounds.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rounds] == ["train", "train", "closing"]
+    assert rounds[2]["selected"] == rounds[2]["completed"] == ["d00", "d01", "d02"]
+    assert rounds[2]["server"]["psi_uploads"] == 3.0
+    psi, protos, known, sigma = load_generator(gen)
+    assert known.all() and protos.shape == (10, 980) and (sigma > 0).all()
+    x, _ = generate(psi, protos, sigma, [0, 1], 2)
+    assert x.shape == (4, *INFO.in_shape)
+
+    every = simulate(tiny_config(tmp_path / "b", algorithm="fedvtc", fraction=1.0, options={"psi_every_round": "true", "synthetic_samples": "50", "finetune_epochs": "1"}))
+    assert len(every["bytes_up_per_round"]) == 2  # no closing round
+    assert every["bytes_up_per_round"][0] > single["bytes_up_per_round"][0] + 3 * 60_000  # ψ ≈ 84 kB each
+    assert sum(every["bytes_up_per_round"]) > sum(single["bytes_up_per_round"])
