@@ -35,7 +35,7 @@ PARTITIONS = {
 }
 PROFILES = {
     # the committed benchmark: about 40 minutes on 2 cores at load ~15
-    "full": {"rounds": 6, "steps": 3, "width": 0.125, "seeds": (0, 1), "eval_every": 3,
+    "full": {"rounds": 8, "steps": 6, "width": 0.125, "seeds": (0, 1), "eval_every": 4,
              "eval_samples": 500, "test_samples": 1000, "train_samples": None},
     # checks the script end to end in a couple of minutes
     "smoke": {"rounds": 2, "steps": 1, "width": 0.125, "seeds": (0,), "eval_every": 1,
@@ -44,22 +44,30 @@ PROFILES = {
 
 
 def plan(seeds) -> list[dict]:
-    """Runs in the order they matter if the time runs out: the depth pairs of the first seed,
-    its ablation and width pair, then the other seeds."""
+    """Runs in the order they matter if the time runs out.
+
+    ``c`` is HierarchyFL's distillation steps per round: None = the spec's one pass over the
+    public set (19 steps for 600 images); 1 = one step, which keeps server distillation small
+    next to the few local steps of a CPU-sized run, as it is next to the paper's 5 local epochs.
+    """
+
+    def run(algo, part, seed, model="depth", ensemble=None, c=None):
+        return {"algo": algo, "partition": part, "seed": seed, "model": model, "ensemble": ensemble, "c": c}
+
     runs = []
     for seed in seeds:
-        for part in PARTITIONS:
-            for algo in ("hierarchyfl", "heterofl"):
-                runs.append({"algo": algo, "partition": part, "seed": seed, "model": "depth", "ensemble": None})
-        runs.append({"algo": "hierarchyfl", "partition": "dir0.1", "seed": seed, "model": "depth", "ensemble": "logits"})
+        runs += [run("hierarchyfl", "dir0.1", seed), run("heterofl", "dir0.1", seed)]
+        runs += [run("hierarchyfl", "dir0.1", seed, c=1), run("hierarchyfl", "dir0.1", seed, ensemble="logits", c=1)]
+        runs += [run("hierarchyfl", "iid", seed), run("heterofl", "iid", seed)]
         if seed == seeds[0]:
-            for algo in ("hierarchyfl", "heterofl"):
-                runs.append({"algo": algo, "partition": "dir0.1", "seed": seed, "model": "width", "ensemble": None})
+            runs += [run("hierarchyfl", "dir0.1", seed, "width"), run("heterofl", "dir0.1", seed, "width")]
+        runs += [run("hierarchyfl", "dir0.5", seed), run("heterofl", "dir0.5", seed)]
     return runs
 
 
 def run_name(r: dict) -> str:
     variant = f"-{r['ensemble']}" if r["ensemble"] else ""
+    variant += f"-c{r['c']}" if r.get("c") else ""
     return f"{r['algo']}{variant}-{r['model']}-{r['partition']}-s{r['seed']}"
 
 
@@ -76,6 +84,8 @@ def simulate(r: dict, p: dict, runs_dir: Path, config: Path) -> dict:
         args += ["--train-samples", str(p["train_samples"])]
     if r["ensemble"]:
         args += ["-o", f"ensemble={r['ensemble']}"]
+    if r.get("c"):
+        args += ["-o", f"distill_steps={r['c']}"]
     # In-process through the CLI itself (Typer's runner): on a busy 2-core machine a fresh
     # interpreter spends ~25 s importing torch before the first round.
     from typer.testing import CliRunner
@@ -121,7 +131,11 @@ def main() -> None:
     ap.add_argument("--profile", choices=sorted(PROFILES), default="full")
     ap.add_argument("--out", type=Path, default=HERE, help="where results and runs/ go")
     ap.add_argument("--max-minutes", type=float, default=45.0, help="start no new run after this")
+    ap.add_argument("--report-only", action="store_true", help="rewrite results.md and the plot from results.json")
     args = ap.parse_args()
+    if args.report_only:
+        report(json.loads((args.out / "results.json").read_text()), args.out)
+        return
     import torch
 
     torch.set_num_threads(1)  # tiny models: a second intra-op thread only adds sync on busy cores
@@ -159,7 +173,7 @@ def main() -> None:
 
 
 def _runs(results, **match) -> list[dict]:
-    return [r for r in results["runs"].values() if all(r[k] == v for k, v in match.items())]
+    return [r for r in results["runs"].values() if all(r.get(k) == v for k, v in match.items())]
 
 
 def _cell(runs: list[dict], tier: str) -> str:
@@ -204,7 +218,7 @@ def report(results: dict, out: Path) -> None:
     for tier in DEPTH_TIERS:
         row = [_cell(_runs(results, algo="heterofl", model="depth", partition=k), tier) for k in PARTITIONS]
         row += [
-            _cell(_runs(results, algo="hierarchyfl", model="depth", partition=k, ensemble=None), tier)
+            _cell(_runs(results, algo="hierarchyfl", model="depth", partition=k, ensemble=None, c=None), tier)
             for k in PARTITIONS
         ]
         lines.append(f"| Model {tier} | " + " | ".join(row) + " |")
@@ -213,7 +227,7 @@ def report(results: dict, out: Path) -> None:
     for tier in DEPTH_TIERS:
         row = []
         for k in PARTITIONS:
-            a = _mean_acc(_runs(results, algo="hierarchyfl", model="depth", partition=k, ensemble=None), tier)
+            a = _mean_acc(_runs(results, algo="hierarchyfl", model="depth", partition=k, ensemble=None, c=None), tier)
             b = _mean_acc(_runs(results, algo="heterofl", model="depth", partition=k), tier)
             row.append("—" if a is None or b is None else f"{a - b:+.2f}")
         lines.append(f"| Model {tier} | " + " | ".join(row) + " |")
@@ -221,13 +235,14 @@ def report(results: dict, out: Path) -> None:
         "",
         "## Table II shape: ablation of the ensemble library, depth tiers, Dir(0.1)",
         "",
-        "| Averaging | Ensemble logits | Ensemble features | Model 4 (global) | Model 1 | mean of tiers |",
-        "|---|---|---|---|---|---|",
+        "| Averaging | Ensemble logits | Ensemble features | distillation steps / round | Model 4 (global) | Model 1 | mean of tiers |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, runs in (
-        ("✓ |  |  ", _runs(results, algo="heterofl", model="depth", partition="dir0.1")),
-        ("✓ | ✓ |  ", _runs(results, algo="hierarchyfl", model="depth", partition="dir0.1", ensemble="logits")),
-        ("✓ | ✓ | ✓", _runs(results, algo="hierarchyfl", model="depth", partition="dir0.1", ensemble=None)),
+        ("✓ |  |  | 0", _runs(results, algo="heterofl", model="depth", partition="dir0.1")),
+        ("✓ | ✓ |  | 1", _runs(results, algo="hierarchyfl", model="depth", partition="dir0.1", ensemble="logits", c=1)),
+        ("✓ | ✓ | ✓ | 1", _runs(results, algo="hierarchyfl", model="depth", partition="dir0.1", ensemble=None, c=1)),
+        ("✓ | ✓ | ✓ | one pass (19)", _runs(results, algo="hierarchyfl", model="depth", partition="dir0.1", ensemble=None, c=None)),
     ):
         means = [100 * r["mean_accuracy"] for r in runs]
         avg = f"{mean(means):.2f}" if means else "—"
@@ -241,7 +256,7 @@ def report(results: dict, out: Path) -> None:
               "| pair | HierarchyFL wall s | HeteroFL wall s | ratio | server s/round HierarchyFL | HeteroFL |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for r in results["runs"].values():
-        if r["algo"] != "hierarchyfl" or r["ensemble"]:
+        if r["algo"] != "hierarchyfl" or r["ensemble"] or r.get("c"):
             continue
         twin = results["runs"].get(run_name({**r, "algo": "heterofl"}))
         if twin:
@@ -265,20 +280,26 @@ def plot(results: dict, out: Path) -> None:
     fig, axes = plt.subplots(1, len(PARTITIONS), figsize=(5 * len(PARTITIONS), 4), sharey=True)
     colors = dict(zip(DEPTH_TIERS, ("tab:red", "tab:orange", "tab:green", "tab:blue"), strict=True))
     for ax, part in zip(axes, PARTITIONS, strict=True):
-        for algo, style in (("hierarchyfl", "-"), ("heterofl", "--")):
-            runs = [r for r in _runs(results, algo=algo, model="depth", partition=part) if not r["ensemble"]]
+        for algo, c, style in (("hierarchyfl", None, "-"), ("heterofl", None, "--"), ("hierarchyfl", 1, ":")):
+            runs = _runs(results, algo=algo, model="depth", partition=part, ensemble=None, c=c)
             if not runs:
                 continue
-            xs = runs[0]["eval_rounds"]
+            # per-round quick evaluations, then the final test accuracy after the last round
+            xs = runs[0]["eval_rounds"] + [results["settings"]["rounds"]]
+            label = algo + (f" C={c}" if c else "")
             for tier in DEPTH_TIERS:
-                ys = [mean(100 * r["round_tier_accuracy"][i].get(tier, float("nan")) for r in runs) for i in range(len(xs))]
-                ax.plot(xs, ys, style, color=colors[tier], marker="o", ms=3, label=f"{algo} M{tier}")
+                ys = [
+                    mean(100 * (r["round_tier_accuracy"] + [r["tier_accuracy"]])[i].get(tier, float("nan")) for r in runs)
+                    for i in range(len(xs))
+                ]
+                ax.plot(xs, ys, style, color=colors[tier], marker="o", ms=3, label=f"{label} M{tier}")
         ax.set_title(part)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy (%)")
-    axes[-1].legend(fontsize=7, ncol=2)
-    fig.suptitle("HierarchyFL (solid) vs HeteroFL (dashed), depth tiers, Fashion-MNIST")
+    if axes[-1].get_legend_handles_labels()[0]:
+        axes[-1].legend(fontsize=7, ncol=2)
+    fig.suptitle("HierarchyFL (solid; dotted: 1 distillation step/round) vs HeteroFL (dashed), depth tiers, Fashion-MNIST")
     fig.tight_layout()
     fig.savefig(out / "accuracy.png", dpi=110)
     plt.close(fig)

@@ -35,7 +35,7 @@ stratified and removed from the device pools, see ``Algorithm.public_fraction``)
 The ablation switch ``ensemble``: ``none`` (averaging only = HeteroFL), ``logits`` (the KL terms
 only: ensemble logits), ``full`` (KL + β·MSE: ensemble logits and features; the default).
 
-Choices that are ours (the paper leaves them open; see ``docs``/ALGORITHMS.md §2):
+Choices that are ours (the paper leaves them open; notes in ../shared/specs/ALGORITHMS.md §2):
 
 - **Width tiers in the library.** A width sub-model *is* the global model cut to leading slices,
   so its (F_i, P_i) are computed by a functional forward of the tier's architecture whose
