@@ -180,11 +180,15 @@ def report(results: dict, args, out: Path) -> None:
         f"Setting: {args.clients} devices, 20 % sampled per round, {args.rounds} rounds, ResNet (7×7/2 stem, width {args.width}, "
         f"{int(512 * args.width)}-d features), Adam 1e-3, batch 50, 10 steps per participation, α = 0.5, warm-up ⌈5 %⌉ of rounds; "
         f"training set subsampled to {args.train_samples}, final test on {args.test_samples} test images, "
-        f"per-round evaluation on {args.eval_samples} every {args.eval_every} rounds; seeds {', '.join(map(str, args.seeds))}. "
+        f"per-round evaluation on {args.eval_samples} every {args.eval_every} rounds; seeds {', '.join(map(str, args.seeds))} "
+        f"(homogeneous block: {', '.join(map(str, args.homo_seeds or args.seeds))}; CVAE-data variant: {args.seeds[0]}). "
         "Accuracy = mean over all devices of each device's model on the test images (the paper's metric); "
         "'2nd half' = mean of the per-round evaluations after half of training.",
         "",
-        f"Machine before: {results['machine_before']}; after: {results.get('machine_after')}.",
+        f"Code: {results['code']}. Sum of the runs' wall time: {results['sum_of_run_wall_seconds'] / 60:.1f} min "
+        "(one run at a time, one intra-op thread, under `nice -n 10`).",
+        "",
+        f"Machine at the start: {results['machine_before']}; at the end: {results.get('machine_after')}.",
         "",
     ]
     for block, title, methods in (
@@ -235,7 +239,7 @@ def plot(results: dict, args, out: Path) -> None:
             xs = [p["round"] for p in rs[0]["accuracy_per_round"]]
             ys = [100 * statistics.mean(r["accuracy_per_round"][i]["mean_accuracy"] for r in rs) for i in range(len(xs))]
             ax.plot(xs, ys, style, marker="o", ms=3, label=f"{method} ({'R10–26' if block == 'hetero' else 'R18'})")
-        ax.set_title(f"Fashion-MNIST {part}, mean of {len(args.seeds)} seeds")
+        ax.set_title(f"Fashion-MNIST {part} (mean over the seeds run)")
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"mean device accuracy (%) on {args.eval_samples} test images")
@@ -290,6 +294,9 @@ def main() -> None:
         "machine_before": machine(),
         "runs": [],
     }
+    previous = out / "results.json"
+    if previous.exists():  # a resumed benchmark: the load at the real start is the one that matters
+        results["machine_before"] = json.loads(previous.read_text()).get("machine_before", results["machine_before"])
     t0 = time.perf_counter()
     tiers_weights = weights_only_bytes(args, DEPTHS)
     for r in plan(args):
@@ -307,7 +314,8 @@ def main() -> None:
         )
         write_json(out / "results.json", results)  # partial results survive an interruption
     results["machine_after"] = machine()
-    results["benchmark_wall_seconds"] = time.perf_counter() - t0
+    results["this_invocation_wall_seconds"] = time.perf_counter() - t0
+    results["sum_of_run_wall_seconds"] = sum(r["wall_seconds"] for r in results["runs"])
 
     runs = results["runs"]
     by = lambda block, method, key: [r["traffic"][key] for r in runs if r["block"] == block and r["method"] == method]  # noqa: E731
