@@ -19,9 +19,21 @@ venv: $(STAMP)
 data: venv
 	@$(PY) -m edgefl.data.fetch fashion-mnist
 
+# The main job: an embedded MQTT broker, the server, and 6 device processes of 5 different
+# ResNet depths training Velo on real Fashion-MNIST; then every device's model is exported to
+# ONNX (parity-checked, plus a static int8 copy) and evaluated with ONNX Runtime.
+DEMO := runs/demo
 demo: venv data
-	$(VENV)/bin/edgefl simulate --algorithm fedavg --dataset fashion-mnist --model cnn \
-		--clients 10 --rounds 5 --partition dirichlet --alpha 0.5 --seed 0 --run-name demo
+	rm -rf $(DEMO)
+	$(VENV)/bin/edgefl simulate --transport mqtt --algorithm velo --dataset fashion-mnist \
+		--clients 6 --fraction 1 --rounds 6 --steps 20 --partition dirichlet --alpha 0.5 \
+		--train-samples 12000 --test-samples 2000 --seed 0 --out runs --run-name demo
+	$(VENV)/bin/edgefl export --run $(DEMO) --all --out $(DEMO)/onnx --quantize int8 --test-samples 2000
+	$(VENV)/bin/edgefl infer $(DEMO)/onnx/d00.onnx --dataset fashion-mnist --split test --limit 2000
+	@echo
+	@echo "results: $(DEMO)/summary.md (per round: $(DEMO)/rounds.jsonl)"
+	@echo "plots:   $(DEMO)/accuracy.png $(DEMO)/bytes.png"
+	@echo "onnx:    $(DEMO)/onnx/ (fp32 and int8 per device)"
 
 test: venv data
 	$(PY) -m pytest -q

@@ -48,6 +48,8 @@ def root(
 
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=err, show_path=False)])
+    if not debug:  # the embedded broker logs every refused MQTT 5 probe as a warning
+        logging.getLogger("amqtt").setLevel(logging.ERROR)
 
 
 app.command("simulate")(simulate_cmd.simulate)

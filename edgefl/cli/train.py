@@ -37,6 +37,8 @@ def train(
     delay: float = typer.Option(0.0, help="Extra seconds per training round (emulate a slow device)."),
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
     threads: int = typer.Option(None, help="Torch CPU threads."),
+    save_model: Path = typer.Option(None, help="When the run is over, save the final model here (.safetensors)."),
+    export: Path = typer.Option(None, help="When the run is over, export the final model to this ONNX file."),
 ) -> None:
     """Serve rounds for a fleet's server; reconnects by itself; exits when the run is over."""
     from edgefl.runtime.device import DeviceOptions, run_device
@@ -53,6 +55,8 @@ def train(
         delay=delay,
         max_bytes=max_bytes,
         threads=threads,
+        save_model=str(save_model) if save_model else None,
+        export=str(export) if export else None,
     )
     served = run_device(opts)
     err.print(f"[bold green]done[/] device {device_id}: served {served} requests")

@@ -62,3 +62,45 @@ def summary_markdown(s: dict[str, Any]) -> str:
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
+
+
+def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], tiers: dict[str, str],
+                *, wall_seconds: float, run_dir: Path, **extra: Any) -> dict[str, Any]:
+    """The summary of a finished run, the same for every transport (``--json`` prints it).
+
+    ``final`` is what ``RoundLoop.run`` returned, ``rounds`` the round records this process saw,
+    ``tiers`` each device's tier.
+    """
+    return {
+        "algorithm": cfg.algorithm,
+        "dataset": cfg.dataset,
+        "rounds": cfg.rounds,
+        "seed": cfg.seed,
+        "mean_accuracy": final["mean_accuracy"],
+        "tier_accuracy": final["tier_accuracy"],
+        "tier_devices": {t: sum(x == t for x in tiers.values()) for t in final["tier_accuracy"]},
+        "client_accuracy": final["client_accuracy"],
+        "bytes_up_per_round": [r["bytes_up_total"] for r in rounds],
+        "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
+        "finish_bytes_down": final["finish_bytes_down"],  # the final downlink to every device
+        "failed_per_round": [len(r["failed"]) for r in rounds],
+        "accuracy_per_round": [
+            {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r
+        ],
+        **extra,
+        "wall_seconds": wall_seconds,
+        "run_dir": str(run_dir),
+    }
+
+
+def finish_run(recorder: RunRecorder, summary: dict[str, Any]) -> None:
+    """Write the summary and the plots; a plot never costs the run its results."""
+    import logging
+
+    recorder.write_summary(summary)
+    try:
+        from edgefl.report.plots import plot_run
+
+        plot_run(recorder.run_dir)
+    except Exception as e:
+        logging.getLogger(__name__).warning("could not plot %s: %s", recorder.run_dir, e)

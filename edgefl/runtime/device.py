@@ -222,6 +222,8 @@ class DeviceOptions:
     register_every: float = 3.0
     exit_when_over: bool = True
     threads: int | None = None
+    save_model: str | None = None  # write the final model here (safetensors + spec) when the run is over
+    export: str | None = None  # and export it to this ONNX file, parity-checked on local test data
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -343,7 +345,32 @@ class DeviceRuntime:
             self._flush()
         finally:
             self.endpoint.stop()
+        if self.over and self.agent is not None:
+            self._keep_model()
         return self.served
+
+    def _keep_model(self) -> None:
+        """The run is over: keep the final model (``--save-model``) and its ONNX file (``--export``)."""
+        if not (self.opts.save_model or self.opts.export):
+            return
+        model = self.agent.half.model
+        if self.opts.save_model:
+            from edgefl.export.checkpoint import save_model_file
+
+            save_model_file(model, self.opts.save_model, dataset=self.data_spec.dataset)
+            log.info("device %s: saved its model to %s", self.opts.device_id, self.opts.save_model)
+        if self.opts.export:
+            from edgefl.export import export_model
+
+            test = self.agent.eval_sets.get("test") or self.agent.eval_sets.get("quick")
+            parity = test.images(np.arange(min(len(test), 64))) if test is not None else None
+            train = self.agent.half.ctx.train_data
+            calibration = train.images(np.arange(min(len(train), 256)))
+            names = test.info.class_names if test is not None else None
+            report = export_model(model, self.opts.export, class_names=names, parity_images=parity,
+                                  calibration_images=calibration)
+            log.info("device %s: exported %s (max |diff| %.2g)", self.opts.device_id, self.opts.export,
+                     getattr(report, "max_abs_diff", float("nan")))
 
     def _flush(self, seconds: float = 5.0) -> None:
         """Before leaving, give the last replies a chance to be acknowledged."""

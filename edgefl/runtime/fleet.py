@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgefl.config import RunConfig
+from edgefl.export.checkpoint import device_model_path
 from edgefl.models import family_tiers
 from edgefl.runtime.device import DataSpec
 from edgefl.runtime.server import ServeOptions, serve
@@ -69,6 +70,7 @@ def device_command(
     delay: float = 0.0,
     threads: int | None = 1,
     verbose: bool = False,
+    save_model: Path | None = None,
 ) -> list[str]:
     cmd = [sys.executable, "-m", "edgefl.cli.main"]
     if verbose:
@@ -83,6 +85,8 @@ def device_command(
         cmd += ["--delay", str(delay)]
     if threads:
         cmd += ["--threads", str(threads)]
+    if save_model is not None:
+        cmd += ["--save-model", str(save_model)]
     return cmd
 
 
@@ -112,6 +116,7 @@ def simulate_mqtt(
         broker = embedded.url
     fleet = fleet or f"sim-{os.getpid()}"
     run_dir = run_dir_for(cfg)
+    cfg = cfg.model_copy(update={"run_name": run_dir.name})  # the server must write to the same dir
     log_dir = run_dir / "device-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
@@ -125,6 +130,7 @@ def simulate_mqtt(
                 cmd = device_command(
                     broker, fleet, device_id, data_spec_for(cfg, i), tier=tiers[i % len(tiers)],
                     profile_file=profile_file, threads=threads, verbose=verbose,
+                    save_model=device_model_path(run_dir, device_id),
                 )
                 procs.append(start_device(cmd, log_dir / f"{device_id}.log"))
             opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline, wait_for_devices=max(120.0, 20.0 * cfg.clients))
@@ -136,7 +142,7 @@ def simulate_mqtt(
         finally:
             for p in procs:
                 try:
-                    p.wait(timeout=15)
+                    p.wait(timeout=60)  # devices save their final models after the run is over
                 except subprocess.TimeoutExpired:
                     p.terminate()
                     p.wait(timeout=10)

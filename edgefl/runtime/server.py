@@ -37,6 +37,7 @@ from edgefl.data import carve_public, dataset_info, load_dataset
 from edgefl.errors import EdgeflError, TransportError, WireError
 from edgefl.models import ModelSpec, family_tiers
 from edgefl.report import RunRecorder
+from edgefl.report.recorder import finish_run, run_summary
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.simulation import fleet_specs, run_dir_for, subsample, train_settings
 from edgefl.transport.broker import DEVICE_ID
@@ -264,26 +265,12 @@ def serve(
         )
         final = loop.run()
         transport.announce_end()
-        summary = {
-            "algorithm": cfg.algorithm,
-            "dataset": cfg.dataset,
-            "rounds": cfg.rounds,
-            "seed": cfg.seed,
-            "transport": "mqtt",
-            "resumed_at_round": loop.start_round,
-            "mean_accuracy": final["mean_accuracy"],
-            "tier_accuracy": final["tier_accuracy"],
-            "tier_devices": {t: sum(r.spec.tier == t for r in ctx.fleet.values()) for t in final["tier_accuracy"]},
-            "client_accuracy": final["client_accuracy"],
-            "bytes_up_per_round": [r["bytes_up_total"] for r in rounds],
-            "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
-            "failed_per_round": [len(r["failed"]) for r in rounds],
-            "accuracy_per_round": [{"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r],
-            "registrations_rejected": registry.rejected,
-            "wall_seconds": time.perf_counter() - t_start,
-            "run_dir": str(run_dir),
-        }
-        recorder.write_summary(summary)
+        summary = run_summary(
+            cfg, final, rounds, {d: r.spec.tier for d, r in ctx.fleet.items()},
+            transport="mqtt", resumed_at_round=loop.start_round, registrations_rejected=registry.rejected,
+            wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
+        )
+        finish_run(recorder, summary)
         if on_done:
             on_done(server)
         return summary

@@ -26,6 +26,7 @@ from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import save_device_models
 from edgefl.models import ModelSpec, family_tiers
 from edgefl.report import RunRecorder
+from edgefl.report.recorder import finish_run, run_summary
 from edgefl.runtime.agent import DeviceAgent
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.transport import InMemoryTransport
@@ -207,31 +208,9 @@ def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None =
     final = loop.run()
     # Each device's final model, for `edgefl export` (safetensors with the spec in its metadata).
     save_device_models(run_dir, {d: h.model for d, h in halves.items()}, specs=specs, dataset=cfg.dataset)
-    summary = {
-        "algorithm": cfg.algorithm,
-        "dataset": cfg.dataset,
-        "rounds": cfg.rounds,
-        "seed": cfg.seed,
-        "mean_accuracy": final["mean_accuracy"],
-        "tier_accuracy": final["tier_accuracy"],
-        "tier_devices": {t: sum(s.tier == t for s in specs.values()) for t in final["tier_accuracy"]},
-        "client_accuracy": final["client_accuracy"],
-        "bytes_up_per_round": [r["bytes_up_total"] for r in rounds],
-        "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
-        "finish_bytes_down": final["finish_bytes_down"],  # the final downlink to every device
-        "failed_per_round": [len(r["failed"]) for r in rounds],
-        "accuracy_per_round": [
-            {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r
-        ],
-        "test_samples": len(test),
-        "wall_seconds": time.perf_counter() - t_start,
-        "run_dir": str(run_dir),
-    }
-    recorder.write_summary(summary)
-    try:
-        from edgefl.report.plots import plot_run
-
-        plot_run(run_dir)
-    except Exception as e:  # a plot must never cost the run its results
-        log.warning("could not plot %s: %s", run_dir, e)
+    summary = run_summary(
+        cfg, final, rounds, {d: s.tier for d, s in specs.items()},
+        test_samples=len(test), wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
+    )
+    finish_run(recorder, summary)
     return summary

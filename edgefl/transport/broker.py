@@ -187,6 +187,7 @@ class MosquittoBroker:
         lines = [
             f"listener {self.port} 127.0.0.1",
             f"max_packet_size {MAX_PACKET_BYTES}",
+            "set_tcp_nodelay true",
             "max_queued_messages 10000",
             "max_inflight_messages 100",
             "log_dest stderr",

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -273,6 +274,7 @@ class Endpoint:
             self.refused = str(reason)
             log.warning("%s: the broker refused the connection: %s", self.client_id, reason)
             return
+        _no_delay(client)
         for topic in self.subscriptions():
             client.subscribe(topic, qos=1)
         self.on_connected()
@@ -293,6 +295,23 @@ class Endpoint:
             log.warning("%s: rejected a message on %s: %s", self.client_id, msg.topic, e)
         except Exception:  # a bug in a handler must not kill the network thread
             log.exception("%s: failed to handle a message on %s", self.client_id, msg.topic)
+
+
+def _no_delay(client: mqtt.Client) -> None:
+    """Turn Nagle's algorithm off: edgefl's exchanges are request/response, and Nagle's
+    wait for the peer's delayed ACK added ~150 ms per round (benchmarks/overhead)."""
+    sock = client.socket()
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (AttributeError, OSError) as e:  # a websocket or an exotic transport
+        log.debug("could not set TCP_NODELAY: %s", e)
+
+
+def retry_delay(base: float, nbytes: int) -> float:
+    """First re-send delay for a message of ``nbytes``: the base plus the time a slow link
+    (2 MB/s) needs to carry it, so large envelopes still queued at the broker are not re-sent
+    in a storm."""
+    return base + nbytes / 2e6
 
 
 def ack_envelope(fleet: str, device_id: str, routing: Routing) -> bytes:
@@ -392,7 +411,8 @@ class MqttServerTransport(Endpoint):
                 except WireError as e:  # e.g. larger than the limit: never published
                     out[device_id] = Delivery(device_id, None, f"not sent: {e}")
                     continue
-                self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + self.retry_after, self.retry_after)
+                first = retry_delay(self.retry_after, len(data))
+                self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + first, first)
         for device_id, data in messages.items():
             if device_id not in out:
                 self._send(device_id, data)
@@ -610,7 +630,8 @@ class MqttDeviceEndpoint(Endpoint):
         topic = self.topics.device(self.device_id, "up")
         with self.lock:
             self.handled[request.message_id] = data
-            self.unacked[reply_id] = _Unacked(topic, data, time.monotonic() + self.retry_after, self.retry_after)
+            first = retry_delay(self.retry_after, len(data))
+            self.unacked[reply_id] = _Unacked(topic, data, time.monotonic() + first, first)
         self.publish(topic, data)
 
     def send(self, leaf: str, data: bytes) -> None:
