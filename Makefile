@@ -26,7 +26,7 @@ DEMO := runs/demo
 demo: venv data
 	rm -rf $(DEMO)
 	$(VENV)/bin/edgefl simulate --transport mqtt --algorithm velo --dataset fashion-mnist \
-		--clients 6 --fraction 1 --rounds 6 --steps 20 --partition dirichlet --alpha 0.5 \
+		--clients 6 --fraction 1 --rounds 12 --steps 40 --partition dirichlet --alpha 0.5 \
 		--train-samples 12000 --test-samples 2000 --seed 0 --out runs --run-name demo
 	$(VENV)/bin/edgefl export --run $(DEMO) --all --out $(DEMO)/onnx --quantize int8 --test-samples 2000
 	$(VENV)/bin/edgefl infer $(DEMO)/onnx/d00.onnx --dataset fashion-mnist --split test --limit 2000
