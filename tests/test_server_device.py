@@ -167,14 +167,15 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     procs = []
     try:
         server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "server1.log", "wb"))
-        devices = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=120.0 if i == 2 else 0.0) for i in range(3)]
+        # every round takes >= 1.5 s (device delay), so the SIGKILL below lands mid-run however fast the transport
+        devices = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=120.0 if i == 2 else 1.5) for i in range(3)]
         procs = [*devices, server]
         # a device dies in the middle of round 0 (it is "training" for 120 s), then comes back
         wait_for(lambda: any(r.kind == "train" and r.round == 0 for r in seen), 240, "round 0 to start")
         time.sleep(1.0)
         devices[2].send_signal(signal.SIGKILL)
         devices[2].wait(10)
-        devices[2] = spawn(broker.url, fleet, cfg, 2, tmp_path, profile_file, suffix="-rejoined")
+        devices[2] = spawn(broker.url, fleet, cfg, 2, tmp_path, profile_file, suffix="-rejoined", delay=1.5)
         procs.append(devices[2])
         # the broker goes away for a second after round 1
         wait_for(lambda: len(rounds()) >= 2, 240, "round 1 to complete")
