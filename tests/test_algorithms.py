@@ -71,10 +71,10 @@ def _server(cls, cfg):
 def test_proximal_term_is_squared_distance():
     model = torch.nn.Linear(3, 2)
     anchor = [p.detach().clone() for p in model.parameters()]
-    assert float(proximal_term(model, anchor)) == 0.0
+    assert proximal_term(model, anchor).item() == 0.0
     with torch.no_grad():
         model.weight.add_(0.5)
-    assert float(proximal_term(model, anchor)) == pytest.approx(6 * 0.25)
+    assert proximal_term(model, anchor).item() == pytest.approx(6 * 0.25)
 
 
 def test_default_selection_samples_a_fraction_reproducibly():
@@ -118,3 +118,12 @@ def test_options_are_typed_and_checked():
 def test_fedavg_refuses_a_heterogeneous_fleet(tmp_path):
     with pytest.raises(ConfigError, match="one global model"):
         simulate(tiny_config(tmp_path, algorithm="fedavg", tiers=("1", "2")))
+
+
+def test_devices_get_the_pool_only_when_the_method_says_they_hold_it(tmp_path):
+    summary = simulate(tiny_config(tmp_path, algorithm="fedhenn", options={"rad_source": "device", "rad_size": "20"}))
+    assert summary["failed_per_round"] == [0, 0]
+    from edgefl.algorithms.fedhenn import FedHeNNOptions
+
+    assert FedHeNNOptions(rad_source="device").devices_hold_public
+    assert not FedHeNNOptions().devices_hold_public

@@ -1,6 +1,16 @@
 """Federated learning methods, one module each, registered by name on import."""
 
-from edgefl.algorithms import fedavg, feddw, fedhenn, fedproto, fedprox, fedvtc, felo, hierarchyfl, local  # noqa: F401  (registration)
+from edgefl.algorithms import (  # noqa: F401  (registration)
+    fedavg,
+    feddw,
+    fedhenn,
+    fedproto,
+    fedprox,
+    fedvtc,
+    felo,
+    hierarchyfl,
+    local,
+)
 from edgefl.algorithms.base import (
     Algorithm,
     DeviceContext,

@@ -74,7 +74,8 @@ class DeviceContext:
     settings: TrainSettings
     seed: int  # this device's seed (derived from the run seed and the device id)
     rounds: int  # training rounds of the run (for schedules such as FedHeNN's η_t)
-    public: ArrayDataset | None = None  # a pool the device also holds (FedHeNN's RAD option)
+    public: ArrayDataset | None = None  # a pool the device also holds: set when the options'
+    # ``devices_hold_public`` is true (FedHeNN's rad_source=device)
 
     @property
     def num_classes(self) -> int:

@@ -89,6 +89,11 @@ class FedHeNNOptions:
         if self.rbf_scale <= 0:
             raise ValueError("rbf_scale must be > 0")
 
+    @property
+    def devices_hold_public(self) -> bool:
+        """Read by the simulation: with rad_source=device every device also holds the pool."""
+        return self.rad_source == "device"
+
     def eta_at(self, round: int) -> float:
         """η_t = η₀·√t (the device uses 0 while it has no K̄)."""
         return self.eta0 * math.sqrt(max(round, 0))

@@ -153,13 +153,16 @@ def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None =
     specs = fleet_specs(cfg, ids, train.info, device_tiers)
     settings = train_settings(cfg)
 
+    # a method's options may say that devices hold the server's pool too (FedHeNN rad_source=device)
+    devices_hold_public = bool(getattr(options, "devices_hold_public", False))
     transport = InMemoryTransport()
     eval_cache: dict = {}
     fleet: dict[str, DeviceRecord] = {}
     halves = {}
     for d, idx in zip(ids, parts, strict=True):
         data = train.subset(pool[idx])
-        ctx = DeviceContext(d, specs[d], data, settings, derive_seed(cfg.seed, d), cfg.rounds)
+        ctx = DeviceContext(d, specs[d], data, settings, derive_seed(cfg.seed, d), cfg.rounds,
+                            public=public if devices_hold_public else None)
         half = algorithm.device(ctx, options)
         halves[d] = half
         agent = DeviceAgent(
