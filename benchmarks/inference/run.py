@@ -241,7 +241,7 @@ def write_markdown(path: Path, result: dict) -> None:
         f"Machine: {result['machine_before']['cpu']}, {result['machine_before']['cores']} cores, "
         f"load average (1/5/15 min) {result['machine_before']['loadavg_1_5_15']} before and "
         f"{result['machine_after']['loadavg_1_5_15']} after — shared with other jobs, so absolute times "
-        "are noisy; the three engines were measured interleaved call by call and the ratios compare them "
+        "are noisy; all engines were measured interleaved call by call and the ratios compare them "
         "under the same load.",
         "",
         f"Setting: Fashion-MNIST (1×28×28); each model trained {cfg['epochs']} epoch(s) with Adam "
@@ -294,7 +294,7 @@ def write_markdown(path: Path, result: dict) -> None:
         f"(range {min(r['speedup_int8_vs_fp32'] for r in rows):.2f}–{max(r['speedup_int8_vs_fp32'] for r in rows):.2f}×).",
         "",
         "hierarchy-width models train with static BatchNorm (batch statistics); the export freezes "
-        "population statistics from the calibration images, and all three engines run that frozen model. "
+        "population statistics from the calibration images, and every engine runs that frozen model. "
         "Accuracy of the static model itself (batches of 1000): "
         + ", ".join(f"{r['model']} {100 * r['eager_static_accuracy']:.2f}%" for r in rows if r["eager_static_accuracy"] is not None)
         + ".",
