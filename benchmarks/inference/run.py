@@ -249,7 +249,7 @@ def write_markdown(path: Path, result: dict) -> None:
         f"the first {cfg['test_samples']} test images (all engines); ResNet/hierarchy width {cfg['width']}, CNN width {cfg['cnn_width']}; "
         f"batch-1 latency = median of {cfg['runs']} runs per engine after {cfg['warmup']} warm-up, "
         f"PyTorch eager at 2 and 1 threads, ORT fp32 at 2 and 1 threads, ORT int8 at 2 threads, all five interleaved "
-        "(OMP_WAIT_POLICY=PASSIVE, ORT spinning off); training and eager accuracy with 1 torch thread; int8 = static QDQ, per-channel int8 weights, uint8 activations, "
+        "(OMP_WAIT_POLICY=PASSIVE, ORT spinning off); training and eager accuracy with {cfg['train_threads']} torch thread(s); int8 = static QDQ, per-channel int8 weights, uint8 activations, "
         f"MinMax calibration on {cfg['calibration_samples']} training images; ONNX opset 17.",
         "",
         "Latency columns: median ms at batch 1 (2t = 2 threads, 1t = 1 thread). Speed-up (spec) = eager 2t / "
