@@ -165,6 +165,34 @@ def test_int8_quantization_shrinks_the_file_keeps_metadata_and_most_predictions(
     assert agree > 0.9 and abs(a["accuracy"] - b["accuracy"]) < 0.05
 
 
+def test_int8_compaction_changes_no_output_and_qoperator_is_the_same_arithmetic(tmp_path):
+    # Prepare: a small ResNet-style model whose graph structure outweighs its weights
+    spec = small_spec("hierarchy-width")
+    model = built(spec)
+    calibration = load_dataset("synthetic", "train").images(np.arange(64))
+    export_model(model, tmp_path / "m.onnx", calibration_images=calibration)
+    x = SYNTH.x[:16].numpy()
+    # Execute
+    plain = quantize_int8(tmp_path / "m.onnx", tmp_path / "plain.onnx", calibration, compact=False)
+    small = quantize_int8(tmp_path / "m.onnx", tmp_path / "small.onnx", calibration)
+    qop = quantize_int8(tmp_path / "m.onnx", tmp_path / "qop.onnx", calibration, format="qoperator")
+    # Assert: compaction shrinks the file, keeps the interface, metadata and every output bit
+    assert small.size_bytes < 0.7 * plain.size_bytes
+    graph = onnx.load(str(small.path)).graph
+    assert not graph.value_info and all(not n.name for n in graph.node)
+    assert [v.name for v in graph.input] == [v.name for v in onnx.load(str(plain.path)).graph.input]
+    assert read_metadata(small.path) == read_metadata(plain.path)
+    np.testing.assert_array_equal(Predictor(small.path).logits(x), Predictor(plain.path).logits(x))
+    # QOperator: integer operators instead of Q/DQ pairs, fewer nodes, the same logits up to rounding
+    ops = {n.op_type for n in onnx.load(str(qop.path)).graph.node}
+    assert "QLinearConv" in ops and "DequantizeLinear" in ops and "QOperator" in Predictor(qop.path).quantization
+    assert len(onnx.load(str(qop.path)).graph.node) < len(graph.node) and qop.size_bytes < small.size_bytes
+    scale = np.abs(Predictor(small.path).logits(x)).max()
+    assert np.abs(Predictor(qop.path).logits(x) - Predictor(small.path).logits(x)).max() <= 0.05 * scale
+    with pytest.raises(ExportError, match="qoperator"):
+        quantize_int8(tmp_path / "m.onnx", tmp_path / "bad.onnx", calibration, format="int4")
+
+
 def test_model_file_round_trip_and_foreign_files_are_rejected(tmp_path):
     from safetensors.torch import save_file
 

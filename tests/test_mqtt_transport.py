@@ -73,8 +73,17 @@ def amqtt():
 class EchoDevice:
     """A device endpoint served by a thread: replies "update" to "train"; can lose the first request."""
 
-    def __init__(self, url, fleet, device_id, *, lose_first=False, work=0.0):
-        self.ep = MqttDeviceEndpoint(BrokerAddress.parse(url), fleet, device_id, retry_after=0.3)
+    def __init__(self, url, fleet, device_id, *, lose_first=False, work=0.0, **endpoint):
+        self.ep = MqttDeviceEndpoint(BrokerAddress.parse(url), fleet, device_id, **{"retry_after": 0.3, **endpoint})
+        self.published = []  # (kind, qos) of everything this device publishes on its uplink
+        publish = self.ep.publish
+
+        def recording(topic, data, **kw):
+            if topic.endswith("/up"):
+                self.published.append((peek(data).kind, kw.get("qos", 1)))
+            publish(topic, data, **kw)
+
+        self.ep.publish = recording
         self.lose_first, self.work, self.trained = lose_first, work, 0
         self.stop = threading.Event()
         if lose_first:  # drop the first downlink before the endpoint sees it: no ack, no work
@@ -138,6 +147,23 @@ def test_request_reply_with_a_lost_downlink_retried_and_a_missing_device(amqtt):
     assert stats.retries.get("lossy", 0) >= 1 and "good" not in stats.retries
     assert lossy.trained == 1  # the re-sent request was served once
     assert stats.bytes_down["lossy"] > stats.bytes_down["good"]  # retries are counted as published bytes
+
+
+def test_a_quick_reply_stands_for_the_ack_and_slow_work_is_acknowledged_first(amqtt):
+    fleet = "t4"
+    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=0.3).start()
+    # quick: its reply surely goes out before the (long) ack delay; slow: works past the delay
+    quick = EchoDevice(amqtt.url, fleet, "quick", retry_after=30.0, ack_delay=5.0).start()
+    slow = EchoDevice(amqtt.url, fleet, "slow", work=0.6, retry_after=30.0, ack_delay=0.05).start()
+    try:
+        out = server.request({d: _train(fleet, d, 0, 1.0) for d in ("quick", "slow")}, timeout=10)
+    finally:
+        quick.close()
+        slow.close()
+        server.close()
+    assert out["quick"].reply is not None and out["slow"].reply is not None
+    assert quick.published == [("update", 1)]  # no separate ack: the reply acknowledged the request
+    assert slow.published == [("ack", 0), ("update", 1)]  # acks at QoS 0, replies at QoS 1
 
 
 def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):

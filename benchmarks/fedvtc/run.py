@@ -116,13 +116,16 @@ def run_config(args, method: str, alpha: float, seed: int, run_dir: Path) -> dic
     raise ValueError(method)
 
 
-def one_run(args, method: str, alpha: float, seed: int) -> dict:
+def one_run(args, method: str, alpha: float, seed: int, options: dict | None = None, tag: str = "") -> dict:
+    """One simulation; ``options`` override the method's options (the sweep's variants)."""
     from edgefl.algorithms import get_algorithm
     from edgefl.config import resolve_config
     from edgefl.runtime.simulation import simulate
 
-    run_dir = args.out / "runs" / f"{method}-a{alpha:g}-s{seed}"
+    run_dir = args.out / "runs" / f"{method}{tag}-a{alpha:g}-s{seed}"
     explicit = run_config(args, method, alpha, seed, run_dir)
+    if options:
+        explicit["options"] = {**explicit.get("options", {}), **{k: str(v) for k, v in options.items()}}
     cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
     before = machine()
     t0 = time.perf_counter()
@@ -133,6 +136,7 @@ def one_run(args, method: str, alpha: float, seed: int) -> dict:
     evals = summary["accuracy_per_round"]
     return {
         "method": method,
+        "options": dict(options or {}),
         "alpha": alpha,
         "seed": seed,
         "mean_accuracy": summary["mean_accuracy"],

@@ -153,17 +153,23 @@ def bench_one(family: str, tier: str, width: float, data: dict, args, workdir: P
     t0 = time.perf_counter()
     q = quantize_int8(fp32_path, int8_path, calibration)
     quantize_seconds = time.perf_counter() - t0
+    # the same QDQ graph before compaction (size only), and the QOperator format (CPU only)
+    plain = quantize_int8(fp32_path, workdir / f"{name}.int8-plain.onnx", calibration, compact=False)
+    qop_path = workdir / f"{name}.int8q.onnx"
+    qop = quantize_int8(fp32_path, qop_path, calibration, format="qoperator")
 
     torch.set_num_threads(args.train_threads)
     acc_eager = evaluate(model, data["test_eval"])["accuracy"]
     acc_fp32 = Predictor(fp32_path, threads=args.threads).evaluate(data["test_eval"])["accuracy"]
     acc_int8 = Predictor(int8_path, threads=args.threads).evaluate(data["test_eval"])["accuracy"]
+    acc_int8q = Predictor(qop_path, threads=args.threads).evaluate(data["test_eval"])["accuracy"]
 
     load_before = machine()["loadavg_1_5_15"][0]
     sessions = {
         "ort_fp32_2t": session_without_spinning(fp32_path, args.threads),
         "ort_fp32_1t": session_without_spinning(fp32_path, 1),
         "ort_int8_2t": session_without_spinning(int8_path, args.threads),
+        "ort_int8q_2t": session_without_spinning(qop_path, args.threads),
     }
     latency = interleaved_latency(model, sessions, test.images(np.arange(32)).numpy(), args.runs, args.warmup, args.seed)
     torch.set_num_threads(args.train_threads)
@@ -183,6 +189,11 @@ def bench_one(family: str, tier: str, width: float, data: dict, args, workdir: P
         "size_fp32_bytes": report.size_bytes,
         "size_int8_bytes": q.size_bytes,
         "size_ratio_int8": q.size_ratio,
+        "size_int8_uncompacted_bytes": plain.size_bytes,
+        "size_int8_qoperator_bytes": qop.size_bytes,
+        "size_ratio_int8_qoperator": qop.size_ratio,
+        "accuracy_ort_int8_qoperator": acc_int8q,
+        "accuracy_drop_int8_qoperator_points": 100 * (acc_fp32 - acc_int8q),
         "weight_bytes_fp32": weight_bytes(fp32_path),
         "weight_bytes_int8": weight_bytes(int8_path),
         "accuracy_eager": acc_eager,
@@ -197,6 +208,7 @@ def bench_one(family: str, tier: str, width: float, data: dict, args, workdir: P
         "speedup_fp32_vs_eager_best": min(med["eager_2t"], med["eager_1t"]) / min(med["ort_fp32_2t"], med["ort_fp32_1t"]),
         "speedup_int8_vs_eager": med["eager_2t"] / med["ort_int8_2t"],
         "speedup_int8_vs_fp32": med["ort_fp32_2t"] / med["ort_int8_2t"],
+        "speedup_int8_qoperator_vs_fp32": med["ort_fp32_2t"] / med["ort_int8q_2t"],
         "loadavg_1min_before_after": [load_before, load_after],
     }
     row["targets"] = {
@@ -204,6 +216,8 @@ def bench_one(family: str, tier: str, width: float, data: dict, args, workdir: P
         "fp32_2x_faster_than_eager_best": row["speedup_fp32_vs_eager_best"] >= 2.0,
         "int8_size_at_most_0.3x": row["size_ratio_int8"] <= 0.3,
         "int8_accuracy_loss_at_most_0.5_points": row["accuracy_drop_int8_points"] <= 0.5,
+        "int8_qoperator_size_at_most_0.3x": row["size_ratio_int8_qoperator"] <= 0.3,
+        "int8_qoperator_accuracy_loss_at_most_0.5_points": row["accuracy_drop_int8_qoperator_points"] <= 0.5,
     }
     return row
 
@@ -222,11 +236,14 @@ def size_sweep(args, data: dict, workdir: Path) -> list[dict]:
                 fp32_path, int8_path = workdir / f"size-{spec.name}.onnx", workdir / f"size-{spec.name}.int8.onnx"
                 report = export_model(model, fp32_path, calibration_images=calibration)
                 q = quantize_int8(fp32_path, int8_path, calibration)
+                qop = quantize_int8(fp32_path, int8_path.with_suffix(".q.onnx"), calibration, format="qoperator")
                 rows.append({"model": spec.name, "parameters": model.num_parameters, "size_fp32_bytes": report.size_bytes,
-                             "size_int8_bytes": q.size_bytes, "size_ratio_int8": q.size_ratio})
+                             "size_int8_bytes": q.size_bytes, "size_ratio_int8": q.size_ratio,
+                             "size_int8_qoperator_bytes": qop.size_bytes, "size_ratio_int8_qoperator": qop.size_ratio})
                 print(f"size {spec.name:<28} {report.size_bytes / 1024:8.0f} KiB → {q.size_bytes / 1024:7.0f} KiB  {q.size_ratio:.3f}", flush=True)
                 fp32_path.unlink()
                 int8_path.unlink()
+                int8_path.with_suffix(".q.onnx").unlink()
     return rows
 
 
@@ -248,8 +265,8 @@ def write_markdown(path: Path, result: dict) -> None:
         f"(lr {cfg['lr']}, batch 64) on {cfg['train_samples']} training images; accuracy on "
         f"the first {cfg['test_samples']} test images (all engines); ResNet/hierarchy width {cfg['width']}, CNN width {cfg['cnn_width']}; "
         f"batch-1 latency = median of {cfg['runs']} runs per engine after {cfg['warmup']} warm-up, "
-        f"PyTorch eager at 2 and 1 threads, ORT fp32 at 2 and 1 threads, ORT int8 at 2 threads, all five interleaved "
-        "(OMP_WAIT_POLICY=PASSIVE, ORT spinning off); training and eager accuracy with {cfg['train_threads']} torch thread(s); int8 = static QDQ, per-channel int8 weights, uint8 activations, "
+        f"PyTorch eager at 2 and 1 threads, ORT fp32 at 2 and 1 threads, ORT int8 (QDQ and QOperator) at 2 threads, all six interleaved "
+        f"(OMP_WAIT_POLICY=PASSIVE, ORT spinning off); training and eager accuracy with {cfg['train_threads']} torch thread(s); int8 = static QDQ, per-channel int8 weights, uint8 activations, "
         f"MinMax calibration on {cfg['calibration_samples']} training images; ONNX opset 17.",
         "",
         "Latency columns: median ms at batch 1 (2t = 2 threads, 1t = 1 thread). Speed-up (spec) = eager 2t / "
@@ -270,6 +287,27 @@ def write_markdown(path: Path, result: dict) -> None:
             f"{100 * r['accuracy_eager']:.2f} | {100 * r['accuracy_ort_fp32']:.2f} | {100 * r['accuracy_ort_int8']:.2f} | "
             f"{-r['accuracy_drop_int8_points']:+.2f} | {r['parity_max_abs_diff']:.1e} |"
         )
+    lines += [
+        "",
+        "### int8 file formats",
+        "",
+        "QDQ (the default, `edgefl export --quantize int8`) as shipped (compacted: short tensor ids, no shape "
+        "annotations, no node names), the same QDQ graph as ORT's quantizer writes it, and QOperator "
+        "(`--int8-format qoperator`, compacted; CPU execution provider only). Sizes relative to the fp32 file as exported.",
+        "",
+        "| model | params | fp32 KiB | QDQ KiB | QDQ/fp32 | QDQ uncompacted/fp32 | QOperator KiB | QOperator/fp32 | QOperator 2t ms | QOperator vs fp32 speed | acc QOperator | QOperator Δ points |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if "size_int8_qoperator_bytes" not in r:
+            continue
+        lines.append(
+            f"| {r['model']} | {r['parameters']:,} | {r['size_fp32_bytes'] / 1024:.0f} | {r['size_int8_bytes'] / 1024:.0f} | "
+            f"{r['size_ratio_int8']:.3f} | {r['size_int8_uncompacted_bytes'] / r['size_fp32_bytes']:.3f} | "
+            f"{r['size_int8_qoperator_bytes'] / 1024:.0f} | {r['size_ratio_int8_qoperator']:.3f} | "
+            f"{r['latency']['ort_int8q_2t']['median_ms']:.2f} | {r['speedup_int8_qoperator_vs_fp32']:.2f}× | "
+            f"{100 * r['accuracy_ort_int8_qoperator']:.2f} | {-r['accuracy_drop_int8_qoperator_points']:+.2f} |"
+        )
     t = result["targets"]
     lines += [
         "",
@@ -288,6 +326,13 @@ def write_markdown(path: Path, result: dict) -> None:
         f"- static int8 loses ≤ 0.5 accuracy points: **{t['int8_accuracy_loss_at_most_0.5_points']['held']}/{len(rows)} models** "
         f"(largest loss {t['int8_accuracy_loss_at_most_0.5_points']['max']:.2f} points)"
         + (f"; misses: {', '.join(t['int8_accuracy_loss_at_most_0.5_points']['misses'])}" if t['int8_accuracy_loss_at_most_0.5_points']['misses'] else ""),
+        *([
+            f"- QOperator int8 ≤ 0.3× the fp32 file size: **{t['int8_qoperator_size_at_most_0.3x']['held']}/{len(rows)} models** "
+            f"(max ratio {t['int8_qoperator_size_at_most_0.3x']['max']:.3f})"
+            + (f"; misses: {', '.join(t['int8_qoperator_size_at_most_0.3x']['misses'])}" if t['int8_qoperator_size_at_most_0.3x']['misses'] else ""),
+            f"- QOperator int8 loses ≤ 0.5 accuracy points: **{t['int8_qoperator_accuracy_loss_at_most_0.5_points']['held']}/{len(rows)} models** "
+            f"(largest loss {t['int8_qoperator_accuracy_loss_at_most_0.5_points']['max']:.2f} points)",
+        ] if "int8_qoperator_size_at_most_0.3x" in t else []),
         "",
         "int8 vs fp32 latency (ORT, batch 1): median speed-up "
         f"{np.median([r['speedup_int8_vs_fp32'] for r in rows]):.2f}× "
@@ -306,12 +351,13 @@ def write_markdown(path: Path, result: dict) -> None:
         lines += [
             "## File size at wider widths (untrained weights; size only)",
             "",
-            "| model | params | fp32 KiB | int8 KiB | int8/fp32 |",
-            "|---|---:|---:|---:|---:|",
+            "| model | params | fp32 KiB | QDQ int8 KiB | QDQ/fp32 | QOperator KiB | QOperator/fp32 |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         lines += [
             f"| {r['model']} | {r['parameters']:,} | {r['size_fp32_bytes'] / 1024:.0f} | {r['size_int8_bytes'] / 1024:.0f} | "
-            f"{r['size_ratio_int8']:.3f} |"
+            f"{r['size_ratio_int8']:.3f} | "
+            + (f"{r['size_int8_qoperator_bytes'] / 1024:.0f} | {r['size_ratio_int8_qoperator']:.3f} |" if "size_int8_qoperator_bytes" in r else "– | – |")
             for r in result["size_sweep"]
         ]
         lines.append("")
@@ -334,6 +380,10 @@ def summarize_targets(rows: list[dict]) -> dict:
         "int8_size_at_most_0.3x": block("int8_size_at_most_0.3x", "size_ratio_int8", lambda v: {"max": max(v)}),
         "int8_accuracy_loss_at_most_0.5_points": block("int8_accuracy_loss_at_most_0.5_points",
                                                        "accuracy_drop_int8_points", lambda v: {"max": max(v)}),
+        "int8_qoperator_size_at_most_0.3x": block("int8_qoperator_size_at_most_0.3x", "size_ratio_int8_qoperator",
+                                                  lambda v: {"max": max(v)}),
+        "int8_qoperator_accuracy_loss_at_most_0.5_points": block(
+            "int8_qoperator_accuracy_loss_at_most_0.5_points", "accuracy_drop_int8_qoperator_points", lambda v: {"max": max(v)}),
     }
 
 

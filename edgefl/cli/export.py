@@ -23,7 +23,8 @@ def export(
     dataset: str = typer.Option(None, "--dataset", help="Dataset of a --checkpoint when its metadata names none."),
     data_dir: str = typer.Option(None, "--data-dir", help="Directory holding the dataset files."),
     opset: int = typer.Option(17, "--opset", help="ONNX opset."),
-    quantize: str = typer.Option(None, "--quantize", help="Also write a static int8 QDQ model (int8)."),
+    quantize: str = typer.Option(None, "--quantize", help="Also write a static int8 model (int8)."),
+    int8_format: str = typer.Option("qdq", "--int8-format", help="qdq (for TensorRT/CUDA and CPU) or qoperator (smaller, CPU only)."),
     calibration_samples: int = typer.Option(256, "--calibration-samples", help="Training samples for int8 calibration (and static BatchNorm)."),
     test_samples: int = typer.Option(None, "--test-samples", help="Test samples for the accuracy report (default all; 0 skips)."),
     tolerance: float = typer.Option(1e-4, "--tolerance", help="Parity tolerance, relative to max(1, max |logit|)."),
@@ -37,6 +38,7 @@ def export(
     options = {
         "opset": opset,
         "quantize": quantize,
+        "int8_format": int8_format,
         "calibration_samples": calibration_samples,
         "test_samples": test_samples,
         "tolerance": tolerance,

@@ -26,7 +26,7 @@ from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import load_device_model, read_model_file
 from edgefl.export.errors import ModelFileError
 from edgefl.export.onnx_export import DEFAULT_OPSET, DEFAULT_TOLERANCE, export_model
-from edgefl.export.quantize import quantize_int8
+from edgefl.export.quantize import FORMATS, quantize_int8
 from edgefl.inference import Predictor
 from edgefl.models import EdgeModel
 
@@ -102,6 +102,7 @@ def export_one(
     *,
     opset: int = DEFAULT_OPSET,
     quantize: str | None = None,
+    int8_format: str = "qdq",
     calibration_samples: int = 256,
     test_samples: int | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
@@ -110,6 +111,8 @@ def export_one(
     """Export one model (and its int8 version); returns a JSON-safe report."""
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise ConfigError(f"--quantize {quantize!r}; choose one of: {', '.join(QUANTIZE_CHOICES)}")
+    if int8_format not in FORMATS:
+        raise ConfigError(f"--int8-format {int8_format!r}; choose one of: {', '.join(FORMATS)}")
     if calibration_samples < 1:
         raise ConfigError(f"--calibration-samples must be positive, got {calibration_samples}")
     if tuple(data.test.info.in_shape) != tuple(model.spec.in_shape):
@@ -132,7 +135,7 @@ def export_one(
     if test_samples != 0:
         result["accuracy"] = Predictor(out_path).evaluate(data.test, limit=test_samples)["accuracy"]
     if quantize == "int8":
-        q = quantize_int8(out_path, out_path.with_suffix(".int8.onnx"), calibration)
+        q = quantize_int8(out_path, out_path.with_suffix(".int8.onnx"), calibration, format=int8_format)
         result["int8"] = q.to_dict()
         if test_samples != 0:
             result["int8"]["accuracy"] = Predictor(q.path).evaluate(data.test, limit=test_samples)["accuracy"]

@@ -29,6 +29,8 @@ from edgefl.wire import Envelope, Limits, Payload, decode, encode
 from edgefl.wire.validate import check_uplink
 
 log = logging.getLogger(__name__)
+#: Uplink metadata the round record keeps under its own keys, not in ``device_metrics``.
+_RECORDED_APART = frozenset({"train_loss", "train_seconds", "num_samples"})
 
 
 @dataclass
@@ -170,6 +172,11 @@ class RoundLoop:
             "bytes_up_total": sum(ex.bytes_up.values()),
             "train_loss": {d: m["train_loss"] for d, m in metas.items() if "train_loss" in m},
             "train_seconds": {d: m["train_seconds"] for d, m in metas.items() if "train_seconds" in m},
+            # everything else a device reported about its local work (e.g. FedVTC's ce, l_e, l_dm)
+            "device_metrics": {
+                d: {k: float(v) for k, v in m.items() if k not in _RECORDED_APART and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                for d, m in metas.items()
+            },
             "reply_seconds": {d: ex.seconds[d] for d in ex.replies},  # sent → reply, local work included
             "collect_seconds": t1 - t0,
             "aggregate_seconds": t2 - t1,

@@ -18,9 +18,12 @@ sessions with stable client ids (MQTT 5 session expiry where the broker speaks 5
 restart without persistence), an application-level protocol on top:
 
 - the receiver of a request (train/evaluate/finish) answers an ``ack`` envelope naming its
-  message id at once; the server re-publishes an unacknowledged request with back-off until the
-  reply or the deadline;
+  message id unless its reply is ready within ``ack_delay`` (a reply acknowledges its request,
+  so quick work costs no extra message); the server re-publishes an unacknowledged request with
+  back-off until the reply or the deadline;
 - the server acknowledges every reply; a device re-publishes an unacknowledged reply with back-off;
+- acks travel at QoS 0: losing one costs a re-send, which the other side answers again, so the
+  broker's acknowledgement of an ack would buy nothing (requests and replies stay at QoS 1);
 - both sides de-duplicate by message id (a device answers a repeated request with its cached
   reply instead of training twice; the server counts a reply once).
 
@@ -261,10 +264,10 @@ class Endpoint:
         finally:
             self.client.loop_stop()
 
-    def publish(self, topic: str, data: bytes, *, retain: bool = False) -> None:
+    def publish(self, topic: str, data: bytes, *, retain: bool = False, qos: int = 1) -> None:
         if len(data) > self.limits.max_bytes:
             raise WireError(f"refusing to publish {len(data)} bytes: the limit is {self.limits.max_bytes}")
-        info = self.client.publish(topic, data, qos=1, retain=retain)
+        info = self.client.publish(topic, data, qos=qos, retain=retain)
         self.bytes_published += len(data)
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
             log.warning("%s: publishing to %s failed: %s", self.client_id, topic, mqtt.error_string(info.rc))
@@ -518,7 +521,7 @@ class MqttServerTransport(Endpoint):
                 self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
                 log.warning("dropped a late or unsolicited %s from %s for round %d", r.kind, device_id, r.round)
         # acknowledge even a duplicate or a late reply: the device stops re-sending it
-        self.publish(self.topics.device(device_id, "down"), ack_envelope(self.fleet, device_id, r))
+        self.publish(self.topics.device(device_id, "down"), ack_envelope(self.fleet, device_id, r), qos=0)
 
 
 # --- the device side ------------------------------------------------------------------------------
@@ -551,6 +554,7 @@ class MqttDeviceEndpoint(Endpoint):
         retry_after: float = 2.0,
         retry_max: float = 30.0,
         max_attempts: int = 20,
+        ack_delay: float = 0.25,
         client_id: str | None = None,
         will: bool = True,
     ):
@@ -569,6 +573,9 @@ class MqttDeviceEndpoint(Endpoint):
         self.handled: OrderedDict[str, bytes | None] = OrderedDict()  # request id → reply (None: in progress)
         self.unacked: dict[str, _Unacked] = {}
         self.retry_after, self.retry_max, self.max_attempts = retry_after, retry_max, max_attempts
+        # the server re-sends an unacknowledged request after retry_after: acknowledge well before
+        self.ack_delay = max(0.0, min(ack_delay, retry_after / 4))
+        self.ack_timers: dict[str, threading.Timer] = {}  # request id → its pending ack
 
     def subscriptions(self) -> list[str]:
         return [self.topics.device(self.device_id, "down"), self.topics.broadcast, self.topics.server_status]
@@ -578,6 +585,10 @@ class MqttDeviceEndpoint(Endpoint):
             self.client.publish(self.topics.device(self.device_id, "status"), b"online", qos=1, retain=True)
 
     def stop(self, graceful: bool = True) -> None:
+        with self.lock:
+            timers, self.ack_timers = list(self.ack_timers.values()), {}
+        for timer in timers:
+            timer.cancel()
         if graceful and self.connected.is_set() and self.announce:
             info = self.client.publish(self.topics.device(self.device_id, "status"), b"offline", qos=1, retain=True)
             try:
@@ -618,11 +629,35 @@ class MqttDeviceEndpoint(Endpoint):
                 self.handled[r.message_id] = None
                 while len(self.handled) > 64:
                     self.handled.popitem(last=False)
-        self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, r))
+        up = self.topics.device(self.device_id, "up")
         if not seen:
+            self._ack_later(r)
             self.inbox.put(("request", r, bytes(data)))
-        elif cached is not None:  # our reply was lost: send it again
-            self.publish(self.topics.device(self.device_id, "up"), cached)
+        elif cached is not None:  # our reply was lost: send it again (it acknowledges too)
+            self.publish(up, cached)
+        else:  # a re-send while we work on it: the server missed our ack
+            self.publish(up, ack_envelope(self.fleet, self.device_id, r), qos=0)
+
+    def _ack_later(self, request: Routing) -> None:
+        """Acknowledge ``request`` after ``ack_delay`` unless its reply has gone out by then."""
+        if self.ack_delay <= 0:
+            self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, request), qos=0)
+            return
+
+        def fire() -> None:
+            with self.lock:
+                if self.ack_timers.pop(request.message_id, None) is None:
+                    return  # the reply went out first
+            try:
+                self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, request), qos=0)
+            except Exception:  # noqa: BLE001 - a timer thread has no one to raise to
+                log.exception("device %s: could not acknowledge a request", self.device_id)
+
+        timer = threading.Timer(self.ack_delay, fire)
+        timer.daemon = True
+        with self.lock:
+            self.ack_timers[request.message_id] = timer
+        timer.start()
 
     def reply(self, request: Routing, data: bytes) -> None:
         """Publish the reply to ``request`` and keep re-sending it until the server acknowledges."""
@@ -630,6 +665,9 @@ class MqttDeviceEndpoint(Endpoint):
         topic = self.topics.device(self.device_id, "up")
         with self.lock:
             self.handled[request.message_id] = data
+            timer = self.ack_timers.pop(request.message_id, None)
+            if timer is not None:
+                timer.cancel()  # the reply acknowledges the request
             first = retry_delay(self.retry_after, len(data))
             self.unacked[reply_id] = _Unacked(topic, data, time.monotonic() + first, first)
         self.publish(topic, data)
