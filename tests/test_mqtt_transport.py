@@ -166,6 +166,34 @@ def test_a_quick_reply_stands_for_the_ack_and_slow_work_is_acknowledged_first(am
     assert slow.published == [("ack", 0), ("update", 1)]  # acks at QoS 0, replies at QoS 1
 
 
+def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exchange_goes_on(amqtt):
+    fleet = "t5"
+    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=0.3, ack_delay=0.05).start()
+    sent = []  # (topic leaf, kind) of everything the server publishes
+    publish = server.publish
+
+    def recording(topic, data, **kw):
+        sent.append((topic.rsplit("/", 1)[-1], peek(data).kind if data else ""))
+        publish(topic, data, **kw)
+
+    server.publish = recording
+    fast = EchoDevice(amqtt.url, fleet, "fast", retry_after=30.0, ack_delay=5.0).start()
+    slow = EchoDevice(amqtt.url, fleet, "slow", work=0.6, retry_after=30.0, ack_delay=0.01).start()
+    try:
+        out = server.request({d: _train(fleet, d, 7, 1.0) for d in ("fast", "slow")}, timeout=10)
+        time.sleep(0.3)  # let the closing broadcast arrive
+        unacked = (dict(fast.ep.unacked), dict(slow.ep.unacked))
+    finally:
+        fast.close()
+        slow.close()
+        server.close()
+    assert out["fast"].reply is not None and out["slow"].reply is not None
+    # the fast reply waited past ack_delay for the slow one: acknowledged alone; the slow one
+    # closed the exchange: acknowledged by the one broadcast, with no ack of its own
+    assert sent.count(("down", "ack")) == 1 and sent.count(("broadcast", "ack")) == 1
+    assert unacked == ({}, {})
+
+
 def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):
     fleet = "t2"
     server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet).start()

@@ -21,7 +21,11 @@ restart without persistence), an application-level protocol on top:
   message id unless its reply is ready within ``ack_delay`` (a reply acknowledges its request,
   so quick work costs no extra message); the server re-publishes an unacknowledged request with
   back-off until the reply or the deadline;
-- the server acknowledges every reply; a device re-publishes an unacknowledged reply with back-off;
+- the server acknowledges every reply; a device re-publishes an unacknowledged reply with back-off.
+  When the exchange closes (all replies in, or the deadline) within ``ack_delay`` of a reply, one
+  non-retained ``ack`` on the fleet's broadcast topic ("closed": kind, round) acknowledges every
+  reply to that exchange at once: either the server has the reply or it no longer wants it.
+  Replies that wait longer, duplicates and late replies are acknowledged one by one;
 - acks travel at QoS 0: losing one costs a re-send, which the other side answers again, so the
   broker's acknowledgement of an ack would buy nothing (requests and replies stay at QoS 1);
 - both sides de-duplicate by message id (a device answers a repeated request with its cached
@@ -336,6 +340,8 @@ class _Pending:
     acked: bool = False
     reply: bytes | None = None
     replied_at: float = 0.0
+    reply_acked: bool = False
+    reply_routing: Routing | None = None
     published: int = 0
     attempts: int = 0
 
@@ -369,6 +375,7 @@ class MqttServerTransport(Endpoint):
         on_register: RegisterHandler | None = None,
         retry_after: float = 2.0,
         retry_max: float = 30.0,
+        ack_delay: float = 0.25,
         epoch: str | None = None,
     ):
         topics = Topics(fleet)
@@ -378,6 +385,7 @@ class MqttServerTransport(Endpoint):
         self.fleet = fleet
         self.on_register = on_register
         self.retry_after, self.retry_max = retry_after, retry_max
+        self.ack_delay = max(0.0, min(ack_delay, retry_after / 4))  # devices re-send after retry_after
         self.lock = threading.Condition()
         self.pending: dict[str, _Pending] = {}
         self.seen_replies: OrderedDict[str, None] = OrderedDict()
@@ -420,8 +428,9 @@ class MqttServerTransport(Endpoint):
             if device_id not in out:
                 self._send(device_id, data)
         while True:
-            resend = []
+            resend, acks = [], []
             with self.lock:
+                mine = [self.pending[d] for d in messages if d in self.pending]
                 waiting = [d for d in messages if d in self.pending and self.pending[d].reply is None]
                 now = time.monotonic()
                 if not waiting or (deadline is not None and now >= deadline):
@@ -434,27 +443,48 @@ class MqttServerTransport(Endpoint):
                         p.attempts += 1
                         self.stats.retries[d] = self.stats.retries.get(d, 0) + 1
                         resend.append((d, p))
-                if not resend:
+                for p in mine:
+                    if p.reply is not None and not p.reply_acked and now >= p.replied_at + self.ack_delay:
+                        p.reply_acked = True  # the exchange goes on: acknowledge it alone
+                        acks.append(p)
+                if not resend and not acks:
                     wake = min(self.pending[d].next_retry for d in waiting)
+                    unacked = [p.replied_at + self.ack_delay for p in mine if p.reply is not None and not p.reply_acked]
+                    wake = min([wake, *unacked])
                     if deadline is not None:
                         wake = min(wake, deadline)
-                    self.lock.wait(max(0.01, min(1.0, wake - now)))
+                    self.lock.wait(max(0.001, min(1.0, wake - now)))
             # publish outside the lock: paho's network thread takes it in on_message
             for d, p in resend:
                 log.info("no acknowledgement from %s for %s round %d; re-sending", d, p.kind, p.round)
                 self._send(d, p.data)
+            for p in acks:
+                self._ack_reply(p.reply_routing)
+        closed: set[tuple[str, int]] = set()
         with self.lock:
             for device_id in messages:
                 if device_id in out:
                     continue
                 p = self.pending.pop(device_id, None)
+                if p is not None:
+                    closed.add((p.kind, p.round))
                 if p is not None and p.reply is not None:
                     out[device_id] = Delivery(device_id, p.reply, None, p.replied_at - p.sent)
                 else:
                     state = self.status.get(device_id, "unknown")
                     why = "no acknowledgement" if p is None or not p.acked else "acknowledged but no reply"
                     out[device_id] = Delivery(device_id, None, f"deadline of {timeout:g} s passed ({why}; device {state})", time.monotonic() - (p.sent if p else now))
+        for kind, rnd in sorted(closed):
+            self._announce_closed(kind, rnd)
         return out
+
+    def _ack_reply(self, r: Routing) -> None:
+        self.publish(self.topics.device(r.device_id, "down"), ack_envelope(self.fleet, r.device_id, r), qos=0)
+
+    def _announce_closed(self, kind: str, rnd: int) -> None:
+        """One broadcast acknowledging every reply to the (kind, round) exchange, which is over."""
+        env = Envelope("ack", rnd, "*", fleet=self.fleet, payload=Payload({}, {"closed": kind, "epoch": self.epoch}))
+        self.publish(self.topics.broadcast, encode(env), qos=1)
 
     def close(self) -> None:
         self.stop()
@@ -512,16 +542,17 @@ class MqttServerTransport(Endpoint):
             duplicate = r.message_id in self.seen_replies
             p = self.pending.get(device_id)
             if not duplicate and p is not None and p.reply is None and r.round == p.round and r.kind in (REPLY_KINDS.get(p.kind), "error"):
-                p.reply, p.replied_at, p.acked = bytes(data), time.monotonic(), True
+                p.reply, p.replied_at, p.acked, p.reply_routing = bytes(data), time.monotonic(), True, r
                 self.seen_replies[r.message_id] = None
                 while len(self.seen_replies) > 4096:
                     self.seen_replies.popitem(last=False)
                 self.lock.notify_all()
-            elif not duplicate:
+                return  # acknowledged by the exchange's closing broadcast, or alone after ack_delay
+            if not duplicate:
                 self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
                 log.warning("dropped a late or unsolicited %s from %s for round %d", r.kind, device_id, r.round)
-        # acknowledge even a duplicate or a late reply: the device stops re-sending it
-        self.publish(self.topics.device(device_id, "down"), ack_envelope(self.fleet, device_id, r), qos=0)
+        # acknowledge a duplicate or a late reply at once: the device stops re-sending it
+        self._ack_reply(r)
 
 
 # --- the device side ------------------------------------------------------------------------------
@@ -534,6 +565,7 @@ class _Unacked:
     next_retry: float
     retry_every: float
     attempts: int = 0
+    request: tuple[str, int] = ("", -1)  # (kind, round) of the request it answers
 
 
 class MqttDeviceEndpoint(Endpoint):
@@ -575,7 +607,10 @@ class MqttDeviceEndpoint(Endpoint):
         self.retry_after, self.retry_max, self.max_attempts = retry_after, retry_max, max_attempts
         # the server re-sends an unacknowledged request after retry_after: acknowledge well before
         self.ack_delay = max(0.0, min(ack_delay, retry_after / 4))
-        self.ack_timers: dict[str, threading.Timer] = {}  # request id → its pending ack
+        self.acks_due: OrderedDict[str, tuple[float, Routing]] = OrderedDict()  # request id → (due, routing)
+        self.acks_wake = threading.Condition(self.lock)
+        self.acker: threading.Thread | None = None
+        self.stopping = False
 
     def subscriptions(self) -> list[str]:
         return [self.topics.device(self.device_id, "down"), self.topics.broadcast, self.topics.server_status]
@@ -584,11 +619,18 @@ class MqttDeviceEndpoint(Endpoint):
         if self.announce:  # a helper connection (registration check) does not announce liveness
             self.client.publish(self.topics.device(self.device_id, "status"), b"online", qos=1, retain=True)
 
+    def start(self, wait: float | None = 30.0) -> MqttDeviceEndpoint:
+        if self.ack_delay > 0 and self.acker is None:
+            self.acker = threading.Thread(target=self._ack_when_due, name=f"{self.client_id}-acks", daemon=True)
+            self.acker.start()
+        super().start(wait)
+        return self
+
     def stop(self, graceful: bool = True) -> None:
         with self.lock:
-            timers, self.ack_timers = list(self.ack_timers.values()), {}
-        for timer in timers:
-            timer.cancel()
+            self.stopping = True
+            self.acks_due.clear()
+            self.acks_wake.notify_all()
         if graceful and self.connected.is_set() and self.announce:
             info = self.client.publish(self.topics.device(self.device_id, "status"), b"offline", qos=1, retain=True)
             try:
@@ -607,8 +649,16 @@ class MqttDeviceEndpoint(Endpoint):
                 self.inbox.put(("server", None, status))
             return
         if topic == self.topics.broadcast:
-            if data:
-                self.inbox.put(("broadcast", peek(data, self.limits), bytes(data)))
+            if not data:
+                return
+            r = peek(data, self.limits)
+            if r.kind == "ack":  # an exchange is over: every reply to it is acknowledged
+                closed = (str(r.meta.get("closed", "")), r.round)
+                with self.lock:
+                    for key in [k for k, u in self.unacked.items() if u.request == closed]:
+                        del self.unacked[key]
+                return
+            self.inbox.put(("broadcast", r, bytes(data)))
             return
         r = peek(data, self.limits)
         if r.fleet != self.fleet or r.device_id != self.device_id:
@@ -636,28 +686,37 @@ class MqttDeviceEndpoint(Endpoint):
         elif cached is not None:  # our reply was lost: send it again (it acknowledges too)
             self.publish(up, cached)
         else:  # a re-send while we work on it: the server missed our ack
-            self.publish(up, ack_envelope(self.fleet, self.device_id, r), qos=0)
+            self._ack(r)
 
     def _ack_later(self, request: Routing) -> None:
         """Acknowledge ``request`` after ``ack_delay`` unless its reply has gone out by then."""
-        if self.ack_delay <= 0:
-            self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, request), qos=0)
+        if self.ack_delay <= 0 or self.acker is None:
+            self._ack(request)
             return
-
-        def fire() -> None:
-            with self.lock:
-                if self.ack_timers.pop(request.message_id, None) is None:
-                    return  # the reply went out first
-            try:
-                self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, request), qos=0)
-            except Exception:  # noqa: BLE001 - a timer thread has no one to raise to
-                log.exception("device %s: could not acknowledge a request", self.device_id)
-
-        timer = threading.Timer(self.ack_delay, fire)
-        timer.daemon = True
         with self.lock:
-            self.ack_timers[request.message_id] = timer
-        timer.start()
+            idle = not self.acks_due
+            self.acks_due[request.message_id] = (time.monotonic() + self.ack_delay, request)
+            if idle:  # the acker sleeps until told; otherwise it wakes for an earlier ack anyway
+                self.acks_wake.notify()
+
+    def _ack(self, request: Routing) -> None:
+        self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, request), qos=0)
+
+    def _ack_when_due(self) -> None:
+        """The acker thread: one per endpoint (a thread per request costs a thread start, ~1 ms
+        on a busy 2-core device). Entries are due in arrival order (one constant delay)."""
+        while True:
+            with self.lock:
+                while not self.stopping and (not self.acks_due or next(iter(self.acks_due.values()))[0] > time.monotonic()):
+                    timeout = next(iter(self.acks_due.values()))[0] - time.monotonic() if self.acks_due else None
+                    self.acks_wake.wait(timeout)
+                if self.stopping:
+                    return
+                _, (_, request) = self.acks_due.popitem(last=False)
+            try:
+                self._ack(request)
+            except Exception:  # noqa: BLE001 - the acker must survive to acknowledge the next one
+                log.exception("device %s: could not acknowledge a request", self.device_id)
 
     def reply(self, request: Routing, data: bytes) -> None:
         """Publish the reply to ``request`` and keep re-sending it until the server acknowledges."""
@@ -665,11 +724,9 @@ class MqttDeviceEndpoint(Endpoint):
         topic = self.topics.device(self.device_id, "up")
         with self.lock:
             self.handled[request.message_id] = data
-            timer = self.ack_timers.pop(request.message_id, None)
-            if timer is not None:
-                timer.cancel()  # the reply acknowledges the request
+            self.acks_due.pop(request.message_id, None)  # the reply acknowledges the request
             first = retry_delay(self.retry_after, len(data))
-            self.unacked[reply_id] = _Unacked(topic, data, time.monotonic() + first, first)
+            self.unacked[reply_id] = _Unacked(topic, data, time.monotonic() + first, first, request=(request.kind, request.round))
         self.publish(topic, data)
 
     def send(self, leaf: str, data: bytes) -> None:
