@@ -387,6 +387,10 @@ class MqttServerTransport(Endpoint):
         self.retry_after, self.retry_max = retry_after, retry_max
         self.ack_delay = max(0.0, min(ack_delay, retry_after / 4))  # devices re-send after retry_after
         self.lock = threading.Condition()
+        # the request loop sleeps until wake_at unless woken: by the last reply, or by a reply
+        # whose lone acknowledgement would fall due before wake_at (one wake-up, not one per reply)
+        self.outstanding = 0
+        self.wake_at = 0.0
         self.pending: dict[str, _Pending] = {}
         self.seen_replies: OrderedDict[str, None] = OrderedDict()
         self.status: dict[str, str] = {}
@@ -424,6 +428,8 @@ class MqttServerTransport(Endpoint):
                     continue
                 first = retry_delay(self.retry_after, len(data))
                 self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + first, first)
+            self.outstanding = sum(1 for d in messages if d in self.pending)
+            self.wake_at = now
         for device_id, data in messages.items():
             if device_id not in out:
                 self._send(device_id, data)
@@ -453,7 +459,9 @@ class MqttServerTransport(Endpoint):
                     wake = min([wake, *unacked])
                     if deadline is not None:
                         wake = min(wake, deadline)
-                    self.lock.wait(max(0.001, min(1.0, wake - now)))
+                    pause = max(0.001, min(1.0, wake - now))
+                    self.wake_at = now + pause
+                    self.lock.wait(pause)
             # publish outside the lock: paho's network thread takes it in on_message
             for d, p in resend:
                 log.info("no acknowledgement from %s for %s round %d; re-sending", d, p.kind, p.round)
@@ -532,8 +540,7 @@ class MqttServerTransport(Endpoint):
             with self.lock:
                 p = self.pending.get(device_id)
                 if p is not None and r.meta.get("ack") == p.message_id:
-                    p.acked = True
-                    self.lock.notify_all()
+                    p.acked = True  # the request loop sees it before its next re-send falls due
             return
         if r.kind not in ("update", "metrics", "done", "error"):
             raise WireError(f"a device does not send {r.kind!r} messages")
@@ -546,7 +553,9 @@ class MqttServerTransport(Endpoint):
                 self.seen_replies[r.message_id] = None
                 while len(self.seen_replies) > 4096:
                     self.seen_replies.popitem(last=False)
-                self.lock.notify_all()
+                self.outstanding -= 1
+                if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
+                    self.lock.notify_all()
                 return  # acknowledged by the exchange's closing broadcast, or alone after ack_delay
             if not duplicate:
                 self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
@@ -693,22 +702,20 @@ class MqttDeviceEndpoint(Endpoint):
         if self.ack_delay <= 0 or self.acker is None:
             self._ack(request)
             return
-        with self.lock:
-            idle = not self.acks_due
+        with self.lock:  # no notify: the idle acker looks every ack_delay (a wake-up saved per request)
             self.acks_due[request.message_id] = (time.monotonic() + self.ack_delay, request)
-            if idle:  # the acker sleeps until told; otherwise it wakes for an earlier ack anyway
-                self.acks_wake.notify()
 
     def _ack(self, request: Routing) -> None:
         self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, request), qos=0)
 
     def _ack_when_due(self) -> None:
         """The acker thread: one per endpoint (a thread per request costs a thread start, ~1 ms
-        on a busy 2-core device). Entries are due in arrival order (one constant delay)."""
+        on a busy 2-core device). Entries are due in arrival order (one constant delay); an ack
+        goes out between ack_delay and 2·ack_delay after its request, far below retry_after."""
         while True:
             with self.lock:
                 while not self.stopping and (not self.acks_due or next(iter(self.acks_due.values()))[0] > time.monotonic()):
-                    timeout = next(iter(self.acks_due.values()))[0] - time.monotonic() if self.acks_due else None
+                    timeout = next(iter(self.acks_due.values()))[0] - time.monotonic() if self.acks_due else self.ack_delay
                     self.acks_wake.wait(timeout)
                 if self.stopping:
                     return
