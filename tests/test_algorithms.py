@@ -102,6 +102,22 @@ def test_same_seed_reproduces_partition_and_first_round(tmp_path):
     assert [v["num_samples"] for v in cc.values()] != [v["num_samples"] for v in ca.values()]
 
 
+def test_a_knowledge_method_with_dropout_repeats_exactly_whatever_ran_before(tmp_path):
+    # FedProto's default CNNs have dropout, drawn from torch's global generator; each device's
+    # local work runs under a generator seeded per (device, round), so what ran before in the
+    # process (here: a different run, and a torch.rand call) changes nothing.
+    def last_losses(name):
+        simulate(tiny_config(tmp_path / name, algorithm="fedproto", fraction=1.0, threads=1))
+        rounds = (tmp_path / name / "run/rounds.jsonl").read_text().splitlines()
+        return [json.loads(line)["train_loss"] for line in rounds]
+
+    first = last_losses("a")
+    torch.rand(1000)
+    simulate(tiny_config(tmp_path / "other", algorithm="fedavg", seed=5))
+    assert last_losses("b") == first
+    assert any(v > 0 for r in first for v in r.values())
+
+
 def test_options_are_typed_and_checked():
     prox = get_algorithm("fedprox")
     assert prox.parse_options({"mu": "0.5"}).mu == 0.5

@@ -1,6 +1,7 @@
 """Server and device processes over real brokers (embedded amqtt and Mosquitto).
 
-- the same aggregate as the in-memory simulation for the same seed (FedAvg, FedProx);
+- the same aggregate as the in-memory simulation for the same seed (FedAvg; FedProto; FedHeNN
+  with devices holding the public pool);
 - a device killed mid-round: the round closes at the deadline, the device rejoins; the broker
   restarted mid-run: the run completes; the server SIGKILLed and restarted: it resumes;
 - malformed, oversized, non-finite, wrong-shape and unknown-kind messages: rejected with a
@@ -23,6 +24,7 @@ import pytest
 import safetensors.numpy
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edgefl.models import family_tiers
 from edgefl.runtime import simulation
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.runtime.server import ServeOptions, serve
@@ -50,9 +52,9 @@ def profile_file(tmp_path):
     return p
 
 
-def spawn(url, fleet, cfg, index, tmp_path, profile_file, *, delay=0.0, suffix=""):
+def spawn(url, fleet, cfg, index, tmp_path, profile_file, *, delay=0.0, suffix="", tier=None):
     device_id = f"d{index:02d}"
-    cmd = device_command(url, fleet, device_id, data_spec_for(cfg, index), profile_file=profile_file, delay=delay, verbose=True)
+    cmd = device_command(url, fleet, device_id, data_spec_for(cfg, index), profile_file=profile_file, delay=delay, verbose=True, tier=tier)
     return start_device(cmd, tmp_path / f"{device_id}{suffix}.log")
 
 
@@ -93,10 +95,19 @@ def serve_in_thread(cfg, opts):
 # --- the same aggregate as in memory ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("broker_kind", "algorithm"), [("amqtt", "fedavg"), ("mosquitto", "fedprox")])
-def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monkeypatch, broker_kind, algorithm):
+# FedProto: a knowledge method (prototypes; its CNNs draw dropout masks from torch's generator,
+# which the agent seeds per device and round); FedHeNN with rad_source=device: devices that
+# also hold the server's pool.
+@pytest.mark.parametrize(("broker_kind", "algorithm", "options"), [
+    ("amqtt", "fedavg", {}),
+    ("mosquitto", "fedproto", {}),
+    ("amqtt", "fedhenn", {"rad_source": "device", "rad_size": "20"}),
+])
+def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monkeypatch, broker_kind, algorithm, options):
     # Prepare: the in-memory reference, capturing its server half
-    cfg = tiny_config(tmp_path, algorithm=algorithm, rounds=2, clients=3)
+    # one torch thread, as each device process runs: the same floating-point reductions
+    # every device every round: the server's --min-devices (3 here) is also its per-round minimum
+    cfg = tiny_config(tmp_path, algorithm=algorithm, rounds=2, clients=3, options=options, threads=1, fraction=1.0)
     algo = simulation.get_algorithm(algorithm)
     captured = []
 
@@ -119,7 +130,9 @@ def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monke
     try:
         # Execute: server in this process, three device processes
         t, box = serve_in_thread(cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}), ServeOptions(broker=broker.url, fleet=fleet, deadline=60))
-        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file) for i in range(3)]
+        # the simulator's tier of each device (as `simulate --transport mqtt` gives them)
+        tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)]) for i in range(3)]
         t.join(300)
         codes = finish(procs)
     finally:

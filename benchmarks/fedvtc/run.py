@@ -37,8 +37,10 @@ from statistics import mean, stdev
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import machine, write_json  # noqa: E402
+from edgefl.algorithms.fedvtc import FedVTCOptions  # noqa: E402
 
 HERE = Path(__file__).parent
+TC_WEIGHT = FedVTCOptions().tc_weight
 METHODS = ("fedvtc", "fedvtc_le", "fedvtc_psi_round", "fedproto", "local")
 LABELS = {
     "fedvtc": "FedVTC",
@@ -57,7 +59,7 @@ def parse_args(argv=None):
     ap.add_argument("--width", type=float, default=0.25)
     ap.add_argument("--train-samples", type=int, default=3000)
     ap.add_argument("--test-samples", type=int, default=1000)
-    ap.add_argument("--eval-samples", type=int, default=500)
+    ap.add_argument("--eval-samples", type=int, default=None, help="test images of the round-R evaluation (default: --test-samples, the same images as the final one)")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--alphas", default="0.1,1.0")
     ap.add_argument("--finetune-epochs", type=int, default=5)
@@ -66,7 +68,11 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--quick", action="store_true", help="2 rounds, 600 samples, one seed and alpha")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--merge", type=Path, nargs="*", default=None,
+                    help="combine the results.json of runs made in parallel (e.g. one process per α) into --out")
     args = ap.parse_args(argv)
+    if args.eval_samples is None:
+        args.eval_samples = args.test_samples
     if args.quick:
         args.rounds, args.train_samples, args.test_samples, args.eval_samples = 2, 600, 200, 100
         args.seeds, args.alphas, args.psi_round_seeds = "0", "1.0", "0"
@@ -215,12 +221,12 @@ def write_report(args, results: list[dict], meta: dict) -> None:
         f"Fleet: {args.clients} devices = CNN tiers 1–5 × {args.clients // 5}, width {args.width}, latent p = 980 (20×7×7); "
         f"Dir(α) over {args.train_samples} training images; {args.fraction:.0%} of the devices per round; "
         f"R = {args.rounds} rounds, 1 local epoch, batch 16, SGD lr 0.01 (momentum 0.9); "
-        f"FedVTC: S = {args.synthetic_samples}, 𝒯 = {args.finetune_epochs}, λ = 0.1, tc_weight 0.01, ψ/σ with Adam 1e-3. "
+        f"FedVTC: S = {args.synthetic_samples}, 𝒯 = {args.finetune_epochs}, λ = 0.1, tc_weight {TC_WEIGHT}, ψ/σ with Adam 1e-3. "
         f"Accuracy: mean over devices on {args.test_samples} test images (same subset for all). Seeds: {args.seeds}.",
         "",
         f"Machine: {meta['machine_before']['cores']} cores, load {meta['machine_before']['loadavg_1_5_15']} at the start, "
-        f"{meta['machine_after']['loadavg_1_5_15']} at the end (shared by several engineers; the benchmark ran under nice 10, "
-        f"1 torch thread). Total wall time {meta['wall_seconds'] / 60:.1f} min.",
+        f"{meta['machine_after']['loadavg_1_5_15']} at the end (the benchmark ran under nice 10, "
+        f"1 torch thread per run). Total wall time {meta['wall_seconds'] / 60:.1f} min.",
         "",
         "| α | method | accuracy % (mean ± sd over seeds) | before fine-tuning / at round R % | bytes per device | wall s per run |",
         "|---|---|---|---|---|---|",
@@ -284,6 +290,21 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     command = "nice -n 10 .venv/bin/python benchmarks/fedvtc/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.merge:
+        parts = [json.loads((d / "results.json").read_text()) for d in args.merge]
+        meta = {
+            **parts[0]["meta"],
+            "command": " && ".join(p["meta"]["command"] for p in parts) + " (run in parallel, merged with --merge)",
+            "machine_after": parts[-1]["meta"]["machine_after"],
+            "wall_seconds": max(p["meta"]["wall_seconds"] for p in parts),
+        }
+        runs = [r for p in parts for r in p["runs"]]
+        write_json(results_path, {"meta": meta, "runs": runs})
+        for d in args.merge:
+            for grid in d.glob("samples_dir*.png"):
+                (args.out / grid.name).write_bytes(grid.read_bytes())
+        write_report(args, runs, meta)
+        return
     if args.report_only:
         saved = json.loads(results_path.read_text())
         write_report(args, saved["runs"], saved["meta"])

@@ -9,6 +9,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping, MutableMapping
+from contextlib import contextmanager
 
 import torch
 
@@ -28,6 +29,20 @@ def model_fingerprint(model: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+#: The ctx.rng stream that seeds torch's global generator during local work.
+TORCH_STREAM = 1_000
+
+
+@contextmanager
+def seeded_torch(ctx, round: int):
+    """Local work under torch's global generator seeded per (device, round), restored after:
+    whatever draws from it (dropout masks, randomly initialised heads) is then the same in any
+    process and in any order of devices, so a run over MQTT repeats the in-memory run."""
+    with torch.random.fork_rng():
+        torch.manual_seed(int(ctx.rng(round, TORCH_STREAM).integers(2**63)))
+        yield
 
 
 class DeviceAgent:
@@ -63,7 +78,8 @@ class DeviceAgent:
             if env.kind == "train":
                 self.half.receive(env.round, env.payload)
                 t0 = time.perf_counter()
-                up = self.half.fit(env.round)
+                with seeded_torch(self.half.ctx, env.round):
+                    up = self.half.fit(env.round)
                 up.meta["train_seconds"] = time.perf_counter() - t0
                 return self._reply("update", env.round, up)
             if env.kind == "evaluate":
@@ -72,7 +88,8 @@ class DeviceAgent:
                 split = str(env.payload.meta.get("split", "test"))
                 return self._reply("metrics", env.round, Payload({}, self.evaluate(split)))
             if env.kind == "finish":
-                self.half.finish(env.round, env.payload)
+                with seeded_torch(self.half.ctx, env.round):
+                    self.half.finish(env.round, env.payload)
                 return self._reply("done", env.round)
             raise WireError(f"a device does not handle {env.kind!r} messages")
         except Exception as e:

@@ -130,24 +130,28 @@ class DataSpec:
         return f"{self.dataset}:{','.join(parts)}"
 
 
-def load_device_data(spec: DataSpec, public_fraction: float) -> tuple[ArrayDataset, dict[str, ArrayDataset]]:
-    """The device's training shard and its evaluation sets, made exactly as the simulator makes them."""
+def load_device_data(
+    spec: DataSpec, public_fraction: float
+) -> tuple[ArrayDataset, dict[str, ArrayDataset], ArrayDataset | None]:
+    """The device's training shard, its evaluation sets and the public pool carved out of the
+    training set (None without one), made exactly as the simulator makes them."""
     train = subsample(load_dataset(spec.dataset, "train", spec.data_dir), spec.train_samples, spec.seed)
     test = subsample(load_dataset(spec.dataset, "test", spec.data_dir), spec.test_samples, spec.seed + 1)
     quick = subsample(test, spec.eval_samples, spec.seed + 2)
     evals = {"quick": quick, "test": test}
     if spec.shard is None:
-        return train, evals
+        return train, evals, None
     labels = train.y.numpy()
     fraction = public_fraction if spec.public is None else spec.public
-    pool = np.arange(len(train))
+    pool, public = np.arange(len(train)), None
     if fraction > 0:
-        _, pool = carve_public(labels, fraction, seed=spec.seed)
+        public_idx, pool = carve_public(labels, fraction, seed=spec.seed)
+        public = train.subset(public_idx)
     index, count = spec.shard
     parts = partition(
         labels[pool], count, spec.partition, alpha=spec.alpha, classes_per_client=spec.classes_per_client, seed=spec.seed, min_size=spec.min_size
     )
-    return train.subset(pool[parts[index]]), evals
+    return train.subset(pool[parts[index]]), evals, public
 
 
 # --- assignments -------------------------------------------------------------------------------
@@ -284,8 +288,13 @@ class DeviceRuntime:
     def _build(self, a: Assignment) -> None:
         algorithm = get_algorithm(a.algorithm)
         options = algorithm.parse_options(a.options)
-        train, evals = load_device_data(self.data_spec, a.public_fraction)
-        ctx = DeviceContext(self.opts.device_id, a.spec, train, a.settings, derive_seed(a.seed, self.opts.device_id), a.rounds)
+        train, evals, public = load_device_data(self.data_spec, a.public_fraction)
+        # a method's options may say that devices hold the server's pool too (FedHeNN rad_source=device)
+        holds_public = bool(getattr(options, "devices_hold_public", False))
+        if holds_public and public is None:
+            raise ConfigError(f"{a.algorithm} with these options needs the public pool on the device: give --data a shard of a partitioned dataset")
+        ctx = DeviceContext(self.opts.device_id, a.spec, train, a.settings, derive_seed(a.seed, self.opts.device_id), a.rounds,
+                            public=public if holds_public else None)
         half = algorithm.device(ctx, options)
         self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet, algorithm=a.algorithm, limits=self.limits)
         self.num_samples = len(train)
