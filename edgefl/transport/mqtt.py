@@ -492,7 +492,7 @@ class MqttServerTransport(Endpoint):
     def _announce_closed(self, kind: str, rnd: int) -> None:
         """One broadcast acknowledging every reply to the (kind, round) exchange, which is over."""
         env = Envelope("ack", rnd, "*", fleet=self.fleet, payload=Payload({}, {"closed": kind, "epoch": self.epoch}))
-        self.publish(self.topics.broadcast, encode(env), qos=1)
+        self.publish(self.topics.broadcast, encode(env), qos=0)  # an ack: a lost one costs a re-send
 
     def close(self) -> None:
         self.stop()
