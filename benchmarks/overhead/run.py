@@ -310,7 +310,7 @@ def write_report(results: dict, out: Path) -> None:
         "",
         f"Machine: {results['machine_before']['cores']} cores, {results['machine_before']['cpu']}, "
         f"{results['machine_before']['ram_gb']} GB; load average before {results['machine_before']['loadavg_1_5_15']}, "
-        f"after {results['machine_after']['loadavg_1_5_15']} (shared with other engineers' jobs; the load "
+        f"after {results['machine_after']['loadavg_1_5_15']} (the load "
         "of each section is in results.json). Every number comes from this one run.",
         "",
         "Workload `bench-echo`: devices echo the server's float32 array (no local work), the server "
@@ -427,13 +427,14 @@ def main() -> None:
             f"{heavy_n} device processes on {', '.join(heavy_brokers)} only. A first attempt with 10 devices over Mosquitto "
             "on this loaded machine (load average 16-26 on 2 cores) took 221 s for round 1: the server's acknowledgement "
             "timeout (retry_after 2 s, doubling) expired while 45 MB messages queued, it re-sent the downlinks (2-8 retries "
-            "per device), Mosquitto's resident memory grew to 7.5 GB, and the run was stopped to protect the shared machine. "
+            "per device), Mosquitto's resident memory grew to 7.5 GB, and the run was stopped to protect the shared machine "
+            "(that was before re-send delays grew with message size). "
             "50 devices with that payload were not attempted. In memory and in Flower the large payload runs with 10 devices.",
             "The embedded amqtt broker runs in the server's process (as `edgefl simulate --transport mqtt` runs it); Mosquitto is its own process.",
-            "TCP_NODELAY rows: every paho client of the run (server and devices) sets TCP_NODELAY and Mosquitto gets "
-            "`set_tcp_nodelay true` (benchmarks/overhead/nodelay.py); the embedded amqtt broker's own sockets keep Nagle. "
-            "As shipped, neither paho nor Mosquitto disables Nagle's algorithm, and edgefl's request → ack + reply "
-            "exchanges of small messages then wait for the peer's delayed ACK (~40 ms on Linux).",
+            "edgefl's transport sets TCP_NODELAY on every paho client and broker/mosquitto.conf sets `set_tcp_nodelay true` "
+            "(without them, small request/reply exchanges wait for the peer's delayed ACK, ~40 ms on Linux); the embedded "
+            "amqtt broker's own sockets keep Nagle. '+TCP_NODELAY' rows (--nodelay-brokers) also set it on the benchmark's "
+            "own Mosquitto through benchmarks/overhead/nodelay.py.",
             "Flower's in-memory Grid polls for replies every 0.1 s (InMemoryGrid pull_interval default), which sets "
             "the floor of its round time; the benchmark uses Flower's defaults.",
             "Flower: flwr[simulation] in benchmarks/overhead/.venv-flower (pip, separate from edgefl's dependencies); "
