@@ -299,6 +299,11 @@ def main(argv=None) -> None:
             "wall_seconds": max(p["meta"]["wall_seconds"] for p in parts),
         }
         runs = [r for p in parts for r in p["runs"]]
+        # the report describes the runs' settings, not this invocation's defaults
+        saved = parts[0]["meta"]["args"]
+        for key in ("rounds", "clients", "train_samples", "test_samples", "eval_samples", "synthetic_samples", "finetune_epochs"):
+            setattr(args, key, int(saved[key]))
+        args.fraction, args.width, args.seeds = float(saved["fraction"]), float(saved["width"]), saved["seeds"]
         write_json(results_path, {"meta": meta, "runs": runs})
         for d in args.merge:
             for grid in d.glob("samples_dir*.png"):
