@@ -99,3 +99,39 @@ def test_meta_values_must_be_scalars():
     env = Envelope(kind="update", round=0, device_id="d", payload=Payload({}, {"x": [1, 2]}))
     with pytest.raises(WireError, match="metadata"):
         encode(env)
+
+
+def test_envelopes_are_plain_safetensors_both_ways():
+    import safetensors.numpy
+
+    arrays = {
+        "w": np.random.default_rng(0).random((4, 5), dtype=np.float32),
+        "ids": np.arange(7, dtype=np.int64),
+        "scalar": np.array(2.5),
+        "empty": np.zeros((0, 3), np.float16),
+        "mask": np.array([True, False, True]),
+    }
+    data = encode(_env(**arrays))
+    theirs = safetensors.numpy.load(data)  # the package reads what we write
+    assert set(theirs) == set(arrays)
+    # and we read what the package writes (with our header fields and digest)
+    (n,) = struct.unpack("<Q", data[:8])
+    metadata = json.loads(data[8 : 8 + n])["__metadata__"]
+    ours = decode(safetensors.numpy.save(arrays, metadata=metadata)).payload.arrays
+    for name, a in arrays.items():
+        for got in (theirs[name], ours[name]):
+            assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+
+
+def test_tensor_byte_ranges_must_tile_the_body():
+    two = _env(**{"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)})
+    overlap = _tamper_header(encode(two), lambda h: h["b"].update(data_offsets=[0, 8]))
+    with pytest.raises(WireError, match="does not start where"):
+        decode(overlap)
+    data = encode(two)
+    with pytest.raises(WireError, match="cover"):
+        decode(data + b"\0" * 8)  # trailing bytes nobody accounts for
+    flags = encode(_env(m=np.array([True, False])))
+    bad = flags[:-1] + b"\x07"  # a BOOL byte that is neither 0 nor 1
+    with pytest.raises(WireError, match="BOOL"):
+        decode(bad)
