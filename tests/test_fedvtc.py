@@ -18,6 +18,7 @@ from edgefl.algorithms.fedvtc import (
     PSI,
     SIGMA,
     FedVTCDevice,
+    FedVTCOptions,
     FedVTCServer,
     build_decoder,
     class_mean_sum,
@@ -235,6 +236,20 @@ def test_finish_fine_tunes_on_s_over_c_samples_per_known_class():
     x, y = device.synthetic
     assert x.shape == (8, *INFO.in_shape) and sorted(set(y.tolist())) == [0, 5]  # 40 // 10 per class
     assert _changed(before, _snapshot(device.model))
+
+
+def test_sample_sigma_scale_shrinks_the_noise_around_each_prototype():
+    server = _server()
+    server.table.aggregate([{0: np.ones(980), 5: -np.ones(980)}])
+    spread = {}
+    for scale in ("1.0", "0"):
+        device = _device(options={"synthetic_samples": "40", "finetune_epochs": "1", "sample_sigma_scale": scale})
+        device.finish(3, server.downlink(3, "d00"))
+        x, y = device.synthetic
+        spread[scale] = float(x[y == 0].std(0).max())
+    assert spread["0"] < 1e-6 < spread["1.0"]  # scale 0: every sample of a class is ψ(c^y)
+    with pytest.raises(ValueError):
+        FedVTCOptions(sample_sigma_scale=-1.0)
 
 
 def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):

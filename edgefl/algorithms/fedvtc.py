@@ -52,6 +52,9 @@ Our choices (the paper leaves them open or they do not fit a CPU; all are option
   in a few CPU rounds; ``vtc_optimizer=same`` uses the run's optimizer and lr.
 - Initial prototypes 0 (classes without a global prototype use 0), σ initialised to 1,
   generation with BN in eval mode, one fine-tuning round = one epoch over D′.
+- ``sample_sigma_scale`` (not in the paper; default 1.0 = the paper): draws the synthetic latents
+  from N(c^y, diag (scale·σ)²). A diagnostic for runs where σ ≈ 1 swamps the distance between
+  prototypes (benchmarks/fedvtc/results.md).
 - ``save_generator``: a path where the server writes ψ, all prototypes and σ after the last
   aggregation (safetensors; :func:`load_generator` reads it back) — for inspection, e.g. the
   benchmark's grid of generated samples.
@@ -233,13 +236,14 @@ class FedVTCOptions:
     synthetic_samples: int = 500  # S, split evenly over the classes with a prototype
     finetune_epochs: int = 5  # 𝒯
     finetune_lr: float | None = None  # None: the run's lr
+    sample_sigma_scale: float = 1.0  # generate from N(c^y, diag (scale·σ)²); 1.0 = the paper
     psi_every_round: bool = False  # the paper's per-round TC transmission ablation
     vtc_channels: tuple[int, ...] = ()  # hidden channels of ψ; () = the paper's Table 6
     vtc_seed: int | None = None  # None: derived from the run seed
     save_generator: str = ""  # path for ψ + prototypes + σ after the last aggregation
 
     def __post_init__(self):
-        for name in ("lam", "tc_weight", "vtc_lr", "init_sigma"):
+        for name in ("lam", "tc_weight", "vtc_lr", "init_sigma", "sample_sigma_scale"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.init_sigma <= 0:
@@ -373,7 +377,8 @@ class FedVTCDevice(DeviceHalf):
         if not classes or per_class == 0 or self.options.finetune_epochs == 0:
             return
         noise = torch.Generator().manual_seed(int(self.ctx.rng(round, 2).integers(2**31)))
-        x, y = generate(self._need_psi(), self.protos, self.log_sigma.detach().exp(), classes, per_class, noise)
+        sigma = self.log_sigma.detach().exp() * self.options.sample_sigma_scale
+        x, y = generate(self._need_psi(), self.protos, sigma, classes, per_class, noise)
         self.synthetic = (x, y)
         self.finetune(x, y, round)
 
