@@ -402,3 +402,17 @@ def test_torchvision_accepts_any_classification_architecture_by_tier():
     model = build_model(ModelSpec("torchvision", "mnasnet0_5", 10, (1, 28, 28)))
     assert model(torch.rand(2, 1, 28, 28)).shape == (2, 10)
     assert model.feature_dim == 1280
+
+
+def test_a_device_process_does_not_import_torchvision_until_it_needs_it():
+    # torchvision costs a device process ~100 MB of private memory (its dataset modules come
+    # along); a Raspberry Pi training a zoo ResNet or CNN should not pay for it
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, edgefl.cli.main, edgefl.runtime.device, edgefl.models as m; "
+        "m.build_model(m.ModelSpec('cnn', '2', 10, (1, 28, 28))); "
+        "assert 'torchvision' not in sys.modules, 'torchvision was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -5,6 +5,10 @@ few edge-sized ones, smallest to largest. Option `arch` may repeat the name. Wei
 never downloaded. The final Linear of the torchvision model is replaced by Identity, so its
 input is the natural feature; 1-channel images are repeated to 3 channels, other channel
 counts go through a 1×1 conv `adapter`.
+
+torchvision is imported only when such a model is built or its names are listed: importing it
+costs a device process ~100 MB of private memory (its dataset modules come along), which a
+Raspberry Pi training a ResNet or CNN from this zoo should not pay.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 from functools import cache
 
 import torch
-import torchvision
 from torch import Tensor, nn
 
 from edgefl.errors import ConfigError
@@ -32,6 +35,8 @@ NO_AUX = {
 
 @cache
 def classification_models() -> frozenset[str]:
+    import torchvision
+
     return frozenset(torchvision.models.list_models(module=torchvision.models))
 
 
@@ -56,6 +61,8 @@ class TorchvisionModel(BackboneModel):
         channels, height, width = spec.in_shape
         self._repeat_gray = channels == 1
         self.adapter = nn.Conv2d(channels, 3, 1) if channels not in (1, 3) else None
+        import torchvision
+
         self.backbone = torchvision.models.get_model(arch, weights=None, **NO_AUX.get(arch, {}))
         _drop_classifier(self.backbone, arch)
         try:  # the natural dim, and whether the architecture can take this input size at all
