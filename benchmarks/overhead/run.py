@@ -419,10 +419,14 @@ def main() -> None:
         "runs": [],
         "sections": {},
         "notes": [
-            f"{small_n}-device MQTT runs use one OS process per device; the {many}-device runs put {many // big_procs} devices "
-            f"(threads, each with its own MQTT connection and device half) in each of {big_procs} processes: "
-            "one device process with torch costs ~390 MB of private memory, and 50 of them do not fit next to the other "
-            "engineers' jobs on this 24 GB machine. The broker and the server see 50 separate clients either way.",
+            (
+                f"Every MQTT run uses one OS process per device ({many} processes for the {many}-device fleet). A device "
+                "process costs ~300 MB of private memory (torch; torchvision is imported only for torchvision models)."
+                if big_procs >= many else
+                f"{small_n}-device MQTT runs use one OS process per device; the {many}-device runs put {many // big_procs} "
+                f"devices (threads, each with its own MQTT connection and device half) in each of {big_procs} processes "
+                "(--processes) to save memory. The broker and the server see separate clients either way."
+            ),
             f"The ResNet-18-sized payload ({RESNET18_FLOATS:,} float32, 44.7 MB each way per device) runs over MQTT with "
             f"{heavy_n} device processes on {', '.join(heavy_brokers)} only. A first attempt with 10 devices over Mosquitto "
             "on this loaded machine (load average 16-26 on 2 cores) took 221 s for round 1: the server's acknowledgement "
