@@ -8,8 +8,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefl.errors import ConfigError, TransportError
-from edgefl.transport.broker import MosquittoBroker, acl_block, add_user, mosquitto_binary
+from edgefl.errors import TransportError
+from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
 from edgefl.transport.mqtt import _PROTOCOL_CACHE, BrokerAddress, MqttDeviceEndpoint
 
 
@@ -21,9 +21,9 @@ def secured(tmp_path):
         pytest.skip("mosquitto is not installed")
     passwd, acl = tmp_path / "passwd", tmp_path / "acl"
     secrets = {
-        "edgefl-server": add_user(passwd, acl, "edgefl-server", server=True),
-        "dev-a": add_user(passwd, acl, "dev-a"),
-        "dev-b": add_user(passwd, acl, "dev-b"),
+        "edgefl-server": add_user(passwd, acl, "edgefl-server", fleet="lab", role="server"),
+        "dev-a": add_user(passwd, acl, "dev-a", fleet="lab"),
+        "dev-b": add_user(passwd, acl, "dev-b", fleet="lab"),
     }
     with MosquittoBroker(port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq") as broker:
         yield broker, secrets
@@ -76,14 +76,6 @@ def test_a_wrong_password_is_refused(secured):
     _PROTOCOL_CACHE.clear()
     with pytest.raises(TransportError, match="refused"):
         MqttDeviceEndpoint(BrokerAddress.parse(f"mqtt://dev-a:wrong@127.0.0.1:{broker.port}"), "lab", "dev-a")
-
-
-def test_acl_blocks_and_device_ids():
-    assert "topic write edgefl/+/devices/pi-07/#" in acl_block("pi-07")
-    assert "topic readwrite edgefl/#" in acl_block("srv", server=True)
-    for bad in ("a/b", "x+", "#", ""):
-        with pytest.raises(ConfigError):
-            acl_block(bad)
 
 
 def test_mqtt5_with_mosquitto_and_3_1_1_with_the_embedded_broker(tmp_path):

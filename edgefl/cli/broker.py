@@ -32,17 +32,44 @@ def start(
         broker.stop()
 
 
+@app.command("ca")
+def ca(
+    certs: Path = typer.Option(Path("broker/certs"), help="Directory for the CA and the broker's certificate."),
+    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name (in the CA's name)."),
+    host: list[str] = typer.Option(None, "--host", help="Broker host name devices dial (repeatable; default localhost)."),
+    ip: list[str] = typer.Option(None, "--ip", help="Broker IP address devices dial (repeatable; default 127.0.0.1)."),
+) -> None:
+    """Create the fleet CA and the broker's certificate (keys written 0600, never printed)."""
+    from edgefl.transport.tls import FleetCA
+
+    authority = FleetCA.create(certs, fleet=fleet)
+    crt, key = authority.issue_broker(hosts=host or ["localhost"], ips=ip or ["127.0.0.1"])
+    err.print(f"fleet CA {authority.ca_file}; broker certificate {crt} (key {key})")
+    err.print("next: edgefl broker add-device NAME --certs " + str(certs) + " for the server and each device")
+
+
 @app.command("add-device")
 def add_device(
-    name: str = typer.Argument(..., help="Device id = MQTT username."),
+    name: str = typer.Argument(..., help="Device id = MQTT username (= certificate common name)."),
+    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="The one fleet this account may act in."),
+    role: str = typer.Option("device", help="device, server (reads/writes its fleet) or operator (reads its fleet, deploys models)."),
+    server: bool = typer.Option(False, "--server", help="Same as --role server."),
+    certs: Path = typer.Option(None, help="Issue a client certificate from the fleet CA in this directory instead of a password."),
     password_file: Path = typer.Option(Path("broker/passwd"), help="Mosquitto password file."),
     acl_file: Path = typer.Option(Path("broker/acl"), help="Mosquitto ACL file."),
     password: str = typer.Option(None, help="Password (default: a random one, printed once)."),
-    server: bool = typer.Option(False, "--server", help="Create the server's account (reads/writes edgefl/#)."),
 ) -> None:
-    """Create NAME's password (mosquitto_passwd) and ACL block: it may write only under its own id."""
-    from edgefl.transport.broker import add_user
+    """Create NAME's credentials (a password, or a certificate with --certs) and its fleet-scoped ACL block."""
+    from edgefl.transport.broker import add_acl, add_user
 
-    secret = add_user(password_file, acl_file, name, password, server=server)
-    err.print(f"added {'server' if server else 'device'} {name} to {password_file} and {acl_file}; reload mosquitto (SIGHUP)")
+    role = "server" if server else role
+    if certs is not None:
+        from edgefl.transport.tls import FleetCA
+
+        add_acl(acl_file, name, fleet, role=role)  # validates name, fleet and role first
+        crt, key = FleetCA.load(certs).issue_client(name)
+        err.print(f"added {role} {name} of fleet {fleet} to {acl_file}; certificate {crt} (key {key}); reload mosquitto (SIGHUP)")
+        return
+    secret = add_user(password_file, acl_file, name, password, fleet=fleet, role=role)
+    err.print(f"added {role} {name} of fleet {fleet} to {password_file} and {acl_file}; reload mosquitto (SIGHUP)")
     typer.echo(secret)

@@ -46,6 +46,9 @@ def start(
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
     username: str = typer.Option(None, help="MQTT username (default: from the URL)."),
     password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password."),
+    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://)."),
+    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate (edgefl broker add-device --certs)."),
+    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
 ) -> None:
     """Wait for devices, then run the rounds; devices may join later, late ones are recorded."""
@@ -70,6 +73,7 @@ def start(
     opts = ServeOptions(
         broker=broker, fleet=fleet, deadline=deadline, checkpoint_dir=checkpoint_dir,
         wait_for_devices=wait, max_bytes=max_bytes, username=username, password=password,
+        ca_file=ca_file, cert_file=cert_file, key_file=key_file,
     )
 
     def on_round(r: dict) -> None:

@@ -221,6 +221,9 @@ class DeviceOptions:
     profile: dict[str, Any] | None = None  # None: measure this machine (quick benchmark)
     username: str | None = None
     password: str | None = None
+    ca_file: str | None = None  # TLS: the fleet CA, and this device's client certificate and key
+    cert_file: str | None = None
+    key_file: str | None = None
     delay: float = 0.0  # extra seconds of "local work" per training round (emulates a slow device)
     max_bytes: int = Limits().max_bytes
     register_every: float = 3.0
@@ -243,7 +246,7 @@ class DeviceRuntime:
         self.opts = opts
         self.data_spec = DataSpec.parse(opts.data)
         self.limits = Limits(max_bytes=opts.max_bytes)
-        address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password)
+        address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password).with_tls(opts.ca_file, opts.cert_file, opts.key_file)
         self.endpoint = MqttDeviceEndpoint(address, opts.fleet, opts.device_id, limits=self.limits)
         self.profile = opts.profile if opts.profile is not None else measure_profile(opts.device_id)
         self.assignment: Assignment | None = None

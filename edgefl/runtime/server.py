@@ -59,6 +59,9 @@ class ServeOptions:
     max_bytes: int = Limits().max_bytes
     username: str | None = None
     password: str | None = None
+    ca_file: str | None = None  # TLS: the fleet CA, and this server's client certificate and key
+    cert_file: str | None = None
+    key_file: str | None = None
     memory_fraction: float = 0.5  # tier policy: share of a device's available memory training may use
 
 
@@ -194,7 +197,7 @@ def serve(
         return fleet_specs(cfg.model_copy(update={"tiers": (tier,)}), ["x"], info)["x"]
 
     limits = Limits(max_bytes=opts.max_bytes)
-    address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password)
+    address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password).with_tls(opts.ca_file, opts.cert_file, opts.key_file)
     transport = MqttServerTransport(address, opts.fleet, limits=limits)
     registry = Registry(cfg, spec_for, transport.epoch, public_fraction, opts)
     registry.warm_up()

@@ -156,8 +156,11 @@ def mosquitto_binary() -> str | None:
 class MosquittoBroker:
     """A Mosquitto process on a loopback port with a generated config (tests, demos).
 
-    With ``password_file``/``acl_file`` anonymous access is off. ``persistence_dir`` keeps
-    sessions and queued messages across a restart (``restart()``).
+    With ``password_file``/``acl_file`` anonymous access is off and a client's id is replaced by
+    its username (nobody can take another client's id and push it off). ``tls`` = (CA, broker
+    certificate, broker key) adds a TLS listener on ``tls_port`` that requires a client
+    certificate signed by that CA and takes its common name as the username.
+    ``persistence_dir`` keeps sessions and queued messages across a restart (``restart()``).
     """
 
     def __init__(
@@ -168,6 +171,8 @@ class MosquittoBroker:
         acl_file: Path | None = None,
         persistence_dir: Path | None = None,
         workdir: Path | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
+        tls_port: int = 0,
     ):
         binary = mosquitto_binary()
         if binary is None:
@@ -177,15 +182,36 @@ class MosquittoBroker:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="edgefl-mosquitto-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.password_file, self.acl_file, self.persistence_dir = password_file, acl_file, persistence_dir
+        self.tls = tls
+        self.tls_port = (tls_port or free_port()) if tls is not None else None
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"mqtt://127.0.0.1:{self.port}"
 
+    @property
+    def tls_url(self) -> str:
+        if self.tls_port is None:
+            raise TransportError("this broker has no TLS listener")
+        return f"mqtts://127.0.0.1:{self.tls_port}?ca={Path(self.tls[0]).resolve()}"
+
     def config_text(self) -> str:
-        lines = [
-            f"listener {self.port} 127.0.0.1",
+        lines = [f"listener {self.port} 127.0.0.1"]
+        if self.password_file is not None:
+            lines.append("use_username_as_clientid true")
+        if self.tls is not None:
+            ca, cert, key = (Path(p).resolve() for p in self.tls)
+            lines += [
+                f"listener {self.tls_port} 127.0.0.1",
+                f"cafile {ca}",
+                f"certfile {cert}",
+                f"keyfile {key}",
+                "require_certificate true",
+                "use_identity_as_username true",
+                "use_username_as_clientid true",
+            ]
+        lines += [
             f"max_packet_size {MAX_PACKET_BYTES}",
             "set_tcp_nodelay true",
             "max_queued_messages 10000",
@@ -216,6 +242,8 @@ class MosquittoBroker:
         self.proc = subprocess.Popen([self.binary, "-c", str(conf)], stdout=self._log, stderr=subprocess.STDOUT)
         try:
             wait_for_port("127.0.0.1", self.port)
+            if self.tls_port is not None:
+                wait_for_port("127.0.0.1", self.tls_port)
         except TransportError:
             self.stop()
             log_text = (self.workdir / "mosquitto.log").read_text(errors="replace")[-2000:]
@@ -249,30 +277,61 @@ class MosquittoBroker:
 
 # --- credentials and ACL --------------------------------------------------------------------------
 
+#: Account roles: a device, the fleet's server, an operator (reads the fleet, rolls models out).
+ROLES = ("device", "server", "operator")
+#: What a device may publish (under its own id in its own fleet) and read. Not its downlink:
+#: only the server writes requests, so a device cannot forge one to itself.
+DEVICE_WRITES = ("up", "register", "status", "active")
+DEVICE_READS = ("down", "model")
 
-def acl_block(username: str, *, server: bool = False) -> str:
-    """ACL lines for one user: the server reads and writes every fleet; a device only its own."""
-    if server:
-        return f"user {username}\ntopic readwrite edgefl/#\n"
+
+def acl_block(username: str, fleet: str = "default", *, role: str = "device") -> str:
+    """Mosquitto ACL lines for one account, scoped to one fleet.
+
+    A device writes only its own uplink topics and reads only its own downlinks, its fleet's
+    broadcast and the server's status; the server reads and writes its fleet; an operator reads
+    its fleet (fleet status, dashboard) and writes the devices' model topics (``edgefl deploy``).
+    """
+    from edgefl.transport.mqtt import Topics
+
     check_device_id(username)
-    return (
-        f"user {username}\n"
-        f"topic write edgefl/+/devices/{username}/#\n"
-        f"topic read edgefl/+/devices/{username}/down\n"
-        "topic read edgefl/+/broadcast\n"
-        "topic read edgefl/+/server/status\n"
-    )
+    root = Topics(fleet).root  # checks the fleet name
+    if role == "server":
+        return f"user {username}\ntopic readwrite {root}/#\n"
+    if role == "operator":
+        return f"user {username}\ntopic read {root}/#\ntopic write {root}/devices/+/model\n"
+    if role != "device":
+        raise ConfigError(f"unknown role {role!r}; choose from {', '.join(ROLES)}")
+    lines = [f"user {username}"]
+    lines += [f"topic write {root}/devices/{username}/{leaf}" for leaf in DEVICE_WRITES]
+    lines += [f"topic read {root}/devices/{username}/{leaf}" for leaf in DEVICE_READS]
+    lines += [f"topic read {root}/broadcast", f"topic read {root}/server/status"]
+    return "\n".join(lines) + "\n"
 
 
-def add_user(password_file: Path, acl_file: Path, username: str, password: str | None = None, *, server: bool = False) -> str:
+def add_acl(acl_file: Path, username: str, fleet: str = "default", *, role: str = "device") -> None:
+    """Append ``username``'s block unless the file has one (an account belongs to one fleet)."""
+    block = acl_block(username, fleet, role=role)
+    acl_file = Path(acl_file)
+    acl_file.parent.mkdir(parents=True, exist_ok=True)
+    existing = acl_file.read_text() if acl_file.exists() else ""
+    if f"user {username}\n" in existing:
+        return
+    with acl_file.open("a") as f:
+        f.write(("\n" if existing and not existing.endswith("\n\n") else "") + block)
+
+
+def add_user(
+    password_file: Path, acl_file: Path, username: str, password: str | None = None, *, fleet: str = "default", role: str = "device"
+) -> str:
     """Create (or replace) ``username``'s password and append its ACL block; returns the password."""
     tool = shutil.which("mosquitto_passwd")
     if tool is None:
         raise TransportError("mosquitto_passwd is not installed (it comes with the mosquitto package)")
-    if not server:
-        check_device_id(username)
+    check_device_id(username)
+    acl_block(username, fleet, role=role)  # validate before touching any file
     password = password or secrets.token_urlsafe(18)
-    password_file, acl_file = Path(password_file), Path(acl_file)
+    password_file = Path(password_file)
     password_file.parent.mkdir(parents=True, exist_ok=True)
     args = [tool, "-b", str(password_file), username, password]
     if not password_file.exists():
@@ -281,8 +340,5 @@ def add_user(password_file: Path, acl_file: Path, username: str, password: str |
     if result.returncode != 0:
         raise TransportError(f"mosquitto_passwd failed: {result.stderr.strip() or result.stdout.strip()}")
     password_file.chmod(0o600)
-    existing = acl_file.read_text() if acl_file.exists() else ""
-    if f"user {username}\n" not in existing:
-        with acl_file.open("a") as f:
-            f.write(("\n" if existing and not existing.endswith("\n\n") else "") + acl_block(username, server=server))
+    add_acl(acl_file, username, fleet, role=role)
     return password

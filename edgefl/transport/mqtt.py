@@ -39,6 +39,7 @@ message is logged with its reason and dropped; nothing here raises on what the n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -74,9 +75,11 @@ SESSION_EXPIRY_SECONDS = 24 * 3600
 
 @dataclass(frozen=True)
 class BrokerAddress:
-    """``mqtt://[user[:password]@]host[:port][?protocol=5|3.1.1|auto&ca=FILE&insecure=1]``.
+    """``mqtt://[user[:password]@]host[:port][?protocol=5|3.1.1|auto&ca=FILE&cert=FILE&key=FILE&insecure=1]``.
 
-    ``mqtts://`` turns TLS on (default port 8883; ``ca`` names a CA bundle, else the system's).
+    ``mqtts://`` turns TLS on (default port 8883; ``ca`` names a CA bundle, else the system's;
+    ``cert``/``key`` a client certificate for brokers that require one, see
+    :mod:`edgefl.transport.tls`).
     """
 
     host: str = "127.0.0.1"
@@ -87,6 +90,8 @@ class BrokerAddress:
     ca_file: str | None = None
     insecure: bool = False
     protocol: str = "auto"
+    cert_file: str | None = None
+    key_file: str | None = None
 
     @classmethod
     def parse(cls, url: str) -> BrokerAddress:
@@ -111,11 +116,17 @@ class BrokerAddress:
             ca_file=q.get("ca"),
             insecure=q.get("insecure", "0") in ("1", "true", "yes"),
             protocol=protocol,
+            cert_file=q.get("cert"),
+            key_file=q.get("key"),
         )
 
     def with_credentials(self, username: str | None, password: str | None) -> BrokerAddress:
-        return BrokerAddress(
-            self.host, self.port, username or self.username, password or self.password, self.tls, self.ca_file, self.insecure, self.protocol
+        return dataclasses.replace(self, username=username or self.username, password=password or self.password)
+
+    def with_tls(self, ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None) -> BrokerAddress:
+        """Certificate files given apart from the URL (options, environment) win over its query."""
+        return dataclasses.replace(
+            self, ca_file=ca_file or self.ca_file, cert_file=cert_file or self.cert_file, key_file=key_file or self.key_file
         )
 
     def __str__(self) -> str:
@@ -152,7 +163,12 @@ def _configure(client: mqtt.Client, address: BrokerAddress) -> None:
     if address.username:
         client.username_pw_set(address.username, address.password)
     if address.tls:
-        client.tls_set(ca_certs=address.ca_file, cert_reqs=ssl.CERT_REQUIRED)
+        if bool(address.cert_file) != bool(address.key_file):
+            raise ConfigError("a client certificate needs both its certificate and its key file")
+        try:
+            client.tls_set(ca_certs=address.ca_file, certfile=address.cert_file, keyfile=address.key_file, cert_reqs=ssl.CERT_REQUIRED)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"cannot load the TLS files for {address}: {e}") from None
         if address.insecure:
             client.tls_insecure_set(True)
 
