@@ -24,6 +24,7 @@ def start(
     min_devices: int = typer.Option(None, help="Ready devices to wait for before the first round."),
     fraction: float = typer.Option(None, help="Share of devices sampled each round."),
     deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
+    gone_after: float = typer.Option(None, help="Fleet status: seconds without a connection before a device shows as gone (default: the deadline)."),
     checkpoint_dir: Path = typer.Option(None, help="Checkpoint after every round; resume from here."),
     dataset: str = typer.Option(None, help="The task's dataset (input shape, classes; public share)."),
     data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
@@ -73,7 +74,7 @@ def start(
     opts = ServeOptions(
         broker=broker, fleet=fleet, deadline=deadline, checkpoint_dir=checkpoint_dir,
         wait_for_devices=wait, max_bytes=max_bytes, username=username, password=password,
-        ca_file=ca_file, cert_file=cert_file, key_file=key_file,
+        ca_file=ca_file, cert_file=cert_file, key_file=key_file, gone_after=gone_after,
     )
 
     def on_round(r: dict) -> None:

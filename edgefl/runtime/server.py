@@ -40,6 +40,7 @@ from edgefl.report import RunRecorder
 from edgefl.report.recorder import finish_run, run_summary
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.simulation import fleet_specs, run_dir_for, subsample, train_settings
+from edgefl.runtime.status import FleetStatus, ObservedTransport, StatusPublisher
 from edgefl.transport.broker import DEVICE_ID
 from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport
 from edgefl.wire import Envelope, Limits, Payload, decode, encode
@@ -62,6 +63,7 @@ class ServeOptions:
     ca_file: str | None = None  # TLS: the fleet CA, and this server's client certificate and key
     cert_file: str | None = None
     key_file: str | None = None
+    gone_after: float | None = None  # fleet status: seconds without a connection before a device is "gone" (None: deadline)
     memory_fraction: float = 0.5  # tier policy: share of a device's available memory training may use
 
 
@@ -201,8 +203,22 @@ def serve(
     transport = MqttServerTransport(address, opts.fleet, limits=limits)
     registry = Registry(cfg, spec_for, transport.epoch, public_fraction, opts)
     registry.warm_up()
-    transport.on_register = registry.handle
+    run_dir = run_dir_for(cfg)
+    status = FleetStatus(opts.fleet, run_name=run_dir.name, algorithm=cfg.algorithm, rounds=cfg.rounds, deadline=opts.deadline,
+                         gone_after=opts.gone_after)
+    status.replied, status.last_seen = transport.replied, transport.last_seen.get
+    status.connection = lambda device_id: transport.status.get(device_id, "unknown")
+
+    def on_register(device_id: str, data: bytes) -> bytes | None:
+        answer = registry.handle(device_id, data)
+        spec = registry.assigned.get(device_id)
+        if answer is not None and spec is not None:
+            status.registered(device_id, spec.tier, spec.name, registry.profiles.get(device_id, {}))
+        return answer
+
+    transport.on_register = on_register
     transport.start()
+    publisher = StatusPublisher(status, transport.publish_fleet_status, run_dir).start()
     if on_started:
         on_started(transport)
     log.info("server %s of fleet %s is up on %s; waiting for %d devices", transport.epoch, opts.fleet, address, cfg.min_devices)
@@ -230,7 +246,6 @@ def serve(
             checkpoint_dir=opts.checkpoint_dir,
             stop_when_all_fail=False,  # a real fleet can be all offline for a round
         )
-        run_dir = run_dir_for(cfg)
         resuming = opts.checkpoint_dir is not None and (Path(opts.checkpoint_dir) / "progress.json").exists()
         previous = (run_dir / "rounds.jsonl").read_text() if resuming and (run_dir / "rounds.jsonl").exists() else ""
         recorder = RunRecorder(run_dir)
@@ -248,11 +263,12 @@ def serve(
                 "wait_seconds": {d: max(0.0, s - r["train_seconds"].get(d, 0.0)) for d, s in r.get("reply_seconds", {}).items()},
             }
             rounds.append(r)
+            status.round_recorded(r)
             recorder.append_round(r)
             if on_round:
                 on_round(r)
 
-        loop = RoundLoop(server, ctx, transport, settings, limits=limits, on_round=record, before_round=lambda r: registry.apply(ctx.fleet))
+        loop = RoundLoop(server, ctx, ObservedTransport(transport, status), settings, limits=limits, on_round=record, before_round=lambda r: registry.apply(ctx.fleet))
         if loop.start_round:
             log.info("resuming at round %d from %s", loop.start_round, opts.checkpoint_dir)
         recorder.write_config(
@@ -267,6 +283,7 @@ def serve(
             }
         )
         final = loop.run()
+        status.finished(final)
         transport.announce_end()
         summary = run_summary(
             cfg, final, rounds, {d: r.spec.tier for d, r in ctx.fleet.items()},
@@ -278,4 +295,5 @@ def serve(
             on_done(server)
         return summary
     finally:
+        publisher.stop()
         transport.close()

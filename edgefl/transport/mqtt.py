@@ -142,6 +142,7 @@ class Topics:
         self.root = f"edgefl/{fleet}"
         self.broadcast = f"{self.root}/broadcast"
         self.server_status = f"{self.root}/server/status"
+        self.fleet_status = f"{self.root}/server/fleet"  # retained; the server and operators read it
 
     def device(self, device_id: str, leaf: str) -> str:
         return f"{self.root}/devices/{device_id}/{leaf}"
@@ -410,6 +411,7 @@ class MqttServerTransport(Endpoint):
         self.pending: dict[str, _Pending] = {}
         self.seen_replies: OrderedDict[str, None] = OrderedDict()
         self.status: dict[str, str] = {}
+        self.last_seen: dict[str, float] = {}  # device → wall-clock time of its last message
         self.stats = ExchangeStats()
 
     def subscriptions(self) -> list[str]:
@@ -424,6 +426,14 @@ class MqttServerTransport(Endpoint):
         # a new run starts with no "run over" notice in the fleet's broadcast
         self.client.publish(self.topics.broadcast, b"", qos=1, retain=True)
         return self
+
+    def replied(self, device_id: str) -> bool:
+        """Whether the device has answered its open request (fleet status)."""
+        p = self.pending.get(device_id)
+        return p is not None and p.reply is not None
+
+    def publish_fleet_status(self, data: bytes) -> None:
+        self.publish(self.topics.fleet_status, data, retain=True)
 
     def take_stats(self) -> ExchangeStats:
         with self.lock:
@@ -533,6 +543,7 @@ class MqttServerTransport(Endpoint):
         if where is None:
             return
         device_id, leaf = where
+        self.last_seen[device_id] = time.time()
         if leaf == "status":
             with self.lock:
                 self.status[device_id] = data.decode("utf-8", "replace")[:32] or "unknown"

@@ -1,0 +1,54 @@
+"""``edgefl dashboard``: the fleet status as a live web page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+
+
+def dashboard(
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
+    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name."),
+    run: Path = typer.Option(None, "--run", help="Follow RUN/status.json instead of the broker."),
+    username: str = typer.Option(None, envvar="EDGEFL_MQTT_USERNAME", help="MQTT username (an operator account)."),
+    password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password."),
+    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate."),
+    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate."),
+    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8080, help="Port (0: a free one)."),
+    web_password: str = typer.Option(None, "--web-password", envvar="EDGEFL_DASHBOARD_PASSWORD",
+                                     help="Require this password (HTTP basic authentication, any user name)."),
+) -> None:
+    """Serve a live page of the fleet: devices and liveness, the round, accuracy per tier, bytes per round."""
+    from edgefl.dashboard import run_dashboard
+
+    if host not in ("127.0.0.1", "localhost", "::1") and not web_password:
+        err.print("[yellow]warning:[/] the dashboard listens beyond loopback without a password (--web-password)")
+    if run is not None:
+        from edgefl.errors import EdgeflError
+        from edgefl.runtime.status import read_status_from_run
+
+        def source():
+            try:
+                return read_status_from_run(run)
+            except EdgeflError:
+                return None
+
+        feed = None
+    else:
+        from edgefl.cli.fleet import connection_address
+        from edgefl.runtime.status import StatusFeed
+
+        feed = StatusFeed(connection_address(broker, username, password, ca_file, cert_file, key_file), fleet).start()
+        source = feed.latest
+    try:
+        run_dashboard(source, host=host, port=port, password=web_password,
+                      on_ready=lambda url: err.print(f"dashboard on {url} (Ctrl-C to stop)", highlight=False, soft_wrap=True))
+    finally:
+        if feed is not None:
+            feed.stop()

@@ -1,0 +1,97 @@
+"""``edgefl fleet``: what a fleet is doing, from its server's retained status message or a run directory."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="Look at a running fleet.", no_args_is_help=True)
+out = Console()
+
+
+def connection_address(broker: str, username: str | None, password: str | None, ca_file: str | None, cert_file: str | None, key_file: str | None):
+    from edgefl.transport.mqtt import BrokerAddress
+
+    return BrokerAddress.parse(broker).with_credentials(username, password).with_tls(ca_file, cert_file, key_file)
+
+
+def _ago(t: float | None, now: float) -> str:
+    if not t:
+        return "-"
+    s = max(0.0, now - float(t))
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.0f}h ago"
+
+
+def _bytes(n: int | None) -> str:
+    n = int(n or 0)
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def render(status: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    now = float(status.get("time") or time.time())
+    s = status.get("server", {})
+    deadline = s.get("deadline")
+    closes = f", closes in {max(0.0, deadline - now):.0f}s" if deadline else ""
+    conn = f" (server {s['connection']})" if s.get("connection") else ""
+    out.print(f"fleet [bold]{status.get('fleet')}[/] run {s.get('run')} ({s.get('algorithm')}): "
+              f"{s.get('phase')} round {s.get('round')} of {s.get('rounds')}{closes}{conn}; status as of {_ago(now, time.time())}",
+              highlight=False)
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("device", "state", "tier", "model", "profile", "registered", "last seen", "last round", "up", "down", "model version"):
+        table.add_column(col)
+    colour = {"training": "green", "idle": "cyan", "late": "yellow", "gone": "red"}
+    for device_id, d in sorted(status.get("devices", {}).items()):
+        p = d.get("profile") or {}
+        profile = ", ".join(str(x) for x in (p.get("name"), p.get("arch"), f"{p['cores']} cores" if "cores" in p else None,
+                                               f"{p['ram_total_mb']} MB" if "ram_total_mb" in p else None) if x)
+        state = d.get("state", "?")
+        version = d.get("model_version") or "-"
+        if d.get("model_error"):
+            version += f" (refused: {d['model_error']})"
+        table.add_row(device_id, f"[{colour.get(state, 'white')}]{state}[/]", str(d.get("tier") or "-"), str(d.get("model") or "-"),
+                      profile or "-", _ago(d.get("registered_at"), now), _ago(d.get("last_seen"), now),
+                      "-" if d.get("last_round") is None else str(d["last_round"]), _bytes(d.get("bytes_up")), _bytes(d.get("bytes_down")),
+                      version)
+    out.print(table)
+    acc = status.get("tier_accuracy") or {}
+    if acc:
+        out.print("accuracy per tier (last evaluation): " + ", ".join(f"{t} {100 * a:.1f}%" for t, a in sorted(acc.items()) if a is not None),
+                  highlight=False)
+
+
+@app.command("status")
+def status(
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
+    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name."),
+    run: Path = typer.Option(None, "--run", help="Read RUN/status.json instead of the broker."),
+    username: str = typer.Option(None, envvar="EDGEFL_MQTT_USERNAME", help="MQTT username (an operator account)."),
+    password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password."),
+    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate."),
+    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate."),
+    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+    timeout: float = typer.Option(5.0, help="Seconds to wait for the retained status."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Devices (tier, model, profile, registration, last seen, last round, bytes, state, model version),
+    the server's round and phase, and accuracy per tier."""
+    from edgefl.runtime.status import read_status_from_broker, read_status_from_run
+
+    if run is not None:
+        data = read_status_from_run(run)
+    else:
+        data = read_status_from_broker(connection_address(broker, username, password, ca_file, cert_file, key_file), fleet, timeout)
+    if as_json:
+        typer.echo(json.dumps(data, sort_keys=True))
+        return
+    render(data)

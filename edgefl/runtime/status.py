@@ -1,0 +1,375 @@
+"""The server's live view of its fleet, published as one retained JSON message.
+
+    status = FleetStatus("lab", run_name="lab", algorithm="fedavg", rounds=50, deadline=120)
+    publisher = StatusPublisher(status, publish=transport.publish_fleet_status, run_dir=run_dir).start()
+
+The server feeds :class:`FleetStatus` from registrations, the round loop's exchanges (through
+:class:`ObservedTransport`, which wraps the server's transport) and the round records; every
+``interval`` seconds :class:`StatusPublisher` publishes :meth:`FleetStatus.snapshot` retained on
+``edgefl/<fleet>/server/fleet`` (devices cannot read it; the server and operator accounts can)
+and writes ``status.json`` in the run directory. ``edgefl fleet status`` and ``edgefl dashboard``
+read either.
+
+A device's state: ``training`` while a training request to it is open; ``late`` once an open
+request's deadline passed, after it missed its last request, or when its connection was lost
+(its Last Will) less than ``gone_after`` seconds ago (devices reconnect by themselves); ``gone``
+after two missed requests in a row or ``gone_after`` seconds without a connection; else ``idle``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from edgefl.transport.base import Delivery, Transport
+from edgefl.wire.validate import peek
+
+log = logging.getLogger(__name__)
+
+STATES = ("training", "idle", "late", "gone")
+#: The profile fields shown (the rest stays in the run's config).
+PROFILE_SUMMARY = ("name", "arch", "cores", "ram_total_mb", "accelerator")
+HISTORY = 200  # rounds of accuracy and bytes kept in the status message
+
+
+def profile_summary(profile: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: profile[k] for k in PROFILE_SUMMARY if k in profile and isinstance(profile[k], (str, int, float))}
+
+
+class FleetStatus:
+    """Thread-safe: registrations arrive on the network thread, exchanges on the loop's."""
+
+    def __init__(self, fleet: str, *, run_name: str = "", algorithm: str = "", rounds: int = 0, deadline: float | None = None,
+                 gone_after_misses: int = 2, gone_after: float | None = None):
+        self.lock = threading.Lock()
+        self.fleet, self.run_name, self.algorithm, self.rounds, self.deadline = fleet, run_name, algorithm, rounds, deadline
+        self.gone_after_misses = gone_after_misses
+        self.gone_after = gone_after if gone_after is not None else (deadline or 60.0)
+        self.offline_since: dict[str, float] = {}
+        self.devices: dict[str, dict[str, Any]] = {}
+        self.phase = "waiting"  # waiting for devices, train, evaluate, finish, done
+        self.round: int | None = None
+        self.exchange_deadline: float | None = None  # wall-clock time the open exchange closes
+        self.open: dict[str, str] = {}  # device → kind of its open request
+        self.replied: Callable[[str], bool] = lambda device_id: False
+        self.connection: Callable[[str], str] = lambda device_id: "unknown"
+        self.last_seen: Callable[[str], float | None] = lambda device_id: None
+        self.history: list[dict[str, Any]] = []
+        self.started_at = time.time()
+        self.version = 0  # bumped on every change; the publisher skips unchanged snapshots
+
+    def _device(self, device_id: str) -> dict[str, Any]:
+        return self.devices.setdefault(device_id, {
+            "tier": None, "model": None, "profile": {}, "registered_at": None, "last_round": None,
+            "bytes_up": 0, "bytes_down": 0, "misses": 0, "rounds_completed": 0,
+        })
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def registered(self, device_id: str, tier: str, model: str, profile: Mapping[str, Any]) -> None:
+        with self.lock:
+            d = self._device(device_id)
+            if d["registered_at"] is None or d["tier"] != tier:
+                d["registered_at"] = time.time()
+            d.update(tier=tier, model=model, profile=profile_summary(profile), misses=0)
+            self.version += 1
+
+    def exchange_started(self, kind: str, round: int, device_ids: list[str], timeout: float | None) -> None:
+        with self.lock:
+            self.phase = kind if kind in ("evaluate", "finish") else "train"
+            self.round = round
+            self.exchange_deadline = None if timeout is None else time.time() + timeout
+            self.open = dict.fromkeys(device_ids, kind)
+            self.version += 1
+
+    def exchange_done(self, kind: str, round: int, deliveries: Mapping[str, Delivery], sizes: Mapping[str, int]) -> None:
+        with self.lock:
+            for device_id, delivery in deliveries.items():
+                d = self._device(device_id)
+                d["bytes_down"] += sizes.get(device_id, 0)
+                if delivery.reply is not None:
+                    d["bytes_up"] += len(delivery.reply)
+                    d["misses"] = 0
+                    if kind == "train":
+                        d["last_round"] = round
+                        d["rounds_completed"] += 1
+                else:
+                    d["misses"] += 1
+            self.open = {}
+            self.exchange_deadline = None
+            self.version += 1
+
+    def round_recorded(self, record: Mapping[str, Any]) -> None:
+        ev = record.get("eval") or {}
+        entry = {
+            "round": record.get("round"),
+            "completed": len(record.get("completed", [])),
+            "failed": sorted(record.get("failed", {})),
+            "bytes_up": record.get("bytes_up_total", 0),
+            "bytes_down": record.get("bytes_down_total", 0),
+            "mean_accuracy": ev.get("mean_accuracy"),
+            "tier_accuracy": ev.get("tier_accuracy", {}),
+        }
+        with self.lock:
+            self.history = (self.history + [_finite(entry)])[-HISTORY:]
+            self.version += 1
+
+    def finished(self, final: Mapping[str, Any] | None = None) -> None:
+        with self.lock:
+            self.phase, self.open, self.exchange_deadline = "done", {}, None
+            if final:
+                self.history.append(_finite({"round": "final", "mean_accuracy": final.get("mean_accuracy"),
+                                             "tier_accuracy": final.get("tier_accuracy", {})}))
+            self.version += 1
+
+    # -- output ---------------------------------------------------------------------------------
+    def state_of(self, device_id: str, d: Mapping[str, Any], now: float) -> str:
+        kind = self.open.get(device_id)
+        if self.connection(device_id) == "offline":
+            since = self.offline_since.setdefault(device_id, now)
+            return "gone" if now - since >= self.gone_after else "late"
+        self.offline_since.pop(device_id, None)
+        if d["misses"] >= self.gone_after_misses:
+            return "gone"
+        replied = kind is not None and self.replied(device_id)
+        if d["misses"] >= 1 and not replied:
+            return "late"
+        if kind is not None and not replied:
+            if self.exchange_deadline is not None and now > self.exchange_deadline:
+                return "late"
+            return "training" if kind == "train" else "idle"
+        return "idle"
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.time()
+        with self.lock:
+            devices = {}
+            for device_id, d in sorted(self.devices.items()):
+                seen = self.last_seen(device_id)
+                devices[device_id] = {**d, "last_seen": seen, "state": self.state_of(device_id, d, now)}
+            last_eval = next((h for h in reversed(self.history) if h.get("tier_accuracy")), None)
+            return {
+                "schema": 1,
+                "fleet": self.fleet,
+                "time": now,
+                "server": {
+                    "run": self.run_name, "algorithm": self.algorithm, "rounds": self.rounds, "phase": self.phase,
+                    "round": self.round, "deadline": self.exchange_deadline, "round_timeout": self.deadline,
+                    "started_at": self.started_at,
+                },
+                "devices": devices,
+                "tier_accuracy": dict(last_eval["tier_accuracy"]) if last_eval else {},
+                "history": list(self.history),
+            }
+
+
+def _finite(entry: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN: an accuracy that could not be measured is null."""
+    def clean(v):
+        if isinstance(v, float) and v != v:
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return v
+
+    return {k: clean(v) for k, v in entry.items()}
+
+
+class ObservedTransport:
+    """The server's transport, with every exchange reported to a :class:`FleetStatus`."""
+
+    def __init__(self, inner: Transport, status: FleetStatus):
+        self.inner, self.status = inner, status
+
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None) -> dict[str, Delivery]:
+        kind, rnd = "train", -1
+        for data in messages.values():
+            try:
+                r = peek(data)
+                kind, rnd = r.kind, r.round
+            except Exception:  # noqa: BLE001 - the transport reports what it cannot send
+                pass
+            break
+        self.status.exchange_started(kind, rnd, sorted(messages), timeout)
+        out = self.inner.request(messages, timeout=timeout)
+        self.status.exchange_done(kind, rnd, out, {d: len(m) for d, m in messages.items()})
+        return out
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class StatusPublisher:
+    """A thread that publishes the snapshot every ``interval`` seconds (and at once on stop)."""
+
+    def __init__(self, status: FleetStatus, publish: Callable[[bytes], None] | None, run_dir: Path | None = None, interval: float = 1.0):
+        self.status, self.publish, self.run_dir, self.interval = status, publish, run_dir, interval
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> StatusPublisher:
+        self.thread = threading.Thread(target=self._run, name="edgefl-status", daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            self.publish_now()
+
+    def publish_now(self) -> None:
+        try:
+            data = json.dumps(self.status.snapshot(), sort_keys=True).encode()
+            if self.publish is not None:
+                self.publish(data)
+            if self.run_dir is not None:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                tmp = self.run_dir / "status.json.tmp"
+                tmp.write_bytes(data)
+                tmp.replace(self.run_dir / "status.json")
+        except Exception:  # noqa: BLE001 - status is best effort; the run goes on
+            log.exception("could not publish the fleet status")
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(5)
+        self.publish_now()
+
+
+# --- reading it back ---------------------------------------------------------------------------
+
+
+def read_status_from_run(run_dir: Path) -> dict[str, Any]:
+    from edgefl.errors import ConfigError
+
+    path = Path(run_dir) / "status.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{run_dir} holds no status.json (written by `edgefl server start` while it runs)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict) or "devices" not in data:
+        raise ConfigError(f"{path} is not a fleet status")
+    return data
+
+
+class StatusFeed:
+    """A connection that keeps the latest fleet status of ``fleet`` (with the devices' reported
+    active models merged in); what ``edgefl fleet status`` and ``edgefl dashboard`` read.
+
+    Use an operator account (``edgefl broker add-device NAME --role operator``): a client's id is
+    its username on an edgefl Mosquitto, so reading with the server's own account would push the
+    server off the broker.
+    """
+
+    def __init__(self, address, fleet: str):
+        from edgefl.transport.mqtt import Topics
+
+        self.address, self.topics = address, Topics(fleet)
+        self.lock = threading.Lock()
+        self.fleet: dict[str, Any] | None = None
+        self.active: dict[str, dict[str, Any]] = {}
+        self.server: Any = None
+        self.refused: str | None = None
+        self.updated = threading.Event()
+        self.version = 0
+        self.client = None
+
+    def start(self) -> StatusFeed:
+        import uuid
+
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        from edgefl.errors import TransportError
+        from edgefl.transport.mqtt import _configure, detect_protocol
+
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edgefl-status-{uuid.uuid4().hex[:8]}",
+                                  protocol=detect_protocol(self.address))
+        _configure(self.client, self.address)
+        self.client.on_connect, self.client.on_message = self._on_connect, self._on_message
+        self.client.reconnect_delay_set(1, 8)
+        try:
+            self.client.connect(self.address.host, self.address.port, keepalive=15)
+        except OSError as e:
+            raise TransportError(f"cannot reach the broker at {self.address}: {e}") from None
+        self.client.loop_start()
+        return self
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.loop_stop()
+            self.client.disconnect()
+
+    def _on_connect(self, client, userdata, flags, reason, properties):
+        if reason.is_failure:
+            self.refused = str(reason)
+            self.updated.set()
+            return
+        for t in (self.topics.fleet_status, self.topics.server_status, self.topics.device("+", "active")):
+            client.subscribe(t, qos=1)
+
+    def _on_message(self, client, userdata, msg):
+        try:
+            value = json.loads(msg.payload) if msg.payload else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            log.warning("ignoring a non-JSON status on %s", msg.topic)
+            return
+        where = self.topics.parse_device(msg.topic)
+        with self.lock:
+            if where is not None and isinstance(value, dict):
+                self.active[where[0]] = value
+            elif msg.topic == self.topics.server_status:
+                self.server = value
+            elif msg.topic == self.topics.fleet_status and isinstance(value, dict):
+                self.fleet = value
+            else:
+                return
+            self.version += 1
+        self.updated.set()
+
+    def latest(self) -> dict[str, Any] | None:
+        with self.lock:
+            if self.fleet is None and not self.active:
+                return None
+            base = json.loads(json.dumps(self.fleet)) if self.fleet is not None else {"fleet": self.topics.fleet, "devices": {}, "server": {}}
+            return merge_active(base, self.active, self.server)
+
+
+def read_status_from_broker(address, fleet: str, timeout: float = 5.0) -> dict[str, Any]:
+    """The server's retained fleet status, read once."""
+    from edgefl.errors import TransportError
+
+    feed = StatusFeed(address, fleet).start()
+    try:
+        end = time.monotonic() + timeout
+        while feed.fleet is None and feed.refused is None and time.monotonic() < end:
+            feed.updated.wait(0.1)
+            feed.updated.clear()
+        time.sleep(0.3)  # the devices' retained reports arrive right after
+    finally:
+        feed.stop()
+    if feed.refused is not None:
+        raise TransportError(f"the broker at {address} refused the connection: {feed.refused}")
+    if feed.fleet is None:
+        raise TransportError(f"no fleet status for fleet {fleet!r} on {address} within {timeout:g} s (is its server running?)")
+    return feed.latest()
+
+
+def merge_active(status: dict[str, Any], active: Mapping[str, Mapping[str, Any]], server: Any = None) -> dict[str, Any]:
+    """Fold the devices' reported model versions (and the server's liveness) into a snapshot."""
+    devices = status.setdefault("devices", {})
+    for device_id, report in active.items():
+        entry = devices.setdefault(device_id, {"state": "idle" if report.get("online", True) else "gone"})
+        entry["model_version"] = report.get("version")
+        entry["model_digest"] = report.get("digest")
+        if report.get("error"):
+            entry["model_error"] = report["error"]
+    if isinstance(server, dict):
+        status.setdefault("server", {})["connection"] = server.get("state")
+    return status
