@@ -66,3 +66,45 @@ def register(
         typer.echo(json.dumps(a.to_meta()))
         return
     out.print(f"[bold green]registered[/] {device_id} with server {a.epoch}: {a.spec.name} for {a.algorithm}, {a.rounds} rounds")
+
+
+@app.command("agent")
+def agent(
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
+    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name."),
+    device_id: str = typer.Option(..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (its MQTT username)."),
+    models_dir: str = typer.Option(None, envvar="EDGEFL_MODELS_DIR", help="Where models are kept (default ~/.local/share/edgefl/models)."),
+    input_shape: str = typer.Option(None, help="Refuse models whose input is not C,H,W (default: that of the active model)."),
+    username: str = typer.Option(None, envvar="EDGEFL_MQTT_USERNAME", help="MQTT username (default: from the URL)."),
+    password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password."),
+    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate."),
+    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this device's certificate."),
+    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this device's private key."),
+) -> None:
+    """Receive model rollouts (edgefl deploy) until stopped: check, install, keep the previous version, report."""
+    import signal
+    import threading
+
+    from edgefl.cli.fleet import connection_address
+    from edgefl.errors import ConfigError
+    from edgefl.rollout import ModelStore, run_agent
+    from edgefl.rollout import models_dir as resolve_models_dir
+    from edgefl.transport.broker import check_device_id
+
+    check_device_id(device_id)
+    shape = None
+    if input_shape:
+        try:
+            shape = [int(v) for v in input_shape.split(",")]
+        except ValueError:
+            raise ConfigError(f"--input-shape {input_shape!r}: give C,H,W, e.g. 1,28,28") from None
+    store = ModelStore(resolve_models_dir(models_dir), expected_input_shape=shape)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    address = connection_address(broker, username, password, ca_file, cert_file, key_file)
+    err = Console(stderr=True)
+    err.print(f"model agent of {device_id} in fleet {fleet}: {store.dir} (active: {(store.active() or {}).get('version')})", highlight=False)
+    try:
+        run_agent(address, fleet, device_id, store, stop=stop)
+    except KeyboardInterrupt:
+        pass

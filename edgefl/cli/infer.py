@@ -14,8 +14,9 @@ err = Console(stderr=True)
 
 
 def infer(
-    model: Path = typer.Argument(..., help="An ONNX model (from `edgefl export`)."),
+    model: Path = typer.Option(None, "--model", "-m", help="An ONNX model (from `edgefl export`); default: the active deployed one."),
     images: list[Path] = typer.Argument(None, help="Image files (PNG, JPEG …) or .npy arrays [N, C, H, W]."),
+    models_dir: str = typer.Option(None, "--models-dir", envvar="EDGEFL_MODELS_DIR", help="Where `edgefl deploy` installs models (without --model)."),
     dataset: str = typer.Option(None, "--dataset", help="Measure accuracy on this dataset instead."),
     split: str = typer.Option("test", "--split", help="Split of --dataset."),
     data_dir: str = typer.Option(None, "--data-dir", help="Directory holding the dataset files."),
@@ -29,6 +30,13 @@ def infer(
     """Run an exported model with ONNX Runtime: predictions for images, or accuracy on a dataset."""
     from edgefl.inference import Predictor
 
+    if model is None and images and images[0].suffix == ".onnx":  # `edgefl infer MODEL.onnx ...`, as before
+        model, images = images[0], images[1:]
+    if model is None:
+        from edgefl.rollout import ModelStore
+        from edgefl.rollout import models_dir as resolve_models_dir
+
+        model = ModelStore(resolve_models_dir(models_dir)).active_path()
     if bool(images) == (dataset is not None):
         raise ConfigError("give image files or --dataset NAME, not both and not neither")
     predictor = Predictor(model, threads=threads, providers=provider or None)

@@ -15,6 +15,7 @@ from rich.console import Console
 from edgefl import __version__
 from edgefl.cli import broker as broker_cmd
 from edgefl.cli import dashboard as dashboard_cmd
+from edgefl.cli import deploy as deploy_cmd
 from edgefl.cli import device as device_cmd
 from edgefl.cli import export as export_cmd
 from edgefl.cli import fleet as fleet_cmd
@@ -60,6 +61,7 @@ app.add_typer(broker_cmd.app, name="broker")
 app.add_typer(server_cmd.app, name="server")
 app.add_typer(fleet_cmd.app, name="fleet")
 app.command("dashboard")(dashboard_cmd.dashboard)
+app.command("deploy")(deploy_cmd.deploy)
 app.command("train")(train_cmd.train)
 app.command("export")(export_cmd.export)
 app.command("infer")(infer_cmd.infer)

@@ -42,6 +42,7 @@ def train(
     threads: int = typer.Option(None, help="Torch CPU threads."),
     save_model: Path = typer.Option(None, help="When the run is over, save the final model here (.safetensors)."),
     export: Path = typer.Option(None, help="When the run is over, export the final model to this ONNX file."),
+    models_dir: str = typer.Option(None, "--models-dir", help="When the run is over, stay as the model agent (edgefl device agent) with this store."),
 ) -> None:
     """Serve rounds for a fleet's server; reconnects by itself; exits when the run is over."""
     from edgefl.runtime.device import DeviceOptions, run_device
@@ -66,3 +67,8 @@ def train(
     )
     served = run_device(opts)
     err.print(f"[bold green]done[/] device {device_id}: served {served} requests")
+    if models_dir:  # the run is over: receive the deployed model (edgefl deploy) until stopped
+        from edgefl.cli.device import agent
+
+        agent(broker=broker, fleet=fleet, device_id=device_id, models_dir=models_dir, input_shape=None, username=username,
+              password=password, ca_file=ca_file, cert_file=cert_file, key_file=key_file)

@@ -279,7 +279,7 @@ def serve(
                 "fleet_name": opts.fleet,
                 "deadline": opts.deadline,
                 "resumed_at_round": loop.start_round,
-                "fleet": {d: {"spec": r.spec.to_dict(), "num_samples": r.num_samples} for d, r in fleet.items()},
+                "fleet": {d: {"spec": r.spec.to_dict(), "num_samples": r.num_samples, "profile": r.profile} for d, r in fleet.items()},
             }
         )
         final = loop.run()
