@@ -35,6 +35,7 @@ class RunConfig(BaseModel):
     train_samples: int | None = None  # subsample the training set (quick runs)
     test_samples: int | None = None  # subsample the test set for the final evaluation
     eval_samples: int = 2000  # test samples for per-round evaluation
+    validation_samples: int | None = None  # evaluate on this many training samples held out (tuning)
     public_fraction: float | None = None  # override the algorithm's server-held share
 
     # fleet
@@ -97,7 +98,7 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be > 0 (got {v})")
         return v
 
-    @field_validator("steps", "train_samples", "test_samples", "feature_dim", "threads", "timeout")
+    @field_validator("steps", "train_samples", "test_samples", "validation_samples", "feature_dim", "threads", "timeout")
     @classmethod
     def _optional_positive(cls, v, info):
         if v is not None and v <= 0:

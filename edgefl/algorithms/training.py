@@ -29,16 +29,27 @@ def make_optimizer(params: Iterable[nn.Parameter], settings: TrainSettings, roun
 def local_batches(
     data: ArrayDataset, settings: TrainSettings, rng: np.random.Generator
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The minibatches of one round of local work: ``steps`` batches if set, else ``epochs`` passes."""
+    """The minibatches of one round of local work: ``steps`` batches if set, else ``epochs`` passes.
+
+    A shuffled pass whose last batch holds a single sample skips that sample (BatchNorm cannot
+    train on a batch of one, and a shard of 801 images at batch 50 would otherwise crash a device
+    every round); it is a different sample each pass.
+    """
     if len(data) == 0:
         return
+
+    def one_pass() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for x, y in data.batches(settings.batch_size, shuffle=True, rng=rng):
+            if len(y) > 1 or len(data) == 1:
+                yield x, y
+
     if settings.steps is None:
         for _ in range(settings.epochs):
-            yield from data.batches(settings.batch_size, shuffle=True, rng=rng)
+            yield from one_pass()
         return
     done = 0
     while done < settings.steps:
-        for batch in data.batches(settings.batch_size, shuffle=True, rng=rng):
+        for batch in one_pass():
             yield batch
             done += 1
             if done == settings.steps:

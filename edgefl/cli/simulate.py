@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from edgefl.errors import ConfigError
 
@@ -60,6 +59,8 @@ def simulate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     transport: str = typer.Option("memory", help="memory, or mqtt: a broker, this process as server, one process per device."),
     broker: str = typer.Option(None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."),
+    compare_local: bool = typer.Option(False, "--compare-local", help="Also report Local (the same devices without federation), run in memory or read from --reference-cache."),
+    reference_cache: Path = typer.Option(None, "--reference-cache", help="Directory caching reference runs by configuration."),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
     from edgefl.algorithms import get_algorithm
@@ -110,32 +111,38 @@ def simulate(
     family_tiers(cfg.model)
 
     total = cfg.rounds + algo.server.closing_rounds
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=err,
-        disable=quiet,
-        transient=as_json,
-    ) as progress:
-        task = progress.add_task(f"{cfg.algorithm} rounds", total=total, status="")
 
-        def on_round(r: dict) -> None:
-            status = f"acc {100 * r['eval']['mean_accuracy']:.1f}%" if "eval" in r else ""
-            if r["failed"]:
-                status += f" failed {len(r['failed'])}"
-            progress.update(task, advance=1, status=status)
+    def on_round(r: dict) -> None:
+        """One line per round: what a healthy run looks like at a glance."""
+        if quiet:
+            return
+        done = len(r["completed"])
+        line = f"round {r['round'] + 1:>3}/{total}  devices {done}/{len(r['selected'])}"
+        if "eval" in r:
+            line += f"  accuracy {100 * r['eval']['mean_accuracy']:5.1f}%"
+        line += f"  up {r['bytes_up_total'] / 1e6:7.3f} MB  down {r['bytes_down_total'] / 1e6:7.3f} MB  {r['round_seconds']:5.1f} s"
+        if r["failed"]:
+            line += f"  [yellow]failed: {', '.join(sorted(r['failed']))}[/]"
+        err.print(line, highlight=False)
 
-        if transport == "mqtt":
-            from edgefl.runtime.fleet import simulate_mqtt
+    if not quiet:
+        err.print(f"[bold]{cfg.algorithm}[/] on {cfg.dataset}: {cfg.clients} devices, tiers {', '.join(cfg.tiers or family_tiers(cfg.model))}, "
+                  f"{cfg.rounds} rounds, transport {transport}", highlight=False)
+    if transport == "mqtt":
+        from edgefl.runtime.fleet import simulate_mqtt
 
-            summary = simulate_mqtt(cfg, broker=broker, on_round=on_round)
-        elif transport == "memory":
-            summary = run_simulation(cfg, on_round=on_round)
-        else:
-            raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
+        summary = simulate_mqtt(cfg, broker=broker, on_round=on_round)
+    elif transport == "memory":
+        summary = run_simulation(cfg, on_round=on_round)
+    else:
+        raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
+    if compare_local:
+        from edgefl.report.recorder import attach_reference
+        from edgefl.runtime.reference import local_reference
+
+        if not quiet:
+            err.print("Local reference (the same devices without federation)…", highlight=False)
+        attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, reference_cache))
 
     if as_json:
         typer.echo(json.dumps(summary))
@@ -144,6 +151,12 @@ def simulate(
         f"[bold green]done[/] {summary['algorithm']}: mean accuracy {100 * summary['mean_accuracy']:.2f}% "
         f"over {len(summary['client_accuracy'])} devices in {summary['wall_seconds']:.0f} s"
     )
+    local = summary.get("local_reference")
     for tier, acc in summary["tier_accuracy"].items():
-        err.print(f"  tier {tier}: {100 * acc:.2f}%")
+        ref = local["tier_accuracy"].get(tier) if local else None
+        extra = f"   (Local {100 * ref:.2f}%, {100 * (acc - ref):+.2f} points)" if ref is not None else ""
+        err.print(f"  tier {tier}: {100 * acc:.2f}%{extra}", highlight=False)
+    if local:
+        err.print(f"Local, same devices without federation: {100 * local['mean_accuracy']:.2f}%; "
+                  f"the federation adds [bold]{100 * (summary['mean_accuracy'] - local['mean_accuracy']):+.2f} points[/]", highlight=False)
     err.print(f"results: {summary['run_dir']}")

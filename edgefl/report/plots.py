@@ -1,7 +1,8 @@
-"""Plots of a run: accuracy per tier vs round, bytes per round."""
+"""Plots of a run: accuracy per tier vs round (with the mean and a Local reference), bytes per round."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib
@@ -12,33 +13,66 @@ import matplotlib.pyplot as plt  # noqa: E402
 from edgefl.report.recorder import read_rounds  # noqa: E402
 
 
+def _accuracy_points(rounds: list[dict], summary: dict) -> tuple[list[int], list[dict], list[float]]:
+    """(x = rounds completed, per-tier accuracies, means): every per-round evaluation, then the
+    final evaluation on the test split after the last round."""
+    xs, tiers, means = [], [], []
+    for r in rounds:
+        if "eval" in r:
+            xs.append(r["round"] + 1)
+            tiers.append(r["eval"]["tier_accuracy"])
+            means.append(r["eval"]["mean_accuracy"])
+    if summary.get("tier_accuracy"):
+        xs.append(summary["rounds"])
+        tiers.append(summary["tier_accuracy"])
+        means.append(summary["mean_accuracy"])
+    return xs, tiers, means
+
+
 def plot_run(run_dir: Path) -> list[Path]:
     run_dir = Path(run_dir)
-    rounds = read_rounds(run_dir)
+    rounds = [r for r in read_rounds(run_dir) if r.get("phase", "train") == "train"]
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    name = f"{summary.get('algorithm', 'run')} on {summary.get('dataset', '?')}"
     out = []
-    evals = [(r["round"] + 1, r["eval"]) for r in rounds if "eval" in r]
-    if evals:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        tiers = sorted({t for _, e in evals for t in e["tier_accuracy"]})
-        for tier in tiers:
-            pts = [(x, e["tier_accuracy"][tier]) for x, e in evals if e["tier_accuracy"].get(tier) is not None]
-            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=3, label=f"tier {tier}")
-        ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy (%)")
+    xs, tiers, means = _accuracy_points(rounds, summary)
+    if xs:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for tier in sorted({t for e in tiers for t in e}, key=lambda t: (len(t), t)):
+            pts = [(x, e[tier]) for x, e in zip(xs, tiers, strict=True) if e.get(tier) is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=2.5, lw=1, alpha=0.8, label=f"tier {tier}")
+        ax.plot(xs, means, color="black", lw=2.2, label="mean over devices")
+        local = summary.get("local_reference")
+        if local:
+            lx = [p["round"] for p in local.get("accuracy_per_round", [])]
+            ly = [p["mean_accuracy"] for p in local.get("accuracy_per_round", [])]
+            if lx:
+                ax.plot(lx, ly, color="grey", ls="--", lw=1.6, label=f"Local, mean (final {100 * local['mean_accuracy']:.1f} %)")
+            else:
+                ax.axhline(local["mean_accuracy"], color="grey", ls="--", lw=1.6, label="Local, mean")
+        ax.set_title(f"{name}: test accuracy per depth tier", fontsize=10)
+        ax.set_xlabel("round (1 = after the first round)")
+        ax.set_ylabel("accuracy (fraction of test images correct)")
+        ax.set_ylim(0, 1)
+        ax.set_xlim(left=0.5)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="lower right", ncol=2)
         fig.tight_layout()
         out.append(run_dir / "accuracy.png")
         fig.savefig(out[-1], dpi=120)
         plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [r["round"] for r in rounds]
-    ax.plot(xs, [r["bytes_up_total"] / 1e6 for r in rounds], label="uplink")
-    ax.plot(xs, [r["bytes_down_total"] / 1e6 for r in rounds], label="downlink")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    bx = [r["round"] + 1 for r in rounds]
+    ax.plot(bx, [r["bytes_up_total"] / 1e6 for r in rounds], marker="o", ms=2.5, label="uplink (devices → server)")
+    ax.plot(bx, [r["bytes_down_total"] / 1e6 for r in rounds], marker="o", ms=2.5, label="downlink (server → devices)")
+    ax.set_title(f"{name}: traffic per round, all devices (evaluation included)", fontsize=10)
     ax.set_xlabel("round")
-    ax.set_ylabel("MB per round")
+    ax.set_ylabel("MB per round (10⁶ bytes)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0.5)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     out.append(run_dir / "bytes.png")
     fig.savefig(out[-1], dpi=120)

@@ -44,19 +44,31 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def summary_markdown(s: dict[str, Any]) -> str:
+    local = s.get("local_reference")
     lines = [
         f"# {s['algorithm']} on {s.get('dataset', '?')}",
         "",
         f"- rounds: {s['rounds']}, devices: {len(s.get('client_accuracy', {}))}, wall time: {s['wall_seconds']:.1f} s",
         f"- mean test accuracy over devices: **{100 * s['mean_accuracy']:.2f}%**",
+    ]
+    if local:
+        lines.append(
+            f"- Local (the same devices, data and budget, no federation): {100 * local['mean_accuracy']:.2f}%; "
+            f"the federation adds **{100 * (s['mean_accuracy'] - local['mean_accuracy']):+.2f} points**"
+        )
+    lines += [
         f"- bytes per round: up {_mean(s['bytes_up_per_round']):,.0f}, down {_mean(s['bytes_down_per_round']):,.0f} (mean)",
         "",
-        "| tier | devices | accuracy (%) |",
-        "|---|---|---|",
+        "| tier | devices | accuracy (%) |" + (" Local (%) | gain (points) |" if local else ""),
+        "|---|---|---|" + ("---|---|" if local else ""),
     ]
     tiers = s.get("tier_devices", {})
     for tier, acc in s["tier_accuracy"].items():
-        lines.append(f"| {tier} | {tiers.get(tier, '')} | {100 * acc:.2f} |")
+        row = f"| {tier} | {tiers.get(tier, '')} | {100 * acc:.2f} |"
+        if local:
+            ref = local["tier_accuracy"].get(tier)
+            row += " — | — |" if ref is None else f" {100 * ref:.2f} | {100 * (acc - ref):+.2f} |"
+        lines.append(row)
     return "\n".join(lines) + "\n"
 
 
@@ -93,14 +105,28 @@ def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], t
     }
 
 
-def finish_run(recorder: RunRecorder, summary: dict[str, Any]) -> None:
+def finish_run(recorder: RunRecorder, summary: dict[str, Any], *, plots: bool = True) -> None:
     """Write the summary and the plots; a plot never costs the run its results."""
     import logging
 
     recorder.write_summary(summary)
+    if not plots:
+        return
     try:
         from edgefl.report.plots import plot_run
 
         plot_run(recorder.run_dir)
     except Exception as e:
         logging.getLogger(__name__).warning("could not plot %s: %s", recorder.run_dir, e)
+
+
+def attach_reference(run_dir: Path, summary: dict[str, Any], name: str, reference: dict[str, Any], *, plots: bool = True) -> None:
+    """Add a reference run (e.g. ``local_reference``) to a finished run's summary, page and plots."""
+    summary[name] = reference
+    recorder = RunRecorder.__new__(RunRecorder)  # the run's files exist: do not truncate rounds.jsonl
+    recorder.run_dir = Path(run_dir)
+    recorder.write_summary(summary)
+    if plots:
+        from edgefl.report.plots import plot_run
+
+        plot_run(recorder.run_dir)

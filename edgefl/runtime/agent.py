@@ -17,6 +17,7 @@ from edgefl.algorithms.base import DeviceHalf
 from edgefl.algorithms.training import evaluate
 from edgefl.data import ArrayDataset
 from edgefl.errors import WireError
+from edgefl.runtime.loop import UNCHANGED
 from edgefl.wire import Envelope, Limits, Payload, decode, encode
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class DeviceAgent:
         self.eval_sets = dict(eval_sets or {})
         self.fleet, self.algorithm, self.limits = fleet, algorithm, limits
         self.eval_cache = eval_cache
+        self.absorbed_eval_round: int | None = None  # the evaluation downlink absorbed last, if nothing since
 
     @property
     def device_id(self) -> str:
@@ -85,18 +87,25 @@ class DeviceAgent:
     def handle(self, env: Envelope) -> Envelope:
         try:
             if env.kind == "train":
-                self.half.receive(env.round, env.payload)
+                since = env.payload.meta.get(UNCHANGED)
+                if since is None:
+                    self.half.receive(env.round, env.payload)
+                elif since != self.absorbed_eval_round:  # e.g. this process restarted meanwhile
+                    raise WireError(f"the server relies on round {since}'s evaluation downlink, which this device does not hold")
+                self.absorbed_eval_round = None
                 t0 = time.perf_counter()
                 with seeded_torch(self.half.ctx, env.round):
                     up = self.half.fit(env.round)
                 up.meta["train_seconds"] = time.perf_counter() - t0
                 return self._reply("update", env.round, up)
             if env.kind == "evaluate":
-                if env.payload:
+                if env.payload.arrays or set(env.payload.meta) - {"split"}:
                     self.half.receive(env.round, env.payload)
+                self.absorbed_eval_round = env.round
                 split = str(env.payload.meta.get("split", "test"))
                 return self._reply("metrics", env.round, Payload({}, self.evaluate(split)))
             if env.kind == "finish":
+                self.absorbed_eval_round = None
                 with seeded_torch(self.half.ctx, env.round):
                     self.half.finish(env.round, env.payload)
                 return self._reply("done", env.round)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgefl.config import RunConfig
+from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import device_model_path
 from edgefl.models import family_tiers
 from edgefl.runtime.device import DataSpec
@@ -110,6 +111,8 @@ def simulate_mqtt(
     verbose: bool = False,
 ) -> dict[str, Any]:
     """``cfg``'s run with a broker, this process as the server and one process per device."""
+    if cfg.validation_samples:
+        raise ConfigError("validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the test split")
     embedded = None
     if broker is None:
         embedded = EmbeddedBroker(port=0).start()

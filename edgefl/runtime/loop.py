@@ -29,6 +29,8 @@ from edgefl.wire import Envelope, Limits, Payload, decode, encode
 from edgefl.wire.validate import check_uplink
 
 log = logging.getLogger(__name__)
+#: Downlink metadata meaning "the payload you absorbed at this round's evaluation, unchanged".
+UNCHANGED = "unchanged_since"
 #: Uplink metadata the round record keeps under its own keys, not in ``device_metrics``.
 _RECORDED_APART = frozenset({"train_loss", "train_seconds", "num_samples"})
 
@@ -76,6 +78,10 @@ class RoundLoop:
         self.before_round = before_round or (lambda round: None)
         self.total_rounds = settings.rounds + server.closing_rounds
         self.start_round = self._resume()
+        # device → the round whose evaluation downlink it absorbed last, with no local work since:
+        # its train downlink for that round would repeat it byte for byte (a downlink is a function
+        # of the server state and the round, and evaluation changes neither), so it is not re-sent
+        self._holds_downlink: dict[str, int] = {}
 
     # -- one exchange ---------------------------------------------------------------------------
     def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str) -> Exchange:
@@ -135,6 +141,8 @@ class RoundLoop:
             p = self.server.downlink(round, device_id) if with_downlink else Payload()
             payloads[device_id] = Payload(p.arrays, {**p.meta, "split": split})
         ex = self.exchange("evaluate", round, payloads, expect="metrics")
+        if with_downlink:
+            self._holds_downlink.update(dict.fromkeys(ex.replies, round))
         acc = {d: float(r.payload.meta["accuracy"]) for d, r in ex.replies.items()}
         by_tier: dict[str, list[float]] = {}
         for d, a in acc.items():
@@ -145,13 +153,20 @@ class RoundLoop:
             "tier_accuracy": {t: mean(v) for t, v in by_tier.items()},
             "client_accuracy": acc,
             "eval_failed": ex.failed,
+            "bytes_down": ex.bytes_down,
+            "bytes_up": ex.bytes_up,
         }
 
     # -- the loop -------------------------------------------------------------------------------
     def run_round(self, round: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         selected = self.server.select(round, sorted(self.ctx.fleet), self.ctx.rng(round))
-        payloads = {d: self.server.downlink(round, d) for d in selected}
+        payloads = {
+            d: Payload({}, {UNCHANGED: round}) if self._holds_downlink.get(d) == round else self.server.downlink(round, d)
+            for d in selected
+        }
+        for d in selected:
+            self._holds_downlink.pop(d, None)  # it trains now: its model is no longer the downlink's
         ex = self.exchange("train", round, payloads, expect="update")
         if selected and not ex.replies and self.settings.stop_when_all_fail:
             first = next(iter(ex.failed.values()), "unknown")
@@ -170,6 +185,7 @@ class RoundLoop:
             "bytes_up": ex.bytes_up,
             "bytes_down_total": sum(ex.bytes_down.values()),
             "bytes_up_total": sum(ex.bytes_up.values()),
+            "downlinks_not_resent": sorted(d for d, p in payloads.items() if UNCHANGED in p.meta),
             "train_loss": {d: m["train_loss"] for d, m in metas.items() if "train_loss" in m},
             "train_seconds": {d: m["train_seconds"] for d, m in metas.items() if "train_seconds" in m},
             # everything else a device reported about its local work (e.g. FedVTC's ce, l_e, l_dm)
@@ -185,6 +201,11 @@ class RoundLoop:
         last = round == self.total_rounds - 1
         if not last and self.settings.eval_every > 0 and (round + 1) % self.settings.eval_every == 0:
             record["eval"] = self.evaluate(round + 1, self.settings.eval_split, with_downlink=True)
+            # the evaluation's downlinks and replies are traffic of this round too
+            for key in ("bytes_down", "bytes_up"):
+                extra = record["eval"].pop(key)
+                record[f"eval_{key}"] = extra
+                record[f"{key}_total"] += sum(extra.values())
         record["round_seconds"] = time.perf_counter() - t0
         return record
 
@@ -200,6 +221,7 @@ class RoundLoop:
         payloads = {d: self.server.downlink(end, d) for d in sorted(self.ctx.fleet)}
         finished = self.exchange("finish", end, payloads, expect="done")
         final = self.evaluate(end, "test", with_downlink=False)
+        final.pop("bytes_down"), final.pop("bytes_up")
         final["finish_failed"] = finished.failed
         final["finish_bytes_down"] = sum(finished.bytes_down.values())
         final["wall_seconds"] = time.perf_counter() - t0

@@ -104,13 +104,27 @@ def train_settings(cfg: RunConfig) -> TrainSettings:
     )
 
 
+def evaluation_split(cfg: RunConfig, train: ArrayDataset) -> tuple[ArrayDataset, ArrayDataset]:
+    """(training pool, evaluation set): the test split, or with ``validation_samples`` a stratified
+    validation set carved from the training data (for tuning defaults; the test set is then never
+    read)."""
+    if not cfg.validation_samples:
+        return train, subsample(load_dataset(cfg.dataset, "test", cfg.data_dir), cfg.test_samples, cfg.seed + 1)
+    if cfg.validation_samples >= len(train):
+        raise ConfigError(f"validation_samples={cfg.validation_samples} leaves no training data of {len(train)}")
+    val_idx, rest = carve_public(train.y.numpy(), cfg.validation_samples / len(train), seed=cfg.seed + 7)
+    return train.subset(rest), train.subset(val_idx)
+
+
 def run_dir_for(cfg: RunConfig) -> Path:
     name = cfg.run_name or f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}"
     return Path(cfg.out_dir) / name
 
 
-def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and plots to the run dir."""
+def simulate(
+    cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None = None, *, plots: bool = True
+) -> dict[str, Any]:
+    """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and (``plots``) plots to the run dir."""
     t_start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -127,7 +141,7 @@ def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None =
             )
 
     train = subsample(load_dataset(cfg.dataset, "train", cfg.data_dir), cfg.train_samples, cfg.seed)
-    test = subsample(load_dataset(cfg.dataset, "test", cfg.data_dir), cfg.test_samples, cfg.seed + 1)
+    train, test = evaluation_split(cfg, train)
     quick = subsample(test, cfg.eval_samples, cfg.seed + 2)
     labels = train.y.numpy()
     public_fraction = algorithm.public_fraction if cfg.public_fraction is None else cfg.public_fraction
@@ -215,5 +229,5 @@ def simulate(cfg: RunConfig, on_round: Callable[[dict[str, Any]], None] | None =
         cfg, final, rounds, {d: s.tier for d, s in specs.items()},
         test_samples=len(test), wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
     )
-    finish_run(recorder, summary)
+    finish_run(recorder, summary, plots=plots)
     return summary

@@ -1,0 +1,62 @@
+"""Reference runs: the same devices without federation, to show what the federation adds.
+
+``local_reference(cfg)`` runs ``cfg`` with the ``local`` method in memory — the same partition,
+tiers, seeds, local budget and evaluation, only nothing is exchanged — and caches the result by
+the resolved configuration, so a demo or a benchmark that repeats a run pays for it once. Local
+devices exchange nothing, so the in-memory run is exactly what the same devices reach over MQTT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from edgefl.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+#: Settings that do not change what a device learns.
+_NOT_PART_OF_THE_RUN = {"out_dir", "run_name", "threads", "options", "algorithm", "timeout"}
+
+
+def reference_key(cfg: RunConfig) -> str:
+    run = cfg.model_dump(mode="json", exclude=_NOT_PART_OF_THE_RUN)
+    return hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def local_reference(cfg: RunConfig, cache_dir: Path | None = None) -> dict[str, Any]:
+    """The Local baseline of ``cfg``'s fleet: accuracy overall, per tier, per device, per round."""
+    key = reference_key(cfg)
+    path = Path(cache_dir) / f"local-{key}.json" if cache_dir is not None else None
+    if path is not None and path.exists():
+        return json.loads(path.read_text())
+    from edgefl.report.recorder import read_rounds
+    from edgefl.runtime.simulation import simulate
+
+    log.warning("computing the Local reference for this fleet (once; cached in %s)", cache_dir)
+    with tempfile.TemporaryDirectory(prefix="edgefl-local-") as tmp:
+        local_cfg = cfg.model_copy(update={"algorithm": "local", "options": {}, "out_dir": tmp, "run_name": "local"})
+        summary = simulate(local_cfg, plots=False)
+        rounds = read_rounds(Path(tmp) / "local")
+    per_round = [
+        {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"], "tier_accuracy": r["eval"]["tier_accuracy"]}
+        for r in rounds if "eval" in r
+    ]
+    per_round.append({"round": cfg.rounds, "mean_accuracy": summary["mean_accuracy"], "tier_accuracy": summary["tier_accuracy"]})
+    reference = {
+        "algorithm": "local",
+        "key": key,
+        "mean_accuracy": summary["mean_accuracy"],
+        "tier_accuracy": summary["tier_accuracy"],
+        "client_accuracy": summary["client_accuracy"],
+        "accuracy_per_round": per_round,
+        "config": cfg.model_dump(mode="json", exclude=_NOT_PART_OF_THE_RUN),
+    }
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(reference, indent=1) + "\n")
+    return reference
