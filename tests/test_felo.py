@@ -256,7 +256,23 @@ def test_device_uplink_holds_class_means_of_what_it_trained_on():
         if seen[c] == 0:
             assert not np.any(up.arrays["feat"][c]) and not np.any(up.arrays["logit"][c])
     assert up.arrays["point"].shape == (len(labels), 64)
-    assert any(k.startswith("w/") for k in up.arrays) and up.meta["distill"] is False
+    # no weights came down (no other device shares its architecture), so none go up
+    assert not any(k.startswith("w/") for k in up.arrays) and up.meta["distill"] is False
+    server = KnowledgeServer(server_ctx(["10", "10"]), VeloOptions(points_per_class=3))
+    device.receive(1, server.downlink(1, "d00"))
+    assert any(k.startswith("w/") for k in device.fit(1).arrays)
+
+
+def test_a_device_whose_architecture_no_other_device_has_exchanges_no_weights():
+    # Prepare: ResNet10 twice, ResNet14 once
+    server = KnowledgeServer(server_ctx(["10", "14", "10"]), FeloOptions())
+    # Execute / Assert: the lone ResNet14 gets knowledge only, and none of its weights are expected
+    lone, shared = server.downlink(0, "d01").arrays, server.downlink(0, "d00").arrays
+    assert not any(k.startswith("w/") for k in lone) and {"logit", "known", "feat"} <= set(lone)
+    assert any(k.startswith("w/") for k in shared)
+    assert not any(k.startswith("w/") for k in server.expected_uplink("d01"))
+    assert any(k.startswith("w/") for k in server.expected_uplink("d00"))
+    assert sum(a.nbytes for a in lone.values()) < sum(a.nbytes for a in shared.values()) / 10
 
 
 @torch.no_grad()
@@ -351,14 +367,16 @@ def test_velo_run_records_cvae_training(tmp_path):
 def test_defaults_are_the_papers_and_model_options_follow_the_model():
     felo = get_algorithm("felo")
     cfg = resolve_config({}, felo.defaults)
-    assert (cfg.model, cfg.tiers, cfg.optimizer, cfg.lr, cfg.batch_size, cfg.steps, cfg.fraction) == (
+    # the code's model, optimizer and batch; our local budget (two epochs, every device every round)
+    assert (cfg.model, cfg.tiers, cfg.optimizer, cfg.lr, cfg.batch_size, cfg.steps, cfg.epochs, cfg.fraction) == (
         "resnet",
         ("10", "14", "18", "22", "26"),
         "adam",
         1e-3,
         50,
-        10,
-        0.2,
+        None,
+        2,
+        1.0,
     )
     assert cfg.model_options == {"stem": "imagenet"}
     assert resolve_config({"model": "cnn"}, felo.defaults).model_options == {}
@@ -381,8 +399,10 @@ def test_expected_uplink_matches_what_devices_send():
     from edgefl.wire.validate import check_uplink
 
     for options, server_cls in ((VeloOptions(), VeloServer), (FeloOptions(), KnowledgeServer)):
-        server = server_cls(server_ctx(["10", "14"]), options)
-        up = KnowledgeDevice(DeviceContext("d01", spec("14"), _data(32), TrainSettings(steps=1, batch_size=16), 0, 10), options).fit(0)
+        server = server_cls(server_ctx(["10", "14", "10", "14"]), options)
+        device = KnowledgeDevice(DeviceContext("d01", spec("14"), _data(32), TrainSettings(steps=1, batch_size=16), 0, 10), options)
+        device.receive(0, server.downlink(0, "d01"))
+        up = device.fit(0)
         check_uplink(up, server.expected_uplink("d01"))  # a well-formed uplink passes
         with pytest.raises(WireError, match="unexpected array|shape"):
             check_uplink(up, server.expected_uplink("d00"))  # ResNet14 weights where ResNet10's are due

@@ -1,5 +1,7 @@
 """The round loop: failures are data, checkpoints resume, evaluation reports per tier."""
 
+import json
+
 import numpy as np
 
 from edgefl.algorithms import (
@@ -12,7 +14,7 @@ from edgefl.algorithms import (
 from edgefl.data import load_dataset
 from edgefl.runtime.agent import DeviceAgent
 from edgefl.runtime.loop import LoopSettings, RoundLoop
-from edgefl.runtime.simulation import fleet_specs
+from edgefl.runtime.simulation import fleet_specs, simulate
 from edgefl.transport import InMemoryTransport
 from tests.conftest import tiny_config
 
@@ -85,3 +87,20 @@ def test_evaluation_reports_accuracy_per_tier(tmp_path):
     assert len(set(ev["client_accuracy"].values())) == 1
     assert list(ev["tier_accuracy"]) == [ctx.fleet["d00"].spec.tier]
     assert ev["mean_accuracy"] == ev["client_accuracy"]["d00"]
+
+
+def test_an_evaluation_downlink_is_not_sent_again_to_train_and_training_is_unchanged(tmp_path):
+    # Prepare: the same FedAvg run evaluated every round (devices then hold the global model
+    # before they train) and never evaluated (every train request carries the model)
+    common = {"algorithm": "fedavg", "rounds": 3, "clients": 3, "fraction": 1.0}
+    evaluated = simulate(tiny_config(tmp_path / "a", eval_every=1, **common))
+    plain = simulate(tiny_config(tmp_path / "b", eval_every=100, **common))
+    # Assert: the same final models; rounds 1 and 2 send no weights to train on
+    assert evaluated["client_accuracy"] == plain["client_accuracy"]
+    rounds = [json.loads(x) for x in (tmp_path / "a/run/rounds.jsonl").read_text().splitlines()]
+    plain_rounds = [json.loads(x) for x in (tmp_path / "b/run/rounds.jsonl").read_text().splitlines()]
+    assert rounds[0]["downlinks_not_resent"] == [] and rounds[1]["downlinks_not_resent"] == ["d00", "d01", "d02"]
+    weights = plain_rounds[1]["bytes_down"]["d00"]
+    assert rounds[1]["bytes_down"]["d00"] < weights / 20  # an envelope with no arrays
+    assert rounds[0]["eval_bytes_down"]["d00"] >= weights  # the evaluation carried the model
+    assert rounds[0]["bytes_down_total"] == sum(rounds[0]["bytes_down"].values()) + sum(rounds[0]["eval_bytes_down"].values())
