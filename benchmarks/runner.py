@@ -163,10 +163,20 @@ def resolved_run(cell: Cell) -> dict[str, Any]:
 
 def _worker_init() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    import threading
+
     import torch
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT))
+    parent = os.getppid()
+
+    def orphaned() -> None:  # a killed benchmark must not leave its cells running
+        while os.getppid() == parent:
+            time.sleep(2)
+        os._exit(1)
+
+    threading.Thread(target=orphaned, daemon=True).start()
 
 
 def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = ()) -> dict[str, Any]:
