@@ -242,13 +242,13 @@ def test_bad_update_is_dropped_not_fatal():
     assert metrics["rejected_updates"] == 2 and metrics["averaged_devices"] == 0
     # the round loop's wire check refuses the wrong shapes before they reach aggregate()
     from edgefl.errors import WireError
-    from edgefl.wire.validate import check_uplink
+    from edgefl.wire.schema import check_arrays
 
     with pytest.raises(WireError):
-        check_uplink(wrong, srv.expected_uplink("d0"))
+        check_arrays(wrong.arrays, srv.expected_uplink("d0"))
     good = device(spec("hierarchy-width", "1/2"))
     good.receive(0, srv.downlink(0, "d0"))
-    check_uplink(good.fit(0), srv.expected_uplink("d0"))  # a real device's uplink passes
+    check_arrays(good.fit(0).arrays, srv.expected_uplink("d0"))  # a real device's uplink passes
     for k, v in srv.model.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0)
 

@@ -10,40 +10,43 @@ import pytest
 from edgefl.errors import WireError
 from edgefl.transport.broker import EmbeddedBroker
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerTransport, Topics
-from edgefl.wire import Envelope, Limits, Payload, decode, encode
-from edgefl.wire.validate import check_uplink, peek
+from edgefl.wire import ArraySpec, Envelope, Limits, Payload, decode, encode
+from edgefl.wire.schema import check_arrays
+from edgefl.wire.validate import peek
 
 # --- validation (no broker) ----------------------------------------------------------------------
 
+F32 = np.dtype(np.float32)
 
-def test_check_uplink_accepts_the_declared_arrays_and_other_namespaces():
-    expected = {"w/a": (2, 3), "w/b": None}
-    p = Payload({"w/a": np.zeros((2, 3), np.float32), "w/b": np.zeros(7, np.float32), "sl/sums": np.zeros(4, np.float32)})
-    check_uplink(p, expected)  # no error
-    check_uplink(Payload({"anything": np.zeros(1, np.float32)}), None)
+
+def test_check_arrays_accepts_the_declared_arrays():
+    expected = {"w/a": ArraySpec(F32, (2, 3)), "w/b": ArraySpec(F32, None), "p": ArraySpec(F32, (None, 4))}
+    check_arrays({"w/a": np.zeros((2, 3), np.float32), "w/b": np.zeros(7, np.float32), "p": np.zeros((9, 4), np.float32)}, expected)
+    check_arrays({"anything": np.zeros(1, np.float32)}, None)  # no declaration: no check
 
 
 @pytest.mark.parametrize(
     ("arrays", "reason"),
     [
         ({"w/a": np.zeros((3, 2), np.float32), "w/b": np.zeros(1, np.float32)}, "shape"),
+        ({"w/a": np.zeros((2, 3), np.float64), "w/b": np.zeros(1, np.float32)}, "dtype float64"),
         ({"w/b": np.zeros(1, np.float32)}, "missing array 'w/a'"),
-        ({"w/a": np.zeros((2, 3), np.float32), "w/b": np.zeros(1, np.float32), "w/extra": np.zeros(1, np.float32)}, "unexpected array 'w/extra'"),
+        ({"w/a": np.zeros((2, 3), np.float32), "w/b": np.zeros(1, np.float32), "sl/x": np.zeros(1, np.float32)}, "undeclared array"),
     ],
 )
-def test_check_uplink_rejects_wrong_shapes_missing_and_extra_weights(arrays, reason):
+def test_check_arrays_rejects_wrong_dtypes_shapes_missing_and_extra_arrays(arrays, reason):
     with pytest.raises(WireError, match=reason):
-        check_uplink(Payload(arrays), {"w/a": (2, 3), "w/b": None})
+        check_arrays(arrays, {"w/a": ArraySpec(F32, (2, 3)), "w/b": ArraySpec(F32, None)})
 
 
 def test_an_empty_declaration_means_no_arrays():
-    check_uplink(Payload({}, {"num_samples": 3}), {})
-    with pytest.raises(WireError, match="expected none"):
-        check_uplink(Payload({"w/x": np.zeros(1, np.float32)}), {})
+    check_arrays({}, {})
+    with pytest.raises(WireError, match="undeclared"):
+        check_arrays({"w/x": np.zeros(1, np.float32)}, {})
 
 
 def test_peek_reads_routing_without_tensors_and_refuses_junk():
-    env = Envelope("update", 4, "d01", fleet="f", payload=Payload({"w/x": np.ones(3, np.float32)}, {"ack": "m1"}))
+    env = Envelope("update", 4, "d01", fleet="f", payload=Payload({"w/x": np.ones(3, np.float32)}, {"ack": "m1", "num_samples": 3}))
     r = peek(encode(env))
     assert (r.kind, r.round, r.device_id, r.fleet, r.message_id, r.meta["ack"]) == ("update", 4, "d01", "f", env.message_id, "m1")
     with pytest.raises(WireError, match="out of bounds|too short"):
@@ -116,13 +119,17 @@ class EchoDevice:
             env = decode(data)
             time.sleep(self.work)
             self.trained += 1
-            reply = Envelope("update", env.round, self.ep.device_id, fleet=self.ep.fleet, payload=Payload({"w/x": env.payload.arrays["w/x"] + 1}))
+            reply = env.reply("update", Payload({"w/x": env.payload.arrays["w/x"] + 1}, {"num_samples": 1}))
             self.ep.reply(routing, encode(reply))
 
     def close(self):
         self.stop.set()
         self.thread.join(5)
         self.ep.stop()
+
+
+def _accept(device_id, data):
+    return decode(data)
 
 
 def _train(fleet, device_id, rnd, value):
@@ -135,7 +142,7 @@ def test_request_reply_with_a_lost_downlink_retried_and_a_missing_device(amqtt):
     good = EchoDevice(amqtt.url, fleet, "good").start()
     lossy = EchoDevice(amqtt.url, fleet, "lossy", lose_first=True).start()
     try:
-        out = server.request({d: _train(fleet, d, 0, 1.0) for d in ("good", "lossy", "ghost")}, timeout=6)
+        out = server.request({d: _train(fleet, d, 0, 1.0) for d in ("good", "lossy", "ghost")}, timeout=6, accept=_accept)
         stats = server.take_stats()
     finally:
         good.close()
@@ -156,7 +163,7 @@ def test_a_quick_reply_stands_for_the_ack_and_slow_work_is_acknowledged_first(am
     quick = EchoDevice(amqtt.url, fleet, "quick", retry_after=30.0, ack_delay=5.0).start()
     slow = EchoDevice(amqtt.url, fleet, "slow", work=0.6, retry_after=30.0, ack_delay=0.05).start()
     try:
-        out = server.request({d: _train(fleet, d, 0, 1.0) for d in ("quick", "slow")}, timeout=10)
+        out = server.request({d: _train(fleet, d, 0, 1.0) for d in ("quick", "slow")}, timeout=10, accept=_accept)
     finally:
         quick.close()
         slow.close()
@@ -180,7 +187,7 @@ def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exc
     fast = EchoDevice(amqtt.url, fleet, "fast", retry_after=30.0, ack_delay=5.0).start()
     slow = EchoDevice(amqtt.url, fleet, "slow", work=0.6, retry_after=30.0, ack_delay=0.01).start()
     try:
-        out = server.request({d: _train(fleet, d, 7, 1.0) for d in ("fast", "slow")}, timeout=10)
+        out = server.request({d: _train(fleet, d, 7, 1.0) for d in ("fast", "slow")}, timeout=10, accept=_accept)
         time.sleep(0.3)  # let the closing broadcast arrive
         unacked = (dict(fast.ep.unacked), dict(slow.ep.unacked))
     finally:
@@ -200,8 +207,8 @@ def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):
     dev = EchoDevice(amqtt.url, fleet, "d").start()
     try:
         msg = _train(fleet, "d", 3, 5.0)
-        first = server.request({"d": msg}, timeout=6)["d"]
-        again = server.request({"d": msg}, timeout=2)["d"]  # same message id: a duplicate delivery
+        first = server.request({"d": msg}, timeout=6, accept=_accept)["d"]
+        again = server.request({"d": msg}, timeout=2, accept=_accept)["d"]  # same message id: a duplicate delivery
     finally:
         dev.close()
         server.close()
@@ -215,7 +222,7 @@ def test_oversized_messages_are_refused_on_both_sides(amqtt):
     server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, limits=Limits(max_bytes=10_000)).start()
     try:
         big = encode(Envelope("train", 0, "d", fleet=fleet, payload=Payload({"w/x": np.zeros(10_000, np.float32)})))
-        out = server.request({"d": big}, timeout=1)
+        out = server.request({"d": big}, timeout=1, accept=_accept)
     finally:
         server.close()
     assert out["d"].reply is None and "limit" in out["d"].error

@@ -1,10 +1,13 @@
 """The envelope: round trip, validation of everything that can be wrong on the wire."""
 
+import dataclasses
 import json
 import struct
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from edgefl.errors import WireError
 from edgefl.wire import Envelope, Limits, Payload, decode, encode
@@ -54,7 +57,7 @@ def test_unknown_kind_rejected_on_both_sides():
     with pytest.raises(WireError, match="unknown message kind"):
         encode(Envelope(kind="shell", round=0, device_id="d"))
     data = _tamper_header(encode(_env()), lambda h: h["__metadata__"].update(kind="shell"))
-    with pytest.raises(WireError, match="unknown message kind"):
+    with pytest.raises(WireError, match="header: kind"):
         decode(data)
 
 
@@ -69,8 +72,14 @@ def test_dtype_outside_whitelist_rejected():
 def test_tampered_body_fails_the_digest():
     data = bytearray(encode(_env()))
     data[-1] ^= 0x01  # flip a bit of the last float
-    with pytest.raises(WireError, match="digest"):
+    with pytest.raises(WireError, match="checksum"):
         decode(bytes(data))
+
+
+def test_checksum_covers_the_routing_fields():
+    data = _tamper_header(encode(_env()), lambda h: h["__metadata__"].update(round="4"))
+    with pytest.raises(WireError, match="checksum"):
+        decode(data)
 
 
 @pytest.mark.parametrize(
@@ -85,13 +94,13 @@ def test_malformed_bytes_raise_wire_error(blob):
 
 def test_shape_offset_mismatch_rejected():
     data = _tamper_header(encode(_env()), lambda h: h["w/a"].update(shape=[3, 3]))
-    with pytest.raises(WireError, match="byte length"):
+    with pytest.raises(WireError, match="malformed tensors"):
         decode(data)
 
 
 def test_missing_routing_fields_rejected():
     data = _tamper_header(encode(_env()), lambda h: h["__metadata__"].pop("device"))
-    with pytest.raises(WireError, match="routing"):
+    with pytest.raises(WireError, match="device: Field required"):
         decode(data)
 
 
@@ -126,12 +135,116 @@ def test_envelopes_are_plain_safetensors_both_ways():
 def test_tensor_byte_ranges_must_tile_the_body():
     two = _env(**{"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)})
     overlap = _tamper_header(encode(two), lambda h: h["b"].update(data_offsets=[0, 8]))
-    with pytest.raises(WireError, match="does not start where"):
+    with pytest.raises(WireError, match="malformed tensors"):
         decode(overlap)
     data = encode(two)
-    with pytest.raises(WireError, match="cover"):
+    with pytest.raises(WireError, match="malformed tensors"):
         decode(data + b"\0" * 8)  # trailing bytes nobody accounts for
     flags = encode(_env(m=np.array([True, False])))
     bad = flags[:-1] + b"\x07"  # a BOOL byte that is neither 0 nor 1
     with pytest.raises(WireError, match="BOOL"):
         decode(bad)
+
+
+# --- the schema: routing fields, metadata, depth (issue 19) ---------------------------------------
+
+
+def test_a_deeply_nested_header_is_refused_before_json_parsing():
+    from edgefl.wire.envelope import json_depth
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    data = struct.pack("<Q", len(deep)) + deep
+    with pytest.raises(WireError, match="nests 100000 deep"):
+        decode(data)
+    assert json_depth(b'{"a": "[[[[\\"{{", "b": [[1]]}') == 3  # brackets inside strings do not count
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("round", "-1", "round"),
+        ("round", "1e3", "round"),
+        ("device", "../../etc", "device"),
+        ("fleet", "x" * 200, "fleet"),
+        ("algorithm", ["fedavg"], "algorithm"),
+        ("nonce", 7, "nonce"),
+        ("extra", "x", "extra"),
+    ],
+)
+def test_routing_fields_are_typed_and_bounded(field, value, reason):
+    data = _tamper_header(encode(_env()), lambda h: h["__metadata__"].update({field: value}))
+    with pytest.raises(WireError, match=reason):
+        decode(data)
+
+
+@pytest.mark.parametrize(
+    ("meta", "reason"),
+    [
+        ({"tag": "x"}, "num_samples: Field required"),
+        ({"num_samples": "abc"}, "num_samples"),
+        ({"num_samples": 0}, "num_samples"),
+        ({"num_samples": 3, "train_loss": 1e308}, "train_loss"),
+        ({"num_samples": 3, "train_loss": "nan"}, "train_loss"),
+        ({"num_samples": 3, "other": {"nested": 1}}, "nests 2 deep"),
+        ({"num_samples": True}, "num_samples"),
+    ],
+)
+def test_update_metadata_is_typed_and_bounded(meta, reason):
+    def swap(h):
+        h["__metadata__"]["meta"] = json.dumps(meta)
+
+    with pytest.raises(WireError, match=reason):
+        decode(_tamper_header(encode(_env()), swap))
+
+
+def test_metrics_accuracy_must_be_a_number_in_range():
+    for bad in ("nan", 1.5, -0.1):
+        env = Envelope("metrics", 0, "d00", payload=Payload({}, {"accuracy": 0.5}))
+        data = _tamper_header(encode(env), lambda h, b=bad: h["__metadata__"].update(meta=json.dumps({"accuracy": b})))
+        with pytest.raises(WireError, match="accuracy"):
+            decode(data)
+
+
+def test_a_reply_must_echo_its_request_and_carry_the_declared_dtypes():
+    from edgefl.wire import array_spec, new_nonce
+    from edgefl.wire.schema import Expectation
+    from edgefl.wire.validate import check_reply
+
+    request = Envelope("train", 2, "d01", fleet="f", algorithm="fedavg", tier="2", run="r1", nonce=new_nonce())
+    want = Expectation("train", 2, "d01", "f", "2", "r1", request.nonce, "fedavg",
+                       arrays={"w/a": array_spec(np.float32, (2, 3))}, max_samples=20)
+    good = request.reply("update", Payload({"w/a": np.zeros((2, 3), np.float32)}, {"num_samples": 12}))
+    check_reply(decode(encode(good)), want)
+    bad = {
+        "nonce": dataclasses.replace(good, nonce=new_nonce()),
+        "round": dataclasses.replace(good, round=1),
+        "run": dataclasses.replace(good, run="r0"),
+        "algorithm": dataclasses.replace(good, algorithm="felo"),
+        "dtype float64": dataclasses.replace(good, payload=Payload({"w/a": np.full((2, 3), 1e300)}, {"num_samples": 12})),
+        "claims 21 samples": dataclasses.replace(good, payload=Payload(good.payload.arrays, {"num_samples": 21})),
+    }
+    for reason, reply in bad.items():
+        with pytest.raises(WireError, match=reason):
+            check_reply(decode(encode(reply)), want)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512))
+def test_any_bytes_decode_or_raise_wire_error(blob):
+    try:
+        decode(blob)
+    except WireError:
+        pass
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_any_mutation_of_a_real_envelope_decodes_or_raises_wire_error(data):
+    blob = bytearray(encode(_env(**{"w/a": np.ones((3, 4), np.float32), "n": np.arange(3)})))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(blob) - 1))
+        blob[i] = data.draw(st.integers(0, 255))
+    try:
+        decode(bytes(blob))
+    except WireError:
+        pass

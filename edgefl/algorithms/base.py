@@ -17,9 +17,10 @@ Server half (one object per run):
                                              the uplinks that arrived are passed; a missing device
                                              is never an error here.
     ``state_dict()/load_state_dict()``       arrays only, so checkpoints need no pickle.
-    ``expected_uplink(device_id)``           optional: ``{array name: shape or None}`` the server
-                                             expects from that device, checked before aggregate
-                                             (edgefl.wire.validate.check_uplink); None = no check.
+    ``expected_uplink(device_id)``           ``{array name: ArraySpec(dtype, shape)}``: every array
+                                             an update of that device carries, checked before
+                                             aggregate (edgefl.wire.validate.check_reply); an
+                                             undeclared array is refused; None = no check.
     ``closing_rounds``                       rounds after training the method needs (FedVTC's
                                              one-shot decoder upload); the runtime adds them.
 
@@ -43,7 +44,7 @@ from torch import nn
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError, UnknownNameError
 from edgefl.models import ModelSpec, build_model
-from edgefl.wire import Payload
+from edgefl.wire import ArraySpec, Payload
 
 
 @dataclass(frozen=True)
@@ -171,11 +172,11 @@ class ServerHalf:
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:  # noqa: B027
         pass
 
-    def expected_uplink(self, device_id: str) -> Mapping[str, tuple[int, ...] | None] | None:
-        """The arrays (name → shape, None = any shape) an uplink of ``device_id`` must carry.
+    def expected_uplink(self, device_id: str) -> Mapping[str, ArraySpec] | None:
+        """The arrays (name → dtype and shape; a None axis = any length) an uplink of
+        ``device_id`` carries, all of them: an array not named here is refused.
 
-        None (the default) means no check beyond the envelope codec's. Arrays in a namespace
-        (text up to the first ``/``) that the declaration does not use are always allowed.
+        None (the default) means no check beyond the envelope codec's.
         """
         return None
 

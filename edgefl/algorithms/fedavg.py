@@ -14,7 +14,7 @@ from edgefl.algorithms.aggregate import weighted_average
 from edgefl.algorithms.base import Algorithm, DeviceHalf, NoOptions, ServerHalf, register
 from edgefl.algorithms.training import train_local
 from edgefl.models import build_model
-from edgefl.wire import Payload, arrays_to_state, state_to_arrays
+from edgefl.wire import ArraySpec, Payload, arrays_to_state, spec_of, state_to_arrays
 
 WEIGHTS = "w/"
 
@@ -62,9 +62,9 @@ class GlobalModelServer(ServerHalf):
     def state_dict(self) -> dict[str, np.ndarray]:
         return dict(self.weights)
 
-    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...]]:
-        """Every weight of the global model, in its shape (other namespaces pass unchecked)."""
-        return {k: tuple(v.shape) for k, v in self.weights.items()}
+    def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
+        """Every weight of the global model, in its dtype and shape."""
+        return {k: spec_of(v) for k, v in self.weights.items()}
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.weights = {k: np.array(v) for k, v in arrays.items() if k.startswith(WEIGHTS)}

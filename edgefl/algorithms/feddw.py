@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from edgefl.algorithms.base import Algorithm, register
 from edgefl.algorithms.fedavg import GlobalModelDevice, GlobalModelServer
 from edgefl.algorithms.fedprox import FedProxDevice
-from edgefl.wire import Payload
+from edgefl.wire import ArraySpec, Payload, array_spec
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +198,9 @@ class FedDWServer(GlobalModelServer):
         self.sl = update_soft_labels(self.sl, sums, counts, self.options.sl_momentum, self.options.missing_class)
         return {**metrics, "sl_diag_mean": float(np.mean(np.diag(self.sl))), "sl_classes_reported": float((counts > 0).sum())}
 
-    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...]]:
+    def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
         c = self.ctx.num_classes
-        return {**super().expected_uplink(device_id), SL_SUMS: (c, c), SL_COUNTS: (c,)}
+        return {**super().expected_uplink(device_id), SL_SUMS: array_spec(np.float32, (c, c)), SL_COUNTS: array_spec(np.float32, (c,))}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {**super().state_dict(), "sl/S": self.sl, "sl/sums": self.sums, "sl/counts": self.counts}

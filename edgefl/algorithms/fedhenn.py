@@ -61,7 +61,7 @@ from edgefl.algorithms.training import train_local
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
 from edgefl.models import build_model
-from edgefl.wire import Payload, arrays_to_state, state_to_arrays
+from edgefl.wire import Payload, array_spec, arrays_to_state, state_to_arrays
 
 RAD_X, RAD_IDX, KBAR = "rad/x", "rad/idx", "rad/kbar"
 PROBE_X, PROBE_IDX = "probe/x", "probe/idx"
@@ -274,7 +274,7 @@ class FedHeNNServer(ServerHalf):
     def expected_uplink(self, device_id: str):
         if self.global_server is not None:
             return self.global_server.expected_uplink(device_id)
-        return {Z: None}  # N×d, d per architecture; aggregate skips a Z of the wrong N
+        return {Z: array_spec(np.float32, (None, None))}  # N×d, d per architecture; aggregate skips a Z of the wrong N
 
     def state_dict(self) -> dict[str, np.ndarray]:
         out = {"kbar_round": np.array(self.kbar_round, np.int64)}

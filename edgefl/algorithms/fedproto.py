@@ -38,7 +38,7 @@ from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
 from edgefl.algorithms.training import train_local
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
-from edgefl.wire import Payload
+from edgefl.wire import ArraySpec, Payload, array_spec
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,9 @@ class PrototypeServer(ServerHalf):
     def downlink(self, round: int, device_id: str) -> Payload:
         return Payload(self.prototype_downlink(device_id))
 
-    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...] | None]:
-        return {PROTO: None, PROTO_CLASSES: None}  # [n, p] and [n]: n = the classes it holds
+    def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
+        # [n, p] and [n]: n = the classes it holds
+        return {PROTO: array_spec(np.float32, (None, self.dim)), PROTO_CLASSES: array_spec(np.int64, (None,))}
 
     def aggregate_prototypes(self, uplinks: Mapping[str, Payload]) -> dict[str, float]:
         uploads = {}

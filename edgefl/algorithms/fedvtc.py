@@ -90,7 +90,7 @@ from edgefl.algorithms.fedproto import (
 from edgefl.algorithms.training import local_batches, make_optimizer
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.models import ModelSpec
-from edgefl.wire import Payload, arrays_to_state, state_to_arrays
+from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, state_to_arrays
 
 log = logging.getLogger(__name__)
 
@@ -429,12 +429,12 @@ class FedVTCServer(PrototypeServer):
             return sorted(device_ids)
         return super().select(round, device_ids, rng)
 
-    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...] | None]:
+    def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
         # 0-d tensors (BN's num_batches_tracked) may arrive as [1]: any shape, sizes checked later
-        psi = {k: (s if len(s) else None) for k, (s, _) in self.psi_shapes.items()}
+        psi = {k: array_spec(dt, s if len(s) else None) for k, (s, dt) in self.psi_shapes.items()}
         if getattr(self, "round", 0) >= self.ctx.rounds:
             return psi
-        train = {**super().expected_uplink(device_id), SIGMA: (self.layout.dim,)}
+        train = {**super().expected_uplink(device_id), SIGMA: array_spec(np.float32, (self.layout.dim,))}
         return {**train, **psi} if self.options.psi_every_round else train
 
     def downlink(self, round: int, device_id: str) -> Payload:

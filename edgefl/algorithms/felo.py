@@ -71,7 +71,7 @@ from edgefl.algorithms.cvae import (
 from edgefl.algorithms.training import train_local
 from edgefl.errors import ConfigError, WireError
 from edgefl.models import ModelSpec, build_model
-from edgefl.wire import Payload, arrays_to_state, state_to_arrays
+from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, spec_of, state_to_arrays
 
 log = logging.getLogger(__name__)
 
@@ -417,17 +417,17 @@ class KnowledgeServer(ServerHalf):
             arrays.update(self.weights[key])
         return Payload(arrays)
 
-    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...] | None]:
-        """Checked by the round loop before aggregate: knowledge shapes, and this device's weights."""
+    def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
+        """Checked by the round loop before aggregate: knowledge dtypes and shapes, and this device's weights."""
         c = self.ctx.num_classes
-        out: dict[str, tuple[int, ...] | None] = {"logit": (c, c), "count": (c,)}
+        out = {"logit": array_spec(np.float32, (c, c)), "count": array_spec(np.int64, (c,))}
         if self.features is not None:
-            out["feat"] = (c, self.feature_dim)
-        if self.options.points:
-            out.update({"point": None, "point_label": None})  # as many points as the device saw
+            out["feat"] = array_spec(np.float32, (c, self.feature_dim))
+        if self.options.points:  # as many points as the device saw
+            out.update({"point": array_spec(np.float32, (None, None)), "point_label": array_spec(np.int64, (None,))})
         key = self._averaged(device_id)
         if key is not None:
-            out.update({k: tuple(np.shape(v)) for k, v in self.weights[key].items()})
+            out.update({k: spec_of(v) for k, v in self.weights[key].items()})
         return out
 
     def _valid(self, device_id: str, p: Payload) -> bool:

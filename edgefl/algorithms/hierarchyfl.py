@@ -84,7 +84,7 @@ from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerContext, ServerH
 from edgefl.algorithms.training import train_local
 from edgefl.errors import ConfigError
 from edgefl.models import ModelSpec, build_model, family_tiers
-from edgefl.wire import Payload, arrays_to_state, state_to_arrays
+from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, state_to_arrays
 
 log = logging.getLogger(__name__)
 
@@ -264,13 +264,13 @@ class HeteroFLServer(ServerHalf):
             self._downlinks[spec] = state_to_arrays(sub, WEIGHTS)
         return Payload(dict(self._downlinks[spec]))
 
-    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...]] | None:
+    def expected_uplink(self, device_id: str) -> dict[str, ArraySpec] | None:
         """The deltas of every float tensor of the device's sub-model, in its tier's shapes."""
         record = self.ctx.fleet.get(device_id)
         if record is None:
             return None
         return {
-            DELTAS + k: tuple(s) for k, s in state_shapes(record.spec, floating_only=True).items()
+            DELTAS + k: array_spec(np.float32, tuple(s)) for k, s in state_shapes(record.spec, floating_only=True).items()
         }
 
     # aggregation --------------------------------------------------------------------------------

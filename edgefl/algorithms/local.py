@@ -16,7 +16,7 @@ class LocalDevice(DeviceHalf):
 class LocalServer(ServerHalf):
     """Nothing to aggregate; an uplink carries no arrays at all (anything else is refused)."""
 
-    def expected_uplink(self, device_id: str) -> dict[str, tuple[int, ...]]:
+    def expected_uplink(self, device_id: str) -> dict:
         return {}
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Mapping, MutableMapping
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
 from edgefl.algorithms.base import DeviceHalf
@@ -18,7 +20,8 @@ from edgefl.algorithms.training import evaluate
 from edgefl.data import ArrayDataset
 from edgefl.errors import WireError
 from edgefl.runtime.loop import UNCHANGED
-from edgefl.wire import Envelope, Limits, Payload, decode, encode
+from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, decode, encode
+from edgefl.wire.validate import peek
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,12 @@ def seeded_torch(ctx, round: int):
 
 
 class DeviceAgent:
+    """Serves one device half. Every request gets an answer: the reply, or an ``error`` reply
+    saying why not (a downlink that fails its checks, another run or algorithm, a failure or a
+    non-finite result of local work, an out-of-memory), so the server never waits out a
+    deadline for a device that is alive. Only a message that is no request at all (unreadable
+    routing) goes unanswered: there is nobody to answer."""
+
     def __init__(
         self,
         half: DeviceHalf,
@@ -65,27 +74,58 @@ class DeviceAgent:
         algorithm: str = "",
         limits: Limits = Limits(),
         eval_cache: MutableMapping[tuple[str, str], dict[str, float]] | None = None,
+        run_id: str | None = None,
     ):
         self.half = half
         self.eval_sets = dict(eval_sets or {})
         self.fleet, self.algorithm, self.limits = fleet, algorithm, limits
         self.eval_cache = eval_cache
         self.absorbed_eval_round: int | None = None  # the evaluation downlink absorbed last, if nothing since
+        #: the server run this device serves (set at registration); None: the first request's
+        self.run_id = run_id
 
     @property
     def device_id(self) -> str:
         return self.half.ctx.device_id
 
-    def handle_bytes(self, data: bytes) -> bytes:
+    def handle_bytes(self, data: bytes) -> bytes | None:
         try:
             env = decode(data, self.limits)
         except WireError as e:
             log.warning("device %s rejected a message: %s", self.device_id, e)
-            return encode(self._reply("error", -1, Payload({}, {"reason": f"rejected: {e}"})))
-        return encode(self.handle(env))
+            try:  # answer the request it claims to be, if its routing is readable
+                r = peek(data, self.limits)
+            except WireError:
+                return None
+            if r.kind not in REPLY_KINDS:
+                return None
+            request = Envelope(r.kind, r.round, r.device_id, r.fleet, r.algorithm, r.tier, run=r.run, nonce=r.nonce)
+            return self._encode(self._error(request, f"rejected: {e}"))
+        return self._encode(self.handle(env))
+
+    def _encode(self, reply: Envelope) -> bytes:
+        try:
+            return encode(reply)
+        except WireError as e:  # e.g. a non-finite value in the result: say so instead
+            log.warning("device %s cannot send its %s: %s", self.device_id, reply.kind, e)
+            return encode(self._error(reply, f"cannot send the {reply.kind}: {e}"))
+
+    def _error(self, request: Envelope, reason: str) -> Envelope:
+        return request.reply("error", Payload({}, {"reason": reason[:4000]}), algorithm=self.algorithm)
+
+    def _check_request(self, env: Envelope) -> None:
+        if env.device_id != self.device_id or env.fleet != self.fleet:
+            raise WireError(f"a request for {env.device_id!r} in fleet {env.fleet!r}")
+        if env.kind not in REPLY_KINDS:
+            raise WireError(f"a device does not handle {env.kind!r} messages")
+        if env.algorithm != self.algorithm:
+            raise WireError(f"a request for algorithm {env.algorithm!r}; this device runs {self.algorithm!r}")
+        if self.run_id is not None and env.run != self.run_id:
+            raise WireError(f"a request of run {env.run!r}; this device serves run {self.run_id!r}")
 
     def handle(self, env: Envelope) -> Envelope:
         try:
+            self._check_request(env)
             if env.kind == "train":
                 since = env.payload.meta.get(UNCHANGED)
                 if since is None:
@@ -97,22 +137,21 @@ class DeviceAgent:
                 with seeded_torch(self.half.ctx, env.round):
                     up = self.half.fit(env.round)
                 up.meta["train_seconds"] = time.perf_counter() - t0
-                return self._reply("update", env.round, up)
+                _check_finite(up)
+                return env.reply("update", up, algorithm=self.algorithm)
             if env.kind == "evaluate":
                 if env.payload.arrays or set(env.payload.meta) - {"split"}:
                     self.half.receive(env.round, env.payload)
                 self.absorbed_eval_round = env.round
                 split = str(env.payload.meta.get("split", "test"))
-                return self._reply("metrics", env.round, Payload({}, self.evaluate(split)))
-            if env.kind == "finish":
-                self.absorbed_eval_round = None
-                with seeded_torch(self.half.ctx, env.round):
-                    self.half.finish(env.round, env.payload)
-                return self._reply("done", env.round)
-            raise WireError(f"a device does not handle {env.kind!r} messages")
-        except Exception as e:
+                return env.reply("metrics", Payload({}, self.evaluate(split)), algorithm=self.algorithm)
+            self.absorbed_eval_round = None
+            with seeded_torch(self.half.ctx, env.round):
+                self.half.finish(env.round, env.payload)
+            return env.reply("done", algorithm=self.algorithm)
+        except Exception as e:  # MemoryError and torch's OutOfMemoryError included: answer, keep serving
             log.exception("device %s failed on %s for round %d", self.device_id, env.kind, env.round)
-            return self._reply("error", env.round, Payload({}, {"reason": f"{type(e).__name__}: {e}"}))
+            return self._error(env, f"{type(e).__name__}: {e}")
 
     def evaluate(self, split: str) -> dict[str, float]:
         data = self.eval_sets.get(split)
@@ -126,13 +165,12 @@ class DeviceAgent:
             self.eval_cache[key] = dict(metrics)
         return metrics
 
-    def _reply(self, kind: str, round: int, payload: Payload | None = None) -> Envelope:
-        return Envelope(
-            kind=kind,
-            round=round,
-            device_id=self.device_id,
-            fleet=self.fleet,
-            algorithm=self.algorithm,
-            tier=self.half.ctx.spec.tier,
-            payload=payload or Payload(),
-        )
+
+def _check_finite(up: Payload) -> None:
+    """Local work that diverged is an error to report, not an update to send."""
+    for key, value in up.meta.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FloatingPointError(f"local work produced a non-finite {key} ({value})")
+    for name, a in up.arrays.items():
+        if np.asarray(a).dtype.kind == "f" and not np.isfinite(a).all():
+            raise FloatingPointError(f"local work produced non-finite values in {name!r}")

@@ -284,6 +284,7 @@ class DeviceRuntime:
         self.assignment = a
         if a.accepted and self.registered_epoch != a.epoch:
             self.registered_epoch = a.epoch
+            self.agent.run_id = a.epoch  # requests of any other run are answered with an error
             log.info("device %s: registered with server %s as %s", self.opts.device_id, a.epoch, a.spec.name)
             while self.held:
                 self._serve(*self.held.popleft())
@@ -299,7 +300,7 @@ class DeviceRuntime:
         ctx = DeviceContext(self.opts.device_id, a.spec, train, a.settings, derive_seed(a.seed, self.opts.device_id), a.rounds,
                             public=public if holds_public else None)
         half = algorithm.device(ctx, options)
-        self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet, algorithm=a.algorithm, limits=self.limits)
+        self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet, algorithm=a.algorithm, limits=self.limits, run_id=a.epoch)
         self.num_samples = len(train)
         log.info("device %s: built %s for %s on %d samples", self.opts.device_id, a.spec.name, a.algorithm, len(train))
 
@@ -311,7 +312,8 @@ class DeviceRuntime:
         if routing.kind == "train" and self.opts.delay > 0:
             time.sleep(self.opts.delay)
         reply = self.agent.handle_bytes(data)
-        self.endpoint.reply(routing, reply)
+        if reply is not None:
+            self.endpoint.reply(routing, reply)
         self.served += 1
 
     def _on_server(self, status: dict[str, Any]) -> None:
@@ -353,6 +355,8 @@ class DeviceRuntime:
                         self._serve(routing, item)
                 except (WireError, ConfigError) as e:
                     log.warning("device %s: rejected a %s message: %s", self.opts.device_id, kind, e)
+                except Exception:  # a bug or a hostile message must not end the device: keep serving
+                    log.exception("device %s: failed on a %s message", self.opts.device_id, kind)
                 self.endpoint.retry_unacked()
             self._flush()
         finally:

@@ -25,8 +25,9 @@ import safetensors.numpy
 from edgefl.algorithms.base import ServerContext, ServerHalf
 from edgefl.errors import EdgeflError, WireError
 from edgefl.transport.base import Transport
-from edgefl.wire import Envelope, Limits, Payload, decode, encode
-from edgefl.wire.validate import check_uplink
+from edgefl.wire import Envelope, Limits, Payload, decode, encode, new_nonce
+from edgefl.wire.schema import Expectation
+from edgefl.wire.validate import check_reply
 
 log = logging.getLogger(__name__)
 #: Downlink metadata meaning "the payload you absorbed at this round's evaluation, unchanged".
@@ -44,6 +45,7 @@ class Exchange:
     bytes_down: dict[str, int] = field(default_factory=dict)
     bytes_up: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)  # invalid replies refused, per device
 
 
 @dataclass
@@ -51,6 +53,7 @@ class LoopSettings:
     rounds: int
     fleet: str = "default"
     algorithm: str = ""
+    run_id: str = field(default_factory=lambda: new_nonce()[:12])  # replies from another run are refused
     timeout: float | None = None  # per-round deadline in seconds (None: wait for every device)
     eval_every: int = 1
     eval_split: str = "quick"  # per-round evaluation split; the final one uses "test"
@@ -86,49 +89,49 @@ class RoundLoop:
     # -- one exchange ---------------------------------------------------------------------------
     def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str) -> Exchange:
         out = Exchange()
-        messages = {}
+        messages, wants = {}, {}
         for device_id, payload in payloads.items():
+            record = self.ctx.fleet[device_id]
             env = Envelope(
                 kind=kind,
                 round=round,
                 device_id=device_id,
                 fleet=self.settings.fleet,
                 algorithm=self.settings.algorithm,
-                tier=self.ctx.fleet[device_id].spec.tier,
+                tier=record.spec.tier,
                 payload=payload,
+                run=self.settings.run_id,
+                nonce=new_nonce(),
+            )
+            wants[device_id] = Expectation(
+                kind, round, device_id, env.fleet, env.tier, env.run, env.nonce, env.algorithm,
+                arrays=self.server.expected_uplink(device_id) if expect == "update" else None,
+                max_samples=record.num_samples or None,
             )
             messages[device_id] = encode(env)
             out.bytes_down[device_id] = len(messages[device_id])
-        deliveries = self.transport.request(messages, timeout=self.settings.timeout)
+
+        def accept(device_id: str, data: bytes) -> Envelope:
+            """Decode and check a reply; a WireError refuses it (the transport keeps waiting)."""
+            reply = decode(data, self.limits)
+            check_reply(reply, wants[device_id])
+            return reply
+
+        deliveries = self.transport.request(messages, timeout=self.settings.timeout, accept=accept)
         for device_id in payloads:
             d = deliveries.get(device_id)
+            if d is not None and d.rejected:
+                out.rejected[device_id] = len(d.rejected)
+                log.warning("round %d: refused %d invalid replies from %s (first: %s)", round, len(d.rejected), device_id, d.rejected[0])
             if d is None or d.reply is None:
                 out.failed[device_id] = d.error if d is not None else "no reply"
                 continue
             out.bytes_up[device_id] = len(d.reply)
             out.seconds[device_id] = d.seconds
-            try:
-                reply = decode(d.reply, self.limits)
-            except WireError as e:
-                log.warning("rejected a reply from %s: %s", device_id, e)
-                out.failed[device_id] = f"rejected: {e}"
-                continue
-            if reply.device_id != device_id or reply.round != round:
-                out.failed[device_id] = f"reply for {reply.device_id!r} round {reply.round}, expected round {round}"
-            elif reply.kind == "error":
+            reply = d.value
+            if reply.kind == "error":
                 out.failed[device_id] = str(reply.payload.meta.get("reason", "device error"))
-            elif reply.kind != expect:
-                out.failed[device_id] = f"unexpected reply kind {reply.kind!r}"
-            elif reply.tier != self.ctx.fleet[device_id].spec.tier:
-                out.failed[device_id] = f"reply from tier {reply.tier!r}, assigned tier {self.ctx.fleet[device_id].spec.tier!r}"
             else:
-                if expect == "update":
-                    try:
-                        check_uplink(reply.payload, self.server.expected_uplink(device_id))
-                    except WireError as e:
-                        log.warning("rejected an uplink from %s: %s", device_id, e)
-                        out.failed[device_id] = f"rejected: {e}"
-                        continue
                 out.replies[device_id] = reply
         for device_id, reason in out.failed.items():
             log.warning("round %d: device %s failed: %s", round, device_id, reason)
@@ -181,6 +184,7 @@ class RoundLoop:
             "selected": selected,
             "completed": sorted(ex.replies),
             "failed": ex.failed,
+            "rejected": ex.rejected,
             "bytes_down": ex.bytes_down,
             "bytes_up": ex.bytes_up,
             "bytes_down_total": sum(ex.bytes_down.values()),

@@ -241,6 +241,7 @@ def serve(
             rounds=cfg.rounds,
             fleet=opts.fleet,
             algorithm=cfg.algorithm,
+            run_id=transport.epoch,  # devices learn it at registration; replies must echo it
             timeout=opts.deadline,
             eval_every=cfg.eval_every,
             checkpoint_dir=opts.checkpoint_dir,
@@ -260,6 +261,7 @@ def serve(
                 "received_up": stats.bytes_up,
                 "retries": stats.retries,
                 "dropped": stats.dropped,
+                "rejected": stats.rejected,
                 "wait_seconds": {d: max(0.0, s - r["train_seconds"].get(d, 0.0)) for d, s in r.get("reply_seconds", {}).items()},
             }
             rounds.append(r)

@@ -10,11 +10,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from edgefl.transport.base import Delivery
+from edgefl.errors import WireError
+from edgefl.transport.base import Accept, Delivery
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[bytes], bytes]
+Handler = Callable[[bytes], bytes | None]  # None: nothing to answer (a message that is no request)
 
 
 class InMemoryTransport:
@@ -24,7 +25,7 @@ class InMemoryTransport:
     def connect(self, device_id: str, handler: Handler) -> None:
         self.handlers[device_id] = handler
 
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None = None) -> dict[str, Delivery]:
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None = None, accept: Accept) -> dict[str, Delivery]:
         out = {}
         for device_id, data in messages.items():
             handler = self.handlers.get(device_id)
@@ -38,7 +39,16 @@ class InMemoryTransport:
                 log.warning("device %s failed: %s", device_id, e)
                 out[device_id] = Delivery(device_id, None, f"{type(e).__name__}: {e}", time.perf_counter() - t0)
                 continue
-            out[device_id] = Delivery(device_id, reply, None, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            if reply is None:
+                out[device_id] = Delivery(device_id, None, "no reply", seconds)
+                continue
+            try:
+                value = accept(device_id, reply)
+            except WireError as e:  # one reply per request here: a refused one is the device's failure
+                out[device_id] = Delivery(device_id, None, f"rejected: {e}", seconds, rejected=(str(e),))
+                continue
+            out[device_id] = Delivery(device_id, reply, None, seconds, value)
         return out
 
     def close(self) -> None:

@@ -33,8 +33,11 @@ restart without persistence), an application-level protocol on top:
 
 Every message is size-checked against :class:`edgefl.wire.Limits` by edgefl itself before it is
 published and before anything parses it, and only the routing header is read here
-(:func:`edgefl.wire.validate.peek`); the round loop decodes and validates the payload. A bad
-message is logged with its reason and dropped; nothing here raises on what the network sends.
+(:func:`edgefl.wire.validate.peek`) before a reply is handed to the caller's ``accept``, which
+decodes and checks it against its request. The first *accepted* reply per device and request is
+kept; a refused one is logged, counted (``ExchangeStats.rejected``, ``Delivery.rejected``) and
+acknowledged so its sender stops re-sending it, and the exchange goes on waiting for the real one.
+Nothing here raises on what the network sends.
 """
 
 from __future__ import annotations
@@ -59,14 +62,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edgefl.errors import ConfigError, TransportError, WireError
-from edgefl.transport.base import Delivery
-from edgefl.wire import Envelope, Limits, Payload, encode
+from edgefl.transport.base import Accept, Delivery
+from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
 from edgefl.wire.validate import Routing, peek
 
 log = logging.getLogger(__name__)
 
-#: What a device answers to each request kind ("error" is always acceptable).
-REPLY_KINDS = {"train": "update", "evaluate": "metrics", "finish": "done"}
 SESSION_EXPIRY_SECONDS = 24 * 3600
 
 
@@ -361,6 +362,9 @@ class _Pending:
     reply_routing: Routing | None = None
     published: int = 0
     attempts: int = 0
+    accept: Accept | None = None
+    value: object = None
+    rejected: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -371,6 +375,7 @@ class ExchangeStats:
     bytes_up: dict[str, int] = field(default_factory=dict)
     retries: dict[str, int] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)  # messages refused, per sender
 
 
 RegisterHandler = Callable[[str, bytes], bytes | None]
@@ -441,7 +446,7 @@ class MqttServerTransport(Endpoint):
         return stats
 
     # -- the Transport protocol --
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None) -> dict[str, Delivery]:
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
         out: dict[str, Delivery] = {}
@@ -453,7 +458,7 @@ class MqttServerTransport(Endpoint):
                     out[device_id] = Delivery(device_id, None, f"not sent: {e}")
                     continue
                 first = retry_delay(self.retry_after, len(data))
-                self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + first, first)
+                self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + first, first, accept=accept)
             self.outstanding = sum(1 for d in messages if d in self.pending)
             self.wake_at = now
         for device_id, data in messages.items():
@@ -502,15 +507,25 @@ class MqttServerTransport(Endpoint):
                 p = self.pending.pop(device_id, None)
                 if p is not None:
                     closed.add((p.kind, p.round))
+                rejected = tuple(p.rejected) if p is not None else ()
                 if p is not None and p.reply is not None:
-                    out[device_id] = Delivery(device_id, p.reply, None, p.replied_at - p.sent)
+                    out[device_id] = Delivery(device_id, p.reply, None, p.replied_at - p.sent, p.value, rejected)
                 else:
                     state = self.status.get(device_id, "unknown")
                     why = "no acknowledgement" if p is None or not p.acked else "acknowledged but no reply"
-                    out[device_id] = Delivery(device_id, None, f"deadline of {timeout:g} s passed ({why}; device {state})", time.monotonic() - (p.sent if p else now))
+                    out[device_id] = Delivery(device_id, None, f"deadline of {timeout:g} s passed ({why}; device {state})", time.monotonic() - (p.sent if p else now), rejected=rejected)
         for kind, rnd in sorted(closed):
             self._announce_closed(kind, rnd)
         return out
+
+    def _seen(self, message_id: str) -> None:
+        self.seen_replies[message_id] = None
+        while len(self.seen_replies) > 4096:
+            self.seen_replies.popitem(last=False)
+
+    def _count_rejected(self, device_id: str) -> None:
+        with self.lock:
+            self.stats.rejected[device_id] = self.stats.rejected.get(device_id, 0) + 1
 
     def _ack_reply(self, r: Routing) -> None:
         self.publish(self.topics.device(r.device_id, "down"), ack_envelope(self.fleet, r.device_id, r), qos=0)
@@ -525,7 +540,7 @@ class MqttServerTransport(Endpoint):
 
     def announce_end(self) -> None:
         """Tell every device (retained, so also those reconnecting later) that the run is over."""
-        env = Envelope("finish", -1, "*", fleet=self.fleet, payload=Payload({}, {"run_over": True, "epoch": self.epoch}))
+        env = Envelope("finish", 0, "*", fleet=self.fleet, payload=Payload({}, {"run_over": True, "epoch": self.epoch}))
         info = self.client.publish(self.topics.broadcast, encode(env), qos=1, retain=True)
         try:
             info.wait_for_publish(5)
@@ -548,11 +563,15 @@ class MqttServerTransport(Endpoint):
             with self.lock:
                 self.status[device_id] = data.decode("utf-8", "replace")[:32] or "unknown"
             return
-        r = peek(data, self.limits)
-        if r.device_id != device_id:
-            raise WireError(f"envelope names device {r.device_id!r} but came on {device_id!r}'s topic")
-        if r.fleet != self.fleet:
-            raise WireError(f"envelope is for fleet {r.fleet!r}, not {self.fleet!r}")
+        try:
+            r = peek(data, self.limits)
+            if r.device_id != device_id:
+                raise WireError(f"envelope names device {r.device_id!r} but came on {device_id!r}'s topic")
+            if r.fleet != self.fleet:
+                raise WireError(f"envelope is for fleet {r.fleet!r}, not {self.fleet!r}")
+        except WireError:
+            self._count_rejected(device_id)
+            raise
         if leaf == "register":
             if r.kind != "register":
                 raise WireError(f"a {r.kind!r} message on the registration topic")
@@ -570,21 +589,36 @@ class MqttServerTransport(Endpoint):
                     p.acked = True  # the request loop sees it before its next re-send falls due
             return
         if r.kind not in ("update", "metrics", "done", "error"):
+            self._count_rejected(device_id)
             raise WireError(f"a device does not send {r.kind!r} messages")
         with self.lock:
             self.stats.bytes_up[device_id] = self.stats.bytes_up.get(device_id, 0) + len(data)
             duplicate = r.message_id in self.seen_replies
             p = self.pending.get(device_id)
-            if not duplicate and p is not None and p.reply is None and r.round == p.round and r.kind in (REPLY_KINDS.get(p.kind), "error"):
-                p.reply, p.replied_at, p.acked, p.reply_routing = bytes(data), time.monotonic(), True, r
-                self.seen_replies[r.message_id] = None
-                while len(self.seen_replies) > 4096:
-                    self.seen_replies.popitem(last=False)
-                self.outstanding -= 1
-                if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
-                    self.lock.notify_all()
-                return  # acknowledged by the exchange's closing broadcast, or alone after ack_delay
-            if not duplicate:
+            candidate = not duplicate and p is not None and p.reply is None and r.round == p.round and r.kind in (REPLY_KINDS.get(p.kind), "error")
+            if candidate:
+                self._seen(r.message_id)
+        if candidate:
+            # decode and check outside the lock (a large update takes tens of ms); the first
+            # accepted reply wins, a refused one is counted and never takes the real one's place
+            try:
+                value = p.accept(device_id, bytes(data)) if p.accept is not None else None
+            except WireError as e:
+                log.warning("refused a %s from %s for round %d: %s", r.kind, device_id, r.round, e)
+                with self.lock:
+                    p.rejected.append(str(e))
+                self._count_rejected(device_id)
+                self._ack_reply(r)  # its sender may stop re-sending it: it will never be accepted
+                return
+            with self.lock:
+                if self.pending.get(device_id) is p and p.reply is None:
+                    p.reply, p.replied_at, p.acked, p.reply_routing, p.value = bytes(data), time.monotonic(), True, r, value
+                    self.outstanding -= 1
+                    if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
+                        self.lock.notify_all()
+                    return  # acknowledged by the exchange's closing broadcast, or alone after ack_delay
+        with self.lock:
+            if not duplicate and not candidate:
                 self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
                 log.warning("dropped a late or unsolicited %s from %s for round %d", r.kind, device_id, r.round)
         # acknowledge a duplicate or a late reply at once: the device stops re-sending it

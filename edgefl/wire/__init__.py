@@ -1,16 +1,22 @@
-"""Wire format: envelopes, payloads, and the arrays ↔ state-dict helpers."""
+"""Wire format: envelopes, payloads, schemas, and the arrays ↔ state-dict helpers."""
 
-from edgefl.wire.envelope import KINDS, SCHEMA_VERSION, Envelope, Limits, Payload, decode, encode
+from edgefl.wire.envelope import Envelope, Limits, Payload, decode, encode, new_nonce
+from edgefl.wire.schema import KINDS, REPLY_KINDS, SCHEMA_VERSION, ArraySpec, array_spec, spec_of
 from edgefl.wire.tensors import arrays_to_state, state_to_arrays
 
 __all__ = [
     "KINDS",
+    "REPLY_KINDS",
     "SCHEMA_VERSION",
+    "ArraySpec",
     "Envelope",
     "Limits",
     "Payload",
+    "array_spec",
     "arrays_to_state",
     "decode",
     "encode",
+    "new_nonce",
+    "spec_of",
     "state_to_arrays",
 ]

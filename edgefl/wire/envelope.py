@@ -1,41 +1,45 @@
 """The one message shape of edgefl: an envelope = one safetensors blob.
 
 Tensors carry the algorithm's payload; the safetensors header's string metadata carries the
-routing fields (schema, kind, fleet, round, device, message id, algorithm, tier), the payload's
-small scalar metadata as one JSON object, and a SHA-256 digest of the body.
+routing fields (schema, kind, fleet, round, device, message id, algorithm, tier, run, nonce), the
+payload's small scalar metadata as one JSON object, and a CRC-32 checksum.
 
-Nothing that arrives here is ever unpickled, ``torch.load``-ed or ``eval``-ed: the header is
-parsed with ``json.loads`` and checked (size, kinds, dtypes, shapes, offsets that tile the body
-exactly) *before* any tensor byte is read, and float tensors must be finite.
+Nothing that arrives here is ever unpickled, ``torch.load``-ed or ``eval``-ed. Decoding goes, in
+order: the message size; the 8-byte header length (bounded); the header's nesting depth, measured
+on its bytes without parsing (:func:`json_depth`); ``json.loads`` of the header, of which edgefl
+reads only ``__metadata__``; the routing fields and the payload metadata against their pydantic
+models (:mod:`edgefl.wire.schema`); then the ``safetensors`` library itself reads the tensors (it
+checks dtypes, shapes and that the byte ranges tile the body); then dtype whitelist, finite
+values, and the checksum. Every failure is a :class:`~edgefl.errors.WireError`.
 
-The safetensors layout (8-byte little-endian header length, JSON header padded to 8 bytes,
-tensor bytes at the header's offsets) is written and read here directly: the ``safetensors``
-package's numpy path copies every tensor twice on the way out and once more on the way in,
-which for a ResNet-18-sized payload (45 MB) cost more than the SHA-256 digest. The files are
-plain safetensors either way (tests read ours with the package and the package's with ours).
+**What the checksum is for.** It covers the routing fields, the metadata and every tensor's name,
+dtype, shape and bytes, and catches corruption and a message relabelled by something that does not
+recompute it. It has no key, so it does not authenticate: who may publish what is the broker's
+business (per-device credentials or certificates, the ACL in ``broker/``), and TLS keeps messages
+from being read or changed on the way. Replays are refused by the nonce: each request carries a
+fresh one that its reply must echo, with the run id and the algorithm (see
+:func:`edgefl.wire.validate.check_reply`), so an old update relabelled to the current round does
+not match the request it pretends to answer. CRC-32 rather than SHA-256 because it is ~2x faster
+(benchmarks/overhead) and a cryptographic digest without a key bought nothing more.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
+import secrets
 import struct
 import uuid
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import safetensors
 
 from edgefl.errors import WireError
-
-SCHEMA_VERSION = "1"
-
-#: Message kinds. Server → device: train, evaluate, finish, assign, ack.
-#: Device → server: update, metrics, done, error, register, ack.
-KINDS = frozenset(
-    {"train", "update", "evaluate", "metrics", "finish", "done", "error", "register", "assign", "ack"}
-)
+from edgefl.wire.schema import KINDS, SCHEMA_VERSION, Header, check_meta, validate
 
 #: dtype whitelist: numpy dtype ↔ safetensors dtype tag.
 _DTYPES = {
@@ -47,10 +51,7 @@ _DTYPES = {
     np.dtype(np.uint8): "U8",
     np.dtype(np.bool_): "BOOL",
 }
-_TAGS = set(_DTYPES.values())
 _NUMPY = {tag: dtype for dtype, tag in _DTYPES.items()}
-_ITEMSIZE = {"F32": 4, "F16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
-_ROUTING = ("schema", "kind", "fleet", "round", "device", "message_id", "algorithm", "tier")
 
 Scalar = str | int | float | bool
 
@@ -62,11 +63,14 @@ class Limits:
     max_bytes: int = 256 * 1024 * 1024
     max_tensors: int = 4096
     max_header_bytes: int = 4 * 1024 * 1024
+    max_depth: int = 4  # an envelope's header nests 3 deep: {name: {"shape": [..]}}
 
 
 @dataclass
 class Payload:
-    """What an algorithm sends: named arrays plus small scalar metadata."""
+    """What an algorithm sends: named arrays plus small scalar metadata.
+
+    Arrays of a decoded payload are read-only views of the received message: copy to modify."""
 
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Scalar] = field(default_factory=dict)
@@ -84,6 +88,10 @@ class Payload:
         return {k[n:]: v for k, v in self.arrays.items() if k.startswith(prefix)}
 
 
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
 @dataclass(frozen=True)
 class Envelope:
     kind: str
@@ -94,38 +102,50 @@ class Envelope:
     tier: str = ""
     payload: Payload = field(default_factory=Payload)
     message_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    run: str = ""  # the server's run id
+    nonce: str = ""  # a request's fresh nonce; a reply echoes it
+
+    def reply(self, kind: str, payload: Payload | None = None, *, algorithm: str | None = None) -> Envelope:
+        """The answer to this request: same routing, run and nonce; the replier's algorithm."""
+        return Envelope(
+            kind=kind,
+            round=self.round,
+            device_id=self.device_id,
+            fleet=self.fleet,
+            algorithm=self.algorithm if algorithm is None else algorithm,
+            tier=self.tier,
+            payload=payload or Payload(),
+            run=self.run,
+            nonce=self.nonce,
+        )
 
 
-def _digest(arrays: Mapping[str, np.ndarray], meta_json: str) -> str:
-    h = hashlib.sha256(meta_json.encode())
-    for name in sorted(arrays):
-        a = arrays[name]
-        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
-        h.update(np.ascontiguousarray(a).data)
-    return h.hexdigest()
+def _checksum(routing: Mapping[str, str], tensors: list[tuple[str, str, tuple[int, ...], Any]]) -> str:
+    """CRC-32 of the routing fields (all but the checksum) and each tensor's name, dtype tag,
+    shape and bytes, tensors in name order."""
+    crc = zlib.crc32(json.dumps({k: v for k, v in routing.items() if k != "checksum"}, sort_keys=True).encode())
+    for name, tag, shape, data in tensors:
+        crc = zlib.crc32(f"|{name}|{tag}|{list(shape)}|".encode(), crc)
+        crc = zlib.crc32(data, crc)
+    return f"{crc:08x}"
 
 
-def _check_meta(meta: Mapping[str, Scalar]) -> None:
-    for k, v in meta.items():
-        if not isinstance(k, str) or not isinstance(v, (str, int, float, bool)):
-            raise WireError(f"payload metadata {k!r} must be a str/int/float/bool, got {type(v).__name__}")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise WireError(f"payload metadata {k!r} is not finite")
+def _dense(name: str, a: Any) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype not in _DTYPES:
+        raise WireError(f"tensor {name!r} has dtype {a.dtype}, not one of {sorted(t for t in _NUMPY)}")
+    a = np.require(a, requirements="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
+    return a if a.dtype.byteorder != ">" else a.astype(a.dtype.newbyteorder("<"))
 
 
 def encode(env: Envelope) -> bytes:
-    """Serialize an envelope to bytes (one safetensors blob)."""
+    """Serialize an envelope to bytes (one safetensors blob, written by the safetensors library)."""
     if env.kind not in KINDS:
         raise WireError(f"unknown message kind {env.kind!r}")
-    arrays = {}
-    for name, a in env.payload.arrays.items():
-        a = np.asarray(a)
-        if a.dtype not in _DTYPES:
-            raise WireError(f"tensor {name!r} has dtype {a.dtype}, not one of {sorted(_TAGS)}")
-        arrays[name] = np.require(a, requirements="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
-    _check_meta(env.payload.meta)
-    meta_json = json.dumps(env.payload.meta, sort_keys=True)
-    header = {
+    arrays = {name: _dense(name, a) for name, a in env.payload.arrays.items()}
+    meta = dict(env.payload.meta)
+    check_meta(env.kind, meta)
+    routing = {
         "schema": SCHEMA_VERSION,
         "kind": env.kind,
         "fleet": env.fleet,
@@ -134,119 +154,117 @@ def encode(env: Envelope) -> bytes:
         "message_id": env.message_id,
         "algorithm": env.algorithm,
         "tier": env.tier,
-        "meta": meta_json,
-        "digest": _digest(arrays, meta_json),
+        "run": env.run,
+        "nonce": env.nonce,
+        "meta": json.dumps(meta, sort_keys=True, allow_nan=False),
     }
-    return _serialize(arrays, header)
+    tensors = [(n, _DTYPES[arrays[n].dtype], arrays[n].shape, memoryview(arrays[n]).cast("B") if arrays[n].size else b"") for n in sorted(arrays)]
+    routing["checksum"] = _checksum(routing, tensors)
+    validate(Header, routing, "envelope header")  # what we send must pass what we accept
+    specs = {
+        n: safetensors.TensorSpec(dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
+        for n, a in arrays.items()
+    }
+    try:
+        return safetensors.serialize(specs, metadata=routing)
+    except Exception as e:  # the library's own error types
+        raise WireError(f"cannot serialize the envelope: {e}") from None
 
 
-def _serialize(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> bytes:
-    """One safetensors blob: tensors in name order, back to back, after the padded header."""
-    if "__metadata__" in arrays:
-        raise WireError("a tensor may not be named __metadata__")
-    names = sorted(arrays)
-    entries: dict[str, object] = {"__metadata__": dict(metadata)}
-    offset = 0
-    for name in names:
-        a = arrays[name]
-        entries[name] = {"dtype": _DTYPES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    header = json.dumps(entries, separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)
-    bodies = [memoryview(arrays[name]).cast("B") for name in names if arrays[name].nbytes]
-    return b"".join([struct.pack("<Q", len(header)), header, *bodies])
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of objects and arrays in JSON text, found without parsing it: one
+    linear pass over the bytes (strings skipped, escapes honoured). Bounding it first keeps a
+    header of ten thousand ``[`` from reaching ``json.loads``'s recursion."""
+    b = np.frombuffer(raw, np.uint8)
+    if b.size == 0:
+        return 0
+    idx = np.arange(b.size)
+    backslash = b == 0x5C
+    last_plain = np.maximum.accumulate(np.where(backslash, -1, idx))
+    run = np.zeros(b.size, np.int64)
+    run[1:] = idx[:-1] - last_plain[:-1]  # backslashes right before each byte
+    quote = (b == 0x22) & (run % 2 == 0)
+    inside = (np.cumsum(quote) % 2).astype(bool)
+    opens = ((b == 0x7B) | (b == 0x5B)) & ~inside
+    closes = ((b == 0x7D) | (b == 0x5D)) & ~inside
+    return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
 
 
-def _parse_header(data: bytes, limits: Limits) -> dict:
+def _loads(raw: bytes, max_depth: int, what: str) -> Any:
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise WireError(f"{what} nests {depth} deep (limit {max_depth})")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise WireError(f"{what} is not JSON: {e}") from None
+
+
+def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], int]:
+    """The checked routing header, the checked payload metadata and the number of tensors the
+    header lists, of an envelope; its tensors are not read."""
     if len(data) > limits.max_bytes:
         raise WireError(f"message of {len(data)} bytes exceeds the limit of {limits.max_bytes}")
     if len(data) < 8:
         raise WireError("message too short to be an envelope")
-    (n,) = struct.unpack("<Q", data[:8])
+    (n,) = struct.unpack("<Q", bytes(data[:8]))
     if n > min(limits.max_header_bytes, len(data) - 8):
         raise WireError(f"header length {n} is out of bounds")
-    try:
-        header = json.loads(data[8 : 8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WireError(f"header is not JSON: {e}") from None
+    header = _loads(bytes(data[8 : 8 + n]), limits.max_depth, "header")
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
-    return header
-
-
-def _tensors(data: bytes, header: Mapping[str, dict]) -> dict[str, np.ndarray]:
-    """The tensors of a checked header: their byte ranges must tile the body exactly (no gaps,
-    no overlaps, nothing left over); each is copied out of ``data`` once."""
-    (n,) = struct.unpack("<Q", data[:8])
-    start, body = 8 + n, len(data) - 8 - n
-    spans = sorted((info["data_offsets"][0], info["data_offsets"][1], name) for name, info in header.items())
-    end = 0
-    for begin, stop, name in spans:
-        if begin != end:
-            raise WireError(f"tensor {name!r} does not start where the previous one ends")
-        end = stop
-    if end != body:
-        raise WireError(f"the tensors cover {end} bytes of a {body}-byte body")
-    arrays = {}
-    for begin, _, name in spans:
-        info = header[name]
-        dtype, shape = _NUMPY[info["dtype"]], tuple(info["shape"])
-        count = math.prod(shape)
-        if count == 0:
-            arrays[name] = np.empty(shape, dtype)
-            continue
-        if dtype == np.bool_:
-            raw = np.frombuffer(data, np.uint8, count, start + begin)
-            if (raw > 1).any():
-                raise WireError(f"tensor {name!r}: a BOOL byte other than 0 or 1")
-        arrays[name] = np.frombuffer(data, dtype, count, start + begin).reshape(shape).copy()
-    return arrays
+    tensors = len(header) - ("__metadata__" in header)
+    if tensors > limits.max_tensors:
+        raise WireError(f"{tensors} tensors exceed the limit of {limits.max_tensors}")
+    routing = header.get("__metadata__")
+    if not isinstance(routing, dict):
+        raise WireError("envelope metadata is missing")
+    if routing.get("schema") != SCHEMA_VERSION:
+        raise WireError(f"schema version {str(routing.get('schema'))[:16]!r} is not supported (want {SCHEMA_VERSION})")
+    checked = validate(Header, routing, "envelope header")
+    meta = _loads(checked.meta.encode(), 1, "payload metadata")
+    return checked, check_meta(checked.kind, meta), tensors
 
 
 def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
-    """Parse and validate an envelope. Raises WireError with the reason on any defect."""
+    """Parse and validate an envelope. Raises WireError with the reason on any defect, and
+    nothing else."""
     data = bytes(data)  # no copy when it is bytes already
-    header = _parse_header(data, limits)
-    meta = header.pop("__metadata__", None)
-    if not isinstance(meta, dict) or any(k not in meta for k in (*_ROUTING, "meta", "digest")):
-        raise WireError("envelope metadata is missing routing fields")
-    if meta["schema"] != SCHEMA_VERSION:
-        raise WireError(f"schema version {meta['schema']!r} is not supported (want {SCHEMA_VERSION})")
-    if meta["kind"] not in KINDS:
-        raise WireError(f"unknown message kind {meta['kind']!r}")
-    if len(header) > limits.max_tensors:
-        raise WireError(f"{len(header)} tensors exceed the limit of {limits.max_tensors}")
-    for name, info in header.items():
-        if not isinstance(info, dict) or info.get("dtype") not in _TAGS:
-            raise WireError(f"tensor {name!r} has a dtype outside the whitelist")
-        shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
-            raise WireError(f"tensor {name!r} has an invalid shape")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)):
-            raise WireError(f"tensor {name!r} has invalid offsets")
-        if offsets[1] - offsets[0] != math.prod(shape) * _ITEMSIZE[info["dtype"]]:
-            raise WireError(f"tensor {name!r}: byte length does not match its shape")
-    arrays = _tensors(data, header)
+    header, meta, count = read_header(data, limits)
     try:
-        payload_meta = json.loads(meta["meta"])
-        rnd = int(meta["round"])
-    except Exception as e:  # safetensors raises its own error types
-        raise WireError(f"malformed envelope: {e}") from None
-    if not isinstance(payload_meta, dict):
-        raise WireError("payload metadata is not a JSON object")
-    _check_meta(payload_meta)
-    for name, a in arrays.items():
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
+        flat = safetensors.deserialize(data)
+    except Exception as e:  # the library's own error types: a malformed layout
+        raise WireError(f"malformed tensors: {e}") from None
+    if len(flat) != count:
+        raise WireError(f"the header lists {count} tensors, the library read {len(flat)}")
+    arrays: dict[str, np.ndarray] = {}
+    tensors = []
+    for name, info in sorted(flat, key=lambda item: item[0]):
+        tag, shape, raw = info["dtype"], tuple(info["shape"]), info["data"]
+        dtype = _NUMPY.get(tag)
+        if dtype is None:
+            raise WireError(f"tensor {name!r} has dtype {tag}, outside the whitelist")
+        if len(raw) != math.prod(shape) * dtype.itemsize:  # the library checks it; cheap to be sure
+            raise WireError(f"tensor {name!r}: byte length does not match its shape")
+        a = np.frombuffer(raw, dtype).reshape(shape)
+        if dtype == np.bool_ and a.size and np.frombuffer(raw, np.uint8).max() > 1:
+            raise WireError(f"tensor {name!r}: a BOOL byte other than 0 or 1")
+        if dtype.kind == "f" and not np.isfinite(a).all():
             raise WireError(f"tensor {name!r} has non-finite values")
-    if _digest(arrays, meta["meta"]) != meta["digest"]:
-        raise WireError("body digest does not match")
+        arrays[name] = a
+        tensors.append((name, tag, shape, raw))
+    routing = header.model_dump(by_alias=True)
+    if _checksum(routing, tensors) != header.checksum:
+        raise WireError("checksum does not match")
     return Envelope(
-        kind=meta["kind"],
-        round=rnd,
-        device_id=meta["device"],
-        fleet=meta["fleet"],
-        algorithm=meta["algorithm"],
-        tier=meta["tier"],
-        payload=Payload(arrays=dict(arrays), meta=payload_meta),
-        message_id=meta["message_id"],
+        kind=header.kind,
+        round=int(header.round),
+        device_id=header.device,
+        fleet=header.fleet,
+        algorithm=header.algorithm,
+        tier=header.tier,
+        payload=Payload(arrays=arrays, meta=meta),
+        message_id=header.message_id,
+        run=header.run,
+        nonce=header.nonce,
     )
