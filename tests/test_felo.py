@@ -390,7 +390,7 @@ def test_batchnorm_counters_keep_their_shape_over_the_wire():
     from edgefl.wire import Envelope, decode, encode
 
     arrays = {"w/bn.num_batches_tracked": np.array(7, np.int64), "w/x": np.ones((3, 4), np.float32)[:, ::2]}
-    env = decode(encode(Envelope(kind="update", round=0, device_id="d00", payload=Payload(arrays))))
+    env = decode(encode(Envelope(kind="update", round=0, device_id="d00", payload=Payload(arrays, {"num_samples": 1}))))
     assert env.payload.arrays["w/bn.num_batches_tracked"].shape == ()
     assert env.payload.arrays["w/x"].shape == (3, 2)
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from edgefl.algorithms.aggregate import weighted_average
-from edgefl.algorithms.base import Algorithm, DeviceHalf, NoOptions, ServerHalf, register
+from edgefl.algorithms.aggregate import Defences, clip_update, defences_of, robust_average
+from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
 from edgefl.algorithms.training import train_local
 from edgefl.models import build_model
 from edgefl.wire import ArraySpec, Payload, arrays_to_state, spec_of, state_to_arrays
@@ -52,11 +52,13 @@ class GlobalModelServer(ServerHalf):
         return Payload(dict(self.weights))
 
     def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
-        if uplinks:
-            self.weights = weighted_average(
-                ({k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)}, float(p.meta["num_samples"]))
-                for p in uplinks.values()
-            )
+        if not uplinks:
+            return {}
+        d = defences_of(self.options)  # optional bounds on a malicious update's influence
+        items = [({k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)}, float(p.meta["num_samples"])) for p in uplinks.values()]
+        if d.clip_norm > 0:
+            items = [(clip_update(a, self.weights, d.clip_norm), w) for a, w in items]
+        self.weights = robust_average(items, d.aggregator, d.trim)
         return {}
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -78,7 +80,7 @@ register(
         description="FedAvg: average the weights of one shared architecture (weighted by data size)",
         device=GlobalModelDevice,
         server=GlobalModelServer,
-        options=NoOptions,
+        options=Defences,
         defaults=PAPER_DEFAULTS,
     )
 )

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgefl.algorithms.aggregate import Defences, clip_to_norm, defences_of, robust_stack
 from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
 from edgefl.algorithms.training import train_local
 from edgefl.data import ArrayDataset
@@ -94,18 +95,18 @@ class PrototypeTable:
         self.values = np.zeros((num_classes, dim), np.float32)
         self.known = np.zeros(num_classes, bool)
 
-    def aggregate(self, uploads: Sequence[Mapping[int, np.ndarray]]) -> int:
-        """c^y = unweighted mean over the uploads holding y; returns how many classes were updated."""
-        sums = np.zeros((self.num_classes, self.dim), np.float64)
-        counts = np.zeros(self.num_classes, np.int64)
+    def aggregate(self, uploads: Sequence[Mapping[int, np.ndarray]], defences: Defences = Defences()) -> int:
+        """c^y = unweighted mean over the uploads holding y (or the defences' robust rule, after
+        bounding each upload's distance from the current c^y); returns how many classes were updated."""
+        per_class: dict[int, list[np.ndarray]] = {}
         for protos in uploads:
             for c, v in protos.items():
-                sums[c] += v
-                counts[c] += 1
-        seen = counts > 0
-        self.values[seen] = (sums[seen] / counts[seen, None]).astype(np.float32)
-        self.known |= seen
-        return int(seen.sum())
+                ref = self.values[c] if self.known[c] else None
+                per_class.setdefault(c, []).append(clip_to_norm(v, ref, defences.clip_norm) if defences.clip_norm > 0 else v)
+        for c, vectors in per_class.items():
+            self.values[c] = robust_stack(vectors, defences.aggregator, defences.trim).astype(np.float32)
+            self.known[c] = True
+        return len(per_class)
 
     def select(self, classes: Sequence[int] | None) -> dict[int, np.ndarray]:
         """The known prototypes of ``classes`` (all known ones for None)."""
@@ -165,7 +166,7 @@ class PrototypeServer(ServerHalf):
                 continue
             if uploads[d]:
                 self.device_classes[d] = sorted(uploads[d])
-        updated = self.table.aggregate(list(uploads.values()))
+        updated = self.table.aggregate(list(uploads.values()), defences_of(self.options))
         return {"classes_updated": float(updated), "classes_known": float(self.table.known.sum())}
 
     def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
@@ -188,11 +189,12 @@ class PrototypeServer(ServerHalf):
 
 # -- FedProto itself ----------------------------------------------------------------------------
 @dataclass(frozen=True)
-class FedProtoOptions:
+class FedProtoOptions(Defences):
     lam: float = 1.0
     full_last_rounds: int = 0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.lam < 0:
             raise ValueError("lam must be >= 0")
         if self.full_last_rounds < 0:

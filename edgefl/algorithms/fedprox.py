@@ -7,16 +7,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from edgefl.algorithms.aggregate import Defences
 from edgefl.algorithms.base import Algorithm, register
 from edgefl.algorithms.fedavg import PAPER_DEFAULTS, GlobalModelDevice, GlobalModelServer
 from edgefl.wire import Payload
 
 
 @dataclass(frozen=True)
-class FedProxOptions:
+class FedProxOptions(Defences):
     mu: float = 0.01
 
     def __post_init__(self):
+        super().__post_init__()
         if self.mu < 0:
             raise ValueError("mu must be >= 0")
 

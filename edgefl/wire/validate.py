@@ -66,6 +66,8 @@ def check_reply(reply: Envelope, want: Expectation) -> None:
     for name, got, expected in fields:
         if got != expected:
             raise WireError(f"reply {name} {str(got)[:64]!r} does not match the request's {str(expected)[:64]!r}")
+    if reply.kind != "update" and reply.payload.arrays:
+        raise WireError(f"a {reply.kind!r} reply carries {len(reply.payload.arrays)} arrays; only updates carry any")
     if reply.kind == "error":
         return
     if reply.tier != want.tier:
