@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from edgefl.transport.base import Delivery, Transport
+from edgefl.transport.base import Accept, Delivery, Transport
 from edgefl.wire.validate import peek
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class FleetStatus:
     def _device(self, device_id: str) -> dict[str, Any]:
         return self.devices.setdefault(device_id, {
             "tier": None, "model": None, "profile": {}, "registered_at": None, "last_round": None,
-            "bytes_up": 0, "bytes_down": 0, "misses": 0, "rounds_completed": 0,
+            "bytes_up": 0, "bytes_down": 0, "misses": 0, "rounds_completed": 0, "rejected": 0,
         })
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -91,6 +91,7 @@ class FleetStatus:
             for device_id, delivery in deliveries.items():
                 d = self._device(device_id)
                 d["bytes_down"] += sizes.get(device_id, 0)
+                d["rejected"] += len(delivery.rejected)  # invalid replies refused (issue 19)
                 if delivery.reply is not None:
                     d["bytes_up"] += len(delivery.reply)
                     d["misses"] = 0
@@ -185,7 +186,7 @@ class ObservedTransport:
     def __init__(self, inner: Transport, status: FleetStatus):
         self.inner, self.status = inner, status
 
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None) -> dict[str, Delivery]:
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
         kind, rnd = "train", -1
         for data in messages.values():
             try:
@@ -195,7 +196,7 @@ class ObservedTransport:
                 pass
             break
         self.status.exchange_started(kind, rnd, sorted(messages), timeout)
-        out = self.inner.request(messages, timeout=timeout)
+        out = self.inner.request(messages, timeout=timeout, accept=accept)
         self.status.exchange_done(kind, rnd, out, {d: len(m) for d, m in messages.items()})
         return out
 
