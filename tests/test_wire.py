@@ -248,3 +248,27 @@ def test_any_mutation_of_a_real_envelope_decodes_or_raises_wire_error(data):
         decode(bytes(blob))
     except WireError:
         pass
+
+
+def test_a_device_answers_a_downlink_of_the_wrong_dtype_with_an_error_and_keeps_its_model(tmp_path):
+    import torch
+
+    from edgefl.algorithms import get_algorithm
+    from edgefl.algorithms.base import DeviceContext, TrainSettings
+    from edgefl.data import load_dataset
+    from edgefl.models import ModelSpec
+    from edgefl.runtime.agent import DeviceAgent
+
+    data = load_dataset("synthetic", "train").subset(np.arange(40))
+    spec = ModelSpec("cnn", "1", 10, data.info.in_shape, width=0.25)
+    half = get_algorithm("fedavg").device(DeviceContext("d00", spec, data, TrainSettings(steps=1), 0, 1), get_algorithm("fedavg").parse_options({}))
+    agent = DeviceAgent(half, algorithm="fedavg", run_id="r1")
+    before = {k: v.clone() for k, v in half.model.state_dict().items()}
+    weights = {k: np.full(v.shape, 1e300) for k, v in half.expected_downlink().items()}  # float64, right shapes
+    request = Envelope("train", 0, "d00", algorithm="fedavg", tier="1", run="r1", nonce="ab" * 16, payload=Payload(weights))
+    reply = decode(agent.handle_bytes(encode(request)))
+    assert reply.kind == "error" and "dtype float64" in reply.payload.meta["reason"] and reply.nonce == request.nonce
+    assert all(torch.equal(before[k], v) for k, v in half.model.state_dict().items())
+    other_run = dataclasses.replace(request, run="r0", payload=Payload())
+    assert "run 'r0'" in decode(agent.handle_bytes(encode(other_run))).payload.meta["reason"]
+    assert agent.handle_bytes(b"\x00" * 64) is None  # no readable routing: nobody to answer

@@ -194,6 +194,14 @@ def _down_oracle(agent) -> Callable[[Envelope], str | None]:
             return "a request for another device, fleet or algorithm"
         if agent.run_id is not None and env.run != agent.run_id:
             return "a request of another run"
+        declared = agent.half.expected_downlink()
+        if env.payload.arrays and declared is not None:
+            if set(env.payload.arrays) != set(declared):
+                return "downlink array names"
+            for name, spec in declared.items():
+                a = env.payload.arrays[name]
+                if a.dtype != spec.dtype or (spec.shape is not None and tuple(a.shape) != tuple(spec.shape)):
+                    return f"downlink array {name}"
         return None
 
     return oracle

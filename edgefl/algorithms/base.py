@@ -7,6 +7,7 @@ Device half (one object per device, owns the device's model):
                                  Idempotent while the server state is unchanged: the runtime may
                                  call it again before an evaluation.
     ``fit(round) -> Payload``     local work; returns the uplink.
+    ``expected_downlink()``       optional: ``{array name: ArraySpec}`` of a non-empty downlink.
     ``finish(round, payload)``    the end of the run: default = ``receive`` (install the final model);
                                  methods with a last local phase (FedVTC's fine-tuning) override it.
 
@@ -139,6 +140,12 @@ class DeviceHalf:
 
     def fit(self, round: int) -> Payload:
         raise NotImplementedError
+
+    def expected_downlink(self) -> Mapping[str, ArraySpec] | None:
+        """The arrays (name → dtype and shape) a downlink that carries any carries, all of them,
+        checked by the device agent before :meth:`receive`. None (the default): no check beyond
+        the codec's; ``receive`` then checks what it reads."""
+        return None
 
     def finish(self, round: int, payload: Payload) -> None:
         self.receive(round, payload)

@@ -27,6 +27,12 @@ class GlobalModelDevice(DeviceHalf):
         if state:
             self.model.load_state_dict(state, strict=True)
 
+    def expected_downlink(self) -> dict[str, ArraySpec]:
+        """The global model's weights, in this model's dtypes and shapes."""
+        if not hasattr(self, "_downlink"):
+            self._downlink = {k: spec_of(v) for k, v in state_to_arrays(self.model.state_dict(), WEIGHTS).items()}
+        return self._downlink
+
     def loss_fn(self, round: int):
         """The local objective; None = plain cross-entropy. Subclasses add their terms."""
         return None

@@ -138,6 +138,10 @@ class FedDWDevice(GlobalModelDevice):
             log.warning("FedDW expects head='feddw' (bias-free classifier); %s has head %r", ctx.spec.name, ctx.spec.head)
         self.sl = torch.eye(ctx.num_classes)
 
+    def expected_downlink(self) -> dict[str, ArraySpec]:
+        c = self.ctx.num_classes
+        return {**super().expected_downlink(), SL: array_spec(np.float32, (c, c))}
+
     def receive(self, round: int, payload: Payload) -> None:
         super().receive(round, payload)
         if SL in payload.arrays:

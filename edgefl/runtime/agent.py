@@ -21,6 +21,7 @@ from edgefl.data import ArrayDataset
 from edgefl.errors import WireError
 from edgefl.runtime.loop import UNCHANGED
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, decode, encode
+from edgefl.wire.schema import check_arrays
 from edgefl.wire.validate import peek
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,8 @@ class DeviceAgent:
             raise WireError(f"a request for algorithm {env.algorithm!r}; this device runs {self.algorithm!r}")
         if self.run_id is not None and env.run != self.run_id:
             raise WireError(f"a request of run {env.run!r}; this device serves run {self.run_id!r}")
+        if env.payload.arrays:
+            check_arrays(env.payload.arrays, self.half.expected_downlink(), "downlink")
 
     def handle(self, env: Envelope) -> Envelope:
         try:
