@@ -79,4 +79,4 @@ def test_toml_config_is_read_and_flags_override_it(tmp_path, monkeypatch, capsys
     summary = json.loads(out)
     resolved = json.loads((tmp_path / "t" / "config.json").read_text())
     assert summary["rounds"] == 1 and resolved["clients"] == 2
-    assert resolved["resolved_options"] == {"mu": 0.1}
+    assert resolved["resolved_options"] == {"mu": 0.1, "aggregator": "mean", "trim": 0.2, "clip_norm": 0.0}

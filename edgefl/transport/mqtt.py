@@ -523,9 +523,14 @@ class MqttServerTransport(Endpoint):
         while len(self.seen_replies) > 4096:
             self.seen_replies.popitem(last=False)
 
-    def _count_rejected(self, device_id: str) -> None:
+    def _count_rejected(self, device_id: str, reason: str) -> None:
+        """Count a refused message of ``device_id``; while a request to it is open, the exchange's
+        record names the reason too."""
         with self.lock:
             self.stats.rejected[device_id] = self.stats.rejected.get(device_id, 0) + 1
+            p = self.pending.get(device_id)
+            if p is not None and p.reply is None:
+                p.rejected.append(reason)
 
     def _ack_reply(self, r: Routing) -> None:
         self.publish(self.topics.device(r.device_id, "down"), ack_envelope(self.fleet, r.device_id, r), qos=0)
@@ -569,8 +574,8 @@ class MqttServerTransport(Endpoint):
                 raise WireError(f"envelope names device {r.device_id!r} but came on {device_id!r}'s topic")
             if r.fleet != self.fleet:
                 raise WireError(f"envelope is for fleet {r.fleet!r}, not {self.fleet!r}")
-        except WireError:
-            self._count_rejected(device_id)
+        except WireError as e:
+            self._count_rejected(device_id, str(e))
             raise
         if leaf == "register":
             if r.kind != "register":
@@ -589,7 +594,7 @@ class MqttServerTransport(Endpoint):
                     p.acked = True  # the request loop sees it before its next re-send falls due
             return
         if r.kind not in ("update", "metrics", "done", "error"):
-            self._count_rejected(device_id)
+            self._count_rejected(device_id, f"a {r.kind!r} on the uplink")
             raise WireError(f"a device does not send {r.kind!r} messages")
         with self.lock:
             self.stats.bytes_up[device_id] = self.stats.bytes_up.get(device_id, 0) + len(data)
@@ -605,9 +610,7 @@ class MqttServerTransport(Endpoint):
                 value = p.accept(device_id, bytes(data)) if p.accept is not None else None
             except WireError as e:
                 log.warning("refused a %s from %s for round %d: %s", r.kind, device_id, r.round, e)
-                with self.lock:
-                    p.rejected.append(str(e))
-                self._count_rejected(device_id)
+                self._count_rejected(device_id, str(e))
                 self._ack_reply(r)  # its sender may stop re-sending it: it will never be accepted
                 return
             with self.lock:
