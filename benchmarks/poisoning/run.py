@@ -58,6 +58,7 @@ simulation.finish_run = lambda recorder, summary: None
 HERE = Path(__file__).parent
 ATTACKERS = ("d00",)
 FACTORS = {"scale": 10.0, "signflip": -4.0}
+CORE_ATTACK = {"fedavg": "scale", "fedproto": "signflip"}
 CLIP = {"fedavg": 3.0, "fedproto": 12.0}
 DEFENCES = {
     "none": {},
@@ -184,21 +185,38 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     seeds = range(1 if args.quick else args.seeds)
     rounds = 2 if args.quick else args.rounds
-    results = []
-    grid = [(None, "none")] + [(a, d) for a in FACTORS for d in DEFENCES]
+    methods = args.methods.split(",")
+    grid = [(m, None, "none") for m in methods] + [(m, a, d) for m in methods for a in FACTORS for d in DEFENCES]
+    # the cells that answer "does a defence help?" first (on a shared machine the rest may wait):
+    # per method, the clean run, one attack without and with the median, for every seed
+    core = [(m, a, d) for m in methods for (a, d) in ((None, "none"), (CORE_ATTACK[m], "none"), (CORE_ATTACK[m], "median"))]
+    order = [c for c in core if c in grid] + [c for c in grid if c not in core]
     command = "python -m benchmarks.poisoning.run " + " ".join(sys.argv[1:] if argv is None else argv)
-    for seed in seeds:
-        for method in args.methods.split(","):
-            for attack, defence in grid:
-                r = run_cell(method, attack, defence, seed, rounds, args.train, args.data_dir, args.steps)
-                results.append(r)
-                print(json.dumps(r), flush=True)
-                write_results(args, command, rounds, results)
+    results = _previous(args.out / "results.json", rounds, args)  # resume: a finished cell is kept
+    done = {(r["method"], None if r["attack"] == "none" else r["attack"], r["defence"], r["seed"]) for r in results}
+    for method, attack, defence in order:
+        for seed in seeds:
+            if (method, attack, defence, seed) in done:
+                continue
+            r = run_cell(method, attack, defence, seed, rounds, args.train, args.data_dir, args.steps)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+            write_results(args, command, rounds, results)
     print("done", flush=True)
 
 
+def _previous(path: Path, rounds: int, args) -> list[dict]:
+    """The cells of an earlier run with the same settings (rounds, data, steps)."""
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    if (old.get("rounds"), old.get("train_samples"), old.get("steps")) != (rounds, args.train, args.steps):
+        return []
+    return list(old["results"])
+
+
 def write_results(args, command: str, rounds: int, results: list[dict]) -> None:
-    write_json(args.out / "results.json", {"command": command, "machine": machine(), "rounds": rounds, "train_samples": args.train,
+    write_json(args.out / "results.json", {"command": command, "machine": machine(), "rounds": rounds, "train_samples": args.train, "steps": args.steps,
                                            "attackers": list(ATTACKERS), "factors": FACTORS, "clip_norm": CLIP,
                                            "honest_update_norms": {m: _spread(v) for m, v in HONEST_NORMS.items()}, "results": results})
     md = [
