@@ -1,26 +1,55 @@
-"""The one exception hierarchy of edgefl.
+"""The one exception hierarchy of edgefl, and the exit codes of the ``edgefl`` command.
 
-    EdgeflError                      base: the CLI prints its message on one line and exits 1
-    ├── ConfigError                  invalid option values or conflicting settings
-    ├── UnknownNameError             a name not in a registry (algorithm, model, dataset …)
-    ├── DataNotFoundError            dataset files missing; the message says how to get them
+    EdgeflError                      base: the CLI prints its message on one line (exit 1)
+    ├── ConfigError                  invalid option values or conflicting settings (exit 3)
+    ├── UnknownNameError             a name not in a registry: algorithm, model, dataset … (exit 3)
+    ├── DataNotFoundError            dataset files missing; the message says how to get them (exit 3)
+    ├── MissingExtraError            an optional dependency layer is not installed (exit 7)
     ├── WireError                    a message failed decoding or validation (never fatal to a server)
-    └── TransportError               the broker or a peer could not be reached
+    ├── RunRejectedError             the server refused this device or its request (exit 6)
+    └── TransportError               the broker or a peer could not be reached (exit 1)
+        ├── BrokerUnreachableError   no broker answered within the time allowed (exit 4)
+        └── AuthenticationError      the broker refused the credentials (exit 5)
+
+Exit codes (:class:`ExitCode`) name the cause, so that a service manager or a script can tell
+a mistake in the configuration (do not restart) from a broker that is down (retry later).
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit status of the ``edgefl`` command, by cause."""
+
+    OK = 0
+    ERROR = 1  #: any other edgefl error
+    USAGE = 2  #: unknown option, missing argument (click's own convention)
+    CONFIG = 3  #: invalid configuration: values, files, names, missing data
+    BROKER_UNREACHABLE = 4  #: no broker answered within --wait
+    AUTH_REFUSED = 5  #: the broker refused the username/password or certificate
+    RUN_REJECTED = 6  #: the server rejected this device or its registration
+    MISSING_EXTRA = 7  #: the command needs an install layer that is missing (pip install 'edgefl[train]')
+    INTERRUPTED = 130  #: SIGINT or SIGTERM (128 + SIGINT, the shell's convention)
 
 
 class EdgeflError(Exception):
     """Base class of every error edgefl raises on purpose."""
 
+    exit_code: ExitCode = ExitCode.ERROR
+
 
 class ConfigError(EdgeflError, ValueError):
     """An option has an invalid value, or two options conflict."""
 
+    exit_code = ExitCode.CONFIG
+
 
 class UnknownNameError(EdgeflError, KeyError):
     """A name was looked up in a registry that does not hold it."""
+
+    exit_code = ExitCode.CONFIG
 
     def __init__(self, kind: str, name: str, choices: list[str] | tuple[str, ...]):
         self.kind, self.name, self.choices = kind, name, tuple(choices)
@@ -33,10 +62,62 @@ class UnknownNameError(EdgeflError, KeyError):
 class DataNotFoundError(EdgeflError, FileNotFoundError):
     """Dataset files are missing; the message names where to put them or how to install them."""
 
+    exit_code = ExitCode.CONFIG
+
+
+class MissingExtraError(EdgeflError):
+    """A command needs a module of an install layer (extra) that is not installed."""
+
+    exit_code = ExitCode.MISSING_EXTRA
+
+    def __init__(self, module: str, extra: str, what: str = "this command"):
+        self.module, self.extra = module, extra
+        super().__init__(
+            f"{what} needs {module}, which is part of the [{extra}] install layer: "
+            f"pip install 'edgefl[{extra}]'"
+        )
+
 
 class WireError(EdgeflError):
     """A message could not be decoded or failed validation."""
 
 
+class RunRejectedError(EdgeflError):
+    """The server answered, and refused: this device, its tier or its registration."""
+
+    exit_code = ExitCode.RUN_REJECTED
+
+
 class TransportError(EdgeflError):
     """The transport could not deliver or receive."""
+
+
+class BrokerUnreachableError(TransportError):
+    """No broker accepted a connection within the time allowed."""
+
+    exit_code = ExitCode.BROKER_UNREACHABLE
+
+
+class AuthenticationError(TransportError):
+    """The broker answered and refused the credentials (or is not authorising this client)."""
+
+    exit_code = ExitCode.AUTH_REFUSED
+
+
+#: Which install layer provides each optional top-level module.
+EXTRA_OF_MODULE = {
+    "torch": "train",
+    "torchvision": "server",
+    "onnx": "server",
+    "onnxscript": "server",
+    "amqtt": "server",
+    "matplotlib": "server",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> MissingExtraError | None:
+    """The install layer a failed import belongs to, as an error to report; None for a module
+    that no extra provides (a genuine bug or a broken install)."""
+    root = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(root)
+    return MissingExtraError(root, extra) if extra else None

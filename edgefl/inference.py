@@ -11,20 +11,27 @@ graph, so the only step outside is scaling pixels to [0, 1] (uint8 inputs are di
 An input whose shape differs from the model's is refused with an `InferenceError` naming both
 shapes; a file that is not a valid ONNX model raises `ModelFileError`. ONNX files without
 edgefl metadata also work: the input shape then comes from the graph and classes are numbered.
+
+Labelled data is scored against the model's classes *by name* (:func:`class_index_map`): the
+classes of a dataset or the folders of an image folder are matched to the class names the
+export wrote into the model, and data whose classes the model does not know is refused with the
+names that do not match, unless an explicit mapping is given. This module needs no torch.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from edgefl.errors import ConfigError
 from edgefl.export.errors import InferenceError, ModelFileError
-from edgefl.models import ModelSpec
+from edgefl.models.spec import ModelSpec  # a dataclass: no torch
 
 META_FORMAT = "edgefl.format"
 META_SPEC = "edgefl.spec"
@@ -241,9 +248,14 @@ class Predictor:
         return self.logits(images, batch_size=batch_size).argmax(axis=1)
 
     def evaluate(self, dataset: Any, *, batch_size: int = 256, limit: int | None = None) -> dict[str, float]:
-        """Accuracy (0–1) on an `ArrayDataset` (its uint8 images go through the same
-        preprocessing as any input); `limit` takes the first samples only."""
-        x, y = dataset.x.numpy(), dataset.y.numpy()
+        """Accuracy (0–1) on an `ArrayDataset` whose class order is the model's (its uint8 images
+        go through the same preprocessing as any input); `limit` takes the first samples only."""
+        return self.evaluate_arrays(dataset.x.numpy(), dataset.y.numpy(), batch_size=batch_size, limit=limit)
+
+    def evaluate_arrays(
+        self, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256, limit: int | None = None
+    ) -> dict[str, float]:
+        """Accuracy (0–1) of images ``x`` against labels ``y`` numbered as the model's classes."""
         if limit is not None:
             x, y = x[:limit], y[:limit]
         t0 = time.perf_counter()
@@ -254,6 +266,66 @@ class Predictor:
             "samples": float(len(y)),
             "seconds": seconds,
         }
+
+
+def _name_key(name: str) -> str:
+    # "T-shirt/top" cannot be a folder name: compare names without case and punctuation
+    return re.sub(r"[^0-9a-z]+", "", name.lower())
+
+
+def class_index_map(
+    data_classes: Sequence[str],
+    model_classes: Sequence[str],
+    mapping: Mapping[str, str] | None = None,
+) -> tuple[np.ndarray, dict[str, str]]:
+    """For each class of the data (a dataset's class names, an image folder's folder names), the
+    index of the model's class of the same name, and {data class: model class}.
+
+    Names match exactly, else ignoring case and punctuation ("T-shirt_top" is "T-shirt/top").
+    ``mapping`` {data class: model class} decides where given. A data class that matches no model
+    class, or two data classes that land on one model class, raise `ConfigError` naming them.
+    """
+    mapping = dict(mapping or {})
+    exact = {name: i for i, name in enumerate(model_classes)}
+    keys: dict[str, list[int]] = {}
+    for i, name in enumerate(model_classes):
+        keys.setdefault(_name_key(name), []).append(i)
+    unknown_targets = sorted(v for v in mapping.values() if v not in exact)
+    if unknown_targets:
+        raise ConfigError(
+            f"the class mapping names classes the model does not have: {', '.join(unknown_targets)}; "
+            f"the model's classes are: {', '.join(model_classes)}"
+        )
+    stray = sorted(set(mapping) - set(data_classes))
+    if stray:
+        raise ConfigError(
+            f"the class mapping names classes the data does not have: {', '.join(stray)}; "
+            f"the data's classes are: {', '.join(data_classes)}"
+        )
+    index, unmatched = [], []
+    for name in data_classes:
+        if name in mapping:
+            index.append(exact[mapping[name]])
+        elif name in exact:
+            index.append(exact[name])
+        elif len(keys.get(_name_key(name), [])) == 1:
+            index.append(keys[_name_key(name)][0])
+        else:
+            unmatched.append(name)
+            index.append(-1)
+    if unmatched:
+        raise ConfigError(
+            f"the data's classes {', '.join(unmatched)} match none of the model's classes "
+            f"({', '.join(model_classes)}); name the class folders after the model's classes, "
+            "or give the mapping: --class-map FOLDER=CLASS (repeatable)"
+        )
+    taken: dict[int, list[str]] = {}
+    for name, i in zip(data_classes, index, strict=True):
+        taken.setdefault(i, []).append(name)
+    doubled = [f"{' and '.join(names)} -> {model_classes[i]}" for i, names in taken.items() if len(names) > 1]
+    if doubled:
+        raise ConfigError(f"several data classes map to one model class: {'; '.join(doubled)}")
+    return np.asarray(index, dtype=np.int64), {n: model_classes[i] for n, i in zip(data_classes, index, strict=True)}
 
 
 def _last_dim(shape: list) -> int | None:

@@ -38,7 +38,9 @@ Cost model (estimates, documented so that they can be argued with):
   somewhat more efficiently than the small reference CNN, so the estimate errs on the slow side.
 
 The compute benchmark runs on the CPU (edgefl trains on the CPU); a CUDA device is recorded in
-the profile but not benchmarked.
+the profile but not benchmarked. Without torch (the base install of a device that only runs
+exported models) the profile still detects the device and measures matmul throughput with numpy;
+its training fields stay 0 and ``source`` says so. Torch is imported only where it is used.
 """
 
 from __future__ import annotations
@@ -52,13 +54,14 @@ import platform
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from edgefl.errors import ConfigError
-from edgefl.models import ModelSpec, build_model
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from edgefl.models import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +180,7 @@ def detect_kind(root: Path | str = "/", *, cuda: bool | None = None) -> tuple[st
         return "jetson", board
     if board and "raspberry pi" in board.lower():
         return "raspberry-pi", board
-    if cuda if cuda is not None else torch.cuda.is_available():
+    if cuda if cuda is not None else _cuda_available():
         return "cuda-host", board
     return "cpu", board
 
@@ -216,8 +219,24 @@ def memory_mb(root: Path | str = "/") -> tuple[int, int]:
     return vm.total // 2**20, vm.available // 2**20
 
 
+def _torch():
+    """The torch module, or None on the base install."""
+    try:
+        import torch
+    except ModuleNotFoundError:
+        return None
+    return torch
+
+
+def _cuda_available() -> bool:
+    torch = _torch()
+    return torch is not None and torch.cuda.is_available()
+
+
 def _accelerator(kind: str, board: str | None) -> tuple[str | None, int | None]:
-    if torch.cuda.is_available():
+    if _cuda_available():
+        import torch
+
         props = torch.cuda.get_device_properties(0)
         return f"cuda:{props.name}", props.total_memory // 2**20
     if kind == "jetson":
@@ -228,20 +247,16 @@ def _accelerator(kind: str, board: str | None) -> tuple[str | None, int | None]:
 # --- compute benchmark ---------------------------------------------------------------------
 
 
-class _ReferenceCNN(nn.Module):
+def _reference_cnn() -> nn.Module:
     """The fixed small CNN whose training throughput calibrates round-time estimates."""
+    from torch import nn
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )  # fmt: skip
-        self.fc = nn.Linear(64, 10)
-
-    def forward(self, x):
-        return self.fc(self.body(x))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(64, 10),
+    )  # fmt: skip
 
 
 REFERENCE_INPUT = (3, 32, 32)
@@ -270,15 +285,25 @@ def _step_seconds(fn, seconds: float, min_reps: int = 5) -> float:
 
 
 def benchmark_matmul(seconds: float = 0.5, n: int = 512) -> float:
-    """float32 GFLOP/s of n×n matmuls on the CPU."""
+    """float32 GFLOP/s of n×n matmuls on the CPU (torch's; numpy's BLAS without torch)."""
+    torch = _torch()
+    if torch is None:
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
+        return 2 * n**3 / _step_seconds(lambda: a @ b, seconds) / 1e9
     a, b = torch.randn(n, n), torch.randn(n, n)
     return 2 * n**3 / _step_seconds(lambda: torch.mm(a, b), seconds) / 1e9
 
 
 def benchmark_training(seconds: float = 1.0) -> tuple[float, float]:
     """(images/s, effective training GFLOP/s) of the reference CNN, forward+backward+SGD step."""
+    import torch
+    from torch import nn
+
     gen = torch.Generator().manual_seed(0)
-    model = _ReferenceCNN()
+    model = _reference_cnn()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.rand(REFERENCE_BATCH, *REFERENCE_INPUT, generator=gen)
     y = torch.randint(0, 10, (REFERENCE_BATCH,), generator=gen)
@@ -301,7 +326,8 @@ def profile_device(
     accelerator, acc_mem = _accelerator(kind, board)
     total, available = memory_mb(root)
     scale = 0.25 if quick else 1.0
-    images_per_s, train_gflops = benchmark_training(1.0 * scale)
+    torch = _torch()
+    images_per_s, train_gflops = benchmark_training(1.0 * scale) if torch is not None else (0.0, 0.0)
     return DeviceProfile(
         name=name or platform.node() or "device",
         arch=platform.machine(),
@@ -316,12 +342,12 @@ def profile_device(
         jetson_release=jetson_release(root),
         os=f"{platform.system()} {platform.release()}",
         python=platform.python_version(),
-        torch=torch.__version__,
-        threads=torch.get_num_threads(),
+        torch=torch.__version__ if torch is not None else "",
+        threads=torch.get_num_threads() if torch is not None else 1,
         matmul_gflops=round(benchmark_matmul(0.5 * scale), 2),
         train_images_per_s=round(images_per_s, 1),
         train_gflops=round(train_gflops, 3),
-        source="measured" + (" (quick)" if quick else ""),
+        source="measured" + (" (quick)" if quick else "") + ("" if torch is not None else " (no torch: matmul only)"),
     )
 
 
@@ -346,6 +372,9 @@ def trace_module(model: nn.Module, in_shape: tuple[int, ...], batch: int = 2) ->
     ``batch`` is 2, not 1, because BatchNorm refuses a single value per channel in train mode;
     the results are divided back to one sample.
     """
+    import torch
+    from torch import nn
+
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     macs = 0
     largest = 0
@@ -395,6 +424,10 @@ def trace_module(model: nn.Module, in_shape: tuple[int, ...], batch: int = 2) ->
 @functools.lru_cache(maxsize=256)
 def model_cost(spec: ModelSpec) -> ModelCost:
     """The :class:`ModelCost` of the model ``spec`` describes (cached per spec)."""
+    import torch
+
+    from edgefl.models import build_model
+
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(0)

@@ -37,9 +37,11 @@ def test_help_lists_commands():
         (["-o", "mu"], "key=value"),
     ],
 )
-def test_bad_input_gives_one_clear_line_and_nonzero_exit(monkeypatch, capsys, args, needle):
+def test_bad_input_gives_one_clear_line_and_the_configuration_exit_code(monkeypatch, capsys, args, needle):
+    from edgefl.errors import ExitCode
+
     code, out, err = _run(["simulate", *args, "--quiet"], monkeypatch, capsys)
-    assert code == 1
+    assert code == ExitCode.CONFIG == 3
     assert needle in err
     assert "Traceback" not in err and err.strip().count("\n") <= 1
 

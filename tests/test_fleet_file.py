@@ -128,7 +128,7 @@ def test_cli_fleet_option_takes_the_device_count_from_the_file(tmp_path):
     fleet = _two_speed_fleet(tmp_path)
     args = [
         "simulate", "--algorithm", "local", "--dataset", "synthetic", "--model", "cnn",
-        "--fleet", str(fleet), "--rounds", "1", "--steps", "2", "--batch-size", "16",
+        "--fleet-file", str(fleet), "--rounds", "1", "--steps", "2", "--batch-size", "16",
         "--width", "0.25", "--train-samples", "300", "--test-samples", "100",
         "--out", str(tmp_path), "--run-name", "cli", "--json", "--quiet",
     ]  # fmt: skip

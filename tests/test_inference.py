@@ -80,7 +80,7 @@ def test_cli_errors_are_one_line(exported, tmp_path, monkeypatch, capsys):
     code, _, err = _run(["infer", str(tmp_path / "bad.onnx"), "--dataset", "synthetic"], monkeypatch, capsys)
     assert code == 1 and "not a valid ONNX model" in err and "Traceback" not in err
     code, _, err = _run(["infer", str(path)], monkeypatch, capsys)
-    assert code == 1 and "image files or --dataset" in err
+    assert code == 3 and "image files or --dataset" in err  # ExitCode.CONFIG
 
 
 def test_infer_images_prints_the_classes_pytorch_predicts(exported, tmp_path, monkeypatch, capsys):
@@ -149,7 +149,7 @@ def test_export_a_run_then_infer_its_accuracy(tmp_path, monkeypatch, capsys):
 
     code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--device", "d07", "--out", str(tmp_path / "x.onnx")],
                         monkeypatch, capsys)
-    assert code == 1 and "no device 'd07'" in err
+    assert code == 3 and "no device 'd07'" in err  # ExitCode.CONFIG
     code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "x.onnx")],
                         monkeypatch, capsys)
-    assert code == 1 and "must be a directory" in err
+    assert code == 3 and "must be a directory" in err

@@ -230,6 +230,12 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     assert any("d02" in r["completed"] for r in records[1:])  # the device rejoined
     assert device_codes == [0, 0, 0]
     assert len(summary["client_accuracy"]) == 3
+    # the device said what happened as it happened: the broker outage and one line per round
+    log = (tmp_path / "d00.log").read_text()
+    assert "lost broker" in log and "connected to broker" in log
+    round_lines = [line for line in log.splitlines() if line.startswith("[d00] round ") and "| loss " in line]
+    assert {int(line.split()[2]) for line in round_lines} >= {0, 1, 2, 3, 4}
+    assert all(" kB | down " in line and line.endswith(" s") for line in round_lines)
 
 
 # --- hostile messages ----------------------------------------------------------------------------------

@@ -56,16 +56,18 @@ def register(
 ) -> None:
     """Send this device's profile to the fleet's server and print the model it assigns (then exit)."""
     from edgefl.cli.train import load_profile
+    from edgefl.models.spec import ModelSpec
     from edgefl.runtime.device import register_once
 
-    a = register_once(
+    meta = register_once(
         broker=broker, fleet=fleet, device_id=device_id, tier=tier, profile=load_profile(profile_file),
         username=username, password=password, timeout=timeout,
     )
     if as_json:
-        typer.echo(json.dumps(a.to_meta()))
+        typer.echo(json.dumps(meta))
         return
-    out.print(f"[bold green]registered[/] {device_id} with server {a.epoch}: {a.spec.name} for {a.algorithm}, {a.rounds} rounds")
+    spec = ModelSpec.from_dict(json.loads(meta["spec"]))
+    out.print(f"[bold green]registered[/] {device_id} with server {meta['epoch']}: {spec.name} for {meta['algorithm']}, {meta['rounds']} rounds")
 
 
 @app.command("agent")

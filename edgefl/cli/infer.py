@@ -1,4 +1,8 @@
-"""``edgefl infer``: classify images, or measure accuracy on a dataset, with ONNX Runtime."""
+"""``edgefl infer``: classify images, or measure accuracy on a dataset, with ONNX Runtime.
+
+Needs only the base install (no torch). A dataset's classes are matched to the model's class
+names by name (``imagefolder:DIR`` folders too; ``--class-map`` overrides), never by position.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ def infer(
     threads: int = typer.Option(None, "--threads", help="ONNX Runtime intra-op threads (default: its own)."),
     provider: list[str] = typer.Option(None, "--provider", help="Execution provider (cpu, cuda, tensorrt; repeatable). Default: the best available."),
     resize: bool = typer.Option(False, "--resize", help="Resize pictures of another size to the model's input."),
+    class_map: list[str] = typer.Option(None, "--class-map", help="FOLDER=CLASS: score a data class as this model class (repeatable); default: by name."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Run an exported model with ONNX Runtime: predictions for images, or accuracy on a dataset."""
@@ -42,13 +47,17 @@ def infer(
     predictor = Predictor(model, threads=threads, providers=provider or None)
     head = {"model": str(model), "providers": predictor.providers, "quantization": predictor.quantization}
     if dataset is not None:
-        from edgefl.data import load_dataset
-
-        data = load_dataset(dataset, split, data_dir)
-        result = head | {"dataset": dataset, "split": split} | predictor.evaluate(data, batch_size=batch_size, limit=limit)
+        result = head | {"dataset": dataset, "split": split} | _evaluate(predictor, dataset, split, data_dir, class_map, batch_size, limit)
         if as_json:
             typer.echo(json.dumps(result))
             return
+        matched = result["class_map"]
+        renamed = {k: v for k, v in matched.items() if k != v}
+        err.print(
+            f"classes: {len(matched)} of the data's classes matched the model's {len(predictor.class_names)} "
+            + (f"by name ({len(renamed)} not spelled alike: " + ", ".join(f"{k} -> {v}" for k, v in renamed.items()) + ")" if renamed else "by name"),
+            highlight=False, soft_wrap=True, markup=False,
+        )
         typer.echo(
             f"accuracy {100 * result['accuracy']:.2f}% on {int(result['samples'])} {dataset} {split} samples "
             f"({result['samples'] / max(result['seconds'], 1e-9):.0f} images/s, {', '.join(predictor.providers)})"
@@ -69,3 +78,30 @@ def infer(
     for r in rows:
         typer.echo(f"{r['source']}\t{r['name']}\t{r['probability']:.3f}")
 
+
+
+def parse_class_map(items: list[str] | None) -> dict[str, str]:
+    mapping: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"--class-map {item!r}: use FOLDER=CLASS")
+        mapping[key.strip()] = value.strip()
+    return mapping
+
+
+def _evaluate(predictor, dataset: str, split: str, data_dir: str | None, class_map: list[str] | None,
+              batch_size: int, limit: int | None) -> dict:
+    """Accuracy on a dataset whose labels are renumbered to the model's classes by name."""
+    from edgefl.data.sources import load_arrays, read_folder_for_model, split_folder
+    from edgefl.inference import class_index_map
+
+    name, _, path = dataset.partition(":")
+    if name.strip().lower() == "imagefolder":
+        folder = split_folder(path or data_dir, split)
+        x, y, classes = read_folder_for_model(folder, predictor.input_shape[0])
+    else:
+        x, y, info = load_arrays(dataset, split, data_dir)
+        classes = info.class_names
+    index, matched = class_index_map(classes, predictor.class_names, parse_class_map(class_map))
+    return predictor.evaluate_arrays(x, index[y], batch_size=batch_size, limit=limit) | {"class_map": matched}

@@ -1,12 +1,16 @@
 """The ``edgefl`` command. Thin: parse options, call the library, format the output.
 
-Errors: any :class:`EdgeflError` is printed as one red line and exits 1; ``--debug`` shows the
-traceback instead.
+Errors: any :class:`EdgeflError` is printed as one red line and exits with the code of its cause
+(:class:`edgefl.errors.ExitCode`: 2 usage, 3 configuration, 4 broker unreachable, 5 authentication
+refused, 6 run rejected by the server, 7 missing install layer, 130 interrupted, 1 anything else);
+``--debug`` shows the traceback instead. Command modules import nothing heavy at import time, so
+``edgefl --help`` and the torch-free commands work on the base install.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 import typer
@@ -23,7 +27,7 @@ from edgefl.cli import infer as infer_cmd
 from edgefl.cli import server as server_cmd
 from edgefl.cli import simulate as simulate_cmd
 from edgefl.cli import train as train_cmd
-from edgefl.errors import EdgeflError
+from edgefl.errors import EdgeflError, ExitCode, missing_extra
 
 app = typer.Typer(
     name="edgefl",
@@ -67,14 +71,34 @@ app.command("export")(export_cmd.export)
 app.command("infer")(infer_cmd.infer)
 
 
+def _interrupt(signum, frame) -> None:
+    # SIGTERM (systemd stop, docker stop) ends a command as Ctrl-C does: finally blocks run,
+    # the device leaves the broker cleanly, and the exit code is INTERRUPTED.
+    raise KeyboardInterrupt
+
+
+def _fail(e: EdgeflError) -> None:
+    if "--debug" in sys.argv:
+        raise e
+    from rich.markup import escape
+
+    err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # "[train]" is text
+    sys.exit(int(e.exit_code))
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        app()
+        app()  # typer exits 2 on usage errors and 130 on KeyboardInterrupt by itself
     except EdgeflError as e:
-        if "--debug" in sys.argv:
+        _fail(e)
+    except ModuleNotFoundError as e:
+        extra = missing_extra(e)
+        if extra is None:
             raise
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        sys.exit(1)
+        _fail(extra)
+    except KeyboardInterrupt:  # raised outside the command (while typer sets up)
+        sys.exit(int(ExitCode.INTERRUPTED))
 
 
 if __name__ == "__main__":

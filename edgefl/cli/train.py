@@ -1,21 +1,47 @@
-"""``edgefl train``: run this machine as one device of a fleet until the server ends the run."""
+"""``edgefl train``: run this machine as one device of a fleet until the server ends the run.
+
+Built to run as a service (``deploy/edgefl-device.service``): it says at once which broker it is
+waiting for, retries with capped exponential backoff (``--wait`` bounds the wait; default:
+forever), rides out broker restarts, and prints one line per round. Settings come from options,
+then environment variables, then a TOML file (``--config``, or ``EDGEFL_CONFIG``)::
+
+    broker = "mqtt://broker.lan:1883"      # EDGEFL_BROKER
+    fleet = "lab"                           # EDGEFL_FLEET
+    device_id = "pi-07"                     # EDGEFL_DEVICE_ID
+    username = "pi-07"                      # EDGEFL_USERNAME
+    password_file = "/etc/edgefl/password"  # EDGEFL_PASSWORD_FILE (or the password: EDGEFL_PASSWORD)
+    data = "imagefolder:/var/lib/edgefl/data"
+
+``--print-config`` shows the result and where each value came from. Exit codes:
+:class:`edgefl.errors.ExitCode`.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 
+from edgefl.errors import ConfigError
+
 err = Console(stderr=True)
+
+#: Settings a TOML file may hold, and the option each one sets.
+FILE_KEYS = (
+    "broker", "fleet", "device_id", "username", "password", "password_file", "data", "tier",
+    "profile", "delay", "max_bytes", "threads", "save_model", "export", "wait",
+    "ca_file", "cert_file", "key_file", "models_dir",
+)  # fmt: skip
+SECRET = "password"
 
 
 def load_profile(path: Path | None) -> dict | None:
     if path is None:
         return None
-    from edgefl.errors import ConfigError
-
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -25,18 +51,74 @@ def load_profile(path: Path | None) -> dict | None:
     return data
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    from edgefl.config import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read the configuration file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {e}") from None
+    data = data.get("device", data)  # a [device] table, or the keys at the top level
+    unknown = sorted(set(data) - set(FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"configuration file {path}: unknown keys {', '.join(unknown)}; known: {', '.join(FILE_KEYS)}")
+    return {key.replace("-", "_"): value for key, value in data.items()}
+
+
+def resolve(values: dict[str, Any], sources: dict[str, str], config: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Options > environment > file > defaults. ``sources`` says where each value came from
+    ("option", "env", "default"); file values fill those that came from defaults."""
+    resolved, origin = dict(values), dict(sources)
+    if config is not None:
+        for key, value in read_config_file(config).items():
+            if origin.get(key, "default") == "default":
+                resolved[key], origin[key] = value, f"file {config}"
+    if resolved.get("password_file") and not resolved.get("password"):
+        try:
+            resolved["password"] = Path(resolved["password_file"]).read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"cannot read the password file {resolved['password_file']}: {e.strerror or e}") from None
+        origin["password"] = f"password file {resolved['password_file']}"
+    missing = [f"--{k.replace('_', '-')}" for k in ("device_id", "data") if not resolved.get(k)]
+    if missing:
+        raise ConfigError(f"edgefl train needs {' and '.join(missing)} (an option, EDGEFL_DEVICE_ID for the id, or the --config file)")
+    return resolved, origin
+
+
+def _without_password(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+
+
+def _source(ctx: typer.Context, name: str) -> str:
+    source = ctx.get_parameter_source(name)
+    kind = getattr(source, "name", "DEFAULT")
+    return {"COMMANDLINE": "option", "ENVIRONMENT": "env"}.get(kind, "default")
+
+
 def train(
-    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
-    fleet: str = typer.Option("default", help="Fleet name (topics edgefl/<fleet>/...)."),
-    device_id: str = typer.Option(..., "--device-id", help="This device's id (also its MQTT username)."),
-    data: str = typer.Option(..., help="Dataset[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]."),
+    ctx: typer.Context,
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
+    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name (topics edgefl/<fleet>/...)."),
+    device_id: str = typer.Option(None, "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."),
+    data: str = typer.Option(None, help="Dataset[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]."),
     tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
     profile: Path = typer.Option(None, help="Profile JSON (edgefl device profile --json); default: measure this machine."),
-    username: str = typer.Option(None, help="MQTT username (default: from the URL)."),
-    password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password (or EDGEFL_MQTT_PASSWORD)."),
+    username: str = typer.Option(None, envvar="EDGEFL_USERNAME", help="MQTT username (default: from the URL)."),
+    password: str = typer.Option(None, envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"], help="MQTT password (prefer --password-file)."),
+    password_file: Path = typer.Option(None, "--password-file", envvar="EDGEFL_PASSWORD_FILE", help="File holding the MQTT password (e.g. systemd's $CREDENTIALS_DIRECTORY/password)."),
     ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://)."),
     cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate (edgefl broker add-device --certs)."),
     key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+    config: Path = typer.Option(None, "--config", envvar="EDGEFL_CONFIG", help="TOML file of settings (options and environment variables win over it)."),
+    wait: float = typer.Option(None, "--wait", help="Seconds to wait for an unreachable broker before exiting with code 4 (default: forever)."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved settings and where each came from, then exit."),
     delay: float = typer.Option(0.0, help="Extra seconds per training round (emulate a slow device)."),
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
     threads: int = typer.Option(None, help="Torch CPU threads."),
@@ -44,31 +126,65 @@ def train(
     export: Path = typer.Option(None, help="When the run is over, export the final model to this ONNX file."),
     models_dir: str = typer.Option(None, "--models-dir", help="When the run is over, stay as the model agent (edgefl device agent) with this store."),
 ) -> None:
-    """Serve rounds for a fleet's server; reconnects by itself; exits when the run is over."""
+    """Serve rounds for a fleet's server: one line per round (round, tier, local loss, last local
+    accuracy, bytes up/down, seconds); waits for the broker and reconnects by itself; exits when
+    the run is over."""
+    values = {
+        "broker": broker, "fleet": fleet, "device_id": device_id, "data": data, "tier": tier,
+        "profile": profile, "username": username, "password": password, "password_file": password_file,
+        "wait": wait, "delay": delay, "max_bytes": max_bytes, "threads": threads,
+        "save_model": save_model, "export": export, "ca_file": ca_file, "cert_file": cert_file,
+        "key_file": key_file, "models_dir": models_dir,
+    }  # fmt: skip
+    sources = {key: _source(ctx, key) for key in values}
+    if print_config:
+        try:
+            resolved, origin = resolve(values, sources, config)
+        except ConfigError as e:  # show what there is, then fail as the run would
+            err.print(f"[yellow]incomplete:[/] {e}", highlight=False, soft_wrap=True)
+            resolved, origin = values, sources
+        for key in sorted(resolved):
+            shown = "***" if key == SECRET and resolved[key] else resolved[key]
+            typer.echo(f"{key} = {json.dumps(shown if shown is None or isinstance(shown, int | float | bool) else str(shown))}  # {origin.get(key, 'default')}")
+        return
+    resolved, _ = resolve(values, sources, config)
+
+    def say(line: str) -> None:
+        typer.echo(f"[{resolved['device_id']}] {line}")
+        sys.stdout.flush()  # journald and pipes see each line as it happens
+
+    wait_s = resolved["wait"]
+    # said before the runtime (paho, numpy) is imported: a service's first line comes at once
+    say(f"waiting for broker {_without_password(str(resolved['broker']))} "
+        f"({'up to ' + format(float(wait_s), 'g') + ' s' if wait_s is not None else 'no time limit'})")
     from edgefl.runtime.device import DeviceOptions, run_device
 
     opts = DeviceOptions(
-        broker=broker,
-        device_id=device_id,
-        data=data,
-        fleet=fleet,
-        tier=tier,
-        profile=load_profile(profile),
-        username=username,
-        password=password,
-        ca_file=ca_file,
-        cert_file=cert_file,
-        key_file=key_file,
-        delay=delay,
-        max_bytes=max_bytes,
-        threads=threads,
-        save_model=str(save_model) if save_model else None,
-        export=str(export) if export else None,
+        broker=str(resolved["broker"]),
+        device_id=str(resolved["device_id"]),
+        data=str(resolved["data"]),
+        fleet=str(resolved["fleet"]),
+        tier=resolved["tier"],
+        profile=load_profile(resolved["profile"]),
+        username=resolved["username"],
+        password=resolved["password"],
+        ca_file=resolved["ca_file"],
+        cert_file=resolved["cert_file"],
+        key_file=resolved["key_file"],
+        delay=float(resolved["delay"]),
+        max_bytes=int(resolved["max_bytes"]),
+        threads=resolved["threads"],
+        save_model=str(resolved["save_model"]) if resolved["save_model"] else None,
+        export=str(resolved["export"]) if resolved["export"] else None,
+        wait=None if wait_s is None else float(wait_s),
+        say=say,
+        announced=True,
     )
     served = run_device(opts)
-    err.print(f"[bold green]done[/] device {device_id}: served {served} requests")
-    if models_dir:  # the run is over: receive the deployed model (edgefl deploy) until stopped
+    say(f"done: served {served} requests")
+    if resolved["models_dir"]:  # the run is over: receive the deployed model (edgefl deploy) until stopped
         from edgefl.cli.device import agent
 
-        agent(broker=broker, fleet=fleet, device_id=device_id, models_dir=models_dir, input_shape=None, username=username,
-              password=password, ca_file=ca_file, cert_file=cert_file, key_file=key_file)
+        agent(broker=opts.broker, fleet=opts.fleet, device_id=opts.device_id, models_dir=resolved["models_dir"],
+              input_shape=None, username=opts.username, password=opts.password, ca_file=opts.ca_file,
+              cert_file=opts.cert_file, key_file=opts.key_file)

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from edgefl.data.datasets import FASHION_MNIST_SYSTEM_DIR, locate_idx
+from edgefl.data.sources import FASHION_MNIST_SYSTEM_DIR, locate_idx
 from edgefl.errors import DataNotFoundError
 
 log = logging.getLogger(__name__)

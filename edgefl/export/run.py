@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +86,16 @@ class _Data:
         self.test = load_dataset(dataset, "test", data_dir)
         self.train = load_dataset(dataset, "train", data_dir)
         self.class_names = list(self.test.info.class_names)
-        self.rng = np.random.default_rng([seed, 8])
+        self.seed = seed
 
     def parity_images(self):
         return self.test.images(np.arange(min(PARITY_SAMPLES, len(self.test))))
 
-    def calibration_images(self, n: int):
-        idx = np.sort(self.rng.choice(len(self.train), size=min(n, len(self.train)), replace=False))
+    def calibration_images(self, n: int, key: str):
+        """Calibration samples drawn for ``key`` (a device id) alone: exporting one device gives
+        the same file whether or not other devices are exported in the same call."""
+        rng = np.random.default_rng([self.seed, 8, zlib.crc32(key.encode())])
+        idx = np.sort(rng.choice(len(self.train), size=min(n, len(self.train)), replace=False))
         return self.train.images(idx)
 
 
@@ -120,7 +124,8 @@ def export_one(
             f"{model.spec.name} takes inputs {model.spec.in_shape}, but dataset "
             f"{data.test.info.name!r} has {data.test.info.in_shape}; pass the dataset it was trained on"
         )
-    calibration = data.calibration_images(calibration_samples)
+    key = (metadata or {}).get("edgefl.device_id") or out_path.stem
+    calibration = data.calibration_images(calibration_samples, key)
     report = export_model(
         model,
         out_path,

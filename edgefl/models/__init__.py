@@ -6,31 +6,43 @@
 
 Families register themselves on import (see `family_names()`); heterogeneous updates are
 aligned by parameter name and leading slice (`slice_state`, `write_slices`).
+
+`ModelSpec` needs no torch (ONNX inference and registration read it on torch-free devices);
+every other name is imported on first use, which also registers the families.
 """
 
-from edgefl.models import cnn, hierarchy, resnet, torchvision_wrap  # noqa: F401  (registers)
-from edgefl.models.base import EdgeModel, parameter_count
-from edgefl.models.hierarchy import MultiExitResNet
-from edgefl.models.registry import (
-    build_model,
-    family_description,
-    family_names,
-    family_tiers,
-    register_family,
-)
-from edgefl.models.slicing import slice_state, write_slices
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from edgefl.models.spec import ModelSpec
 
-__all__ = [
-    "EdgeModel",
-    "ModelSpec",
-    "MultiExitResNet",
-    "build_model",
-    "family_description",
-    "family_names",
-    "family_tiers",
-    "parameter_count",
-    "register_family",
-    "slice_state",
-    "write_slices",
-]
+_NAMES = {
+    "EdgeModel": "base",
+    "parameter_count": "base",
+    "MultiExitResNet": "hierarchy",
+    "build_model": "registry",
+    "family_description": "registry",
+    "family_names": "registry",
+    "family_tiers": "registry",
+    "register_family": "registry",
+    "slice_state": "slicing",
+    "write_slices": "slicing",
+}
+
+__all__ = ["ModelSpec", *sorted(_NAMES)]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module 'edgefl.models' has no attribute {name!r}")
+    for family in ("cnn", "hierarchy", "resnet", "torchvision_wrap"):  # registers the families
+        importlib.import_module(f"edgefl.models.{family}")
+    value = getattr(importlib.import_module(f"edgefl.models.{_NAMES[name]}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -31,23 +31,34 @@ import dataclasses
 import json
 import logging
 import queue
+import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgefl.algorithms import DeviceContext, TrainSettings, get_algorithm
-from edgefl.data import ArrayDataset, carve_public, load_dataset, partition
-from edgefl.errors import ConfigError, TransportError, WireError
-from edgefl.models import ModelSpec
-from edgefl.runtime.agent import DeviceAgent
-from edgefl.runtime.simulation import derive_seed, subsample
+from edgefl.errors import (
+    AuthenticationError,
+    BrokerUnreachableError,
+    ConfigError,
+    RunRejectedError,
+    TransportError,
+    WireError,
+)
+from edgefl.models.spec import ModelSpec
+from edgefl.retry import Backoff, retry
 from edgefl.transport.broker import check_device_id
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
 from edgefl.wire import Envelope, Limits, Payload, decode, encode
-from edgefl.wire.validate import Routing
+from edgefl.wire.validate import Routing, peek
+
+if TYPE_CHECKING:  # torch-backed; imported when a model is built (registration needs no torch)
+    from edgefl.algorithms import TrainSettings
+    from edgefl.data import ArrayDataset
+    from edgefl.runtime.agent import DeviceAgent
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +146,9 @@ def load_device_data(
 ) -> tuple[ArrayDataset, dict[str, ArrayDataset], ArrayDataset | None]:
     """The device's training shard, its evaluation sets and the public pool carved out of the
     training set (None without one), made exactly as the simulator makes them."""
+    from edgefl.data import carve_public, load_dataset, partition
+    from edgefl.runtime.simulation import subsample
+
     train = subsample(load_dataset(spec.dataset, "train", spec.data_dir), spec.train_samples, spec.seed)
     test = subsample(load_dataset(spec.dataset, "test", spec.data_dir), spec.test_samples, spec.seed + 1)
     quick = subsample(test, spec.eval_samples, spec.seed + 2)
@@ -186,6 +200,8 @@ class Assignment:
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> Assignment:
+        from edgefl.algorithms import TrainSettings
+
         try:
             settings = json.loads(meta["settings"])
             settings["lr_decay_rounds"] = tuple(settings.get("lr_decay_rounds", ()))
@@ -231,7 +247,47 @@ class DeviceOptions:
     threads: int | None = None
     save_model: str | None = None  # write the final model here (safetensors + spec) when the run is over
     export: str | None = None  # and export it to this ONNX file, parity-checked on local test data
+    wait: float | None = None  # seconds to wait for an unreachable broker (None: forever)
+    backoff: Backoff = Backoff(initial=1.0, factor=2.0, cap=30.0)
+    say: Callable[[str], None] | None = None  # one line per event (waiting, connected, each round)
+    announced: bool = False  # the caller already said which broker it waits for
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+#: What paho reports when the broker refuses the credentials (MQTT 5 reason codes 0x86, 0x87, 0x8C).
+AUTH_REFUSALS = ("Bad user name or password", "Not authorized", "Bad authentication method")
+
+
+def waiting_line(broker: str, wait: float | None) -> str:
+    return f"waiting for broker {broker} ({'up to ' + format(wait, 'g') + ' s' if wait is not None else 'no time limit'})"
+
+
+def wait_for_broker(address: BrokerAddress, *, wait: float | None, backoff: Backoff, say: Callable[[str], None], announce: bool = True) -> None:
+    """Return once the broker accepts TCP connections; say so at once and at each retry.
+    Raises BrokerUnreachableError after ``wait`` seconds (None: wait forever)."""
+    target = f"{address.host}:{address.port}"
+    if announce:
+        say(waiting_line(str(address), wait))
+
+    def attempt() -> None:
+        try:
+            with socket.create_connection((address.host, address.port), timeout=5.0):
+                pass
+        except OSError as e:
+            raise BrokerUnreachableError(f"broker {target} unreachable: {e.strerror or e}") from None
+
+    def on_retry(number: int, delay: float, error: BaseException) -> None:
+        say(f"{error}; retry {number} in {delay:.1f} s")
+
+    try:
+        retry(attempt, retry_on=(BrokerUnreachableError,), backoff=backoff, wait=wait, on_retry=on_retry)
+    except BrokerUnreachableError as e:
+        raise BrokerUnreachableError(f"gave up after --wait {wait:g} s: {e}") from None
+    say(f"broker {target} is reachable")
+
+
+def _kb(n: int) -> str:
+    return f"{n / 1024:.1f} kB"
 
 
 def measure_profile(device_id: str) -> dict[str, Any]:
@@ -258,6 +314,8 @@ class DeviceRuntime:
         self.held: deque[tuple[Routing, bytes]] = deque()  # requests that came before we were ready
         self.served = 0
         self.over = False
+        self.say = opts.say or (lambda line: log.info("device %s: %s", opts.device_id, line))
+        self.last_accuracy: tuple[int, float] | None = None  # (round, accuracy) of the last evaluation
 
     # -- registration --
     def _register(self) -> None:
@@ -274,6 +332,8 @@ class DeviceRuntime:
 
     def _on_assign(self, data: bytes) -> None:
         env = decode(data, self.limits)
+        if env.payload.meta.get("rejected"):
+            raise RunRejectedError(f"the server refused device {self.opts.device_id}: {env.payload.meta['rejected']}")
         a = Assignment.from_meta(env.payload.meta)
         if self.server_epoch is not None and a.epoch != self.server_epoch:
             log.info("device %s: ignoring an assignment from an earlier server (%s)", self.opts.device_id, a.epoch)
@@ -285,11 +345,15 @@ class DeviceRuntime:
         if a.accepted and self.registered_epoch != a.epoch:
             self.registered_epoch = a.epoch
             self.agent.run_id = a.epoch  # requests of any other run are answered with an error
-            log.info("device %s: registered with server %s as %s", self.opts.device_id, a.epoch, a.spec.name)
+            self.say(f"registered with server {a.epoch}: {a.spec.name} for {a.algorithm}, {a.rounds} rounds")
             while self.held:
                 self._serve(*self.held.popleft())
 
     def _build(self, a: Assignment) -> None:
+        from edgefl.algorithms import DeviceContext, get_algorithm
+        from edgefl.runtime.agent import DeviceAgent
+        from edgefl.runtime.simulation import derive_seed
+
         algorithm = get_algorithm(a.algorithm)
         options = algorithm.parse_options(a.options)
         train, evals, public = load_device_data(self.data_spec, a.public_fraction)
@@ -309,12 +373,33 @@ class DeviceRuntime:
         if self.agent is None or self.registered_epoch is None:
             self.held.append((routing, data))
             return
+        t0 = time.perf_counter()
         if routing.kind == "train" and self.opts.delay > 0:
             time.sleep(self.opts.delay)
         reply = self.agent.handle_bytes(data)
         if reply is not None:
             self.endpoint.reply(routing, reply)
+            self._report(routing, data, reply, time.perf_counter() - t0)
         self.served += 1
+
+    def _report(self, request: Routing, down: bytes, up: bytes, seconds: float) -> None:
+        """One line per round of local training; evaluations update the accuracy it shows."""
+        try:
+            answer = peek(up, self.limits)
+        except WireError:
+            return
+        meta = answer.meta
+        if answer.kind == "metrics" and "accuracy" in meta:
+            self.last_accuracy = (request.round, float(meta["accuracy"]))
+        elif answer.kind == "error":
+            self.say(f"round {request.round}: {request.kind} failed: {meta.get('reason', '?')}")
+        elif answer.kind == "update":
+            loss = meta.get("train_loss")
+            acc = "acc -" if self.last_accuracy is None else f"acc {100 * self.last_accuracy[1]:.1f}% (eval r{self.last_accuracy[0]})"
+            self.say(
+                f"round {request.round} | tier {answer.tier or '-'} | loss {'-' if loss is None else format(float(loss), '.4f')} | "
+                f"{acc} | up {_kb(len(up))} | down {_kb(len(down))} | {seconds:.2f} s"
+            )
 
     def _on_server(self, status: dict[str, Any]) -> None:
         epoch = status.get("epoch")
@@ -329,14 +414,25 @@ class DeviceRuntime:
             log.info("device %s: the run is over", self.opts.device_id)
             self.over = True
 
+    def _watch_connection(self, was_connected: bool) -> bool:
+        """Say when the broker goes away and comes back; raise when it refuses the credentials."""
+        connected = self.endpoint.connected.is_set()
+        if not connected and self.endpoint.refused in AUTH_REFUSALS:
+            raise AuthenticationError(f"the broker at {self.endpoint.address} refused device {self.opts.device_id}: {self.endpoint.refused}")
+        if connected != was_connected:
+            self.say(f"connected to broker {self.endpoint.address}" if connected else f"lost broker {self.endpoint.address}; reconnecting")
+        return connected
+
     def run(self, stop_after: float | None = None) -> int:
         """Serve until the run is over (or ``stop_after`` seconds); returns requests served."""
         t_end = None if stop_after is None else time.monotonic() + stop_after
         self.endpoint.start(wait=None)
+        connected = False
         try:
             while not (self.over and self.opts.exit_when_over):
                 if t_end is not None and time.monotonic() > t_end:
                     break
+                connected = self._watch_connection(connected)
                 if self.registered_epoch is None and self.endpoint.connected.is_set() and time.monotonic() >= self.next_register:
                     self._register()
                 try:
@@ -355,6 +451,10 @@ class DeviceRuntime:
                         self._serve(routing, item)
                 except (WireError, ConfigError) as e:
                     log.warning("device %s: rejected a %s message: %s", self.opts.device_id, kind, e)
+                    if kind == "assign" and isinstance(e, ConfigError):
+                        raise  # the assigned work cannot be built here: waiting will not change that
+                except RunRejectedError:
+                    raise  # the server said no: the run cannot go on for this device
                 except Exception:  # a bug or a hostile message must not end the device: keep serving
                     log.exception("device %s: failed on a %s message", self.opts.device_id, kind)
                 self.endpoint.retry_unacked()
@@ -397,9 +497,19 @@ class DeviceRuntime:
 
 
 def run_device(opts: DeviceOptions, stop_after: float | None = None) -> int:
-    if opts.threads:
+    """Wait for the broker (``opts.wait``), then serve the fleet until the run is over."""
+    say = opts.say or (lambda line: log.info("device %s: %s", opts.device_id, line))
+    address = BrokerAddress.parse(opts.broker)  # a bad URL is a configuration error, before waiting
+    check_device_id(opts.device_id)
+    DataSpec.parse(opts.data)
+    wait_for_broker(address, wait=opts.wait, backoff=opts.backoff, say=say, announce=not opts.announced)
+    try:
         import torch
+    except ModuleNotFoundError as e:
+        from edgefl.errors import missing_extra
 
+        raise (missing_extra(e) or e) from None
+    if opts.threads:
         torch.set_num_threads(opts.threads)
     return DeviceRuntime(opts).run(stop_after)
 
@@ -414,8 +524,9 @@ def register_once(
     username: str | None = None,
     password: str | None = None,
     timeout: float = 60.0,
-) -> Assignment:
-    """Register (not ready) and return the server's assignment; the device is not added to a run."""
+) -> dict[str, Any]:
+    """Register (not ready) and return the server's assignment (the ``assign`` envelope's meta:
+    spec, algorithm, rounds, epoch …); the device is not added to a run. Needs no torch."""
     check_device_id(device_id)
     address = BrokerAddress.parse(broker).with_credentials(username, password)
     endpoint = MqttDeviceEndpoint(address, fleet, device_id, client_id=f"edgefl-{fleet}-{device_id}-register", will=False)
@@ -437,7 +548,10 @@ def register_once(
             except queue.Empty:
                 continue
             if kind == "assign":
-                return Assignment.from_meta(decode(item).payload.meta)
+                meta = decode(item).payload.meta
+                if meta.get("rejected"):
+                    raise RunRejectedError(f"the server refused device {device_id}: {meta['rejected']}")
+                return meta
     finally:
         endpoint.stop()
     raise TransportError(f"no server of fleet {fleet!r} answered {device_id}'s registration within {timeout:g} s")

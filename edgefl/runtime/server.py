@@ -34,7 +34,7 @@ from typing import Any
 from edgefl.algorithms import DeviceRecord, ServerContext, ServerHalf, get_algorithm
 from edgefl.config import RunConfig
 from edgefl.data import carve_public, dataset_info, load_dataset
-from edgefl.errors import EdgeflError, TransportError, WireError
+from edgefl.errors import EdgeflError, RunRejectedError, TransportError, WireError
 from edgefl.models import ModelSpec, family_tiers
 from edgefl.report import RunRecorder
 from edgefl.report.recorder import finish_run, run_summary
@@ -84,7 +84,7 @@ class Registry:
     def choose_tier(self, device_id: str, requested: str | None, profile: dict[str, Any]) -> str:
         if requested:
             if requested not in self.tiers:
-                raise WireError(f"device {device_id} asked for tier {requested!r}; this run has {', '.join(self.tiers)}")
+                raise RunRejectedError(f"device {device_id} asked for tier {requested!r}; this run has {', '.join(self.tiers)}")
             return requested
         if len(self.tiers) == 1:
             return self.tiers[0]
@@ -144,6 +144,11 @@ class Registry:
                         log.info("device %s is ready: %s, %d samples", device_id, spec.name, num_samples)
                     self.ready[device_id] = DeviceRecord(spec=spec, num_samples=num_samples, profile=profile)
                     self.lock.notify_all()
+        except RunRejectedError as e:  # a valid request the run cannot serve: tell the device why
+            with self.lock:
+                self.rejected += 1
+            log.warning("rejected a registration from %s: %s", device_id, e)
+            return encode(Envelope("assign", 0, device_id, fleet=self.opts.fleet, payload=Payload({}, {"rejected": str(e), "epoch": self.epoch})))
         except (WireError, ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
             with self.lock:
                 self.rejected += 1

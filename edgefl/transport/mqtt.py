@@ -61,7 +61,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edgefl.errors import ConfigError, TransportError, WireError
+from edgefl.errors import AuthenticationError, ConfigError, TransportError, WireError
 from edgefl.transport.base import Accept, Delivery
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
 from edgefl.wire.validate import Routing, peek
@@ -218,7 +218,7 @@ def detect_protocol(address: BrokerAddress, timeout: float = 10.0) -> int:
     if reason is not None and getattr(reason, "value", 1) == 0:
         proto = mqtt.MQTTv5
     elif reason is not None and getattr(reason, "value", 0) in (0x86, 0x87, 0x8C):  # bad credentials/auth
-        raise TransportError(f"the broker at {address} refused the connection: {reason}")
+        raise AuthenticationError(f"the broker at {address} refused the connection: {reason}")
     else:
         proto = mqtt.MQTTv311
     _PROTOCOL_CACHE[key] = proto

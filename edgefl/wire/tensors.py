@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where it is used: the envelope travels on torch-free devices
+    import torch
 
 
 def state_to_arrays(state: Mapping[str, torch.Tensor], prefix: str = "w/") -> dict[str, np.ndarray]:
@@ -18,5 +21,7 @@ def state_to_arrays(state: Mapping[str, torch.Tensor], prefix: str = "w/") -> di
 
 
 def arrays_to_state(arrays: Mapping[str, np.ndarray], prefix: str = "w/") -> dict[str, torch.Tensor]:
+    import torch
+
     n = len(prefix)
     return {k[n:]: torch.from_numpy(np.array(v)) for k, v in arrays.items() if k.startswith(prefix)}
