@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test venv data lint clean
+.PHONY: demo test venv data lint clean pi-check
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ demo: venv data
 
 test: venv data
 	$(PY) -m pytest -q
+
+# The emulated Raspberry Pi check (root; slow, not part of CI): benchmarks/pi/results.md.
+pi-check: venv
+	bash benchmarks/pi/run.sh
 
 lint: venv
 	$(VENV)/bin/ruff check edgefl tests benchmarks

@@ -1,4 +1,5 @@
 import logging
+import os
 
 import pytest
 
@@ -8,6 +9,13 @@ except ModuleNotFoundError:
     torch = None
 else:
     torch.set_num_threads(2)
+
+
+def pytest_collection_modifyitems(items):
+    # tests/base need only the base install; CI also runs them alone on Python 3.10 without torch
+    for item in items:
+        if "tests/base/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.base)
 
 
 @pytest.fixture(autouse=True)

@@ -474,7 +474,7 @@ class DeviceRuntime:
             from edgefl.export.checkpoint import save_model_file
 
             save_model_file(model, self.opts.save_model, dataset=self.data_spec.dataset)
-            log.info("device %s: saved its model to %s", self.opts.device_id, self.opts.save_model)
+            self.say(f"saved the final model to {self.opts.save_model}")
         if self.opts.export:
             from edgefl.export import export_model
 
@@ -485,8 +485,7 @@ class DeviceRuntime:
             names = test.info.class_names if test is not None else None
             report = export_model(model, self.opts.export, class_names=names, parity_images=parity,
                                   calibration_images=calibration)
-            log.info("device %s: exported %s (max |diff| %.2g)", self.opts.device_id, self.opts.export,
-                     getattr(report, "max_abs_diff", float("nan")))
+            self.say(f"exported {self.opts.export} (ONNX Runtime vs PyTorch: max |diff| {getattr(report, 'max_abs_diff', float('nan')):.2g})")
 
     def _flush(self, seconds: float = 5.0) -> None:
         """Before leaving, give the last replies a chance to be acknowledged."""

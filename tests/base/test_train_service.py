@@ -16,6 +16,14 @@ def _free_port() -> int:
         return s.getsockname()[1]  # closed again: nothing listens there
 
 
+def _cli_start_seconds() -> float:
+    """What starting the CLI and parsing train's options costs on this machine right now
+    (``--print-config`` does that much and no more)."""
+    t0 = time.monotonic()
+    assert run_edgefl("train", "--device-id", "d", "--data", "synthetic", "--print-config").returncode == 0
+    return time.monotonic() - t0
+
+
 def test_no_broker_says_so_within_a_second_retries_and_exits_4_after_wait():
     port = _free_port()
     cmd = edgefl_command("train", "--broker", f"mqtt://127.0.0.1:{port}", "--device-id", "pi-1", "--data", "synthetic", "--wait", "3")
@@ -30,7 +38,11 @@ def test_no_broker_says_so_within_a_second_retries_and_exits_4_after_wait():
             proc.kill()
     total = time.monotonic() - t0
     assert f"waiting for broker mqtt://127.0.0.1:{port}" in first
-    assert first_after < 1.0, f"the first line came after {first_after:.2f} s"
+    # 1 s on an idle machine; a machine shared by many jobs may need longer just to start Python
+    # and parse the options, so the bound is then that time plus half a second: nothing heavy
+    # (paho, numpy, torch) may come before the line
+    bound = max(1.0, _cli_start_seconds() + 0.5)
+    assert first_after < bound, f"the first line came after {first_after:.2f} s (bound {bound:.2f} s)"
     retries = [line for line in rest.splitlines() if "unreachable" in line and "retry" in line]
     assert len(retries) == 2 and "retry 1 in 1.0 s" in retries[0] and "retry 2 in 2.0 s" in retries[1]
     assert proc.returncode == 4
