@@ -16,6 +16,9 @@ def _json(text: str):
 def main(out_dir: Path) -> None:
     fields = sys.stdin.buffer.read().decode().split("\0")
     r = {k: _json(v) for k, v in zip(fields[0::2], fields[1::2], strict=False) if k}
+    report = r.pop("default_index_train_report", None)
+    if isinstance(report, dict):
+        r["default_index_train"] = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in report.get("install", []))
     (out_dir / "results.json").write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
     infer_host, infer_pi = r.get("infer_host", {}), r.get("infer_pi", {})
     profile = r.get("profile_train") if isinstance(r.get("profile_train"), dict) else r.get("profile_base", {})
@@ -38,6 +41,22 @@ def main(out_dir: Path) -> None:
         f"| `[train]` with PyPI's aarch64 CPU torch ({r.get('train_torch')}) | {r.get('train_venv_mb')} MB | {r.get('train_install_seconds')} s | {r.get('train_largest')} |",
         "",
         f"The base venv holds torch: {r.get('base_has_torch')}. Target: base layer <= 150 MB.",
+        f"With onnx added (what `edgefl train --export` needs; onnx is part of `[server]`): {r.get('train_onnx_venv_mb')} MB.",
+        "",
+        "`[train]` from the default index on aarch64 resolves to (pip --dry-run in the arm64 root):",
+        f"{', '.join(r['default_index_train']) if isinstance(r.get('default_index_train'), list) else 'n/a'}.",
+        "",
+        "## Precision on ARM (QEMU_CPU=cortex-a76 vs QEMU's `max`, which has SVE and BF16)",
+        "",
+        "Max |error| against the same computation in float64 (benchmarks/pi/precision.py):",
+        "",
+        "| CPU | torch capability | matmul fp32 | CNN torch fp32 | CNN torch, oneDNN off | CNN ONNX Runtime |",
+        "|---|---|---|---|---|---|",
+        *[
+            f"| {cpu} | {p.get('cpu_capability')} | {p.get('matmul_fp32_vs_fp64'):.2g} | {p.get('cnn_torch_fp32_vs_fp64'):.2g} | "
+            f"{p.get('cnn_torch_fp32_no_onednn_vs_fp64'):.2g} | {p.get('cnn_ort_fp32_vs_fp64') if isinstance(p.get('cnn_ort_fp32_vs_fp64'), str) else format(p.get('cnn_ort_fp32_vs_fp64'), '.2g')} |"
+            for cpu, p in ((c, r.get(f"precision_{c}")) for c in ("cortex-a76", "max")) if isinstance(p, dict)
+        ],
         "",
         "## The device path",
         "",

@@ -120,6 +120,20 @@ R[train_venv_mb]=$(size_mb "$PI_ROOT/opt/train")
 R[train_largest]=$(largest "$PI_ROOT/opt/train")
 R[train_torch]=$(pi /opt/train/bin/python -c 'import torch; print(torch.__version__, "cuda" if torch.version.cuda else "cpu")' 2>>"$LOG")
 say "[train]: ${R[train_venv_mb]} MB in ${R[train_install_seconds]} s; torch ${R[train_torch]}"
+# `edgefl train --export` writes ONNX: onnx belongs to [server]; a device that exports adds it.
+pi /opt/train/bin/pip install --quiet --disable-pip-version-check onnx >>"$LOG" 2>&1
+R[train_onnx_venv_mb]=$(size_mb "$PI_ROOT/opt/train")
+# Which side loses precision on an ARM CPU with BF16/SVE: the Pi 5's core, then QEMU's "max".
+cp "$HERE/precision.py" "$PI_ROOT/opt/work/precision.py"
+for cpu in cortex-a76 max; do
+  R[precision_$cpu]=$(chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU=$cpu HOME=/root PATH=/usr/bin:/bin OMP_NUM_THREADS=2 \
+    PYTHONPATH=/opt/edgefl/src /opt/train/bin/python /opt/work/precision.py 2>>"$LOG" | tail -1)
+  say "precision under QEMU_CPU=$cpu: ${R[precision_$cpu]}"
+done
+# What [train] would download from the default index on aarch64 (resolved, not installed).
+timeout 900 chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/usr/bin:/bin /opt/train/bin/pip install --dry-run --ignore-installed --quiet --report /opt/work/default-train.json \
+  "/opt/edgefl/src[train]" >>"$LOG" 2>&1 || true
+[ -e "$PI_ROOT/opt/work/default-train.json" ] && R[default_index_train_report]=$(cat "$PI_ROOT/opt/work/default-train.json")
 t=$(now)
 pi /opt/train/bin/edgefl device profile --json --quick > "$WORK/profile-train.json" 2>>"$LOG"
 R[profile_train_seconds]=$(since "$t")
