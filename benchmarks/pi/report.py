@@ -32,6 +32,7 @@ def main(out_dir: Path) -> None:
         f"(debootstrap, {r.get('root_python')}, `uname -m` = {r.get('uname_m')}) run by qemu-user-static as `QEMU_CPU={r.get('qemu_cpu')}`",
         f"on a {r.get('host')} host (load average {r.get('host_load')} while it ran: other jobs shared the 2 cores).",
         "Emulation makes every time below many times slower than a real Pi; sizes are exact.",
+        f"Building the root (debootstrap, emulated second stage) took {r.get('debootstrap_seconds')} s.",
         "",
         "## Install footprint (aarch64)",
         "",

@@ -36,8 +36,9 @@ if ! [ -x "$PI_ROOT/usr/bin/python3" ]; then
   t=$(now)
   debootstrap --arch=arm64 --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
     bookworm "$PI_ROOT" "$MIRROR" >>"$LOG" 2>&1
-  R[debootstrap_seconds]=$(since "$t")
+  since "$t" > "$PI_ROOT/.edgefl-debootstrap-seconds"
 fi
+R[debootstrap_seconds]=$(cat "$PI_ROOT/.edgefl-debootstrap-seconds" 2>/dev/null || echo "n/a")
 R[root_python]=$(chroot "$PI_ROOT" python3 -V 2>&1)
 R[qemu_cpu]=$QEMU_CPU
 R[uname_m]=$(chroot "$PI_ROOT" uname -m)
@@ -46,8 +47,8 @@ R[uname_m]=$(chroot "$PI_ROOT" uname -m)
 # edgefl's profile reads the device-tree model. BCM2712: 4 x Cortex-A76 r4p1, MIDR 0x414fd0b1.
 mkdir -p "$PI_ROOT/sys/firmware/devicetree/base" "$PI_ROOT/proc" "$PI_ROOT/dev"
 printf 'Raspberry Pi 5 Model B Rev 1.0 (emulated)\0' > "$PI_ROOT/sys/firmware/devicetree/base/model"
-for f in possible present online; do echo "0-3" > "$PI_ROOT/sys/devices/system/cpu/$f" 2>/dev/null \
-  || { mkdir -p "$PI_ROOT/sys/devices/system/cpu"; echo "0-3" > "$PI_ROOT/sys/devices/system/cpu/$f"; }; done
+mkdir -p "$PI_ROOT/sys/devices/system/cpu"
+for f in possible present online; do echo "0-3" > "$PI_ROOT/sys/devices/system/cpu/$f"; done
 for c in 0 1 2 3; do
   d="$PI_ROOT/sys/devices/system/cpu/cpu$c/regs/identification"
   mkdir -p "$d"
@@ -57,6 +58,10 @@ done
 mountpoint -q "$PI_ROOT/proc" || mount -t proc proc "$PI_ROOT/proc"
 mountpoint -q "$PI_ROOT/dev" || mount --bind /dev "$PI_ROOT/dev"
 cp /etc/resolv.conf "$PI_ROOT/etc/resolv.conf"
+# The host's CA bundle: on a network whose HTTPS goes through a proxy with its own CA, pip in the
+# root needs it as much as the host does.
+HOST_CA=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+cp "$HOST_CA" "$PI_ROOT/etc/ssl/certs/host-ca-bundle.crt"
 cleanup() {
   [ -n "${BROKER_PID:-}" ] && kill "$BROKER_PID" 2>/dev/null || true
   [ -n "${SERVER_PID:-}" ] && kill "$SERVER_PID" 2>/dev/null || true
@@ -64,7 +69,8 @@ cleanup() {
   umount "$PI_ROOT/dev" 2>/dev/null || true
 }
 trap cleanup EXIT
-pi() { chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/usr/local/bin:/usr/bin:/bin OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 "$@"; }
+pi() { chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/usr/local/bin:/usr/bin:/bin OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 \
+  PIP_CERT=/etc/ssl/certs/host-ca-bundle.crt SSL_CERT_FILE=/etc/ssl/certs/host-ca-bundle.crt "$@"; }
 
 # --- the code, and data the arm64 side reads --------------------------------------------------
 rm -rf "$PI_ROOT/opt/edgefl/src" && mkdir -p "$PI_ROOT/opt/edgefl/src" "$PI_ROOT/opt/work"
@@ -131,7 +137,7 @@ for cpu in cortex-a76 max; do
   say "precision under QEMU_CPU=$cpu: ${R[precision_$cpu]}"
 done
 # What [train] would download from the default index on aarch64 (resolved, not installed).
-timeout 900 chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/usr/bin:/bin /opt/train/bin/pip install --dry-run --ignore-installed --quiet --report /opt/work/default-train.json \
+timeout 900 chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/usr/bin:/bin PIP_CERT=/etc/ssl/certs/host-ca-bundle.crt /opt/train/bin/pip install --dry-run --ignore-installed --quiet --report /opt/work/default-train.json \
   "/opt/edgefl/src[train]" >>"$LOG" 2>&1 || true
 [ -e "$PI_ROOT/opt/work/default-train.json" ] && R[default_index_train_report]=$(cat "$PI_ROOT/opt/work/default-train.json")
 t=$(now)

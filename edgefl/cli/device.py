@@ -44,13 +44,13 @@ def profile(
 
 @app.command("register")
 def register(
-    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
-    fleet: str = typer.Option("default", help="Fleet name."),
-    device_id: str = typer.Option(..., "--device-id", help="This device's id (also its MQTT username)."),
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
+    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name."),
+    device_id: str = typer.Option(..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."),
     tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
     profile_file: str = typer.Option(None, "--profile", help="Profile JSON; default: measure this machine."),
-    username: str = typer.Option(None, help="MQTT username (default: from the URL)."),
-    password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password."),
+    username: str = typer.Option(None, envvar="EDGEFL_USERNAME", help="MQTT username (default: from the URL)."),
+    password: str = typer.Option(None, envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"], help="MQTT password."),
     timeout: float = typer.Option(60.0, help="Seconds to wait for the server's answer."),
     as_json: bool = typer.Option(False, "--json", help="Print the assignment as JSON."),
 ) -> None:

@@ -3,6 +3,7 @@ names by name, folders of PNGs give the built-in dataset's accuracy however they
 spelled, mismatches are refused with the names, and grey and RGB images mix."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +112,33 @@ def test_single_images_of_either_mode_are_classified(tmp_path, test_arrays):
     assert first["name"] == second["name"] and first["name"] in names
     assert first["probability"] == pytest.approx(second["probability"], abs=1e-6)
     assert np.isfinite(first["probability"])
+
+
+# --- Fashion-MNIST, with its real class names (one of them, "T-shirt/top", cannot be a folder name)
+
+FASHION_MODEL = MODEL.with_name("fashion-cnn.onnx")
+
+
+@pytest.fixture(scope="module")
+def fashion_arrays():
+    from edgefl.errors import DataNotFoundError
+
+    try:
+        x, y, info = load_arrays("fashion-mnist", "test")
+    except DataNotFoundError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Fashion-MNIST is missing (CI installs dataset-fashion-mnist)")
+        pytest.skip("Fashion-MNIST is not installed")
+    return x[:1000], y[:1000], info.class_names
+
+
+def test_fashion_mnist_folders_named_after_its_classes_give_the_builtin_accuracy(tmp_path, fashion_arrays):
+    x, y, names = fashion_arrays
+    builtin = json.loads(run_edgefl("infer", str(FASHION_MODEL), "--dataset", "fashion-mnist", "--limit", "1000", "--json").stdout)
+    assert builtin["accuracy"] > 0.6  # a trained model: a wrong class order would fall towards 10%
+    folders = [n.replace("/", "_") for n in names]  # "T-shirt_top"
+    root = _write_folder(tmp_path / "fashion", x, y, folders)
+    result = run_edgefl("infer", str(FASHION_MODEL), "--dataset", f"imagefolder:{root}", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["accuracy"] == pytest.approx(builtin["accuracy"])
+    assert json.loads(result.stdout)["class_map"]["T-shirt_top"] == "T-shirt/top"
