@@ -112,6 +112,8 @@ EXTRA_OF_MODULE = {
     "onnxscript": "server",
     "amqtt": "server",
     "matplotlib": "server",
+    "cryptography": "server",
+    "aiohttp": "server",
 }
 
 

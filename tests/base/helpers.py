@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = Path(__file__).with_name("synthetic-cnn.onnx")
-EXTRAS = ("torch", "torchvision", "onnx", "onnxscript", "amqtt", "matplotlib")
+EXTRAS = ("torch", "torchvision", "onnx", "onnxscript", "amqtt", "matplotlib", "cryptography", "aiohttp")
 
 # Run first in the child: imports of the optional layers fail as if they were not installed.
 _BLOCK = f"""

@@ -8,7 +8,7 @@ import sys
 
 from tests.base.helpers import ROOT, env, run_edgefl
 
-HEAVY = ("torch", "torchvision", "onnx", "amqtt", "matplotlib")
+HEAVY = ("torch", "torchvision", "onnx", "amqtt", "matplotlib", "cryptography", "aiohttp")
 
 
 def _imported_after(statement: str) -> list[str]:
