@@ -108,9 +108,9 @@ OMP_NUM_THREADS=1 "$HOST_PY" -m edgefl.cli.main simulate --algorithm fedavg --da
   --clients 2 --rounds 2 --steps 30 --train-samples 4000 --test-samples 1000 --seed 0 --out "$HOST_RUNS" --run-name host --quiet >>"$LOG" 2>&1
 OMP_NUM_THREADS=1 "$HOST_PY" -m edgefl.cli.main export --run "$HOST_RUNS/host" --device d00 --out "$PI_ROOT/opt/work/host.onnx" --test-samples 0 >>"$LOG" 2>&1
 R[infer_dataset]=$DATASET
-R[infer_host]=$("$HOST_PY" -m edgefl.cli.main infer "$PI_ROOT/opt/work/host.onnx" --dataset $DATASET --json 2>>"$LOG")
+R[infer_host]=$("$HOST_PY" -m edgefl.cli.main infer "$PI_ROOT/opt/work/host.onnx" --dataset $DATASET --limit 2000 --json 2>>"$LOG")
 t=$(now)
-R[infer_pi]=$(pi /opt/base/bin/edgefl infer /opt/work/host.onnx --dataset $DATASET --data-dir /opt/data/$DATASET --json 2>>"$LOG")
+R[infer_pi]=$(pi /opt/base/bin/edgefl infer /opt/work/host.onnx --dataset $DATASET --data-dir /opt/data/$DATASET --limit 2000 --json 2>>"$LOG")
 R[infer_pi_seconds]=$(since "$t")
 say "infer: host ${R[infer_host]}"
 say "infer: pi   ${R[infer_pi]}"
