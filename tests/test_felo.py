@@ -15,7 +15,7 @@ from edgefl.algorithms import (
     TrainSettings,
     get_algorithm,
 )
-from edgefl.algorithms.cvae import CVAE, generate, train_cvae
+from edgefl.algorithms.cvae import CVAE, conditional_fit, generate, train_cvae
 from edgefl.algorithms.felo import (
     FeloOptions,
     KnowledgeDevice,
@@ -300,6 +300,11 @@ def test_cvae_learns_class_conditional_gaussians():
     dist = ((samples[:, None, :] - means[None]) ** 2).sum(-1)
     assert (dist.argmin(1) == np.repeat(np.arange(4), 25)).all()
     assert generate(cvae, np.arange(4), seed=5).tolist() == generate(cvae, np.arange(4), seed=5).tolist()
+    # the fit Velo reports: samples land in their class; an untrained CVAE's do not
+    fit, real, spread = conditional_fit(cvae, feats, labels, seed=0)
+    assert fit == 1.0 and real == 1.0 and 0 < spread < 10
+    untrained_fit, _, _ = conditional_fit(CVAE(4, 8, embed_dim=32), feats, labels, seed=0)
+    assert untrained_fit < 0.75
 
 
 def test_velo_server_trains_the_cvae_and_checkpoints_it_as_arrays(tmp_path):

@@ -130,7 +130,7 @@ envelopes per device and round (evaluation downlinks included).
         claims=claims,
         sweeps=sweeps,
         bounds={"centralized": centralized, "local_iid": local_iid},
-        keep_server_metrics=("cvae_fit", "cvae_fit_real", "cvae_loss", "architectures_averaged"),
+        keep_server_metrics=("cvae_fit", "cvae_fit_real", "cvae_spread", "cvae_loss", "architectures_averaged"),
         diagnostics=diagnostics,
         command="python -m benchmarks.felo_velo" + (" --quick" if quick else ""),
     )
@@ -141,9 +141,10 @@ def diagnostics(runs: list[dict]) -> str:
     lines = ["## The CVAE's value and fit", "",
              "Velo − Felo is what the CVAE adds. Its fit: a softmax classifier is fitted on the real feature "
              "points the CVAE learned from; `fit` is that classifier's accuracy on 50 generated features per "
-             "class, `real` its accuracy on the real points (the ceiling); mean over seeds and rounds of the "
-             "second half.", "",
-             "| setting | pair | Velo − Felo per seed (points) | mean | CVAE fit | real |", "|---|---|---|---|---|---|"]
+             "class, `real` its accuracy on the real points (the ceiling), `spread` the generated features' mean "
+             "distance to their class mean over the real points' (0: the CVAE gives one point per class, and Velo's "
+             "target is then Felo's mean); mean over seeds and rounds of the second half.", "",
+             "| setting | pair | Velo − Felo per seed (points) | mean | CVAE fit | real | spread |", "|---|---|---|---|---|---|---|"]
     settings = list(dict.fromkeys(r["setting"] for r in runs))
     for setting in settings:
         for velo, felo in (("velo", "felo"), ("velo-ko", "felo-ko")):
@@ -153,16 +154,18 @@ def diagnostics(runs: list[dict]) -> str:
             if not seeds:
                 continue
             diffs = [100 * (v[s]["final_accuracy"] - f[s]["final_accuracy"]) for s in seeds]
-            fits, reals = [], []
+            fits, reals, spreads = [], [], []
             for s in seeds:
                 pr = v[s]["per_round"]
                 half = [p["server"] for p in pr[len(pr) // 2:] if "server" in p and "cvae_fit" in p["server"]]
                 fits += [h["cvae_fit"] for h in half if h["cvae_fit"] is not None]
                 reals += [h["cvae_fit_real"] for h in half if h.get("cvae_fit_real") is not None]
+                spreads += [h["cvae_spread"] for h in half if h.get("cvae_spread") is not None]
             fit = f"{100 * statistics.fmean(fits):.1f} %" if fits else "—"
             real = f"{100 * statistics.fmean(reals):.1f} %" if reals else "—"
+            spread = f"{statistics.fmean(spreads):.2f}" if spreads else "—"
             lines.append(f"| {setting} | {velo} − {felo} | " + ", ".join(f"{d:+.2f}" for d in diffs)
-                         + f" | {statistics.fmean(diffs):+.2f} | {fit} | {real} |")
+                         + f" | {statistics.fmean(diffs):+.2f} | {fit} | {real} | {spread} |")
     lines += ["", "## Traffic per device and round", "", "| setting | method | up B | down B |", "|---|---|---|---|"]
     for setting in settings:
         for method in dict.fromkeys(r["method"] for r in runs if r["setting"] == setting):

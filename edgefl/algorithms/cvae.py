@@ -111,13 +111,15 @@ def load_cvae_arrays(model: CVAE, arrays: Mapping[str, np.ndarray], prefix: str)
 
 
 def conditional_fit(model: CVAE, features: np.ndarray, labels: np.ndarray, *, per_class: int = 50, seed: int = 0,
-                    steps: int = 200) -> tuple[float, float]:
+                    steps: int = 200) -> tuple[float, float, float]:
     """How well the CVAE's samples carry their class: a softmax classifier is fitted on the real
     feature points (the CVAE's training data); returns (its accuracy on ``per_class`` generated
-    features per class that has data, its accuracy on the real points — the ceiling)."""
+    features per class that has data, its accuracy on the real points — the ceiling, and the
+    spread of the generated features around their class mean relative to the real points' — near 0
+    means the CVAE collapsed onto one point per class, which makes Velo's target Felo's mean)."""
     classes = np.unique(labels)
     if len(classes) < 2:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     x = torch.as_tensor(np.asarray(features, np.float32))
     y = torch.as_tensor(np.asarray(labels, np.int64))
     mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
@@ -141,4 +143,10 @@ def conditional_fit(model: CVAE, features: np.ndarray, labels: np.ndarray, *, pe
     with torch.no_grad():
         fit = float((clf((fake - mean) / std).argmax(1) == torch.as_tensor(want)).float().mean())
         real = float((clf(xn).argmax(1) == y).float().mean())
-    return fit, real
+    ratios = []
+    for c in classes:
+        pts, gen = x[y == int(c)], fake[torch.as_tensor(want) == int(c)]
+        real_spread = float((pts - pts.mean(0)).norm(dim=1).mean())
+        if len(pts) > 1 and real_spread > 0:
+            ratios.append(float((gen - pts.mean(0)).norm(dim=1).mean()) / real_spread)
+    return fit, real, float(np.mean(ratios)) if ratios else float("nan")

@@ -553,7 +553,7 @@ class VeloServer(KnowledgeServer):
                 metrics["cvae_classes"] = float(known.sum())
                 # the CVAE's fit: do its samples land in their class under a classifier of the
                 # real points it learned from? (cvae_fit_real: that classifier on the real points)
-                metrics["cvae_fit"], metrics["cvae_fit_real"] = conditional_fit(
+                metrics["cvae_fit"], metrics["cvae_fit_real"], metrics["cvae_spread"] = conditional_fit(
                     self.cvae, np.concatenate(feats), labels, seed=seed
                 )
         if self.trained:
