@@ -47,8 +47,9 @@ def fleet_broker(tmp_path_factory):
         "dev-a": add_user(passwd, acl, "dev-a", fleet=FLEET),
         "dev-b": add_user(passwd, acl, "dev-b", fleet=FLEET),
     }
-    for name in ("edgefl-server", "other-server", "dev-a", "dev-b", "d00", "d01", "d02"):
-        add_acl(acl, name, "other" if name == "other-server" else FLEET, role="server" if "server" in name else "device")
+    for name in ("edgefl-server", "other-server", "ops", "dev-a", "dev-b", "d00", "d01", "d02"):
+        role = "server" if "server" in name else "operator" if name == "ops" else "device"
+        add_acl(acl, name, "other" if name == "other-server" else FLEET, role=role)
         ca.issue_client(name)
     rogue = FleetCA.create(d / "rogue", fleet=FLEET)
     rogue.issue_client("dev-a")
@@ -241,8 +242,13 @@ def test_private_keys_are_0600_and_never_overwritten(tmp_path):
 
 
 def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, tmp_path):
+    """...then each `edgefl train --models-dir` stays as the model agent and takes a deployment."""
     import json
+    import subprocess
+    import sys
     from pathlib import Path
+
+    from tests.test_rollout import tiny_onnx
 
     from edgefl.models import family_tiers
     from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
@@ -262,12 +268,19 @@ def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, t
     tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
     procs = [
         start_device(device_command(url(f"d{i:02d}"), FLEET, f"d{i:02d}", data_spec_for(cfg, i), tier=tiers[i % len(tiers)],
-                                    profile_file=profile, verbose=True), tmp_path / f"d{i:02d}.log")
+                                    profile_file=profile, verbose=True) + ["--models-dir", str(tmp_path / f"models-d{i:02d}")],
+                     tmp_path / f"d{i:02d}.log")
         for i in range(3)
     ]
+    (tmp_path / "m.onnx").write_bytes(tiny_onnx(5))
     try:
-        # Execute
+        # Execute: the run, then a rollout from the operator's account over TLS
         summary = serve(cfg, ServeOptions(broker=url("edgefl-server"), fleet=FLEET, deadline=60, wait_for_devices=120))
+        deployed = subprocess.run([sys.executable, "-m", "edgefl.cli.main", "deploy", "--model", str(tmp_path / "m.onnx"), "--version", "tls-v1",
+                                   "--device", "d00", "--device", "d01", "--device", "d02", "--broker", url("ops"), "--fleet", FLEET,
+                                   "--wait", "90", "--json"], capture_output=True, text=True, timeout=180)
+        for p in procs:
+            p.terminate()  # the agents stop cleanly on SIGTERM
         codes = [p.wait(60) for p in procs]
     finally:
         for p in procs:
@@ -279,6 +292,9 @@ def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, t
     assert codes == [0, 0, 0]
     assert json.loads((Path(summary["run_dir"]) / "config.json").read_text())["broker"].startswith("mqtts://")
     assert 0.0 <= summary["mean_accuracy"] <= 1.0
+    assert deployed.returncode == 0, deployed.stderr
+    assert {d: r["version"] for d, r in json.loads(deployed.stdout).items()} == dict.fromkeys(["d00", "d01", "d02"], "tls-v1")
+    assert all((tmp_path / f"models-d{i:02d}" / "versions" / "tls-v1.onnx").read_bytes() == tiny_onnx(5) for i in range(3))
 
 
 def test_the_shipped_tls_config_with_the_cli_made_files(tmp_path):

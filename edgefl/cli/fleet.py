@@ -37,6 +37,7 @@ def _bytes(n: int | None) -> str:
 
 
 def render(status: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     now = float(status.get("time") or time.time())
@@ -59,10 +60,11 @@ def render(status: dict[str, Any]) -> None:
         version = d.get("model_version") or "-"
         if d.get("model_error"):
             version += f" (refused: {d['model_error']})"
-        table.add_row(device_id, f"[{colour.get(state, 'white')}]{state}[/]", str(d.get("tier") or "-"), str(d.get("model") or "-"),
-                      profile or "-", _ago(d.get("registered_at"), now), _ago(d.get("last_seen"), now),
+        # profiles and refusal reasons come from devices: shown as text, never as markup
+        table.add_row(escape(device_id), f"[{colour.get(state, 'white')}]{escape(str(state))}[/]", escape(str(d.get("tier") or "-")),
+                      escape(str(d.get("model") or "-")), escape(profile or "-"), _ago(d.get("registered_at"), now), _ago(d.get("last_seen"), now),
                       "-" if d.get("last_round") is None else str(d["last_round"]), _bytes(d.get("bytes_up")), _bytes(d.get("bytes_down")),
-                      version)
+                      escape(version))
     out.print(table)
     acc = status.get("tier_accuracy") or {}
     if acc:
