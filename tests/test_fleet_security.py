@@ -248,12 +248,11 @@ def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, t
     import sys
     from pathlib import Path
 
-    from tests.test_rollout import tiny_onnx
-
     from edgefl.models import family_tiers
     from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
     from edgefl.runtime.server import ServeOptions, serve
     from tests.conftest import tiny_config
+    from tests.test_rollout import tiny_onnx
 
     # Prepare: every process holds only its own certificate (CN = its account)
     broker, _, d = fleet_broker
