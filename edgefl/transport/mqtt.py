@@ -8,9 +8,12 @@ Topics, all under ``edgefl/<fleet>/``::
     devices/<id>/status     device, retained  "online" / "offline" (the Last Will)
     server/status           server, retained  {"state": "online"|"offline", "epoch": ...} (Last Will)
     broadcast               server, retained  the end of a run (a "finish" envelope for device "*")
+    server/fleet            server, retained  fleet status JSON (edgefl.runtime.status)
+    devices/<id>/model      operator/server, retained  model rollout commands (edgefl.rollout)
+    devices/<id>/active     device, retained  the device's active model version (edgefl.rollout)
 
-A device writes only under its own id (the Mosquitto ACL in ``broker/`` enforces it) and reads its
-own downlinks, the broadcast and the server status.
+A device writes only its own uplink topics in its own fleet, never its downlinks (the Mosquitto
+ACL in ``broker/`` enforces it), and reads its own downlinks, the broadcast and the server status.
 
 Delivery: QoS 1, subscriptions made in ``on_connect`` (so they survive reconnects), persistent
 sessions with stable client ids (MQTT 5 session expiry where the broker speaks 5, else
