@@ -66,3 +66,15 @@ def test_accuracy_per_tier_history_and_the_run_directory_copy(tmp_path):
     assert [h["round"] for h in snap["history"]] == [0, 1] and snap["history"][1]["bytes_up"] == 11
     merged = merge_active(json.loads(json.dumps(snap)), {"d00": {"version": "v2", "digest": "ab"}, "d09": {"version": "v1"}})
     assert merged["devices"]["d00"]["model_version"] == "v2" and merged["devices"]["d09"]["model_version"] == "v1"
+
+
+def test_an_unchanged_status_is_published_once_per_heartbeat(tmp_path):
+    s = fleet()
+    sent = []
+    publisher = StatusPublisher(s, sent.append, None, heartbeat=3600)
+    publisher.publish_now(force=False)
+    publisher.publish_now(force=False)  # nothing changed (only the time)
+    assert len(sent) == 1
+    s.exchange_started("train", 0, ["d00"], timeout=10.0)
+    publisher.publish_now(force=False)
+    assert len(sent) == 2 and json.loads(sent[-1])["devices"]["d00"]["state"] == "training"
