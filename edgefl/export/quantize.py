@@ -3,8 +3,9 @@
     report = quantize_int8("d03.onnx", "d03.int8.onnx", calibration_images=x_train[:256])
 
 Scheme: `onnxruntime.quantization.quantize_static` in QDQ format — weights int8 symmetric per
-output channel, activations uint8 with ranges calibrated (MinMax) on training images; this
-U8S8 combination is what ORT's x86 CPU kernels run fastest (VNNI, or AVX2). The graph is first
+output channel (7 bits by default: see `reduce_range`), activations uint8 with ranges calibrated
+(MinMax) on training images; this U8S8
+combination is what ORT's x86 CPU kernels run fastest (VNNI, or AVX2). The graph is first
 pre-processed (`quant_pre_process`: shape inference and ORT graph optimisation) as ORT advises.
 The metadata of the fp32 file is carried over, with `edgefl.quantization` naming the scheme.
 
@@ -47,8 +48,9 @@ SCHEME = "int8 static QDQ: weights int8 per-channel symmetric, activations uint8
 FORMATS = ("qdq", "qoperator")
 
 
-def scheme(format: str = "qdq", per_channel: bool = True) -> str:
+def scheme(format: str = "qdq", per_channel: bool = True, reduce_range: bool = True) -> str:
     text = SCHEME if format == "qdq" else SCHEME.replace("QDQ", "QOperator")
+    text = text.replace("weights int8", "weights int8 (7-bit range)") if reduce_range else text
     return text if per_channel else text.replace("per-channel", "per-tensor")
 
 
@@ -124,12 +126,17 @@ def quantize_int8(
     batch_size: int = 64,
     format: str = "qdq",
     compact: bool = True,
+    reduce_range: bool = True,
 ) -> QuantizeReport:
     """Write the static int8 version of the fp32 ONNX file `model_path` to `out_path`.
 
     `calibration_images`: float [N, C, H, W] in [0, 1], training samples (a few hundred suffice).
     `format`: "qdq" (default; what GPU/TensorRT providers need) or "qoperator" (smaller, CPU).
     `compact`: shrink names and drop shape annotations (see the module doc).
+    `reduce_range`: 7-bit weights. ONNX Runtime's u8×s8 kernels on x86 CPUs without VNNI (AVX2
+    only) saturate with full 8-bit weights: a CNN's int8 copy agreed with its fp32 model on 79 % of
+    inputs on such a machine, and on 99 % with 7-bit weights. Turn it off only for CPUs with VNNI or
+    ARM devices, where the eighth bit is safe.
     """
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -157,6 +164,7 @@ def quantize_int8(
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=CalibrationMethod.MinMax,
+                reduce_range=reduce_range,
             )
         except ExportError:
             raise
@@ -165,7 +173,7 @@ def quantize_int8(
         proto = onnx.load(str(quantized))
     if compact:
         compact_graph(proto)
-    set_metadata(proto, {**metadata, META_QUANTIZATION: scheme(format, per_channel)})
+    set_metadata(proto, {**metadata, META_QUANTIZATION: scheme(format, per_channel, reduce_range)})
     proto.producer_name = "edgefl"
     try:
         onnx.checker.check_model(proto)
@@ -174,4 +182,4 @@ def quantize_int8(
     data = proto.SerializeToString()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_bytes(data)
-    return QuantizeReport(out_path, len(data), model_path.stat().st_size, len(images), scheme(format, per_channel))
+    return QuantizeReport(out_path, len(data), model_path.stat().st_size, len(images), scheme(format, per_channel, reduce_range))
