@@ -1,12 +1,12 @@
-"""Helpers shared by benchmark scripts: machine load, run via the CLI, write results."""
+"""Helpers shared by the timing benchmarks (inference, overhead, mqtt_demo): machine load, write results.
+
+The accuracy benchmarks are declarations on :mod:`benchmarks.runner` instead."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,13 +23,6 @@ def machine() -> dict:
         "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
-
-
-def edgefl_json(*args: str) -> dict:
-    """Run ``edgefl simulate ... --json`` as a user would and parse its one JSON line."""
-    cmd = [sys.executable, "-m", "edgefl.cli.main", "simulate", *args, "--json", "--quiet"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1]) | {"command": "edgefl simulate " + " ".join(args)}
 
 
 def write_json(path: Path, obj: dict) -> None:

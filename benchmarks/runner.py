@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -39,6 +40,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = Path(__file__).resolve().parent
@@ -132,6 +135,13 @@ class Benchmark:
     diagnostics: Callable[[list[dict]], str] | None = None
     #: how to recreate the results (shown on the page)
     command: str = ""
+    #: ``"module:function"`` called in the worker after each run with a :class:`RunOutput`; the
+    #: dict it returns is merged into the run's record, so a claim or sweep can name its keys as
+    #: ``metric`` (named, not passed, so spawned workers can import it)
+    record_extras: str | None = None
+    #: runs derived from the grid runs at report time (e.g. :func:`paired_difference`), so a claim
+    #: can compare differences (a gain in one setting against the gain in another)
+    derived: Callable[[list[dict]], list[dict]] | None = None
 
     def all_cells(self) -> list[Cell]:
         cells = [c for s in self.sweeps for v in s.grid for c in s.cells[v]]
@@ -141,6 +151,25 @@ class Benchmark:
 
 
 # -- running a cell -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunOutput:
+    """What a finished cell leaves for a benchmark's ``record_extras`` hook; ``run_dir`` (config.json,
+    rounds.jsonl, models/) exists only while the hook runs."""
+
+    cell: Cell
+    config: Any  # the resolved edgefl.config.RunConfig
+    run_dir: Path
+    summary: dict[str, Any]
+    rounds: list[dict[str, Any]]
+
+
+def load_hook(spec: str) -> Callable[[RunOutput], Mapping[str, Any]]:
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"record_extras {spec!r}: name it 'module:function'")
+    return getattr(importlib.import_module(module), name)
+
+
 _RESOLVED: dict[str, dict[str, Any]] = {}
 
 
@@ -179,7 +208,7 @@ def _worker_init() -> None:
     threading.Thread(target=orphaned, daemon=True).start()
 
 
-def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = ()) -> dict[str, Any]:
+def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras: str | None = None) -> dict[str, Any]:
     """Run one cell in this process and return its record (what results.json keeps per run)."""
     import torch
 
@@ -197,7 +226,14 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = ()) -> dict[str, A
         summary = simulate(cfg, plots=False)
         wall = time.perf_counter() - t0
         rounds = read_rounds(Path(tmp) / "run")
-    return make_record(cell, resolved_run(cell), summary, rounds, wall, keep_server_metrics)
+        record = make_record(cell, resolved_run(cell), summary, rounds, wall, keep_server_metrics)
+        if record_extras:
+            extras = dict(load_hook(record_extras)(RunOutput(cell, cfg, Path(tmp) / "run", summary, rounds)))
+            clash = sorted(set(extras) & set(record))
+            if clash:
+                raise ValueError(f"record_extras {record_extras} returned keys the record already has: {clash}")
+            record.update(extras, extras_from=record_extras)
+    return record
 
 
 def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], wall: float,
@@ -273,10 +309,12 @@ def code_version() -> str:
 
 
 class Cache:
-    """Finished cells as JSON files named by their key."""
+    """Finished cells as JSON files named by their key. With ``record_extras`` a record made
+    without that hook is a miss (it lacks the metrics the claims name)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, record_extras: str | None = None):
         self.dir = Path(directory)
+        self.record_extras = record_extras
 
     def path(self, cell: Cell) -> Path:
         return self.dir / f"{cell.key}.json"
@@ -286,6 +324,8 @@ class Cache:
         if not p.exists():
             return None
         record = json.loads(p.read_text())
+        if record.get("extras_from") != self.record_extras:
+            return None
         # the same configuration run for another label (a sweep value that is also a grid cell)
         return {**record, "method": cell.method, "setting": cell.setting, "role": cell.role}
 
@@ -313,7 +353,7 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
         import multiprocessing as mp
 
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
-            pending = {pool.submit(run_cell, c, tuple(keep_server_metrics)): c for c in todo}
+            pending = {pool.submit(run_cell, c, tuple(keep_server_metrics), cache.record_extras): c for c in todo}
             done_count = 0
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -329,13 +369,45 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
 
 
 # -- claims ---------------------------------------------------------------------------------------
+class MetricMissing(KeyError):
+    """A run has no value for the metric a claim or sweep names (not produced yet)."""
+
+
 def metric_value(record: Mapping[str, Any], path: str) -> float:
     value: Any = record
     for part in path.split("."):
         if not isinstance(value, Mapping) or part not in value:
-            raise KeyError(f"run {record.get('method')}/{record.get('setting')}/s{record.get('seed')} has no metric {path!r}")
+            value = None
+            break
         value = value[part]
+    if value is None:
+        raise MetricMissing(f"run {record.get('method')}/{record.get('setting')}/s{record.get('seed')} has no metric {path!r}")
     return float(value)
+
+
+def paired_difference(runs: Iterable[Mapping[str, Any]], a: str, b: str, setting: str, *, method: str,
+                      as_setting: str | None = None) -> list[dict[str, Any]]:
+    """Derived runs ``a − b`` in ``setting``, paired by seed: every numeric top-level metric and
+    every tier of ``per_tier`` differenced, labelled ``method`` in ``as_setting``; their slope is the
+    larger of the pair's, so a claim on a difference is read only where both runs converged."""
+    by = {(r["method"], r["seed"]): r for r in runs if r["setting"] == setting and r.get("role", "grid") == "grid"}
+    out = []
+    for seed in sorted({s for (m, s) in by if m == a} & {s for (m, s) in by if m == b}):
+        ra, rb = by[(a, seed)], by[(b, seed)]
+        record: dict[str, Any] = {"method": method, "setting": as_setting or setting, "seed": seed, "role": "grid",
+                                  "derived_from": [a, b, setting]}
+        for k, v in ra.items():
+            if k in ("seed", "wall_seconds", "slope") or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if isinstance(rb.get(k), (int, float)) and not isinstance(rb.get(k), bool):
+                record[k] = v - rb[k]
+        tiers = set(ra.get("per_tier") or {}) & set(rb.get("per_tier") or {})
+        record["per_tier"] = {t: ra["per_tier"][t] - rb["per_tier"][t] for t in sorted(tiers)
+                              if ra["per_tier"][t] is not None and rb["per_tier"][t] is not None}
+        slopes = [ra.get("slope"), rb.get("slope")]
+        record["slope"] = None if None in slopes else max(slopes, key=abs)
+        out.append(record)
+    return out
 
 
 def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -349,7 +421,11 @@ def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]]) -> dict[str,
     }
     if not seeds:
         return {**out, "mean_diff": None, "sd": None, "signs": [], "converged": False, "holds": False, "verdict": "no runs"}
-    diffs = [metric_value(by[(a, claim.setting, s)], metric_a) - metric_value(by[(b, claim.setting, s)], metric_b) for s in seeds]
+    try:
+        diffs = [metric_value(by[(a, claim.setting, s)], metric_a) - metric_value(by[(b, claim.setting, s)], metric_b) for s in seeds]
+    except MetricMissing as e:
+        return {**out, "mean_diff": None, "sd": None, "signs": [], "converged": False, "holds": False,
+                "verdict": "metric missing", "missing": str(e.args[0])}
     mean = statistics.fmean(diffs)
     sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
     signs = [int(math.copysign(1, d)) if d != 0 else 0 for d in diffs]
@@ -374,14 +450,22 @@ def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]]) -> dict[str,
 
 def evaluate_sweep(sweep: Sweep, records: Mapping[Cell, Mapping[str, Any]]) -> dict[str, Any]:
     means, sds = [], []
+    missing = None
     for value in sweep.grid:
-        vals = [metric_value(records[c], sweep.metric) for c in sweep.cells[value]]
+        try:
+            vals = [metric_value(records[c], sweep.metric) for c in sweep.cells[value]]
+        except MetricMissing as e:
+            missing = str(e.args[0])
+            means.append(None)
+            sds.append(None)
+            continue
         means.append(statistics.fmean(vals))
         sds.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
-    best = max(range(len(means)), key=lambda i: means[i])
+    best = None if missing else sweep.grid[max(range(len(means)), key=lambda i: means[i])]
     return {"parameter": sweep.parameter, "grid": list(sweep.grid), "validation_accuracy": means,
-            "validation_sd": sds, "metric": sweep.metric, "chosen": sweep.grid[best], "note": sweep.note,
-            "seeds": sorted({c.seed for v in sweep.grid for c in sweep.cells[v]})}
+            "validation_sd": sds, "metric": sweep.metric, "chosen": best, "note": sweep.note,
+            "seeds": sorted({c.seed for v in sweep.grid for c in sweep.cells[v]}),
+            **({"missing": missing} if missing else {})}
 
 
 # -- results --------------------------------------------------------------------------------------
@@ -395,21 +479,6 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def machine() -> dict:
-    import platform
-
-    import psutil
-
-    return {
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
-
-
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -420,6 +489,7 @@ def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
 def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before: dict, machine_after: dict,
                   command: str) -> dict[str, Any]:
     grid_runs = [records[c] for c in bench.cells]
+    derived = bench.derived(grid_runs) if bench.derived is not None else []
     bounds = {}
     for name, cells in bench.bounds.items():
         bounds[name] = mean_sd([records[c]["final_accuracy"] for c in cells])[0]
@@ -432,7 +502,8 @@ def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before
         "bounds": bounds,
         "bound_runs": {name: [records[c] for c in cells] for name, cells in bench.bounds.items()},
         "runs": grid_runs,
-        "claims": [evaluate_claim(c, grid_runs) for c in bench.claims],
+        "derived_runs": derived,
+        "claims": [evaluate_claim(c, grid_runs + derived) for c in bench.claims],
         "sweeps": [evaluate_sweep(s, records) for s in bench.sweeps],
         "sweep_runs": [records[c] for s in bench.sweeps for v in s.grid for c in s.cells[v]],
     }
@@ -444,11 +515,16 @@ def pct(x: float | None, sd: float | None = None) -> str:
     return f"{100 * x:.2f}" + (f" ± {100 * sd:.2f}" if sd is not None and not math.isnan(sd) else "")
 
 
+def metric_scale(metric: str) -> int:
+    """Accuracies (fractions) are shown in points; other metrics (bytes, seconds) as they are."""
+    return 100 if "accuracy" in metric or metric.startswith("per_tier") or "agreement" in metric else 1
+
+
 def claims_table(claims: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = ["| claim | setting | metric | mean diff (points) | sd | signs per seed | max slope | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for c in claims:
-        scale = 100 if "accuracy" in c["metric_a"] or c["metric_a"].startswith("per_tier") else 1
+        scale = metric_scale(c["metric_a"])
         md = "—" if c["mean_diff"] is None else f"{scale * c['mean_diff']:+.2f}"
         sd = "—" if c["sd"] is None else f"{scale * c['sd']:.2f}"
         signs = " ".join("+" if s > 0 else "−" if s < 0 else "0" for s in c["signs"])
@@ -558,6 +634,10 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any]) -> str:
              f"a weak one when it is above −1 sd; a claim is read only where every compared run's last-quarter slope is "
              f"below {SLOPE_LIMIT} points per 10 % of rounds, with ≥ 3 seeds).", ""]
     lines += claims_table(results["claims"]) + [""]
+    missing = [c for c in results["claims"] if c["verdict"] == "metric missing"]
+    if missing:
+        lines += ["Metric missing (the toolkit does not produce it yet): "
+                  + "; ".join(f"`{c['statement']}` [{c['setting']}]: {c.get('missing', '')}" for c in missing), ""]
     lines += ["## Setting", "", bench.description.strip(), "",
               f"Command: `{results['command']}`  ", f"Code: `{results['code']}`  ",
               f"Machine: {m0.get('cores')} cores, load (1/5/15 min) {m0.get('loadavg_1_5_15')} at the start ({m0.get('date')}), "
@@ -572,16 +652,34 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any]) -> str:
             lines.append(f"- **{name}**: {pct(a, s)} % ({desc}; {len(rs)} run(s))")
         lines.append("")
     lines += ["## Runs (test set; mean ± sd over seeds)", ""] + runs_table(results["runs"])
+    if results.get("derived_runs"):
+        lines += ["## Paired differences (derived from the runs above, paired by seed)", "",
+                  "| difference | setting | from | seeds | final acc (points) | per tier (points) |", "|---|---|---|---|---|---|"]
+        derived = results["derived_runs"]
+        for key in dict.fromkeys((r["method"], r["setting"]) for r in derived):
+            rs = [r for r in derived if (r["method"], r["setting"]) == key]
+            a, b, setting = rs[0]["derived_from"]
+            tiers = list(dict.fromkeys(t for r in rs for t in r["per_tier"]))
+            per_tier = ", ".join(f"{t}: {pct(*mean_sd([r['per_tier'].get(t) for r in rs]))}" for t in tiers)
+            lines.append(f"| {key[0]} | {key[1]} | {a} − {b} in {setting} | {len(rs)} | "
+                         f"{pct(*mean_sd([r.get('final_accuracy') for r in rs]))} | {per_tier} |")
+        lines.append("")
     if results["sweeps"]:
         lines += ["## Sweeps (validation split carved from the training data; the test set is never used)", ""]
         for s in results["sweeps"]:
             vals = ", ".join(f"{v}: {pct(a, sd)}" for v, a, sd in zip(s["grid"], s["validation_accuracy"], s["validation_sd"], strict=True))
-            lines.append(f"- **{s['parameter']}** (seeds {s['seeds']}): {vals} → chosen **{s['chosen']}**. {s['note']}")
+            chosen = f"chosen **{s['chosen']}**" if s["chosen"] is not None else f"metric missing ({s.get('missing', '')})"
+            lines.append(f"- **{s['parameter']}** by `{s['metric']}` (seeds {s['seeds']}): {vals} → {chosen}. {s['note']}")
         lines.append("")
     if bench.diagnostics is not None:
         lines += [bench.diagnostics(results["runs"]).strip(), ""]
     lines += ["## Figures", "", "![accuracy per round](accuracy.png)", "", "![accuracy vs bytes](accuracy_bytes.png)", ""]
     return "\n".join(lines)
+
+
+def _metric_label(metric_a: str, metric_b: str) -> str:
+    unit = " (points)" if metric_scale(metric_a) == 100 else ""
+    return (f"`{metric_a}`" if metric_a == metric_b else f"`{metric_a}` vs `{metric_b}`") + unit
 
 
 def write_readme_index() -> Path:
@@ -591,20 +689,30 @@ def write_readme_index() -> Path:
              "`../shared/specs/BENCHMARKS.md` (one runner, converged runs with centralized and Local bounds, "
              "≥ 3 seeds, claims evaluated by code, committed sweeps). Rerun a benchmark with "
              "`.venv/bin/python -m benchmarks.<name>` (add `--quick` for a few-minute smoke profile).", "",
-             "| benchmark | claim | setting | verdict | mean diff (points) | seeds |", "|---|---|---|---|---|---|"]
-    others = []
+             "| benchmark | claim | setting | metric | verdict | mean diff | seeds |", "|---|---|---|---|---|---|---|"]
+    others, declared = [], []
     for d in sorted(p for p in BENCHMARKS.iterdir() if p.is_dir() and not p.name.startswith("_")):
         f = d / "results.json"
         data = json.loads(f.read_text()) if f.exists() else {}
         if "claims" not in data or not isinstance(data.get("runs"), list) or not data["runs"] or "final_accuracy" not in data["runs"][0]:
-            others.append(d.name)
+            main_py = d / "__main__.py"
+            (declared if main_py.exists() and "benchmarks.runner" in main_py.read_text() else others).append(d.name)
             continue
         for c in data["claims"]:
-            md = "—" if c["mean_diff"] is None else f"{100 * c['mean_diff']:+.2f}"
-            lines.append(f"| [{d.name}]({d.name}/results.md) | `{c['statement']}` | {c['setting']} | {c['verdict']} | {md} | {len(c['seeds'])} |")
+            md = "—" if c["mean_diff"] is None else f"{metric_scale(c['metric_a']) * c['mean_diff']:+.2f}"
+            lines.append(f"| [{d.name}]({d.name}/results.md) | `{c['statement']}` | {c['setting']} | "
+                         f"{_metric_label(c['metric_a'], c['metric_b'])} | {c['verdict']} | {md} | {len(c['seeds'])} |")
+    for name in declared:  # their claims, as declared, until a full run commits results
+        for c in importlib.import_module(f"benchmarks.{name}").make(False).claims:
+            lines.append(f"| [{name}]({name}/__init__.py) | `{c.statement}` | {c.setting} | "
+                         f"{_metric_label(c.metric_a or c.metric, c.metric_b or c.metric)} | not yet run | — | — |")
+    if declared:
+        lines += ["", "Declared on the runner but not yet run under the protocol (no committed results; earlier, "
+                  "pre-protocol results are under each one's `previous/`): "
+                  + ", ".join(f"[{n}]({n}/__init__.py) (`python -m benchmarks.{n}`)" for n in declared) + "."]
     if others:
-        lines += ["", "Not (yet) under the protocol (their pages describe what they measured and how): "
-                  + ", ".join(f"[{n}]({n}/)" for n in others) + "."]
+        lines += ["", "Not under the protocol (timing and transport measurements; their pages describe what they "
+                  "measured and how): " + ", ".join(f"[{n}]({n}/)" for n in others) + "."]
     out = BENCHMARKS / "README.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -623,7 +731,7 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     bench = make(args.quick)
     out = args.out or (ROOT / "runs" / "bench-quick" / bench.name if args.quick else BENCHMARKS / bench.name)
     out.mkdir(parents=True, exist_ok=True)
-    cache = Cache(out / "cells")
+    cache = Cache(out / "cells", bench.record_extras)
     command = bench.command or f"python -m benchmarks.{bench.name}" + (" --quick" if args.quick else "")
     before = machine()
     cells = bench.all_cells()

@@ -106,3 +106,113 @@ def test_the_cache_key_covers_resolved_defaults_and_options():
     other = Cell("felo", "synthetic", 0, {**a.config, "options": {"alpha": str(default * 2)}})
     assert a.key == explicit_default.key  # the default spelled out is the same run
     assert a.key != other.key and a.key != tiny_cell(1, algorithm="felo", method="felo").key
+
+
+def full_run(cell, acc, **extra):
+    """A record as run_cell makes it, by hand (for report tests that run nothing)."""
+    return {"method": cell.method, "setting": cell.setting, "seed": cell.seed, "role": cell.role, "key": cell.key,
+            "final_accuracy": acc, "per_tier": {"1": acc}, "client_accuracy": {}, "slope": 0.1,
+            "per_round": [{"round": 1, "accuracy": acc / 2}, {"round": 2, "accuracy": acc}],
+            "bytes_up_per_device_round": 10.0, "bytes_down_per_device_round": 20.0, "wall_seconds": 1.0,
+            "config": cell.full_config(), **extra}
+
+
+def test_a_missing_metric_is_reported_as_missing_not_raised():
+    # Prepare: runs without the metric the claim names (e.g. one the toolkit does not produce yet)
+    runs = [run("a", s, 0.9) for s in range(3)] + [run("b", s, 0.8, oracle=None) for s in range(3)]
+    # Execute
+    c = evaluate_claim(Claim("x", "a > b", "s", metric="oracle"), runs)
+    before_after = evaluate_claim(Claim("y", "a > a", "s", metric_a="final_accuracy", metric_b="before"), runs)
+    # Assert
+    assert c["verdict"] == "metric missing" and not c["holds"] and c["mean_diff"] is None
+    assert "oracle" in c["missing"]
+    assert before_after["verdict"] == "metric missing" and "before" in before_after["missing"]
+
+
+def test_a_sweep_or_claim_on_a_missing_metric_still_writes_the_report(tmp_path):
+    # Prepare: a benchmark whose sweep and one claim name a metric no run has
+    cells = [tiny_cell(s, method=m, algorithm=m) for s in range(3) for m in ("fedavg", "local")]
+    sweep_cells = {v: [Cell("fedavg", "val", 0, {**cells[0].config, "lr": v}, role="sweep")] for v in (0.01, 0.1)}
+    bench = runner.Benchmark("t", "T", "tiny", cells, sweeps=[runner.Sweep("lr", (0.01, 0.1), sweep_cells, metric="oracle"),
+                                                               runner.Sweep("lr", (0.01, 0.1), sweep_cells)],
+                             claims=[Claim("ok", "fedavg > local", "synthetic"),
+                                     Claim("later", "fedavg > local", "synthetic", metric="oracle")])
+    records = {c: full_run(c, 0.8 + 0.01 * c.seed if c.method == "fedavg" else 0.5) for c in cells}
+    records.update({c: full_run(c, 0.6 if v == 0.1 else 0.7) for v, cs in sweep_cells.items() for c in cs})
+    # Execute
+    results = runner.build_results(bench, records, {}, {}, "cmd")
+    page = runner.results_markdown(bench, results)
+    # Assert
+    verdicts = {c["id"]: c["verdict"] for c in results["claims"]}
+    assert verdicts == {"ok": "holds", "later": "metric missing"}
+    missing, by_accuracy = results["sweeps"]
+    assert missing["chosen"] is None and "oracle" in missing["missing"]
+    assert by_accuracy["chosen"] == 0.01 and by_accuracy["validation_accuracy"] == pytest.approx([0.7, 0.6])
+    assert "metric missing" in page and "chosen **0.01**" in page
+
+
+def test_paired_differences_let_a_claim_compare_gains_across_settings_and_tiers():
+    # Prepare: A − B is 5 points in "hard", 1 point in "easy"; per tier 8 / 2 points in "hard"
+    runs = []
+    for s in range(3):
+        runs += [run("a", s, 0.70, setting="hard", slope=0.2, per_tier={"1": 0.70, "2": 0.72}),
+                 run("b", s, 0.65, setting="hard", slope=-0.3, per_tier={"1": 0.62, "2": 0.70}),
+                 run("a", s, 0.81 + 0.001 * s, setting="easy", per_tier={"1": 0.8}),
+                 run("b", s, 0.80, setting="easy", per_tier={"1": 0.8})]
+    # Execute
+    derived = [d for st in ("hard", "easy") for d in runner.paired_difference(runs, "a", "b", st, method=st, as_setting="gain")]
+    # Assert: one derived run per seed and setting, every metric differenced, the larger slope kept
+    assert len(derived) == 6
+    hard = [d for d in derived if d["method"] == "hard"]
+    assert hard[0]["final_accuracy"] == pytest.approx(0.05) and hard[0]["per_tier"] == pytest.approx({"1": 0.08, "2": 0.02})
+    assert hard[0]["slope"] == -0.3 and hard[0]["derived_from"] == ["a", "b", "hard"]
+    assert evaluate_claim(Claim("x", "hard > easy", "gain"), derived)["holds"]
+    tiers = evaluate_claim(Claim("t", "hard > hard", "gain", metric_a="per_tier.1", metric_b="per_tier.2"), derived)
+    assert tiers["holds"] and tiers["mean_diff"] == pytest.approx(0.06)
+
+
+def test_the_fedhenn_local_split_metric_weights_per_class_accuracy_by_the_device_labels():
+    import torch
+
+    from benchmarks.fedhenn import local_split_accuracy
+    from edgefl.data import ArrayDataset
+    from edgefl.data.datasets import DatasetInfo
+
+    # Prepare: a "model" that always answers class 0, on a test set with classes 0 and 1 (3 images each)
+    class Zero(torch.nn.Module):
+        def forward(self, x):
+            return torch.tensor([[1.0, 0.0]]).repeat(len(x), 1)
+
+    info = DatasetInfo(name="t", num_classes=2, in_shape=(1, 2, 2), mean=(0.0,), std=(1.0,), class_names=("a", "b"))
+    data = ArrayDataset(torch.zeros(6, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 0, 0, 1, 1, 1]), info)
+    # Assert: a device holding only class 0 sees 100 %, a balanced one 50 %, a class-1 one 0 %
+    assert local_split_accuracy(Zero(), data, [5, 0]) == pytest.approx(1.0)
+    assert local_split_accuracy(Zero(), data, [3, 3]) == pytest.approx(0.5)
+    assert local_split_accuracy(Zero(), data, [0, 7]) == pytest.approx(0.0)
+
+
+@pytest.mark.slow
+def test_record_extras_are_merged_into_the_record_and_cached_under_their_hook(tmp_path, monkeypatch):
+    seen = {}
+
+    def hook(out):
+        seen["run_dir_exists"] = (out.run_dir / "rounds.jsonl").exists()
+        seen["rounds"] = len(out.rounds)
+        return {"rounds_seen": len(out.rounds), "first_round_accuracy": out.rounds[0]["eval"]["mean_accuracy"]}
+
+    monkeypatch.setattr(runner, "load_hook", lambda spec: hook)
+    cell = tiny_cell(0)
+    # Execute
+    record = runner.run_cell(cell, (), "tests:hook")
+    # Assert: the hook saw the live run directory and its rounds; its keys are in the record
+    assert seen == {"run_dir_exists": True, "rounds": 2} and record["rounds_seen"] == 2
+    assert record["first_round_accuracy"] == record["per_round"][0]["accuracy"]
+    assert record["extras_from"] == "tests:hook"
+    # a record made with the hook is a hit for the hook, a miss for a benchmark without it (and back)
+    Cache(tmp_path, "tests:hook").put(cell, record)
+    assert Cache(tmp_path, "tests:hook").get(cell)["rounds_seen"] == 2
+    assert Cache(tmp_path).get(cell) is None
+    # a hook may not overwrite what the runner measured
+    monkeypatch.setattr(runner, "load_hook", lambda spec: lambda out: {"final_accuracy": 1.0})
+    with pytest.raises(ValueError, match="already has"):
+        runner.run_cell(cell, (), "tests:clash")

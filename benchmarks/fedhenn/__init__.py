@@ -1,0 +1,173 @@
+"""FedHeNN (representation-aligned personalisation of heterogeneous models) against Local and a
+homogeneous FedAvg on real Fashion-MNIST, under the benchmark protocol (issue 16). Run it with
+``python -m benchmarks.fedhenn`` (``--quick`` for the few-minute profile).
+
+The paper's metric is each device's accuracy on its *local* test split; :func:`extras` computes it
+from what a run leaves (the devices' final models and the partition) for every cell.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+from benchmarks.runner import Benchmark, Cell, Claim, RunOutput, Sweep
+
+SEEDS = (0, 1, 2)
+HETERO = ("1", "2", "3", "4", "5")
+SETTINGS = {"k2": {"partition": "shards", "classes_per_client": 2},
+            "k5": {"partition": "shards", "classes_per_client": 5}}
+#: method → (algorithm, options, tiers)
+METHODS = {
+    "local": ("local", {}, HETERO),
+    "fedhenn": ("fedhenn", {}, HETERO),
+    "fedavg-cnn2": ("fedavg", {}, ("2",)),
+}
+ETAS = (0.01, 0.1, 1.0)
+
+
+def profile(quick: bool) -> dict:
+    """FedHeNN's five CNNs (tiers 1–5, two devices each) at width 0.25, ten devices of about 600
+    images, half of them per round, one local epoch of SGD 0.05 (momentum 0.9, weight decay 1e-4)
+    at batch 32 per round. The same 2 % of the training images is carved out for every method (the
+    alignment pool FedHeNN's server draws its RAD from), so every method trains on the same device
+    data."""
+    base = {
+        "dataset": "fashion-mnist",
+        "model": "cnn",
+        "width": 0.25,
+        "clients": 10,
+        "fraction": 0.5,
+        "rounds": 40,
+        "epochs": 1,
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 1e-4,
+        "batch_size": 32,
+        "train_samples": 6000,
+        "test_samples": 2000,
+        "eval_samples": 1000,
+        "eval_every": 4,
+        "public_fraction": 0.02,
+    }
+    if quick:
+        base.update(clients=5, rounds=4, train_samples=1500, test_samples=500, eval_samples=300, eval_every=2)
+    return base
+
+
+def local_split_accuracy(model, data, class_counts) -> float:
+    """Σ_c p_d(c)·acc_d(c): per-class accuracy on ``data`` weighted by the device's training label
+    distribution (the device's local test split, as the paper evaluates)."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        preds = torch.cat([model(x).argmax(1) for x, _ in data.batches(1000, shuffle=False)]).numpy()
+    labels = data.y.numpy()
+    n = data.info.num_classes
+    correct = np.bincount(labels[preds == labels], minlength=n)
+    per_class = correct / np.maximum(np.bincount(labels, minlength=n), 1)
+    p = np.asarray(class_counts, dtype=float) / max(float(np.sum(class_counts)), 1.0)
+    return float((p * per_class).sum())
+
+
+def extras(run: RunOutput) -> dict[str, Any]:
+    """``local_accuracy`` (mean over devices) and ``client_local_accuracy``: each device's final
+    model on the evaluation set (test, or the validation split in a sweep), per-class accuracy
+    weighted by its training label distribution. The partition is rebuilt with simulate's own
+    functions; a device whose rebuilt shard differs in size from the run's record stops the
+    benchmark rather than report a wrong number."""
+    import numpy as np
+
+    from edgefl.algorithms import get_algorithm
+    from edgefl.data import carve_public, load_dataset, partition
+    from edgefl.export.checkpoint import load_device_model
+    from edgefl.runtime.simulation import device_ids, evaluation_split, subsample
+
+    cfg = run.config
+    if cfg.fleet_file:
+        raise ValueError("local_accuracy: fleet files are not supported by this benchmark")
+    train = subsample(load_dataset(cfg.dataset, "train", cfg.data_dir), cfg.train_samples, cfg.seed)
+    train, evalset = evaluation_split(cfg, train)
+    labels = train.y.numpy()
+    fraction = get_algorithm(cfg.algorithm).public_fraction if cfg.public_fraction is None else cfg.public_fraction
+    pool = np.arange(len(train))
+    if fraction > 0:
+        _, pool = carve_public(labels, fraction, seed=cfg.seed)
+    parts = partition(labels[pool], cfg.clients, cfg.partition, alpha=cfg.alpha,
+                      classes_per_client=cfg.classes_per_client, seed=cfg.seed, min_size=cfg.min_size)
+    fleet = json.loads((run.run_dir / "config.json").read_text())["fleet"]
+    per_device = {}
+    for device, idx in zip(device_ids(cfg.clients), parts, strict=True):
+        if fleet[device]["num_samples"] != len(idx):
+            raise RuntimeError(f"local_accuracy: rebuilt shard of {device} has {len(idx)} samples, the run had "
+                               f"{fleet[device]['num_samples']}: simulate's partitioning changed")
+        counts = train.subset(pool[idx]).class_counts()
+        per_device[device] = local_split_accuracy(load_device_model(run.run_dir, device), evalset, counts)
+    return {"local_accuracy": statistics.fmean(per_device.values()), "client_local_accuracy": per_device}
+
+
+def make(quick: bool = False) -> Benchmark:
+    base = profile(quick)
+    settings = {"k2": SETTINGS["k2"]} if quick else SETTINGS
+
+    def cell(method, setting, seed, role="grid", options=None, extra=None, name=None):
+        algorithm, opts, tiers = METHODS.get(method, (method, {}, HETERO))
+        if algorithm == "fedhenn":
+            opts = {"rad_size": "100", **opts}  # at most the pool's 2 % of 6,000 images
+        config = {**base, **SETTINGS.get(setting, {}), "algorithm": algorithm, "options": {**opts, **(options or {})},
+                  "tiers": tiers, **(extra or {})}
+        return Cell(method, name or setting, seed, config, role)
+
+    cells = [cell(m, s, seed) for s in settings for seed in SEEDS for m in METHODS]
+    # the upper bound per tier: one model of each tier on the union of the devices' data
+    centralized = [cell("local", "k2", 0, role="bound", name="centralized",
+                        extra={"clients": 1, "partition": "iid", "fraction": 1.0, "rounds": base["rounds"] // 2,
+                               "tiers": (t,)}) for t in (HETERO[:1] if quick else HETERO)]
+    local_iid = [cell("local", "k2", seed, role="bound", name="local-iid", extra={"partition": "iid"}) for seed in SEEDS]
+    sweep_grid = ETAS[:2] if quick else ETAS
+    sweep_seeds = (0,) if quick else SEEDS
+    validation = {"validation_samples": 200 if quick else 1000}
+    sweep_cells = {eta: [cell("fedhenn", s, seed, role="sweep", options={"eta0": str(eta)}, extra=validation,
+                              name=f"sweep-{s}") for s in settings for seed in sweep_seeds] for eta in sweep_grid}
+    sweeps = [
+        Sweep("fedhenn.eta0", sweep_grid, sweep_cells, metric="local_accuracy",
+              note="the paper's metric (each device's local split, here of the validation set); mean over k and seeds"),
+        Sweep("fedhenn.eta0", sweep_grid, sweep_cells, metric="final_accuracy",
+              note="the global metric on the same runs"),
+    ]
+    claims = []
+    for s in SETTINGS:
+        claims += [
+            Claim(f"fedhenn-gt-local-{s}", "fedhenn > local", s, metric="local_accuracy"),
+            Claim(f"fedhenn-ge-fedavg-{s}", "fedhenn ≥ fedavg-cnn2", s, metric="local_accuracy",
+                  note="heterogeneous FedHeNN against FedAvg on one shared tier"),
+        ]
+    fleet = "5 devices (one per tier), 1,500 training images, 4 rounds, k = 2 only" if quick else \
+        "10 devices (two per tier), 6,000 training images (about 600 per device), 40 rounds at half participation"
+    return Benchmark(
+        name="fedhenn",
+        title="FedHeNN vs Local and FedAvg on Fashion-MNIST",
+        description=f"""
+Fleet: FedHeNN's five CNNs (tiers 1–5) at **width 0.25**; {fleet}; one local epoch of SGD lr 0.05
+(momentum 0.9, weight decay 1e-4) at batch 32 per round. **fedavg-cnn2**: FedAvg with CNN tier 2 on
+every device. Settings: shards of k = 2 and k = 5 classes per device. The same 2 % of the training
+images is carved out for every method (FedHeNN's alignment pool; RAD = 100 of its images per round),
+so every method trains on the same device data. η₀ is the method's default (the sweep below settles
+it; the chosen value becomes the default in issue 16). Seeds {list(SEEDS)}.
+
+Two accuracies per run: `local_accuracy`, the paper's metric (each device's final model on the test
+set, per-class accuracy weighted by the device's training label distribution: its local test split),
+and `final_accuracy`, the toolkit's global metric (the whole test set, {base["test_samples"]:,} images). The claims use
+the paper's metric. Centralized: one model of each tier on all the devices' data for as many epochs
+as a device trains (half the rounds, at half participation).
+""",
+        cells=cells,
+        claims=claims,
+        sweeps=sweeps,
+        bounds={"centralized": centralized, "local_iid": local_iid},
+        record_extras="benchmarks.fedhenn:extras",
+        command="python -m benchmarks.fedhenn" + (" --quick" if quick else ""),
+    )

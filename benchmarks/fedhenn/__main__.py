@@ -1,0 +1,4 @@
+from benchmarks.fedhenn import make
+from benchmarks.runner import main
+
+main(make)

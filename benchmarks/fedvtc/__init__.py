@@ -1,0 +1,152 @@
+"""FedVTC (variational transfer of class knowledge) against FedProto and Local on real
+Fashion-MNIST, under the benchmark protocol (issue 17). Run it with ``python -m benchmarks.fedvtc``
+(``--quick`` for the few-minute profile).
+
+:func:`extras` adds to every run what the claims need beyond the final accuracy: the accuracy
+right before the synthetic fine-tune, the bytes per device over the whole run (the one-shot ψ
+upload and the final broadcast included) and, once the method reports it, the oracle metric.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.runner import Benchmark, Cell, Claim, RunOutput, Sweep
+
+SEEDS = (0, 1, 2)
+HETERO = ("1", "2", "3", "4", "5")
+SETTINGS = {"dir0.1": {"partition": "dirichlet", "alpha": 0.1},
+            "dir1": {"partition": "dirichlet", "alpha": 1.0}}
+METHODS = ("fedvtc", "fedvtc-le", "fedvtc-psi-round", "fedproto", "local")
+TC_WEIGHTS = (0.01, 0.1, 1.0)
+LRS = (1e-3, 1e-4)
+
+
+def extras(run: RunOutput) -> dict[str, Any]:
+    """``accuracy_before_finetune``: the evaluation after the last training round (before the
+    closing round and the fine-tune; on the same images as the final one, since the profile's
+    eval_samples equal its test_samples); ``bytes_per_device``: every byte up and down per device,
+    all rounds, the closing round and the final broadcast included; ``oracle_*`` / ``*agreement*``:
+    the last value of any such server metric (the oracle metric arrives with issue 17)."""
+    cfg, rounds = run.config, run.rounds
+    before = next((r["eval"]["mean_accuracy"] for r in rounds if r["round"] == cfg.rounds - 1 and "eval" in r), None)
+    total = sum(r["bytes_up_total"] + r["bytes_down_total"] for r in rounds) + run.summary["finish_bytes_down"]
+    out: dict[str, Any] = {"accuracy_before_finetune": before,
+                           "bytes_per_device": total / max(len(run.summary["client_accuracy"]), 1)}
+    for r in rounds:
+        for k, v in (r.get("server") or {}).items():
+            if (k.startswith("oracle") or "agreement" in k) and isinstance(v, (int, float)):
+                out[k] = v
+    return out
+
+
+def profile(quick: bool) -> dict:
+    """FedHeNN's five CNNs (tiers 1–5, two devices each) at width 0.25 with one common latent of
+    p = 980 = 20×7×7, ten devices of about 600 images, half of them per round, one local epoch at
+    batch 16 per round."""
+    base = {
+        "dataset": "fashion-mnist",
+        "model": "cnn",
+        "tiers": HETERO,
+        "width": 0.25,
+        "feature_dim": 980,
+        "clients": 10,
+        "fraction": 0.5,
+        "rounds": 24,
+        "epochs": 1,
+        "optimizer": "sgd",
+        "batch_size": 16,
+        "train_samples": 6000,
+        "test_samples": 1000,
+        "eval_samples": 1000,  # = test_samples: the before-fine-tune evaluation sees the final one's images
+        "eval_every": 3,
+    }
+    if quick:
+        base.update(clients=5, rounds=4, train_samples=1500, test_samples=300, eval_samples=300, eval_every=2)
+    return base
+
+
+def make(quick: bool = False) -> Benchmark:
+    base = profile(quick)
+    settings = {"dir1": SETTINGS["dir1"]} if quick else SETTINGS
+    seeds = SEEDS[:2] if quick else SEEDS
+    R = base["rounds"]
+    S, T = (100, 1) if quick else (500, 5)  # synthetic samples, fine-tune epochs (the paper's S and 𝒯)
+    vtc = {"synthetic_samples": str(S), "finetune_epochs": str(T)}
+    baseline = {"lr": 0.01, "momentum": 0.9}
+    local_epochs = round(base["fraction"] * R) + T  # a FedVTC device's real-data epochs plus its fine-tune
+
+    def config(method):
+        if method == "fedvtc":
+            return {"algorithm": "fedvtc", "options": vtc}
+        if method == "fedvtc-le":
+            return {"algorithm": "fedvtc", "options": {**vtc, "lam": "0"}}
+        if method == "fedvtc-psi-round":
+            return {"algorithm": "fedvtc", "options": {**vtc, "psi_every_round": "true"}}
+        if method == "fedproto":  # the paper gives its baselines 𝒯 extra full-participation rounds
+            return {"algorithm": "fedproto", "rounds": R + T, "options": {"full_last_rounds": str(T)}, **baseline}
+        if method == "local":
+            return {"algorithm": "local", "fraction": 1.0, "rounds": local_epochs,
+                    "eval_every": max(1, local_epochs // 8), **baseline}
+        raise ValueError(method)
+
+    def cell(method, setting, seed, role="grid", extra=None, name=None):
+        return Cell(method, name or setting, seed, {**base, **SETTINGS[setting], **config(method), **(extra or {})}, role)
+
+    cells = [cell(m, s, seed) for s in settings for seed in seeds for m in METHODS]
+    centralized = [cell("local", "dir1", 0, role="bound", name="centralized",
+                        extra={"clients": 1, "partition": "iid", "tiers": (t,)}) for t in (HETERO[:1] if quick else HETERO)]
+    local_iid = [cell("local", "dir1", seed, role="bound", name="local-iid", extra={"partition": "iid"}) for seed in seeds]
+    validation = {"validation_samples": 200 if quick else 1000}
+    variants = [(w, lr) for w in TC_WEIGHTS for lr in LRS][-2:] if quick else [(w, lr) for w in TC_WEIGHTS for lr in LRS]
+    grid = [f"tc_weight={w}, lr={lr}" for w, lr in variants]
+    sweep_cells = {
+        g: [Cell("fedvtc", f"sweep-{s}", 0, {**base, **SETTINGS[s], "algorithm": "fedvtc", "lr": lr, "momentum": 0.0,
+                                              "options": {**vtc, "tc_weight": str(w)}, **validation}, "sweep")
+            for s in settings]
+        for g, (w, lr) in zip(grid, variants, strict=True)
+    }
+    sweeps = [
+        Sweep("fedvtc tc_weight × lr (momentum 0)", grid, sweep_cells, metric="oracle_agreement",
+              note="first criterion: the oracle metric (arrives with issue 17; until then 'metric missing')"),
+        Sweep("fedvtc tc_weight × lr (momentum 0)", grid, sweep_cells, metric="final_accuracy",
+              note="second criterion: validation accuracy; seed 0 in each setting"),
+    ]
+    claims = []
+    for s in SETTINGS:
+        claims += [
+            Claim(f"fedvtc-gt-fedproto-{s}", "fedvtc > fedproto", s),
+            Claim(f"finetune-raises-{s}", "fedvtc > fedvtc", s, metric_a="final_accuracy",
+                  metric_b="accuracy_before_finetune", note="after vs before the synthetic fine-tune, same devices"),
+            Claim(f"ldm-helps-{s}", "fedvtc ≥ fedvtc-le", s, note="L_e + λ·L_dm against L_e only"),
+            Claim(f"oneshot-fewer-bytes-{s}", "fedvtc < fedvtc-psi-round", s, metric="bytes_per_device",
+                  note="one-shot ψ against ψ every round: bytes per device over the whole run"),
+            Claim(f"oneshot-accuracy-{s}", "fedvtc ≥ fedvtc-psi-round", s, note="… at equal or better accuracy"),
+        ]
+    fleet = "5 devices (one per tier), 1,500 training images, 4 rounds, Dir(1) only, S = 100, 𝒯 = 1" if quick else \
+        "10 devices (two per tier), 6,000 training images (about 600 per device), R = 24 rounds, S = 500, 𝒯 = 5"
+    return Benchmark(
+        name="fedvtc",
+        title="FedVTC vs FedProto and Local on Fashion-MNIST",
+        description=f"""
+Fleet: FedHeNN's five CNNs (tiers 1–5) at **width 0.25**, one common latent p = 980; {fleet}; half
+the devices per round, one local epoch at batch 16. FedVTC (and its ablations) run at the method's
+defaults (tc_weight, lr, momentum, σ and the initial prototypes are the subject of the sweep below;
+the chosen values become the defaults in issue 17); FedProto and Local train with SGD lr 0.01,
+momentum 0.9. Methods: **fedvtc** (R rounds, the one-shot ψ upload, then S synthetic samples and 𝒯
+fine-tune epochs per device), **fedvtc-le** (λ = 0: L_e only), **fedvtc-psi-round** (ψ every round),
+**fedproto** (R rounds + 𝒯 extra rounds with every device, the paper's baseline budget), **local**
+(every device alone for round(fraction·R) + 𝒯 epochs: a FedVTC device's real-data epochs plus its
+fine-tune). Settings Dir(0.1) and Dir(1); seeds {list(seeds)}. Accuracy: mean over devices on
+{base["test_samples"]} test images; `accuracy_before_finetune` is the evaluation after round R on the
+same images. Bytes: everything up and down per device over the whole run. The oracle metric (the
+share of ψ's samples a centrally trained classifier assigns to the intended class) and the
+committed per-class sample grids arrive with issue 17.
+""",
+        cells=cells,
+        claims=claims,
+        sweeps=sweeps,
+        bounds={"centralized": centralized, "local_iid": local_iid},
+        record_extras="benchmarks.fedvtc:extras",
+        command="python -m benchmarks.fedvtc" + (" --quick" if quick else ""),
+    )

@@ -1,0 +1,4 @@
+from benchmarks.fedvtc import make
+from benchmarks.runner import main
+
+main(make)

@@ -1,0 +1,4 @@
+from benchmarks.hierarchyfl import make
+from benchmarks.runner import main
+
+main(make)
