@@ -14,6 +14,10 @@ and hands it to :func:`main`. The runner does the rest:
   seed; a strict claim holds when the mean exceeds 2 sd and every seed agrees, a weak one when the
   mean is above −1 sd) and reads a claim only where every compared run has converged (last-quarter
   slope below 0.5 points per 10 % of rounds);
+- adds to each run's record what the benchmark's ``record_extras`` hook computes from the finished
+  run (a metric the toolkit does not report itself, e.g. accuracy on each device's local split),
+  and derives runs from runs (``derived``, e.g. :func:`paired_difference`) so a claim can compare
+  gains; a claim or sweep whose metric no run has yet reads "metric missing";
 - writes ``results.json`` (the shared schema), ``results.md`` (claims first, then tables, then
   figures) and the figures, and regenerates ``benchmarks/README.md``.
 
@@ -521,7 +525,7 @@ def metric_scale(metric: str) -> int:
 
 
 def claims_table(claims: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["| claim | setting | metric | mean diff (points) | sd | signs per seed | max slope | verdict |",
+    lines = ["| claim | setting | metric | mean diff (points for accuracies) | sd | signs per seed | max slope | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for c in claims:
         scale = metric_scale(c["metric_a"])

@@ -139,7 +139,7 @@ def make(quick: bool = False) -> Benchmark:
               note="the global metric on the same runs"),
     ]
     claims = []
-    for s in SETTINGS:
+    for s in settings:
         claims += [
             Claim(f"fedhenn-gt-local-{s}", "fedhenn > local", s, metric="local_accuracy"),
             Claim(f"fedhenn-ge-fedavg-{s}", "fedhenn ≥ fedavg-cnn2", s, metric="local_accuracy",

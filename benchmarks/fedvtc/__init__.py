@@ -113,7 +113,7 @@ def make(quick: bool = False) -> Benchmark:
               note="second criterion: validation accuracy; seed 0 in each setting"),
     ]
     claims = []
-    for s in SETTINGS:
+    for s in settings:
         claims += [
             Claim(f"fedvtc-gt-fedproto-{s}", "fedvtc > fedproto", s),
             Claim(f"finetune-raises-{s}", "fedvtc > fedvtc", s, metric_a="final_accuracy",
