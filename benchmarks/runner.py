@@ -712,11 +712,11 @@ def write_readme_index() -> Path:
                          f"{_metric_label(c.metric_a or c.metric, c.metric_b or c.metric)} | not yet run | — | — |")
     if declared:
         lines += ["", "Declared on the runner but not yet run under the protocol (no committed results; earlier, "
-                  "pre-protocol results are under each one's `previous/`): "
+                  "pre-protocol results, where there were any, are under the benchmark's `previous/`): "
                   + ", ".join(f"[{n}]({n}/__init__.py) (`python -m benchmarks.{n}`)" for n in declared) + "."]
     if others:
-        lines += ["", "Not under the protocol (timing and transport measurements; their pages describe what they "
-                  "measured and how): " + ", ".join(f"[{n}]({n}/)" for n in others) + "."]
+        lines += ["", "Not under the protocol (timing, transport and demo measurements; their own pages describe "
+                  "what they measured and how): " + ", ".join(f"[{n}]({n}/)" for n in others) + "."]
     out = BENCHMARKS / "README.md"
     out.write_text("\n".join(lines) + "\n")
     return out
