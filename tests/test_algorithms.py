@@ -20,7 +20,7 @@ def test_every_algorithm_runs_two_rounds_in_memory(tmp_path, name):
     cfg = tiny_config(tmp_path, algorithm=name)
     summary = simulate(cfg)
     algo = get_algorithm(name)
-    expected_rounds = 2 + algo.server.closing_rounds
+    expected_rounds = 2 + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds
     assert len(summary["bytes_up_per_round"]) == expected_rounds
     assert summary["failed_per_round"] == [0] * expected_rounds
     assert len(summary["client_accuracy"]) == 3
@@ -141,5 +141,7 @@ def test_devices_get_the_pool_only_when_the_method_says_they_hold_it(tmp_path):
     assert summary["failed_per_round"] == [0, 0]
     from edgefl.algorithms.fedhenn import FedHeNNOptions
 
-    assert FedHeNNOptions(rad_source="device").devices_hold_public
-    assert not FedHeNNOptions().devices_hold_public
+    fedhenn = get_algorithm("fedhenn")
+    assert fedhenn.needs_for(FedHeNNOptions(rad_source="device")).devices_hold_public
+    assert not fedhenn.needs_for(FedHeNNOptions()).devices_hold_public
+    assert fedhenn.needs_for(FedHeNNOptions()).public_share == 0.02

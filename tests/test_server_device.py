@@ -8,7 +8,6 @@
   logged reason while the server keeps serving.
 """
 
-import dataclasses
 import json
 import os
 import signal
@@ -103,23 +102,14 @@ def serve_in_thread(cfg, opts):
     ("mosquitto", "fedproto", {}),
     ("amqtt", "fedhenn", {"rad_source": "device", "rad_size": "20"}),
 ])
-def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monkeypatch, broker_kind, algorithm, options):
+def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, broker_kind, algorithm, options):
     # Prepare: the in-memory reference, capturing its server half
     # one torch thread, as each device process runs: the same floating-point reductions
     # every device every round: the server's --min-devices (3 here) is also its per-round minimum
     cfg = tiny_config(tmp_path, algorithm=algorithm, rounds=2, clients=3, options=options, threads=1, fraction=1.0)
-    algo = simulation.get_algorithm(algorithm)
     captured = []
-
-    class Capture(algo.server):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            captured.append(self)
-
-    monkeypatch.setattr(simulation, "get_algorithm", lambda name: dataclasses.replace(algo, server=Capture))
-    reference = simulation.simulate(cfg.model_copy(update={"run_name": "memory"}))
-    monkeypatch.undo()
-    expected = captured[0].state_dict()
+    reference = simulation.simulate(cfg.model_copy(update={"run_name": "memory"}), on_done=lambda s: captured.append(s.state_dict()))
+    expected = captured[0]
 
     if broker_kind == "mosquitto":
         need_mosquitto()

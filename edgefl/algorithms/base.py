@@ -22,8 +22,12 @@ Server half (one object per run):
                                              an update of that device carries, checked before
                                              aggregate (edgefl.wire.validate.check_reply); an
                                              undeclared array is refused; None = no check.
-    ``closing_rounds``                       rounds after training the method needs (FedVTC's
-                                             one-shot decoder upload); the runtime adds them.
+
+What a method needs from the run (server-held data and its share, an alignment pool that devices
+also hold, closing rounds after training) it declares once, as :class:`MethodNeeds` on its
+:class:`Algorithm` entry; the run assembly (:mod:`edgefl.runtime.setup`) reads the declaration and
+never asks a method about itself by name. The round being run is ``ServerContext.round``, kept
+by the round loop: a method keeps no round counter of its own.
 
 Payloads are dicts of numpy arrays plus scalar metadata (:class:`edgefl.wire.Payload`); the same
 objects run in the in-memory simulation and over MQTT. Algorithms never import a transport.
@@ -34,9 +38,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -76,8 +80,8 @@ class DeviceContext:
     settings: TrainSettings
     seed: int  # this device's seed (derived from the run seed and the device id)
     rounds: int  # training rounds of the run (for schedules such as FedHeNN's η_t)
-    public: ArrayDataset | None = None  # a pool the device also holds: set when the options'
-    # ``devices_hold_public`` is true (FedHeNN's rad_source=device)
+    public: ArrayDataset | None = None  # the server's pool, when the method's needs say that
+    # devices hold it too (FedHeNN's rad_source=device)
 
     @property
     def num_classes(self) -> int:
@@ -109,6 +113,10 @@ class ServerContext:
     fraction: float = 1.0
     min_devices: int = 1
     public: ArrayDataset | None = None  # server-held data (HierarchyFL's labelled 1%, FedHeNN's pool)
+    closing_rounds: int = 0  # rounds after training (the method's declared needs)
+    #: The round in progress (or the closing exchange's round), set by the round loop before it
+    #: selects devices: round state lives here, not on the method object.
+    round: int = 0
 
     def specs(self) -> list[ModelSpec]:
         """The distinct model specs of the fleet, in first-seen order."""
@@ -154,8 +162,6 @@ class DeviceHalf:
 class ServerHalf:
     """Base of every server half."""
 
-    closing_rounds: int = 0
-
     def __init__(self, ctx: ServerContext, options: Any):
         self.ctx = ctx
         self.options = options
@@ -194,6 +200,38 @@ class NoOptions:
 
 
 @dataclass(frozen=True)
+class MethodNeeds:
+    """What a method needs from the run beyond its devices' private data: its one declaration,
+    read by the run assembly (:mod:`edgefl.runtime.setup`) and the round loop.
+
+    Messages (the keys, dtypes and shapes of uplinks and downlinks) are declared apart, on the
+    server half (``expected_uplink``), because they depend on the fleet.
+    """
+
+    #: Share of the training set carved out (stratified, before partitioning) and held by the
+    #: server: HierarchyFL's labelled 1 %, FedHeNN's alignment pool. 0 = none. A run's
+    #: ``public_fraction`` setting overrides it.
+    public_share: float = 0.0
+    #: What the server-held share is for: "labelled" (trained on, with its labels) or
+    #: "alignment" (only its images are used, to compare representations).
+    public_use: Literal["labelled", "alignment"] = "labelled"
+    #: Whether every device holds the server's pool too (FedHeNN rad_source=device): device
+    #: processes then carve it out of their dataset exactly as the server does.
+    devices_hold_public: bool = False
+    #: Rounds after the training rounds (FedVTC's one-shot decoder upload); the loop runs them
+    #: as rounds ``rounds .. rounds + closing_rounds - 1`` with ``phase = "closing"``.
+    closing_rounds: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.public_share < 1:
+            raise ValueError(f"public_share must be in [0, 1) (got {self.public_share})")
+        if self.closing_rounds < 0:
+            raise ValueError(f"closing_rounds must be >= 0 (got {self.closing_rounds})")
+        if self.devices_hold_public and self.public_share <= 0:
+            raise ValueError("devices_hold_public needs a public_share > 0")
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """A registry entry: the two halves, typed options and the paper's default run settings."""
 
@@ -205,11 +243,19 @@ class Algorithm:
     #: Run-config defaults that match the paper (model family, tiers, optimizer, lr, …); the
     #: user's explicit options override them.
     defaults: Mapping[str, Any] = field(default_factory=dict)
-    #: Share of the training set carved out (stratified) and held by the server only.
-    public_fraction: float = 0.0
+    #: What the method needs from the run: a :class:`MethodNeeds`, or a function of the parsed
+    #: options returning one when the needs depend on them (FedHeNN's rad_source).
+    needs: MethodNeeds | Callable[[Any], MethodNeeds] = MethodNeeds()
 
     def parse_options(self, raw: Mapping[str, Any]) -> Any:
         return parse_options(self.options, raw, self.name)
+
+    def needs_for(self, options: Any) -> MethodNeeds:
+        """The declaration for these (parsed) options."""
+        needs = self.needs(options) if callable(self.needs) else self.needs
+        if not isinstance(needs, MethodNeeds):
+            raise TypeError(f"{self.name}: needs must give a MethodNeeds, got {type(needs).__name__}")
+        return needs
 
 
 _REGISTRY: dict[str, Algorithm] = {}

@@ -10,7 +10,7 @@ authors' code does (``rad_mode``).
 
 What travels (heterogeneous variant, the default). Weights stay on the device:
 
-- The server holds an unlabelled public pool (``Algorithm.public_fraction``: the simulation
+- The server holds an unlabelled public pool (its declared ``MethodNeeds.public_share``: the run assembly
   carves a stratified 2% of the training set, removed from device data; labels are never used).
   RAD_t = ``rad_size`` samples drawn from the pool with the run seed and round t.
 - Downlink of round t: ``rad/x`` = RAD_t images (uint8) with ``rad/kbar`` = K̄_t (N×N), and
@@ -54,7 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
+from edgefl.algorithms.base import Algorithm, DeviceHalf, MethodNeeds, ServerHalf, register
 from edgefl.algorithms.cka import KernelTarget, kernel
 from edgefl.algorithms.fedavg import WEIGHTS, GlobalModelServer
 from edgefl.algorithms.training import train_local
@@ -88,11 +88,6 @@ class FedHeNNOptions:
             raise ValueError("rad_size must be >= 2")
         if self.rbf_scale <= 0:
             raise ValueError("rbf_scale must be > 0")
-
-    @property
-    def devices_hold_public(self) -> bool:
-        """Read by the simulation: with rad_source=device every device also holds the pool."""
-        return self.rad_source == "device"
 
     def eta_at(self, round: int) -> float:
         """η_t = η₀·√t (the device uses 0 while it has no K̄)."""
@@ -312,6 +307,7 @@ register(
         server=FedHeNNServer,
         options=FedHeNNOptions,
         defaults=PAPER_DEFAULTS,
-        public_fraction=0.02,
+        # an unlabelled 2 % alignment pool; with rad_source=device every device holds it too
+        needs=lambda o: MethodNeeds(public_share=0.02, public_use="alignment", devices_hold_public=o.rad_source == "device"),
     )
 )

@@ -78,7 +78,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgefl.algorithms.aggregate import weighted_average
-from edgefl.algorithms.base import Algorithm, DeviceHalf, register
+from edgefl.algorithms.base import Algorithm, DeviceHalf, MethodNeeds, register
 from edgefl.algorithms.fedproto import (
     PROTOTYPE_DEFAULTS,
     PrototypeServer,
@@ -401,7 +401,6 @@ class FedVTCDevice(DeviceHalf):
 # -- server -------------------------------------------------------------------------------------
 class FedVTCServer(PrototypeServer):
     method = "fedvtc"
-    closing_rounds = 1  # the one-shot ψ upload (0 with psi_every_round)
 
     def __init__(self, ctx, options: FedVTCOptions):
         super().__init__(ctx, options)
@@ -409,7 +408,6 @@ class FedVTCServer(PrototypeServer):
         if len(shapes) != 1:
             raise ConfigError(f"fedvtc averages one decoder: every model needs the same input shape (got {sorted(shapes)})")
         self.layout = vtc_layout(ctx.specs()[0], options.vtc_channels)
-        self.closing_rounds = 0 if options.psi_every_round else 1
         if options.vtc_seed is not None:
             self.vtc_seed = int(options.vtc_seed)
         else:
@@ -421,10 +419,9 @@ class FedVTCServer(PrototypeServer):
 
     @property
     def final_round(self) -> int:
-        return self.ctx.rounds + self.closing_rounds
+        return self.ctx.rounds + self.ctx.closing_rounds
 
     def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
-        self.round = round  # for expected_uplink, which the loop calls during this round
         if round >= self.ctx.rounds:  # the closing round: every device uploads ψ_k
             return sorted(device_ids)
         return super().select(round, device_ids, rng)
@@ -432,7 +429,7 @@ class FedVTCServer(PrototypeServer):
     def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
         # 0-d tensors (BN's num_batches_tracked) may arrive as [1]: any shape, sizes checked later
         psi = {k: array_spec(dt, s if len(s) else None) for k, (s, dt) in self.psi_shapes.items()}
-        if getattr(self, "round", 0) >= self.ctx.rounds:
+        if self.ctx.round >= self.ctx.rounds:  # the loop's round in progress
             return psi
         train = {**super().expected_uplink(device_id), SIGMA: array_spec(np.float32, (self.layout.dim,))}
         return {**train, **psi} if self.options.psi_every_round else train
@@ -537,5 +534,7 @@ register(
         server=FedVTCServer,
         options=FedVTCOptions,
         defaults=PROTOTYPE_DEFAULTS,
+        # the one-shot ψ upload after training (none when ψ travels every round)
+        needs=lambda o: MethodNeeds(closing_rounds=0 if o.psi_every_round else 1),
     )
 )

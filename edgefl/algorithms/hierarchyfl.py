@@ -20,7 +20,7 @@ Round (both methods):
 
 HeteroFL stops here. HierarchyFL then runs the **ensemble library** and **hierarchical
 self-distillation** on the server's labelled public set (1 % of the training set, carved out
-stratified and removed from the device pools, see ``Algorithm.public_fraction``), for C steps
+stratified and removed from the device pools, see its ``MethodNeeds``), for C steps
 (default: one pass, batch = the run's batch size). Each step, on a public batch:
 
 1. forward the global model through every tier of the hierarchy, smallest first: features F_i
@@ -80,7 +80,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerContext, ServerHalf, register
+from edgefl.algorithms.base import (
+    Algorithm,
+    DeviceHalf,
+    MethodNeeds,
+    ServerContext,
+    ServerHalf,
+    register,
+)
 from edgefl.algorithms.training import train_local
 from edgefl.errors import ConfigError
 from edgefl.models import ModelSpec, build_model, family_tiers
@@ -517,7 +524,7 @@ register(
         server=HierarchyFLServer,
         options=HierarchyFLOptions,
         defaults=PAPER_DEFAULTS,
-        public_fraction=0.01,
+        needs=MethodNeeds(public_share=0.01, public_use="labelled"),
     )
 )
 

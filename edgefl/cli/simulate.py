@@ -110,7 +110,7 @@ def simulate(
     dataset_info(cfg.dataset)
     family_tiers(cfg.model)
 
-    total = cfg.rounds + algo.server.closing_rounds
+    total = cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds
 
     def on_round(r: dict) -> None:
         """One line per round: what a healthy run looks like at a glance."""

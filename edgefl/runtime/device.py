@@ -50,6 +50,7 @@ from edgefl.errors import (
 )
 from edgefl.models.spec import ModelSpec
 from edgefl.retry import Backoff, retry
+from edgefl.runtime.setup import DataSpec
 from edgefl.transport.broker import check_device_id
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
 from edgefl.wire import Envelope, Limits, Payload, decode, encode
@@ -57,115 +58,9 @@ from edgefl.wire.validate import Routing, peek
 
 if TYPE_CHECKING:  # torch-backed; imported when a model is built (registration needs no torch)
     from edgefl.algorithms import TrainSettings
-    from edgefl.data import ArrayDataset
     from edgefl.runtime.agent import DeviceAgent
 
 log = logging.getLogger(__name__)
-
-
-# --- the device's data -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    dataset: str
-    shard: tuple[int, int] | None = None  # (index, count)
-    partition: str = "iid"
-    alpha: float = 0.5
-    classes_per_client: int = 2
-    seed: int = 0
-    min_size: int = 10
-    train_samples: int | None = None
-    test_samples: int | None = None
-    eval_samples: int = 2000
-    public: float | None = None  # None: the algorithm's share (from the assignment)
-    data_dir: str | None = None
-
-    _KEYS = {
-        "shard": "shard",
-        "partition": "partition",
-        "alpha": "alpha",
-        "k": "classes_per_client",
-        "classes_per_client": "classes_per_client",
-        "seed": "seed",
-        "min_size": "min_size",
-        "train_samples": "train_samples",
-        "test_samples": "test_samples",
-        "eval_samples": "eval_samples",
-        "public": "public",
-        "dir": "data_dir",
-    }
-
-    @classmethod
-    def parse(cls, text: str) -> DataSpec:
-        # a dataset name may itself hold ':' (imagefolder:DIR); options follow the last ':'
-        head, sep, tail = text.rpartition(":")
-        name, rest = (head, tail) if sep and ("=" in tail or not tail) else (text, "")
-        if not name:
-            raise ConfigError(f"--data {text!r}: name a dataset, e.g. fashion-mnist:shard=0/6")
-        values: dict[str, Any] = {"dataset": name}
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
-        for item in filter(None, rest.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep or key.strip() not in cls._KEYS:
-                raise ConfigError(f"--data option {item!r}: use key=value with keys {', '.join(sorted(cls._KEYS))}")
-            field_name = cls._KEYS[key.strip()]
-            value = value.strip()
-            try:
-                if field_name == "shard":
-                    i, _, n = value.partition("/")
-                    values["shard"] = (int(i), int(n))
-                elif field_name in ("partition", "data_dir"):
-                    values[field_name] = value
-                elif "float" in str(types[field_name]):
-                    values[field_name] = float(value)
-                else:
-                    values[field_name] = int(value)
-            except ValueError:
-                raise ConfigError(f"--data option {item!r} has an invalid value") from None
-        spec = cls(**values)
-        if spec.shard is not None and not 0 <= spec.shard[0] < spec.shard[1]:
-            raise ConfigError(f"--data shard {spec.shard[0]}/{spec.shard[1]}: need 0 <= I < N")
-        return spec
-
-    def to_string(self) -> str:
-        parts = []
-        if self.shard is not None:
-            parts.append(f"shard={self.shard[0]}/{self.shard[1]}")
-        for key in ("partition", "alpha", "classes_per_client", "seed", "min_size", "train_samples", "test_samples", "eval_samples", "public"):
-            value = getattr(self, key)
-            if value is not None:
-                parts.append(f"{'k' if key == 'classes_per_client' else key}={value}")
-        if self.data_dir:
-            parts.append(f"dir={self.data_dir}")
-        return f"{self.dataset}:{','.join(parts)}"
-
-
-def load_device_data(
-    spec: DataSpec, public_fraction: float
-) -> tuple[ArrayDataset, dict[str, ArrayDataset], ArrayDataset | None]:
-    """The device's training shard, its evaluation sets and the public pool carved out of the
-    training set (None without one), made exactly as the simulator makes them."""
-    from edgefl.data import carve_public, load_dataset, partition
-    from edgefl.runtime.simulation import subsample
-
-    train = subsample(load_dataset(spec.dataset, "train", spec.data_dir), spec.train_samples, spec.seed)
-    test = subsample(load_dataset(spec.dataset, "test", spec.data_dir), spec.test_samples, spec.seed + 1)
-    quick = subsample(test, spec.eval_samples, spec.seed + 2)
-    evals = {"quick": quick, "test": test}
-    if spec.shard is None:
-        return train, evals, None
-    labels = train.y.numpy()
-    fraction = public_fraction if spec.public is None else spec.public
-    pool, public = np.arange(len(train)), None
-    if fraction > 0:
-        public_idx, pool = carve_public(labels, fraction, seed=spec.seed)
-        public = train.subset(public_idx)
-    index, count = spec.shard
-    parts = partition(
-        labels[pool], count, spec.partition, alpha=spec.alpha, classes_per_client=spec.classes_per_client, seed=spec.seed, min_size=spec.min_size
-    )
-    return train.subset(pool[parts[index]]), evals, public
 
 
 # --- assignments -------------------------------------------------------------------------------
@@ -222,6 +117,18 @@ class Assignment:
     def same_work(self, other: Assignment | None) -> bool:
         """Equal up to the server's epoch and acceptance: the built half can be kept."""
         return other is not None and dataclasses.replace(self, epoch="", accepted=False) == dataclasses.replace(other, epoch="", accepted=False)
+
+
+def build_assigned(data: DataSpec, a: Assignment, device_id: str):
+    """The device half and evaluation sets that the run assembly builds for this device: exactly
+    what the in-memory simulation builds for the same configuration and shard."""
+    from edgefl.runtime.setup import build_device, load_run_data, resolve_method
+
+    method = resolve_method(a.algorithm, a.options, a.public_fraction)
+    run_data = load_run_data(data, method.needs.public_share)
+    shard = data.shard[0] if data.shard is not None else 0
+    half = build_device(method, device_id, a.spec, run_data, shard, a.settings, a.seed, a.rounds)
+    return half, run_data.evals
 
 
 # --- the device process --------------------------------------------------------------------------
@@ -350,23 +257,12 @@ class DeviceRuntime:
                 self._serve(*self.held.popleft())
 
     def _build(self, a: Assignment) -> None:
-        from edgefl.algorithms import DeviceContext, get_algorithm
         from edgefl.runtime.agent import DeviceAgent
-        from edgefl.runtime.simulation import derive_seed
 
-        algorithm = get_algorithm(a.algorithm)
-        options = algorithm.parse_options(a.options)
-        train, evals, public = load_device_data(self.data_spec, a.public_fraction)
-        # a method's options may say that devices hold the server's pool too (FedHeNN rad_source=device)
-        holds_public = bool(getattr(options, "devices_hold_public", False))
-        if holds_public and public is None:
-            raise ConfigError(f"{a.algorithm} with these options needs the public pool on the device: give --data a shard of a partitioned dataset")
-        ctx = DeviceContext(self.opts.device_id, a.spec, train, a.settings, derive_seed(a.seed, self.opts.device_id), a.rounds,
-                            public=public if holds_public else None)
-        half = algorithm.device(ctx, options)
+        half, evals = build_assigned(self.data_spec, a, self.opts.device_id)
         self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet, algorithm=a.algorithm, limits=self.limits, run_id=a.epoch)
-        self.num_samples = len(train)
-        log.info("device %s: built %s for %s on %d samples", self.opts.device_id, a.spec.name, a.algorithm, len(train))
+        self.num_samples = len(half.ctx.train_data)
+        log.info("device %s: built %s for %s on %d samples", self.opts.device_id, a.spec.name, a.algorithm, self.num_samples)
 
     # -- serving --
     def _serve(self, routing: Routing, data: bytes) -> None:

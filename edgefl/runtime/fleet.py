@@ -22,10 +22,8 @@ from typing import Any
 from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import device_model_path
-from edgefl.models import family_tiers
-from edgefl.runtime.device import DataSpec
 from edgefl.runtime.server import ServeOptions, serve
-from edgefl.runtime.simulation import device_ids, run_dir_for
+from edgefl.runtime.setup import DataSpec, device_ids, run_dir_for, run_tiers
 from edgefl.transport.broker import EmbeddedBroker
 
 log = logging.getLogger(__name__)
@@ -44,20 +42,7 @@ SIMULATED_PROFILE = {
 
 def data_spec_for(cfg: RunConfig, index: int) -> DataSpec:
     """Device ``index``'s shard, exactly as ``simulate`` partitions ``cfg``'s dataset."""
-    return DataSpec(
-        dataset=cfg.dataset,
-        shard=(index, cfg.clients),
-        partition=cfg.partition,
-        alpha=cfg.alpha,
-        classes_per_client=cfg.classes_per_client,
-        seed=cfg.seed,
-        min_size=cfg.min_size,
-        train_samples=cfg.train_samples,
-        test_samples=cfg.test_samples,
-        eval_samples=cfg.eval_samples,
-        public=cfg.public_fraction,
-        data_dir=cfg.data_dir,
-    )
+    return DataSpec.from_config(cfg, index)
 
 
 def device_command(
@@ -122,7 +107,7 @@ def simulate_mqtt(
     cfg = cfg.model_copy(update={"run_name": run_dir.name})  # the server must write to the same dir
     log_dir = run_dir / "device-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+    tiers = run_tiers(cfg)
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="edgefl-fleet-") as tmp:
         profile_file = Path(tmp) / "profile.json"

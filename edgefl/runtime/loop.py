@@ -79,7 +79,7 @@ class RoundLoop:
         # called before each round and before the closing exchanges: a deployment's server
         # adds devices that registered meanwhile to ctx.fleet here (never during an exchange)
         self.before_round = before_round or (lambda round: None)
-        self.total_rounds = settings.rounds + server.closing_rounds
+        self.total_rounds = settings.rounds + ctx.closing_rounds  # the method's declared needs
         self.start_round = self._resume()
         # device → the round whose evaluation downlink it absorbed last, with no local work since:
         # its train downlink for that round would repeat it byte for byte (a downlink is a function
@@ -163,6 +163,7 @@ class RoundLoop:
     # -- the loop -------------------------------------------------------------------------------
     def run_round(self, round: int) -> dict[str, Any]:
         t0 = time.perf_counter()
+        self.ctx.round = round
         selected = self.server.select(round, sorted(self.ctx.fleet), self.ctx.rng(round))
         payloads = {
             d: Payload({}, {UNCHANGED: round}) if self._holds_downlink.get(d) == round else self.server.downlink(round, d)
@@ -222,6 +223,7 @@ class RoundLoop:
             self.on_round(record)
         end = self.total_rounds
         self.before_round(end)
+        self.ctx.round = end
         payloads = {d: self.server.downlink(end, d) for d in sorted(self.ctx.fleet)}
         finished = self.exchange("finish", end, payloads, expect="done")
         final = self.evaluate(end, "test", with_downlink=False)

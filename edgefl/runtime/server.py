@@ -31,15 +31,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgefl.algorithms import DeviceRecord, ServerContext, ServerHalf, get_algorithm
+from edgefl.algorithms import DeviceRecord, ServerHalf
 from edgefl.config import RunConfig
-from edgefl.data import carve_public, dataset_info, load_dataset
+from edgefl.data import dataset_info
 from edgefl.errors import EdgeflError, RunRejectedError, TransportError, WireError
-from edgefl.models import ModelSpec, family_tiers
+from edgefl.models import ModelSpec
 from edgefl.report import RunRecorder
 from edgefl.report.recorder import finish_run, run_summary
 from edgefl.runtime.loop import LoopSettings, RoundLoop
-from edgefl.runtime.simulation import fleet_specs, run_dir_for, subsample, train_settings
+from edgefl.runtime.setup import (
+    model_spec,
+    resolve_method,
+    run_dir_for,
+    run_tiers,
+    server_context,
+    server_public,
+    train_settings,
+)
 from edgefl.runtime.status import FleetStatus, ObservedTransport, StatusPublisher
 from edgefl.transport.broker import DEVICE_ID
 from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport
@@ -72,7 +80,7 @@ class Registry:
 
     def __init__(self, cfg: RunConfig, spec_for: Callable[[str], ModelSpec], epoch: str, public_fraction: float, opts: ServeOptions):
         self.cfg, self.spec_for, self.epoch, self.public_fraction, self.opts = cfg, spec_for, epoch, public_fraction, opts
-        self.tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+        self.tiers = run_tiers(cfg)
         self.settings = train_settings(cfg)
         self.lock = threading.Condition()
         self.assigned: dict[str, ModelSpec] = {}
@@ -190,23 +198,17 @@ def serve(
 ) -> dict[str, Any]:
     """Run a federated job over MQTT; returns the same summary as ``simulate``."""
     t_start = time.perf_counter()
-    algorithm = get_algorithm(cfg.algorithm)
-    options = algorithm.parse_options(cfg.options)
+    method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     info = dataset_info(cfg.dataset)
-    public_fraction = algorithm.public_fraction if cfg.public_fraction is None else cfg.public_fraction
-    public = None
-    if public_fraction > 0:  # the server's share, carved exactly as devices carve it out of their pool
-        train = subsample(load_dataset(cfg.dataset, "train", cfg.data_dir), cfg.train_samples, cfg.seed)
-        public_idx, _ = carve_public(train.y.numpy(), public_fraction, seed=cfg.seed)
-        public = train.subset(public_idx)
+    public = server_public(cfg, method)  # carved exactly as every device carves it
 
     def spec_for(tier: str) -> ModelSpec:
-        return fleet_specs(cfg.model_copy(update={"tiers": (tier,)}), ["x"], info)["x"]
+        return model_spec(cfg, tier, info)
 
     limits = Limits(max_bytes=opts.max_bytes)
     address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password).with_tls(opts.ca_file, opts.cert_file, opts.key_file)
     transport = MqttServerTransport(address, opts.fleet, limits=limits)
-    registry = Registry(cfg, spec_for, transport.epoch, public_fraction, opts)
+    registry = Registry(cfg, spec_for, transport.epoch, method.needs.public_share, opts)
     registry.warm_up()
     run_dir = run_dir_for(cfg)
     status = FleetStatus(opts.fleet, run_name=run_dir.name, algorithm=cfg.algorithm, rounds=cfg.rounds, deadline=opts.deadline,
@@ -231,17 +233,9 @@ def serve(
         registry.wait_ready(cfg.min_devices, opts.wait_for_devices)
         fleet: dict[str, DeviceRecord] = {}
         registry.apply(fleet)
-        ctx = ServerContext(
-            num_classes=info.num_classes,
-            fleet=fleet,
-            settings=registry.settings,
-            rounds=cfg.rounds,
-            seed=cfg.seed,
-            fraction=cfg.fraction,
-            min_devices=min(cfg.min_devices, len(fleet)),
-            public=public,
-        )
-        server = algorithm.server(ctx, options)
+        ctx = server_context(cfg, method, info.num_classes, fleet, public, settings=registry.settings,
+                             min_devices=min(cfg.min_devices, len(fleet)))
+        server = method.algorithm.server(ctx, method.options)
         settings = LoopSettings(
             rounds=cfg.rounds,
             fleet=opts.fleet,

@@ -1,0 +1,451 @@
+"""One run assembly: from a validated run configuration to what every party of the run builds.
+
+    run = assemble(cfg)                       # the in-memory simulation: every party at once
+    half = run.device_half("d01")             # what device d01 trains with
+    server = run.algorithm.server(run.server_context(fleet), run.options)
+
+The three programs that start a run go through here and nowhere else:
+
+- ``edgefl simulate`` (:mod:`edgefl.runtime.simulation`) calls :func:`assemble`;
+- the MQTT server (:mod:`edgefl.runtime.server`) calls :func:`resolve_method`,
+  :func:`server_public`, :func:`spec_for_tier` and :func:`server_context`;
+- a device process (:mod:`edgefl.runtime.device`) calls :func:`build_device` with its
+  :class:`DataSpec` and the server's assignment.
+
+Data are made in one function, :func:`load_run_data` (subsample, carve the server's share,
+partition), so a device process given shard *i* of a configuration holds exactly the samples,
+the public pool and (by :func:`device_half`) the initial model that the simulated device *i*
+holds. What a method needs from the run is its :class:`~edgefl.algorithms.base.MethodNeeds`
+declaration, read here by :func:`resolve_method`.
+
+Heavy libraries (torch, through the algorithms and the data loaders) are imported inside the
+functions that use them, so importing this module stays cheap for the device CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgefl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edgefl.algorithms import (
+        Algorithm,
+        DeviceHalf,
+        DeviceRecord,
+        MethodNeeds,
+        ServerContext,
+        TrainSettings,
+    )
+    from edgefl.config import RunConfig
+    from edgefl.data import ArrayDataset, DatasetInfo
+    from edgefl.models import ModelSpec
+
+
+# --- names, seeds and settings -------------------------------------------------------------------
+
+
+def derive_seed(seed: int, name: str) -> int:
+    """A stable 31-bit seed for ``name`` (a device id) under the run seed."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def device_ids(n: int) -> list[str]:
+    width = max(2, len(str(n - 1)))
+    return [f"d{i:0{width}d}" for i in range(n)]
+
+
+def run_dir_for(cfg: RunConfig) -> Path:
+    name = cfg.run_name or f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}"
+    return Path(cfg.out_dir) / name
+
+
+def train_settings(cfg: RunConfig) -> TrainSettings:
+    from edgefl.algorithms import TrainSettings
+
+    return TrainSettings(
+        epochs=cfg.epochs,
+        steps=cfg.steps,
+        batch_size=cfg.batch_size,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        lr_decay_rounds=tuple(cfg.lr_decay_rounds),
+        lr_gamma=cfg.lr_gamma,
+    )
+
+
+def run_tiers(cfg: RunConfig) -> list[str]:
+    from edgefl.models import family_tiers
+
+    return list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+
+
+# --- the method ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered algorithm with its parsed options and what it needs from this run."""
+
+    algorithm: Algorithm
+    options: Any
+    needs: MethodNeeds
+
+    @property
+    def name(self) -> str:
+        return self.algorithm.name
+
+    def options_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.options)
+
+
+def resolve_method(name: str, raw_options: dict[str, Any], public_share: float | None = None) -> Method:
+    """The method ``name`` with ``raw_options`` parsed and its needs declared; ``public_share``
+    (the run's ``public_fraction`` setting) overrides the share the method declares."""
+    from edgefl.algorithms import get_algorithm
+
+    algorithm = get_algorithm(name)
+    options = algorithm.parse_options(raw_options)
+    needs = algorithm.needs_for(options)
+    if public_share is not None and public_share != needs.public_share:
+        if needs.devices_hold_public and public_share <= 0:
+            raise ConfigError(f"{name} with these options has devices hold the public pool: public_fraction must be > 0")
+        needs = dataclasses.replace(needs, public_share=public_share)
+    return Method(algorithm, options, needs)
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where a party's data come from: a dataset and, for simulated fleets, demos and benchmarks,
+    the partition of it that ``edgefl simulate`` makes (same subsampling, server's share and
+    partitioner), of which a device takes one shard.
+
+    As text (``edgefl train --data``)::
+
+        NAME[:shard=I/N,partition=iid|dirichlet|shards,alpha=A,k=K,seed=S,min_size=M,
+              train_samples=T,test_samples=U,eval_samples=E,public=F,dir=PATH]
+    """
+
+    dataset: str
+    shard: tuple[int, int] | None = None  # (index, count)
+    partition: str = "iid"
+    alpha: float = 0.5
+    classes_per_client: int = 2
+    seed: int = 0
+    min_size: int = 10
+    train_samples: int | None = None
+    test_samples: int | None = None
+    eval_samples: int = 2000
+    public: float | None = None  # None: the method's share (from the assignment)
+    data_dir: str | None = None
+    validation_samples: int | None = None  # evaluate on training samples held out (tuning runs)
+
+    _KEYS = {
+        "shard": "shard",
+        "partition": "partition",
+        "alpha": "alpha",
+        "k": "classes_per_client",
+        "classes_per_client": "classes_per_client",
+        "seed": "seed",
+        "min_size": "min_size",
+        "train_samples": "train_samples",
+        "test_samples": "test_samples",
+        "eval_samples": "eval_samples",
+        "public": "public",
+        "dir": "data_dir",
+        "validation_samples": "validation_samples",
+    }
+
+    @classmethod
+    def from_config(cfg_cls, cfg: RunConfig, index: int | None = None) -> DataSpec:
+        """Shard ``index`` of ``cfg``'s partition (None: the whole partition, every shard)."""
+        return cfg_cls(
+            dataset=cfg.dataset,
+            shard=(0 if index is None else index, cfg.clients),
+            partition=cfg.partition,
+            alpha=cfg.alpha,
+            classes_per_client=cfg.classes_per_client,
+            seed=cfg.seed,
+            min_size=cfg.min_size,
+            train_samples=cfg.train_samples,
+            test_samples=cfg.test_samples,
+            eval_samples=cfg.eval_samples,
+            public=cfg.public_fraction,
+            data_dir=cfg.data_dir,
+            validation_samples=cfg.validation_samples,
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> DataSpec:
+        # a dataset name may itself hold ':' (imagefolder:DIR); options follow the last ':'
+        head, sep, tail = text.rpartition(":")
+        name, rest = (head, tail) if sep and ("=" in tail or not tail) else (text, "")
+        if not name:
+            raise ConfigError(f"--data {text!r}: name a dataset, e.g. fashion-mnist:shard=0/6")
+        values: dict[str, Any] = {"dataset": name}
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for item in filter(None, rest.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep or key.strip() not in cls._KEYS:
+                raise ConfigError(f"--data option {item!r}: use key=value with keys {', '.join(sorted(cls._KEYS))}")
+            field_name = cls._KEYS[key.strip()]
+            value = value.strip()
+            try:
+                if field_name == "shard":
+                    i, _, n = value.partition("/")
+                    values["shard"] = (int(i), int(n))
+                elif field_name in ("partition", "data_dir"):
+                    values[field_name] = value
+                elif "float" in str(types[field_name]):
+                    values[field_name] = float(value)
+                else:
+                    values[field_name] = int(value)
+            except ValueError:
+                raise ConfigError(f"--data option {item!r} has an invalid value") from None
+        spec = cls(**values)
+        if spec.shard is not None and not 0 <= spec.shard[0] < spec.shard[1]:
+            raise ConfigError(f"--data shard {spec.shard[0]}/{spec.shard[1]}: need 0 <= I < N")
+        return spec
+
+    def to_string(self) -> str:
+        parts = []
+        if self.shard is not None:
+            parts.append(f"shard={self.shard[0]}/{self.shard[1]}")
+        for key in ("partition", "alpha", "classes_per_client", "seed", "min_size", "train_samples", "test_samples", "eval_samples", "public", "validation_samples"):
+            value = getattr(self, key)
+            if value is not None:
+                parts.append(f"{'k' if key == 'classes_per_client' else key}={value}")
+        if self.data_dir:
+            parts.append(f"dir={self.data_dir}")
+        return f"{self.dataset}:{','.join(parts)}"
+
+
+def subsample(data: ArrayDataset, n: int | None, seed: int) -> ArrayDataset:
+    if n is None or n >= len(data):
+        return data
+    idx = np.sort(np.random.default_rng([seed, 99]).choice(len(data), size=n, replace=False))
+    return data.subset(idx)
+
+
+@dataclass
+class RunData:
+    """A run's data as one party sees it: the (subsampled) training set, the evaluation sets,
+    the server's share carved out of the training set, and the partition of the rest."""
+
+    train: ArrayDataset
+    evals: dict[str, ArrayDataset]  # "quick" (per-round evaluation) and "test" (the final one)
+    public: ArrayDataset | None
+    pool: np.ndarray  # indices into ``train`` left to the devices
+    parts: list[np.ndarray] | None  # per shard, indices into ``pool``; None: no partition
+
+    @property
+    def info(self) -> DatasetInfo:
+        return self.train.info
+
+    def shard(self, index: int) -> ArrayDataset:
+        if self.parts is None:
+            return self.train
+        return self.train.subset(self.pool[self.parts[index]])
+
+
+def evaluation_split(spec: DataSpec, train: ArrayDataset) -> tuple[ArrayDataset, ArrayDataset]:
+    """(training pool, evaluation set): the test split, or with ``validation_samples`` a stratified
+    validation set carved from the training data (for tuning defaults; the test set is then never
+    read)."""
+    from edgefl.data import carve_public, load_dataset
+
+    if not spec.validation_samples:
+        return train, subsample(load_dataset(spec.dataset, "test", spec.data_dir), spec.test_samples, spec.seed + 1)
+    if spec.validation_samples >= len(train):
+        raise ConfigError(f"validation_samples={spec.validation_samples} leaves no training data of {len(train)}")
+    val_idx, rest = carve_public(train.y.numpy(), spec.validation_samples / len(train), seed=spec.seed + 7)
+    return train.subset(rest), train.subset(val_idx)
+
+
+def load_run_data(spec: DataSpec, public_share: float) -> RunData:
+    """The one way a run's data are made. Without a shard in ``spec`` the party holds the whole
+    (subsampled) training set and no public pool (a device on its own data)."""
+    from edgefl.data import carve_public, load_dataset, partition
+
+    public_share = public_share if spec.public is None else spec.public
+    train = subsample(load_dataset(spec.dataset, "train", spec.data_dir), spec.train_samples, spec.seed)
+    train, test = evaluation_split(spec, train)
+    quick = subsample(test, spec.eval_samples, spec.seed + 2)
+    evals = {"quick": quick, "test": test}
+    pool = np.arange(len(train))
+    if spec.shard is None:
+        return RunData(train, evals, None, pool, None)
+    labels = train.y.numpy()
+    public = None
+    if public_share > 0:
+        public_idx, pool = carve_public(labels, public_share, seed=spec.seed)
+        public = train.subset(public_idx)
+    parts = partition(
+        labels[pool], spec.shard[1], spec.partition, alpha=spec.alpha,
+        classes_per_client=spec.classes_per_client, seed=spec.seed, min_size=spec.min_size,
+    )
+    return RunData(train, evals, public, pool, parts)
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+def model_spec(cfg: RunConfig, tier: str, info: DatasetInfo) -> ModelSpec:
+    """The model of ``tier`` for ``cfg``'s family, width, head and dataset."""
+    from edgefl.models import ModelSpec
+
+    return ModelSpec(
+        family=cfg.model,
+        tier=tier,
+        num_classes=info.num_classes,
+        in_shape=tuple(info.in_shape),
+        width=cfg.width,
+        feature_dim=cfg.feature_dim,
+        head=cfg.head,
+        mean=tuple(info.mean),
+        std=tuple(info.std),
+        options=tuple(sorted(cfg.model_options.items())),
+    )
+
+
+def fleet_specs(
+    cfg: RunConfig, ids: list[str], info: DatasetInfo, device_tiers: dict[str, str] | None = None
+) -> dict[str, ModelSpec]:
+    """Tiers from ``device_tiers`` (a fleet file's tier policy), else round-robin over devices
+    (device i gets tier i mod #tiers)."""
+    tiers = run_tiers(cfg)
+    return {d: model_spec(cfg, device_tiers[d] if device_tiers else tiers[i % len(tiers)], info) for i, d in enumerate(ids)}
+
+
+def profiled_tiers(cfg: RunConfig, fleet, info: DatasetInfo, shard_sizes: dict[str, int]) -> dict[str, str]:
+    """Each device's tier by the profiling module's tier policy (``--fleet``)."""
+    from edgefl.profiling import fleet_tiers
+
+    tiers = run_tiers(cfg)
+    samples = {d: cfg.steps * cfg.batch_size if cfg.steps else cfg.epochs * n for d, n in shard_sizes.items()}
+    optimizer = "adam" if cfg.optimizer == "adam" else "sgd-momentum" if cfg.momentum else "sgd"
+    return fleet_tiers(
+        fleet, model_spec(cfg, tiers[0], info), tiers, batch_size=cfg.batch_size, samples_per_round=samples, optimizer=optimizer
+    )
+
+
+# --- the parties ---------------------------------------------------------------------------------
+
+
+def build_device(
+    method: Method,
+    device_id: str,
+    spec: ModelSpec,
+    data: RunData,
+    shard: int,
+    settings: TrainSettings,
+    run_seed: int,
+    rounds: int,
+) -> DeviceHalf:
+    """Device ``device_id``'s half: its model (seeded from the run seed and its id), its shard,
+    and the server's pool when the method's needs say devices hold it."""
+    from edgefl.algorithms import DeviceContext
+
+    public = None
+    if method.needs.devices_hold_public:
+        if data.public is None:
+            raise ConfigError(
+                f"{method.name} with these options needs the public pool on the device: give --data a shard of a partitioned dataset"
+            )
+        public = data.public
+    ctx = DeviceContext(device_id, spec, data.shard(shard), settings, derive_seed(run_seed, device_id), rounds, public=public)
+    return method.algorithm.device(ctx, method.options)
+
+
+def server_public(cfg: RunConfig, method: Method) -> ArrayDataset | None:
+    """The server's share of the training set, carved exactly as every device carves it."""
+    if method.needs.public_share <= 0:
+        return None
+    # one shard: carving comes before partitioning, so the partition does not matter here
+    whole = dataclasses.replace(DataSpec.from_config(cfg), shard=(0, 1), partition="iid")
+    return load_run_data(whole, method.needs.public_share).public
+
+
+def server_context(
+    cfg: RunConfig, method: Method, num_classes: int, fleet: dict[str, DeviceRecord], public: ArrayDataset | None,
+    *, settings: TrainSettings | None = None, min_devices: int | None = None,
+) -> ServerContext:
+    from edgefl.algorithms import ServerContext
+
+    return ServerContext(
+        num_classes=num_classes,
+        fleet=fleet,
+        settings=settings or train_settings(cfg),
+        rounds=cfg.rounds,
+        seed=cfg.seed,
+        fraction=cfg.fraction,
+        min_devices=cfg.min_devices if min_devices is None else min_devices,
+        public=public,
+        closing_rounds=method.needs.closing_rounds,
+    )
+
+
+@dataclass
+class RunAssembly:
+    """Every party of a run on one machine (the in-memory simulation)."""
+
+    cfg: RunConfig
+    method: Method
+    settings: TrainSettings
+    data: RunData
+    ids: list[str]
+    specs: dict[str, ModelSpec]
+    fleet_file: Any = None  # profiling.Fleet when the tiers came from device profiles
+
+    @property
+    def algorithm(self) -> Algorithm:
+        return self.method.algorithm
+
+    @property
+    def options(self) -> Any:
+        return self.method.options
+
+    def data_spec(self, device_id: str) -> DataSpec:
+        """What a device process is given (``edgefl train --data``) to hold this device's data."""
+        return DataSpec.from_config(self.cfg, self.ids.index(device_id))
+
+    def device_half(self, device_id: str) -> DeviceHalf:
+        return build_device(
+            self.method, device_id, self.specs[device_id], self.data, self.ids.index(device_id),
+            self.settings, self.cfg.seed, self.cfg.rounds,
+        )
+
+    def server_context(self, fleet: dict[str, DeviceRecord]) -> ServerContext:
+        return server_context(self.cfg, self.method, self.data.info.num_classes, fleet, self.data.public, settings=self.settings)
+
+
+def assemble(cfg: RunConfig) -> RunAssembly:
+    """``cfg``'s whole run: the method, the data and its partition, each device's model spec."""
+    method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
+    fleet_file = None
+    if cfg.fleet_file:  # device profiles whose tiers the tier policy chooses
+        from edgefl.profiling import read_fleet
+
+        fleet_file = read_fleet(cfg.fleet_file)
+        if len(fleet_file.ids) != cfg.clients:
+            raise ConfigError(f"fleet file {cfg.fleet_file} has {len(fleet_file.ids)} devices, but clients={cfg.clients}")
+    data = load_run_data(DataSpec.from_config(cfg), method.needs.public_share)
+    ids = fleet_file.ids if fleet_file else device_ids(cfg.clients)
+    device_tiers = None
+    if fleet_file:
+        sizes = {d: len(data.parts[i]) for i, d in enumerate(ids)}
+        device_tiers = profiled_tiers(cfg, fleet_file, data.info, sizes)
+    specs = fleet_specs(cfg, ids, data.info, device_tiers)
+    return RunAssembly(cfg, method, train_settings(cfg), data, ids, specs, fleet_file)

@@ -1,0 +1,70 @@
+"""The one run assembly: a device process builds exactly what the simulated device builds."""
+
+import pytest
+import torch
+
+from edgefl.runtime.device import Assignment, build_assigned
+from edgefl.runtime.setup import DataSpec, assemble, resolve_method
+from tests.conftest import tiny_config
+
+
+def assignment_for(run, device_id):
+    """What the MQTT server would assign this device for the same configuration."""
+    cfg = run.cfg
+    return Assignment(
+        spec=run.specs[device_id], algorithm=cfg.algorithm, options=dict(cfg.options), settings=run.settings,
+        rounds=cfg.rounds, seed=cfg.seed, public_fraction=run.method.needs.public_share, epoch="e",
+    )
+
+
+@pytest.mark.parametrize(("algorithm", "options"), [
+    ("fedavg", {}),
+    ("hierarchyfl", {}),  # a server-held labelled share is carved out before partitioning
+    ("fedhenn", {"rad_source": "device", "rad_size": "20"}),  # devices hold the alignment pool
+])
+def test_a_device_process_builds_what_the_simulated_device_builds(tmp_path, algorithm, options):
+    # Prepare
+    cfg = tiny_config(tmp_path, algorithm=algorithm, options=options, partition="dirichlet", alpha=0.5)
+    run = assemble(cfg)
+    for index, device_id in enumerate(run.ids):
+        # Execute: the simulation's device and the one a device process builds from --data + assignment
+        simulated = run.device_half(device_id)
+        text = DataSpec.from_config(cfg, index).to_string()  # what `edgefl train --data` is given
+        built, evals = build_assigned(DataSpec.parse(text), assignment_for(run, device_id), device_id)
+
+        # Assert: same data, same pool, same initial model, same seed
+        assert torch.equal(built.ctx.train_data.x, simulated.ctx.train_data.x)
+        assert torch.equal(built.ctx.train_data.y, simulated.ctx.train_data.y)
+        assert built.ctx.seed == simulated.ctx.seed
+        assert built.ctx.spec == simulated.ctx.spec
+        if run.method.needs.devices_hold_public:
+            assert torch.equal(built.ctx.public.x, run.data.public.x)
+        else:
+            assert built.ctx.public is None and simulated.ctx.public is None
+        a, b = built.model.state_dict(), simulated.model.state_dict()
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert torch.equal(evals["quick"].x, run.data.evals["quick"].x)
+    # the shards are disjoint and the server's share is in none of them
+    sizes = [len(run.data.parts[i]) for i in range(len(run.ids))]
+    public = 0 if run.data.public is None else len(run.data.public)
+    assert sum(sizes) + public == len(run.data.train)
+    assert (public > 0) == (run.method.needs.public_share > 0)
+
+
+def test_the_run_setting_overrides_the_declared_public_share():
+    assert resolve_method("hierarchyfl", {}).needs.public_share == 0.01
+    assert resolve_method("hierarchyfl", {}, public_share=0.05).needs.public_share == 0.05
+    from edgefl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="public_fraction must be > 0"):
+        resolve_method("fedhenn", {"rad_source": "device"}, public_share=0.0)
+
+
+def test_a_device_without_a_shard_cannot_hold_the_pool(tmp_path):
+    from edgefl.errors import ConfigError
+
+    cfg = tiny_config(tmp_path, algorithm="fedhenn", options={"rad_source": "device"})
+    run = assemble(cfg)
+    with pytest.raises(ConfigError, match="public pool on the device"):
+        build_assigned(DataSpec("synthetic", train_samples=600), assignment_for(run, "d00"), "d00")
