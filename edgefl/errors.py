@@ -7,6 +7,8 @@
     ├── MissingExtraError            an optional dependency layer is not installed (exit 7)
     ├── WireError                    a message failed decoding or validation (never fatal to a server)
     ├── RunRejectedError             the server refused this device or its request (exit 6)
+    ├── ModelFileError               a model file is missing, unreadable or not what it claims to be
+    ├── InferenceError               inputs that do not fit an exported model; also a ValueError
     └── TransportError               the broker or a peer could not be reached (exit 1)
         ├── BrokerUnreachableError   no broker answered within the time allowed (exit 4)
         └── AuthenticationError      the broker refused the credentials (exit 5)
@@ -86,6 +88,14 @@ class RunRejectedError(EdgeflError):
     """The server answered, and refused: this device, its tier or its registration."""
 
     exit_code = ExitCode.RUN_REJECTED
+
+
+class ModelFileError(EdgeflError):
+    """A model file is missing, unreadable, or not what it claims to be."""
+
+
+class InferenceError(EdgeflError, ValueError):
+    """Inputs that the model cannot take."""
 
 
 class TransportError(EdgeflError):

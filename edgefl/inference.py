@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from edgefl.errors import ConfigError
-from edgefl.export.errors import InferenceError, ModelFileError
+from edgefl.errors import ConfigError, InferenceError, ModelFileError
 from edgefl.models.spec import ModelSpec  # a dataclass: no torch
 
 META_FORMAT = "edgefl.format"

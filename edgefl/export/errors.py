@@ -9,16 +9,12 @@
 
 from __future__ import annotations
 
-from edgefl.errors import EdgeflError
+from edgefl.errors import EdgeflError, InferenceError, ModelFileError
+
+# inference (edgefl.inference, below export: it runs on devices without torch) raises the two
+# latter; they live in edgefl.errors so that it needs nothing from this package
+__all__ = ["ExportError", "InferenceError", "ModelFileError"]
 
 
 class ExportError(EdgeflError):
     """The model could not be exported faithfully."""
-
-
-class ModelFileError(EdgeflError):
-    """A model file is missing, unreadable, or not what it claims to be."""
-
-
-class InferenceError(EdgeflError, ValueError):
-    """Inputs that the model cannot take."""

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: devices and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from edgefl.report.recorder import read_rounds  # noqa: E402
+from edgefl.report.runfiles import read_rounds  # noqa: E402
 
 
 def _accuracy_points(rounds: list[dict], summary: dict) -> tuple[list[int], list[dict], list[float]]:

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from edgefl.report.runfiles import read_rounds  # noqa: F401  (re-exported)
+
 
 def _clean(obj: Any) -> Any:
     """JSON-safe: NaN becomes null (the JSON spec has no NaN)."""
@@ -36,11 +38,6 @@ class RunRecorder:
     def write_summary(self, summary: dict[str, Any]) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(_clean(summary), indent=2) + "\n")
         (self.run_dir / "summary.md").write_text(summary_markdown(summary))
-
-
-def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (Path(run_dir) / "rounds.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def summary_markdown(s: dict[str, Any]) -> str:
