@@ -41,7 +41,11 @@ class RunConfig(BaseModel):
     # fleet
     clients: int = 10
     fraction: float = 1.0
+    # Two thresholds, two names (Flower's min_available_clients / min_fit_clients): devices that
+    # must be ready before the first round, and the fewest devices a round trains (None: what
+    # ``fraction`` implies, at least one).
     min_devices: int = 1
+    min_fit: int | None = None
     model: str = "cnn"
     tiers: tuple[str, ...] | None = None  # None: every tier of the family, round-robin over devices
     fleet_file: str | None = None  # devices/*.yaml fleet: device ids + profiles; tiers by the tier policy
@@ -98,7 +102,7 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be > 0 (got {v})")
         return v
 
-    @field_validator("steps", "train_samples", "test_samples", "validation_samples", "feature_dim", "threads", "timeout")
+    @field_validator("steps", "train_samples", "test_samples", "validation_samples", "feature_dim", "threads", "timeout", "min_fit")
     @classmethod
     def _optional_positive(cls, v, info):
         if v is not None and v <= 0:
@@ -116,6 +120,8 @@ class RunConfig(BaseModel):
     def _consistent(self):
         if self.min_devices > self.clients:
             raise ValueError(f"min_devices ({self.min_devices}) exceeds clients ({self.clients})")
+        if self.min_fit is not None and self.min_fit > self.clients:
+            raise ValueError(f"min_fit ({self.min_fit}) exceeds clients ({self.clients})")
         return self
 
 

@@ -78,7 +78,7 @@ def test_proximal_term_is_squared_distance():
 
 
 def test_default_selection_samples_a_fraction_reproducibly():
-    ctx = ServerContext(10, {}, TrainSettings(), rounds=1, seed=3, fraction=0.3, min_devices=1)
+    ctx = ServerContext(10, {}, TrainSettings(), rounds=1, seed=3, fraction=0.3, min_fit=1)
     half = ServerHalf(ctx, None)
     ids = [f"d{i:02d}" for i in range(10)]
     a = half.select(4, ids, ctx.rng(4))
@@ -145,3 +145,22 @@ def test_devices_get_the_pool_only_when_the_method_says_they_hold_it(tmp_path):
     assert fedhenn.needs_for(FedHeNNOptions(rad_source="device")).devices_hold_public
     assert not fedhenn.needs_for(FedHeNNOptions()).devices_hold_public
     assert fedhenn.needs_for(FedHeNNOptions()).public_share == 0.02
+
+
+def test_the_start_threshold_is_not_the_per_round_minimum(tmp_path):
+    # Prepare: 6 devices, all needed to start; half of them trained per round
+    cfg = tiny_config(tmp_path, algorithm="fedavg", clients=6, min_devices=6, fraction=0.5, rounds=1, train_samples=360)
+    # Execute
+    simulate(cfg)
+    # Assert: the round trained what --fraction implies, not --min-devices
+    record = json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[0])
+    assert len(record["selected"]) == 3
+
+
+def test_min_fit_is_the_fewest_devices_a_round_trains():
+    ids = [f"d{i:02d}" for i in range(10)]
+    for min_fit, expected in [(1, 2), (5, 5), (12, 10)]:  # fraction 0.2 of 10 = 2; capped at the fleet
+        ctx = ServerContext(10, {}, TrainSettings(), rounds=1, seed=3, fraction=0.2, min_fit=min_fit)
+        assert len(ServerHalf(ctx, None).select(0, ids, ctx.rng(0))) == expected
+    with pytest.raises(ConfigError, match="min_fit"):
+        tiny_config(None, clients=3, min_fit=4)

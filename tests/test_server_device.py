@@ -105,7 +105,7 @@ def serve_in_thread(cfg, opts):
 def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, broker_kind, algorithm, options):
     # Prepare: the in-memory reference, capturing its server half
     # one torch thread, as each device process runs: the same floating-point reductions
-    # every device every round: the server's --min-devices (3 here) is also its per-round minimum
+    # every device every round (fraction 1); the server starts when all 3 are ready (--min-devices)
     cfg = tiny_config(tmp_path, algorithm=algorithm, rounds=2, clients=3, options=options, threads=1, fraction=1.0)
     captured = []
     reference = simulation.simulate(cfg.model_copy(update={"run_name": "memory"}), on_done=lambda s: captured.append(s.state_dict()))

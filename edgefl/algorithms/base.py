@@ -12,7 +12,8 @@ Device half (one object per device, owns the device's model):
                                  methods with a last local phase (FedVTC's fine-tuning) override it.
 
 Server half (one object per run):
-    ``select(round, device_ids, rng)``       which devices work this round (default: a fraction).
+    ``select(round, device_ids, rng)``       which devices work this round (default: a fraction,
+                                             at least ``ctx.min_fit``).
     ``downlink(round, device_id) -> Payload`` what a device gets (per device: sub-models, tiers).
     ``aggregate(round, uplinks) -> metrics``  fold the round's uplinks into the server state. Only
                                              the uplinks that arrived are passed; a missing device
@@ -111,7 +112,7 @@ class ServerContext:
     rounds: int
     seed: int
     fraction: float = 1.0
-    min_devices: int = 1
+    min_fit: int = 1  # the fewest devices a round trains (when that many are in the fleet)
     public: ArrayDataset | None = None  # server-held data (HierarchyFL's labelled 1%, FedHeNN's pool)
     closing_rounds: int = 0  # rounds after training (the method's declared needs)
     #: The round in progress (or the closing exchange's round), set by the round loop before it
@@ -170,7 +171,7 @@ class ServerHalf:
         ids = sorted(device_ids)
         if not ids:
             return []
-        k = min(len(ids), max(self.ctx.min_devices, int(math.ceil(self.ctx.fraction * len(ids) - 1e-9))))
+        k = min(len(ids), max(self.ctx.min_fit, int(math.ceil(self.ctx.fraction * len(ids) - 1e-9))))
         return sorted(rng.choice(ids, size=k, replace=False).tolist())
 
     def downlink(self, round: int, device_id: str) -> Payload:

@@ -21,7 +21,8 @@ def start(
     algorithm: str = typer.Option(None, "--algorithm", "-a", help="Method; default fedavg."),
     option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
     rounds: int = typer.Option(None, help="Training rounds."),
-    min_devices: int = typer.Option(None, help="Ready devices to wait for before the first round."),
+    min_devices: int = typer.Option(None, help="Ready devices to wait for before the first round (start threshold only)."),
+    min_fit: int = typer.Option(None, help="Fewest devices a round trains (default: what --fraction implies)."),
     fraction: float = typer.Option(None, help="Share of devices sampled each round."),
     deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
     gone_after: float = typer.Option(None, help="Fleet status: seconds without a connection before a device shows as gone (default: the deadline)."),
@@ -59,7 +60,7 @@ def start(
 
     explicit = load_toml(config) if config else {}
     flags = {
-        "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "fraction": fraction,
+        "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "min_fit": min_fit, "fraction": fraction,
         "dataset": dataset, "data_dir": data_dir, "train_samples": train_samples, "model": model,
         "tiers": _split(tiers), "width": width, "feature_dim": feature_dim, "epochs": epochs,
         "steps": steps, "batch_size": batch_size, "optimizer": optimizer, "lr": lr,
@@ -68,7 +69,7 @@ def start(
     explicit.update({k: v for k, v in flags.items() if v is not None})
     if option:
         explicit["options"] = {**explicit.get("options", {}), **_pairs(option, "option")}
-    explicit.setdefault("clients", max(explicit.get("min_devices", 1), 1))
+    explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1))
     algo = get_algorithm(explicit.get("algorithm", "fedavg"))
     cfg = resolve_config(explicit, dict(algo.defaults))
     opts = ServeOptions(

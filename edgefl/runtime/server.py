@@ -4,7 +4,7 @@
                                        checkpoint_dir=Path("ck")))
 
 ``cfg`` is the same :class:`~edgefl.config.RunConfig` ``edgefl simulate`` uses (algorithm and
-options, model family/tiers/width, training settings, rounds, fraction, min_devices, seed); the
+options, model family/tiers/width, training settings, rounds, fraction, min_fit, seed); the
 dataset named there only gives the models their input shape and classes (and the server's public
 share for methods that hold one). Devices bring their own data.
 
@@ -14,7 +14,8 @@ server answers ``assign`` with its model spec, chosen by the one tier policy of
 round deadline) unless the device asked for a tier of the run; the device builds its model and
 registers again as ready; ready devices join ``ctx.fleet`` between rounds (the loop's
 ``before_round`` hook), so devices can join mid-run. The server waits for ``min_devices`` ready
-devices before the first round, then runs :class:`~edgefl.runtime.loop.RoundLoop` over
+devices before the first round (a start threshold only: each round trains ``fraction`` of the
+ready devices, at least ``min_fit``), then runs :class:`~edgefl.runtime.loop.RoundLoop` over
 :class:`~edgefl.transport.mqtt.MqttServerTransport`. With a checkpoint directory it checkpoints
 after every round and, restarted, resumes from the last completed one (devices re-register with
 the new server epoch and keep their models when the assignment is unchanged).
@@ -233,8 +234,7 @@ def serve(
         registry.wait_ready(cfg.min_devices, opts.wait_for_devices)
         fleet: dict[str, DeviceRecord] = {}
         registry.apply(fleet)
-        ctx = server_context(cfg, method, info.num_classes, fleet, public, settings=registry.settings,
-                             min_devices=min(cfg.min_devices, len(fleet)))
+        ctx = server_context(cfg, method, info.num_classes, fleet, public, settings=registry.settings)
         server = method.algorithm.server(ctx, method.options)
         settings = LoopSettings(
             rounds=cfg.rounds,

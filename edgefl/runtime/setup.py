@@ -380,7 +380,7 @@ def server_public(cfg: RunConfig, method: Method) -> ArrayDataset | None:
 
 def server_context(
     cfg: RunConfig, method: Method, num_classes: int, fleet: dict[str, DeviceRecord], public: ArrayDataset | None,
-    *, settings: TrainSettings | None = None, min_devices: int | None = None,
+    *, settings: TrainSettings | None = None,
 ) -> ServerContext:
     from edgefl.algorithms import ServerContext
 
@@ -391,7 +391,7 @@ def server_context(
         rounds=cfg.rounds,
         seed=cfg.seed,
         fraction=cfg.fraction,
-        min_devices=cfg.min_devices if min_devices is None else min_devices,
+        min_fit=cfg.min_fit or 1,  # the start threshold (min_devices) is the server's, not the round's
         public=public,
         closing_rounds=method.needs.closing_rounds,
     )
