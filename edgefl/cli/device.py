@@ -55,7 +55,7 @@ def register(
     as_json: bool = typer.Option(False, "--json", help="Print the assignment as JSON."),
 ) -> None:
     """Send this device's profile to the fleet's server and print the model it assigns (then exit)."""
-    from edgefl.cli.train import load_profile
+    from edgefl.cli.common import load_profile
     from edgefl.models.spec import ModelSpec
     from edgefl.runtime.device import register_once
 

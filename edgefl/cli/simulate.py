@@ -146,7 +146,7 @@ def simulate(
 
         if not quiet:
             err.print("Local reference (the same devices without federation)…", highlight=False)
-        attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, reference_cache))
+        attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, "local", reference_cache))
 
     if as_json:
         typer.echo(json.dumps(summary))

@@ -26,6 +26,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from edgefl.cli.common import load_profile
 from edgefl.errors import ConfigError
 
 err = Console(stderr=True)
@@ -37,18 +38,6 @@ FILE_KEYS = (
     "ca_file", "cert_file", "key_file", "models_dir",
 )  # fmt: skip
 SECRET = "password"
-
-
-def load_profile(path: Path | None) -> dict | None:
-    if path is None:
-        return None
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read the profile {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"profile {path} is not a JSON object")
-    return data
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

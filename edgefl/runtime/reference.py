@@ -1,6 +1,7 @@
 """Reference runs: the same devices without federation, to show what the federation adds.
 
-``local_reference(cfg)`` runs ``cfg`` with the ``local`` method in memory — the same partition,
+``local_reference(cfg, method)`` runs ``cfg`` with ``method`` (the caller names the method that
+exchanges nothing: ``local``) in memory — the same partition,
 tiers, seeds, local budget and evaluation, only nothing is exchanged — and caches the result by
 the resolved configuration, so a demo or a benchmark that repeats a run pays for it once. Local
 devices exchange nothing, so the in-memory run is exactly what the same devices reach over MQTT.
@@ -28,27 +29,28 @@ def reference_key(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def local_reference(cfg: RunConfig, cache_dir: Path | None = None) -> dict[str, Any]:
-    """The Local baseline of ``cfg``'s fleet: accuracy overall, per tier, per device, per round."""
+def local_reference(cfg: RunConfig, method: str, cache_dir: Path | None = None) -> dict[str, Any]:
+    """The baseline ``method`` (Local) on ``cfg``'s fleet: accuracy overall, per tier, per device,
+    per round. Runtime knows no method by name: the caller says which one is the baseline."""
     key = reference_key(cfg)
-    path = Path(cache_dir) / f"local-{key}.json" if cache_dir is not None else None
+    path = Path(cache_dir) / f"{method}-{key}.json" if cache_dir is not None else None
     if path is not None and path.exists():
         return json.loads(path.read_text())
     from edgefl.report.recorder import read_rounds
     from edgefl.runtime.simulation import simulate
 
-    log.warning("computing the Local reference for this fleet (once; cached in %s)", cache_dir)
-    with tempfile.TemporaryDirectory(prefix="edgefl-local-") as tmp:
-        local_cfg = cfg.model_copy(update={"algorithm": "local", "options": {}, "out_dir": tmp, "run_name": "local"})
-        summary = simulate(local_cfg, plots=False)
-        rounds = read_rounds(Path(tmp) / "local")
+    log.warning("computing the %s reference for this fleet (once; cached in %s)", method, cache_dir)
+    with tempfile.TemporaryDirectory(prefix="edgefl-reference-") as tmp:
+        reference_cfg = cfg.model_copy(update={"algorithm": method, "options": {}, "out_dir": tmp, "run_name": "reference"})
+        summary = simulate(reference_cfg, plots=False)
+        rounds = read_rounds(Path(tmp) / "reference")
     per_round = [
         {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"], "tier_accuracy": r["eval"]["tier_accuracy"]}
         for r in rounds if "eval" in r
     ]
     per_round.append({"round": cfg.rounds, "mean_accuracy": summary["mean_accuracy"], "tier_accuracy": summary["tier_accuracy"]})
     reference = {
-        "algorithm": "local",
+        "algorithm": method,
         "key": key,
         "mean_accuracy": summary["mean_accuracy"],
         "tier_accuracy": summary["tier_accuracy"],
