@@ -12,10 +12,10 @@ ROOT = Path(edgefl.__file__).parent
 
 #: What each part of the library may import (besides itself). Everything else is a layering error.
 ALLOWED = {
-    "cli": {"edgefl", "rollout", "dashboard", "runtime", "algorithms", "transport", "wire", "profiling", "export", "inference", "models", "data", "report", "config", "errors"},
-    "runtime": {"algorithms", "transport", "wire", "profiling", "export", "models", "data", "report", "config", "errors"},
+    "cli": {"retry", "edgefl", "rollout", "dashboard", "runtime", "algorithms", "transport", "wire", "profiling", "export", "inference", "models", "data", "report", "config", "errors"},
+    "runtime": {"retry", "algorithms", "transport", "wire", "profiling", "export", "models", "data", "report", "config", "errors"},
     "algorithms": {"wire", "models", "data", "errors"},
-    "transport": {"wire", "errors"},
+    "transport": {"retry", "wire", "errors"},
     "wire": {"errors"},
     "profiling": {"models", "errors"},
     "export": {"inference", "models", "data", "errors"},
@@ -23,10 +23,11 @@ ALLOWED = {
     "models": {"errors"},
     "data": {"errors"},
     "report": {"errors"},  # at the side: it gets plain records, never the objects that made them
-    "rollout": {"inference", "transport", "wire", "errors"},  # model rollout to devices, beside runtime
+    "rollout": {"retry", "inference", "transport", "wire", "errors"},  # model rollout to devices, beside runtime
     "dashboard": {"runtime", "errors"},  # a web page over the fleet status, beside the CLI
     "config": {"errors"},
     "errors": set(),
+    "retry": {"errors"},  # backoff helper, usable from any layer
     "edgefl": {"errors"},  # the package's own __init__
 }
 
