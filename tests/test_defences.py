@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from edgefl.algorithms import get_algorithm
-from edgefl.algorithms.aggregate import Defences, clip_to_norm, clip_update, robust_average, robust_stack
+from edgefl.algorithms.aggregate import (
+    Defences,
+    clip_to_norm,
+    clip_update,
+    robust_average,
+    robust_stack,
+)
 from edgefl.algorithms.fedproto import PrototypeTable
 from edgefl.errors import ConfigError
 

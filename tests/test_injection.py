@@ -16,7 +16,6 @@ algorithm): d01 must survive and keep serving.
 import json
 import struct
 import threading
-import time
 from pathlib import Path
 
 import numpy as np

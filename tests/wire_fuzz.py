@@ -175,7 +175,7 @@ def _up_oracle(accept, device_id) -> Callable[[Envelope], str | None]:
                     a = env.payload.arrays[name]
                     if a.dtype != spec.dtype:
                         return f"array {name} dtype"
-                    if spec.shape is not None and (a.ndim != len(spec.shape) or any(s is not None and s != g for s, g in zip(spec.shape, a.shape))):
+                    if spec.shape is not None and (a.ndim != len(spec.shape) or any(s is not None and s != g for s, g in zip(spec.shape, a.shape, strict=True))):
                         return f"array {name} shape"
         elif env.kind == "metrics":
             if not (_finite_number(meta.get("accuracy"), 0.0, 1.0)):

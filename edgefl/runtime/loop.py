@@ -23,7 +23,7 @@ import numpy as np
 import safetensors.numpy
 
 from edgefl.algorithms.base import ServerContext, ServerHalf
-from edgefl.errors import EdgeflError, WireError
+from edgefl.errors import EdgeflError
 from edgefl.transport.base import Transport
 from edgefl.wire import Envelope, Limits, Payload, decode, encode, new_nonce
 from edgefl.wire.schema import Expectation
