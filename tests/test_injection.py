@@ -61,6 +61,10 @@ class Attacker:
         self.client.on_message = self.on_message
         self.port = port
         self.last_update: bytes | None = None  # d00's own update of an earlier round, for the replay
+        # the model's arrays as last seen on d00's downlink: a train request after an evaluation
+        # carries none (the device already holds the evaluation's model)
+        self.arrays: dict = {}
+        self.downlink_with_arrays: bytes | None = None
         self.injected: dict[str, int] = {}
         self.replayed_in: list[int] = []  # rounds in which an earlier update was replayed
         self.lock = threading.Lock()
@@ -102,11 +106,14 @@ class Attacker:
             return
         self.seen.add(r.message_id)
         request = decode(msg.payload)
+        if request.payload.arrays:
+            self.arrays = {k: np.array(v) for k, v in request.payload.arrays.items()}
+            self.downlink_with_arrays = bytes(msg.payload)
         if r.kind == "evaluate":
             honest = encode(request.reply("metrics", _payload({}, {"accuracy": 0.5})))
             self.send("accuracy nan", _rewrite(honest, meta_changes={"accuracy": "nan"}))
             return
-        arrays = {k: np.array(v) for k, v in request.payload.arrays.items()}
+        arrays = self.arrays
         good = encode(request.reply("update", _payload(arrays, {"num_samples": 10, "train_loss": 1.0})))
         name = next(k for k, v in arrays.items() if v.ndim >= 2)
         self.send("dtype list", _rewrite(good, tensor_changes={name: lambda t: (["F32"], t[1], t[2])}))
@@ -121,7 +128,7 @@ class Attacker:
             self.replayed_in.append(request.round)
         # malformed downlinks to d01
         self.send("garbage downlink", b"\x07 no envelope", device="d01", leaf="down")
-        down = _rewrite(msg.payload, routing_changes={"device": "d01", "nonce": "0" * 32})
+        down = _rewrite(self.downlink_with_arrays, routing_changes={"device": "d01", "nonce": "0" * 32})
         self.send("dtype list downlink", _rewrite(down, tensor_changes={name: lambda t: (["F32"], t[1], t[2])}), device="d01", leaf="down")
         self.send("other algorithm downlink", _rewrite(down, routing_changes={"algorithm": "felo"}), device="d01", leaf="down")
 
