@@ -245,6 +245,8 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
     # mallory: a plain paho client that registers as a device and answers with bad uplinks
     m = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mallory", protocol=mqtt.MQTTv311)
     answered = set()
+    model: dict = {}  # the arrays of the last downlink that carried them (a train request after an
+    # evaluation carries none: the device holds the evaluation's model)
 
     def on_message(client, userdata, msg):
         r = peek(msg.payload)
@@ -255,8 +257,11 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
 
         env = decode(msg.payload)
         client.publish(topics.device("mallory", "up"), encode(Envelope("ack", r.round, "mallory", fleet=fleet, payload=Payload({}, {"ack": r.message_id}))), qos=1)
+        if env.payload.arrays:
+            model.clear()
+            model.update(env.payload.arrays)
         if r.kind == "train":
-            arrays = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in env.payload.arrays.items()}
+            arrays = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in model.items()}
             name = next(k for k, v in arrays.items() if v.dtype.kind == "f" and v.ndim >= 2)
             if r.round == 0:
                 arrays[name] = np.full_like(arrays[name], np.nan)  # non-finite
