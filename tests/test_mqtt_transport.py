@@ -226,3 +226,53 @@ def test_oversized_messages_are_refused_on_both_sides(amqtt):
     finally:
         server.close()
     assert out["d"].reply is None and "limit" in out["d"].error
+
+
+def test_the_broker_subscription_table_iterates_over_a_snapshot():
+    from edgefl.transport.broker import SnapshotDict
+
+    table = SnapshotDict({"a": 1, "b": 2})
+    for key in table:  # another task subscribing or leaving meanwhile
+        table[key + "'"] = 0
+        del table["b" if "b" in table else "a"]
+    for key, _ in table.items():
+        table.pop(key)
+    assert table == {}
+
+
+def test_many_devices_connecting_at_once_all_get_their_subscriptions_and_no_broker_error(amqtt, caplog):
+    """amqtt 0.12 raised "dictionary changed size during iteration" when 20 devices subscribed at
+    once; it logged an ERROR and dropped a session (seen in the 20-device demo)."""
+    import logging
+
+    import paho.mqtt.client as mqtt
+
+    caplog.set_level(logging.ERROR)
+    subscribed, clients = [], []
+    # a populated table with retained messages, as a running fleet has: the broker then awaits
+    # inside its loop over the table for every connecting client
+    seed = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="burst-seed")
+    seed.connect(amqtt.host, amqtt.port)
+    seed.loop_start()
+    for t in range(40):
+        seed.subscribe(f"edgefl/burst/retained/{t}", qos=1)
+        seed.publish(f"edgefl/burst/retained/{t}", b"x", qos=1, retain=True).wait_for_publish(5)
+    clients.append(seed)
+    subscribed.append(-1)
+    for i in range(30):
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"burst-{i}")
+        c.on_connect = lambda client, userdata, flags, rc, props, i=i: client.subscribe(f"edgefl/burst/devices/d{i}/down", qos=1)
+        c.on_subscribe = lambda client, userdata, mid, rcs, props, i=i: subscribed.append(i)
+        c.connect(amqtt.host, amqtt.port)
+        c.loop_start()
+        clients.append(c)
+    deadline = time.monotonic() + 20
+    while len(subscribed) < len(clients) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for c in clients:
+        c.disconnect()
+        c.loop_stop()
+    assert sorted(subscribed) == list(range(-1, len(clients) - 1))
+    # (amqtt's own ERROR about the fixture's port probe, which sends no packet, is not this)
+    crashes = [r.getMessage() for r in caplog.records if r.name == "asyncio" or "changed size" in r.getMessage()]
+    assert crashes == []

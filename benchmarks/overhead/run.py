@@ -344,7 +344,7 @@ def write_report(results: dict, out: Path) -> None:
         "## Envelope codec vs raw MQTT publish (ResNet-18-sized payload)",
         "",
         f"- message: {c['message_bytes'] / 1e6:.1f} MB ({c['floats']:,} float32 + envelope header)",
-        f"- edgefl encode {1000 * c['encode_seconds']:.0f} ms + decode (with validation and digest) {1000 * c['decode_seconds']:.0f} ms: "
+        f"- edgefl encode {1000 * c['encode_seconds']:.0f} ms + decode (with validation and checksum) {1000 * c['decode_seconds']:.0f} ms: "
         f"**{c['encode_decode_bytes_per_s'] / 1e6:.0f} MB/s**",
     ]
     for b, r in results["raw_paho"].items():

@@ -45,7 +45,7 @@ Our choices (the paper leaves them open or they do not fit a CPU; all are option
   errors over all pixels and is summed over the batch's classes, hundreds of times CE, which the
   paper absorbs with SGD lr 1e-4 on MNIST and 100 rounds × 5 epochs. Our CPU runs use SGD lr
   0.01 and few rounds; ``tc_weight`` keeps CE in charge of the classifier there
-  (default 0.001; 1.0 is the paper's literal loss). Measured (benchmarks/fedvtc/sweep*.md, 20
+  (default 0.001; 1.0 is the paper's literal loss). Measured (benchmarks/fedvtc/previous/sweeps/, 20
   devices, 12k Fashion-MNIST images, 20 rounds): 1.0 and 0.1 diverge or stay at chance, 0.01
   trails 0.001 by 5–14 points before fine-tuning, 0.0001 is within a point or two of 0.001.
 - ``vtc_lr`` (default 1e-3, Adam) for ψ and σ: the decoder is trained with Adam so it learns
@@ -54,7 +54,7 @@ Our choices (the paper leaves them open or they do not fit a CPU; all are option
   generation with BN in eval mode, one fine-tuning round = one epoch over D′.
 - ``sample_sigma_scale`` (not in the paper; default 1.0 = the paper): draws the synthetic latents
   from N(c^y, diag (scale·σ)²). A diagnostic for runs where σ ≈ 1 swamps the distance between
-  prototypes (benchmarks/fedvtc/results.md).
+  prototypes (benchmarks/fedvtc/previous/results.md).
 - ``save_generator``: a path where the server writes ψ, all prototypes and σ after the last
   aggregation (safetensors; :func:`load_generator` reads it back) — for inspection, e.g. the
   benchmark's grid of generated samples.

@@ -71,6 +71,23 @@ def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
 
 
 # --- embedded amqtt -----------------------------------------------------------------------------
+class SnapshotDict(dict):
+    """A dict whose iteration (keys, values, items) walks a snapshot, so that code which awaits
+    inside the loop survives other tasks adding or removing entries meanwhile."""
+
+    def __iter__(self):
+        return iter(list(super().keys()))
+
+    def keys(self):
+        return list(super().keys())
+
+    def values(self):
+        return list(super().values())
+
+    def items(self):
+        return list(super().items())
+
+
 
 
 class EmbeddedBroker:
@@ -116,6 +133,10 @@ class EmbeddedBroker:
         }
         try:
             self._broker = Broker(config, loop=self._loop)
+            # amqtt 0.12 iterates its subscription table across awaits; a device that subscribes
+            # meanwhile raised "dictionary changed size during iteration" and dropped the other's
+            # session (seen with 20 devices connecting at once). Iterate over snapshots instead.
+            self._broker._subscriptions = SnapshotDict(self._broker._subscriptions)
             self._loop.run_until_complete(self._broker.start())
         except BaseException as e:  # reported to start()
             self._error = e
