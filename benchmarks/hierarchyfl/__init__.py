@@ -3,8 +3,9 @@ benchmark protocol (issue 15). Run it with ``python -m benchmarks.hierarchyfl`` 
 the few-minute profile).
 
 :func:`extras` keeps what the server step reports each round: the meta-learner's weights M (they
-must move away from uniform) and, once issue 15 adds them, each exit's validation accuracy right
-before and right after distillation (server metrics named ``distill_*``).
+must move away from uniform), its gradient, and each exit's accuracy on the server's check split
+(half of its public set, kept out of the step) right before and right after the step
+(server metrics ``check_*``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ BETAS = (0.0, 0.1, 1.0, 10.0)
 TEMPERATURES = (1.0, 3.0)
 SERVER_LRS = (0.005, 0.05)
 GAIN = "gain:dir0.1"
+#: half of the server's public set is held out of its step, to measure the step
+CHECK = {"check_share": "0.5"}
 
 
 def extras(run: RunOutput) -> dict[str, Any]:
     """``meta_weights``: M per round ({tier: weight}); ``meta_weight_spread``: max − min of the last
-    round's M (0 = uniform); ``distillation``: every ``distill_*`` server metric per round."""
+    round's M (0 = uniform); ``distillation``: every ``distill_*``, ``check_*`` and ``meta_grad``
+    server metric per round."""
     meta, distill = [], {}
     for r in run.rounds:
         server = r.get("server") or {}
@@ -38,7 +42,7 @@ def extras(run: RunOutput) -> dict[str, Any]:
         if m:
             meta.append({"round": r["round"] + 1, **m})
         for k, v in server.items():
-            if k.startswith("distill") and isinstance(v, (int, float)):
+            if k.startswith(("distill", "check_", "meta_grad")) and isinstance(v, (int, float)):
                 distill.setdefault(k, []).append(v)
     last = {k: v for k, v in meta[-1].items() if k != "round"} if meta else {}
     return {"meta_weights": meta, "meta_weight_spread": (max(last.values()) - min(last.values())) if last else None,
@@ -48,8 +52,9 @@ def extras(run: RunOutput) -> dict[str, Any]:
 def profile(quick: bool) -> dict:
     """Multi-exit ResNet-18 hierarchies at width 0.125, eight devices (two per tier) of about 740
     images, every device every round, one local epoch of SGD 0.05 (momentum 0.9, weight decay
-    5e-4) at batch 32 per round; the same 1 % of the training images carved out for both methods
-    (HierarchyFL's labelled public set), so both train on identical device partitions."""
+    5e-4) at batch 32 per round; the same 2 % of the training images carved out for both methods
+    (HierarchyFL's labelled public set: half of it for the server step, the paper's 1 %, half held
+    out as the server's check split), so both train on identical device partitions."""
     base = {
         "dataset": "fashion-mnist",
         "width": 0.125,
@@ -66,7 +71,7 @@ def profile(quick: bool) -> dict:
         "test_samples": 2000,
         "eval_samples": 1000,
         "eval_every": 2,
-        "public_fraction": 0.01,
+        "public_fraction": 0.02,
     }
     if quick:
         base.update(clients=4, rounds=4, train_samples=2000, test_samples=400, eval_samples=300, eval_every=2)
@@ -81,8 +86,9 @@ def make(quick: bool = False) -> Benchmark:
     def cell(method, setting, seed, *, family="depth", options=None, role="grid", extra=None, name=None):
         algorithm = "heterofl" if method.startswith("heterofl") else "local" if method.startswith("local") else "hierarchyfl"
         model, tiers = ("hierarchy-depth", DEPTH) if family == "depth" else ("hierarchy-width", WIDTH)
+        options = {**(CHECK if algorithm == "hierarchyfl" else {}), **(options or {})}
         config = {**base, **SETTINGS[setting], "algorithm": algorithm, "model": model, "tiers": tiers,
-                  "options": dict(options or {}), **(extra or {})}
+                  "options": options, **(extra or {})}
         return Cell(method, name or setting, seed, config, role)
 
     cells = []
@@ -146,16 +152,18 @@ def make(quick: bool = False) -> Benchmark:
         description=f"""
 Fleet: multi-exit ResNet-18 at **width 0.125**, depth tiers 1–4 (exit i = Model i) and, apart,
 width tiers 1/8, 1/4, 1/2, 1; {fleet}; every device every round; one local epoch of SGD lr 0.05
-(momentum 0.9, weight decay 5e-4) at batch 32 per round. The same 1 % of the training images is
-carved out for both methods (HierarchyFL's labelled public set), so HeteroFL and HierarchyFL train
-on identical device partitions with the same tier assignment and local budget. HierarchyFL's server
-step (β, T, server optimizer, CE on the public labels) runs at the method's defaults: the sweeps
-below settle them, and the chosen values become the defaults in issue 15. Settings: Dir(0.1), Dir(0.5)
+(momentum 0.9, weight decay 5e-4) at batch 32 per round. The same 2 % of the training images is
+carved out for both methods (HierarchyFL's labelled public set: half for the server step, the
+paper's 1 %, half held out as the server's check split), so HeteroFL and HierarchyFL train on
+identical device partitions with the same tier assignment and local budget. HierarchyFL's server
+step runs at the method's defaults (the errata's: SGD lr 0.005 without momentum, CE on the public
+labels for every exit besides the distillation terms); the sweeps below settle β, T and the server lr. Settings: Dir(0.1), Dir(0.5)
 (the claims), IID (reference); seeds {list(seeds)}. Accuracy: each device's exit on {base["test_samples"]:,} test
 images, per tier and mean over devices (= mean over tiers, equal devices per tier).
 **hierarchyfl-logits**: ensemble logits only (Table II's middle row). **gain**: HierarchyFL −
 HeteroFL per seed at Dir(0.1). The meta-learner's weights M per round are in each run's
-`meta_weights`; each exit's validation accuracy before and after distillation arrives with issue 15.
+`meta_weights`; each exit's accuracy on the check split before and after the server step is in
+`distillation` (`check_before_<tier>`, `check_after_<tier>`, `check_change`).
 """,
         cells=cells,
         claims=claims,
