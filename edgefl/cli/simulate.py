@@ -54,6 +54,7 @@ def simulate(
     train_samples: int = typer.Option(None, help="Subsample the training set for quick runs."),
     test_samples: int = typer.Option(None, help="Subsample the test set for the final evaluation."),
     eval_every: int = typer.Option(None, help="Evaluate every N rounds (on --eval-samples test samples)."),
+    eval_samples: int = typer.Option(None, help="Test samples for the per-round evaluation (the final one uses --test-samples)."),
     out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
     run_name: str = typer.Option(None, help="Name of the run directory (default: timestamp-algorithm-dataset-seed)."),
     config: Path = typer.Option(None, "--config", help="TOML file with any of these settings."),
@@ -98,6 +99,7 @@ def simulate(
         "train_samples": train_samples,
         "test_samples": test_samples,
         "eval_every": eval_every,
+        "eval_samples": eval_samples,
         "out_dir": str(out) if out else None,
         "run_name": run_name,
     }
