@@ -22,6 +22,7 @@ from edgefl.algorithms.fedvtc import (
     FedVTCServer,
     build_decoder,
     class_mean_sum,
+    feature_statistics,
     generate,
     kl_to_prototype,
     load_generator,
@@ -29,6 +30,7 @@ from edgefl.algorithms.fedvtc import (
     vtc_layout,
 )
 from edgefl.data import dataset_info, load_dataset
+from edgefl.data.datasets import ArrayDataset
 from edgefl.errors import ConfigError
 from edgefl.models import ModelSpec
 from edgefl.runtime.simulation import simulate
@@ -268,3 +270,102 @@ def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):
     assert len(every["bytes_up_per_round"]) == 2  # no closing round
     assert every["bytes_up_per_round"][0] > single["bytes_up_per_round"][0] + 3 * 60_000  # ψ ≈ 84 kB each
     assert sum(every["bytes_up_per_round"]) > sum(single["bytes_up_per_round"])
+
+
+def test_first_round_starts_from_the_devices_class_means_and_feature_spread():
+    device = _device(n=96)
+    fresh = _device(n=96)  # the same seed: the same initial model
+    means, spread = feature_statistics(fresh.model, fresh.ctx.train_data)
+    assert set(means) == set(device.ctx.train_data.y.tolist()) and spread.shape == (980,) and (spread > 0).all()
+    device.fit(0)  # no global prototype yet: each held class starts from its local mean, σ from the spread
+    for c, m in means.items():
+        assert torch.allclose(device.protos[c], torch.from_numpy(m), atol=1e-5)
+    fresh.initialise_from_data()
+    assert torch.allclose(fresh.log_sigma.exp(), torch.from_numpy(np.maximum(spread, 1e-3)), rtol=1e-5)
+    # a global prototype wins over the local mean; init_prototypes=zero and a numeric σ are the old behaviour
+    other = _device(options={"init_prototypes": "zero", "init_sigma": "1"})
+    other.receive(0, Payload({"proto": np.full((1, 980), 2.0, np.float32), "proto_classes": np.array([3])}, {"vtc_seed": 7}))
+    other.initialise_from_data()
+    assert float(other.protos[3].mean()) == 2.0 and float(other.protos.abs().sum()) == 2.0 * 980
+    assert torch.equal(other.log_sigma.detach(), torch.zeros(980))
+
+
+def test_server_sends_sigma_only_once_the_devices_measured_it():
+    server = _server()
+    assert SIGMA not in server.downlink(0, "d00").arrays and SIGMA not in server.state_dict()
+    server.ctx.round = 0
+    sigma = np.full(980, 0.2, np.float32)
+    server.aggregate(0, {"d00": Payload({"proto": np.ones((1, 980), np.float32), "proto_classes": np.array([1]), SIGMA: sigma}, {})})
+    assert np.allclose(server.downlink(1, "d00").arrays[SIGMA], 0.2)
+    assert np.allclose(_server(init_sigma="1").downlink(0, "d00").arrays[SIGMA], 1.0)  # the paper's σ = 1
+
+
+def _bands(n: int, seed: int, classes: int = 4) -> ArrayDataset:
+    """A fixed easy case: class c is a bright horizontal band at rows 7c..7c+6, plus noise."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % classes
+    x = np.full((n, *INFO.in_shape), 30.0)
+    for i, c in enumerate(y):
+        x[i, :, 7 * c : 7 * c + 7, :] = 220.0
+    x += rng.normal(0, 20, x.shape)
+    return ArrayDataset.from_numpy(np.clip(x, 0, 255).astype(np.uint8), y, INFO)
+
+
+def test_oracle_agreement_after_training_psi_is_well_above_chance(tmp_path):
+    """One device trains ψ for 3 rounds × 10 steps on four classes; the server averages it and
+    a classifier trained apart (the oracle) scores ψ's samples. Measured: 1.0 after training
+    against 0.25 (chance among four classes) for the untrained ψ; the device's own model 0.75."""
+    import torch.nn.functional as F
+
+    from edgefl.models.files import save_model_file
+    from edgefl.models import build_model
+
+    torch.manual_seed(0)
+    oracle = build_model(ModelSpec("cnn", "1", 10, INFO.in_shape, width=0.25))
+    opt = torch.optim.Adam(oracle.parameters(), 3e-3)
+    rng = np.random.default_rng(0)
+    for epoch in range(3):
+        for x, y in _bands(160, 1 + epoch).batches(16, shuffle=True, rng=rng):
+            opt.zero_grad()
+            F.cross_entropy(oracle(x), y).backward()
+            opt.step()
+    path = save_model_file(oracle.eval(), tmp_path / "oracle.safetensors")
+    held_out = _bands(80, 9)
+    assert float((oracle(held_out.x.float() / 255).argmax(1) == held_out.y).float().mean()) == 1.0
+
+    rounds, spec = 3, _spec()
+    options = get_algorithm("fedvtc").parse_options({"oracle": str(path)})
+    ctx = DeviceContext("d00", spec, _bands(160, 0), TrainSettings(batch_size=16, steps=10, lr=0.01, momentum=0.0), seed=1, rounds=rounds)
+    device = FedVTCDevice(ctx, options)
+    server = FedVTCServer(ServerContext(10, {"d00": DeviceRecord(spec, 160)}, TrainSettings(), rounds=rounds, seed=0,
+                                        fraction=1.0, closing_rounds=1), options)
+    for r in range(rounds + 1):
+        server.ctx.round = r
+        device.receive(r, server.downlink(r, "d00"))
+        if r == rounds:  # before the closing round: the same prototypes and σ, the untrained ψ
+            untrained = FedVTCServer(server.ctx, options)
+            untrained.table, untrained.sigma = server.table, server.sigma
+            untrained.psi = dict(build_decoder_arrays(untrained))
+            assert untrained.oracle_metrics(r)["oracle_agreement"] <= 0.5
+        metrics = server.aggregate(r, {"d00": device.fit(r)})
+    assert metrics["psi_uploads"] == 1.0
+    assert metrics["oracle_agreement"] >= 0.9
+    assert {f"oracle_agreement_{c}" for c in range(4)} <= set(metrics)
+    assert metrics["device_agreement"] >= 0.5
+
+
+def build_decoder_arrays(server: FedVTCServer):
+    from edgefl.wire import state_to_arrays
+
+    return state_to_arrays(build_decoder(server.layout, server.vtc_seed).state_dict(), PSI)
+
+
+def test_an_oracle_that_does_not_fit_the_fleet_is_refused(tmp_path):
+    from edgefl.models.files import save_model_file
+    from edgefl.models import build_model
+
+    rgb = save_model_file(build_model(ModelSpec("cnn", "1", 10, (3, 32, 32), width=0.25)), tmp_path / "rgb.safetensors")
+    with pytest.raises(ConfigError, match="oracle"):
+        _server(oracle=str(rgb))
+    with pytest.raises(ConfigError, match="oracle"):
+        _server(oracle=str(tmp_path / "missing.safetensors"))

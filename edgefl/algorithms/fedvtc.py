@@ -50,11 +50,24 @@ Our choices (the paper leaves them open or they do not fit a CPU; all are option
   trails 0.001 by 5–14 points before fine-tuning, 0.0001 is within a point or two of 0.001.
 - ``vtc_lr`` (default 1e-3, Adam) for ψ and σ: the decoder is trained with Adam so it learns
   in a few CPU rounds; ``vtc_optimizer=same`` uses the run's optimizer and lr.
-- Initial prototypes 0 (classes without a global prototype use 0), σ initialised to 1,
-  generation with BN in eval mode, one fine-tuning round = one epoch over D′.
+- Initial prototypes (``init_prototypes``): a class without a global prototype yet uses the
+  device's own class mean of z, measured before its first local step (the errata; ``zero`` is the
+  earlier default, which pulls the generator towards one point).
+- Initial σ (``init_sigma``): the paper initialises σ to 1, against prototype norms of 5–15 in our
+  runs. Default ``None``: each device measures the spread of its features around their class mean
+  (per dimension, the root mean square of z − c^y over its data) before its first local step and
+  starts σ there; σ stays learnable as in the paper, and the server sends none until it has
+  averaged the devices' σ. A number sets σ to it everywhere (``init_sigma=1`` is the paper).
+- Generation with BN in eval mode, one fine-tuning round = one epoch over D′.
 - ``sample_sigma_scale`` (not in the paper; default 1.0 = the paper): draws the synthetic latents
   from N(c^y, diag (scale·σ)²). A diagnostic for runs where σ ≈ 1 swamps the distance between
   prototypes (benchmarks/fedvtc/previous/results.md).
+- ``oracle``: a model file (``edgefl.models.files.save_model_file``; a classifier trained
+  centrally, outside the federation) the server uses to score ψ each time it averages it:
+  ``oracle_agreement`` is the share of ``oracle_samples`` generated samples per known class that
+  the oracle assigns to the intended class (``oracle_agreement_<c>`` per class). The devices
+  report, in the closing round, the same share under their own model for their own ψ_k
+  (``synthetic_agreement``; the server's mean is ``device_agreement``).
 - ``save_generator``: a path where the server writes ψ, all prototypes and σ after the last
   aggregation (safetensors; :func:`load_generator` reads it back) — for inspection, e.g. the
   benchmark's grid of generated samples.
@@ -171,6 +184,24 @@ def class_mean_sum(values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (sums / counts).sum()
 
 
+@torch.no_grad()
+def feature_statistics(model: nn.Module, data, batch_size: int = 256) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """({class: mean of z}, per-dimension root mean square of z − c^y) over ``data``, the model
+    in eval mode: the device's own prototypes and the spread of its features around them."""
+    was_training = model.training
+    model.eval()
+    zs, ys = [], []
+    for x, y in data.batches(batch_size, shuffle=False):
+        zs.append(model.features(x).double())
+        ys.append(y)
+    model.train(was_training)
+    z, y = torch.cat(zs), torch.cat(ys)
+    means = {c: z[y == c].mean(0) for c in torch.unique(y).tolist()}
+    centre = torch.stack([means[c] for c in y.tolist()])
+    spread = ((z - centre) ** 2).mean(0).sqrt()
+    return {c: m.float().numpy() for c, m in means.items()}, spread.float().numpy()
+
+
 @dataclass
 class TCTerms:
     le: torch.Tensor  # Σ_y mean (L_rc + KL)
@@ -232,7 +263,8 @@ class FedVTCOptions:
     tc_weight: float = 0.001  # weight of L_tc in the model's step (a); 1.0 = the paper's literal loss
     vtc_optimizer: Literal["adam", "same"] = "adam"
     vtc_lr: float = 1e-3  # for ψ and σ with vtc_optimizer=adam
-    init_sigma: float = 1.0
+    init_sigma: float | None = None  # None: each device's observed spread of z around its class means
+    init_prototypes: Literal["local", "zero"] = "local"  # a class without a global prototype yet
     synthetic_samples: int = 500  # S, split evenly over the classes with a prototype
     finetune_epochs: int = 5  # 𝒯
     finetune_lr: float | None = None  # None: the run's lr
@@ -241,13 +273,17 @@ class FedVTCOptions:
     vtc_channels: tuple[int, ...] = ()  # hidden channels of ψ; () = the paper's Table 6
     vtc_seed: int | None = None  # None: derived from the run seed
     save_generator: str = ""  # path for ψ + prototypes + σ after the last aggregation
+    oracle: str = ""  # model file of a centrally trained classifier that scores ψ's samples
+    oracle_samples: int = 50  # generated samples per class for the oracle and device agreement
 
     def __post_init__(self):
-        for name in ("lam", "tc_weight", "vtc_lr", "init_sigma", "sample_sigma_scale"):
+        for name in ("lam", "tc_weight", "vtc_lr", "sample_sigma_scale"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0")
-        if self.init_sigma <= 0:
-            raise ValueError("init_sigma must be > 0")
+        if self.init_sigma is not None and not self.init_sigma > 0:
+            raise ValueError("init_sigma must be > 0 (or none: from the data)")
+        if self.oracle_samples < 1:
+            raise ValueError("oracle_samples must be >= 1")
         if self.synthetic_samples < 0 or self.finetune_epochs < 0:
             raise ValueError("synthetic_samples and finetune_epochs must be >= 0")
         if self.finetune_lr is not None and self.finetune_lr <= 0:
@@ -261,9 +297,10 @@ class FedVTCDevice(DeviceHalf):
         self.layout = vtc_layout(ctx.spec, options.vtc_channels)
         p = self.layout.dim
         self.psi: VTCDecoder | None = None  # built from the server's seed on the first downlink
-        self.log_sigma = nn.Parameter(torch.full((p,), math.log(options.init_sigma)))
+        self.log_sigma = nn.Parameter(torch.full((p,), math.log(options.init_sigma or 1.0)))
+        self.sigma_set = options.init_sigma is not None  # else measured before the first local step
         self.protos = torch.zeros(ctx.num_classes, p)
-        self.known = torch.zeros(ctx.num_classes, dtype=torch.bool)
+        self.known = torch.zeros(ctx.num_classes, dtype=torch.bool)  # a global prototype arrived
         self.phase = "train"
         self.synthetic: tuple[torch.Tensor, torch.Tensor] | None = None  # the last fine-tuning set
 
@@ -282,6 +319,7 @@ class FedVTCDevice(DeviceHalf):
                 raise ConfigError(f"sigma must be positive of shape ({self.layout.dim},), got {sigma.shape}")
             with torch.no_grad():
                 self.log_sigma.copy_(torch.from_numpy(np.log(sigma)))
+            self.sigma_set = True
         state = arrays_to_state(payload.arrays, PSI)
         if state:
             self._need_psi().load_state_dict(state, strict=True)
@@ -296,13 +334,46 @@ class FedVTCDevice(DeviceHalf):
         psi = self._need_psi()
         meta = {"num_samples": len(self.ctx.train_data)}
         if self.phase == "upload_psi":
-            return Payload(state_to_arrays(psi.state_dict(), PSI), meta)
+            return Payload(state_to_arrays(psi.state_dict(), PSI), {**meta, **self.agreement(round)})
         stats = self.train_round(round)
         arrays = pack_prototypes(local_prototypes(self.model, self.ctx.train_data))
         arrays[SIGMA] = self.log_sigma.detach().exp().numpy().astype(np.float32)
         if self.options.psi_every_round:
             arrays.update(state_to_arrays(psi.state_dict(), PSI))
         return Payload(arrays, {**meta, **stats})
+
+    def initialise_from_data(self) -> None:
+        """Before the first local step: local class means for the classes without a global
+        prototype (``init_prototypes=local``) and σ from the spread of z around them
+        (``init_sigma=None``), both measured with the model in eval mode."""
+        data = self.ctx.train_data
+        held = sorted(set(np.asarray(data.y).tolist()))
+        missing = [c for c in held if not self.known[c]] if self.options.init_prototypes == "local" else []
+        if not missing and self.sigma_set:
+            return
+        means, spread = feature_statistics(self.model, data)
+        for c in missing:
+            self.protos[c] = torch.from_numpy(means[c])
+        if not self.sigma_set:
+            with torch.no_grad():
+                self.log_sigma.copy_(torch.from_numpy(np.log(np.maximum(spread, 1e-3))).float())
+            self.sigma_set = True
+
+    @torch.no_grad()
+    def agreement(self, round: int) -> dict[str, float]:
+        """``synthetic_agreement``: the share of ψ_k's samples (``oracle_samples`` per known
+        class, from the global prototypes and σ) that this device's own model assigns to the
+        intended class."""
+        classes = torch.nonzero(self.known).flatten().tolist()
+        if not classes or self.psi is None:
+            return {}
+        noise = torch.Generator().manual_seed(int(self.ctx.rng(round, 4).integers(2**31)))
+        x, y = generate(self.psi, self.protos, self.log_sigma.exp(), classes, self.options.oracle_samples, noise)
+        was_training = self.model.training
+        self.model.eval()
+        share = float((self.model(x).argmax(1) == y).float().mean())
+        self.model.train(was_training)
+        return {"synthetic_agreement": share}
 
     def vtc_optimizer(self, round: int) -> torch.optim.Optimizer:
         params = [*self._need_psi().parameters(), self.log_sigma]
@@ -353,6 +424,7 @@ class FedVTCDevice(DeviceHalf):
 
     def train_round(self, round: int) -> dict[str, float]:
         """One round of local work, alternating (a) and (b) on every minibatch."""
+        self.initialise_from_data()
         opt_f = make_optimizer(self.model.parameters(), self.ctx.settings, round)
         opt_v = self.vtc_optimizer(round)
         noise = torch.Generator().manual_seed(int(self.ctx.rng(round, 1).integers(2**31)))
@@ -412,7 +484,9 @@ class FedVTCServer(PrototypeServer):
             self.vtc_seed = int(options.vtc_seed)
         else:
             self.vtc_seed = int(np.random.default_rng([ctx.seed, 0x7C]).integers(2**31))
-        self.sigma = np.full(self.layout.dim, options.init_sigma, np.float32)
+        # None until the devices' σ is averaged when they measure it from their data
+        self.sigma = None if options.init_sigma is None else np.full(self.layout.dim, options.init_sigma, np.float32)
+        self.oracle = load_oracle(options.oracle, ctx.specs()[0], ctx.num_classes) if options.oracle else None
         reference = state_to_arrays(build_decoder(self.layout, self.vtc_seed).state_dict(), PSI)
         self.psi_shapes = {k: (v.shape, v.dtype) for k, v in reference.items()}
         self.psi: dict[str, np.ndarray] | None = reference if options.psi_every_round else None
@@ -437,14 +511,17 @@ class FedVTCServer(PrototypeServer):
     def downlink(self, round: int, device_id: str) -> Payload:
         meta = {"vtc_seed": self.vtc_seed}
         if round >= self.final_round:
-            arrays = {**pack_prototypes(self.table.select(None)), SIGMA: self.sigma.copy(), **(self.psi or {})}
+            arrays = {**pack_prototypes(self.table.select(None)), **self.sigma_arrays(), **(self.psi or {})}
             return Payload(arrays, {**meta, "phase": "final"})
         if round >= self.ctx.rounds:
             return Payload({}, {**meta, "phase": "upload_psi"})
-        arrays = {**self.prototype_downlink(device_id), SIGMA: self.sigma.copy()}
+        arrays = {**self.prototype_downlink(device_id), **self.sigma_arrays()}
         if self.options.psi_every_round:
             arrays.update(self.psi)
         return Payload(arrays, {**meta, "phase": "train"})
+
+    def sigma_arrays(self) -> dict[str, np.ndarray]:
+        return {} if self.sigma is None else {SIGMA: self.sigma.copy()}
 
     def valid_psi(self, device_id: str, payload: Payload) -> dict[str, np.ndarray] | None:
         arrays = {k: v for k, v in payload.arrays.items() if k.startswith(PSI)}
@@ -464,32 +541,56 @@ class FedVTCServer(PrototypeServer):
 
     def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
         if round >= self.ctx.rounds:
-            metrics = {"psi_uploads": float(self.average_psi(uplinks))}
+            metrics = {"psi_uploads": float(self.average_psi(uplinks)), **self.oracle_metrics(round)}
+            agreements = [float(p.meta["synthetic_agreement"]) for p in uplinks.values()
+                          if isinstance(p.meta.get("synthetic_agreement"), (int, float))]
+            if agreements:
+                metrics["device_agreement"] = float(np.mean(agreements))
             self._save_generator()
             return metrics
         metrics = self.aggregate_prototypes(uplinks)
         sigmas = [
             np.asarray(p.arrays[SIGMA], np.float64)
             for p in uplinks.values()
-            if SIGMA in p.arrays and p.arrays[SIGMA].shape == self.sigma.shape and (p.arrays[SIGMA] > 0).all()
+            if SIGMA in p.arrays and p.arrays[SIGMA].shape == (self.layout.dim,) and (p.arrays[SIGMA] > 0).all()
         ]
         if sigmas:
             self.sigma = np.mean(sigmas, axis=0).astype(np.float32)
-        metrics["sigma_mean"] = float(self.sigma.mean())
+        if self.sigma is not None:
+            metrics["sigma_mean"] = float(self.sigma.mean())
         if self.options.psi_every_round:
             metrics["psi_uploads"] = float(self.average_psi(uplinks))
+            metrics.update(self.oracle_metrics(round))
             if round == self.ctx.rounds - 1:
                 self._save_generator()
         return metrics
 
+    @torch.no_grad()
+    def oracle_metrics(self, round: int) -> dict[str, float]:
+        """The oracle's verdict on the averaged ψ: per known class, the share of
+        ``oracle_samples`` samples ψ(v), v ~ N(c^y, diag σ²), it assigns to y; and their mean."""
+        if self.oracle is None or self.psi is None or self.sigma is None or not self.table.known.any():
+            return {}
+        psi = VTCDecoder(self.layout)
+        psi.load_state_dict(arrays_to_state(self.psi, PSI), strict=True)
+        classes = np.flatnonzero(self.table.known).tolist()
+        noise = torch.Generator().manual_seed(int(self.ctx.rng(round, 5).integers(2**31)))
+        per = self.options.oracle_samples
+        x, y = generate(psi, torch.from_numpy(self.table.values.astype(np.float32)), torch.from_numpy(self.sigma),
+                        classes, per, noise)
+        hit = (self.oracle(x).argmax(1) == y).float().reshape(len(classes), per).mean(1)
+        out = {f"oracle_agreement_{c}": float(h) for c, h in zip(classes, hit, strict=True)}
+        out["oracle_agreement"] = float(hit.mean())
+        return out
+
     def _save_generator(self) -> None:
         path = self.options.save_generator
-        if not path or self.psi is None:
+        if not path or self.psi is None or self.sigma is None:
             return
         save_generator(path, self.layout, self.psi, self.table, self.sigma)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {**super().state_dict(), SIGMA: self.sigma.copy(), **(self.psi or {})}
+        return {**super().state_dict(), **self.sigma_arrays(), **(self.psi or {})}
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
         super().load_state_dict(arrays)
@@ -498,6 +599,22 @@ class FedVTCServer(PrototypeServer):
         psi = {k: np.array(v) for k, v in arrays.items() if k.startswith(PSI)}
         if psi:
             self.psi = psi
+
+
+def load_oracle(path: str | Path, spec: ModelSpec, num_classes: int) -> nn.Module:
+    """The oracle classifier from a local model file (safetensors; never a pickle), checked to
+    take the fleet's input and to predict its classes."""
+    from edgefl.errors import ModelFileError
+    from edgefl.models.files import load_model_file
+
+    try:
+        model = load_model_file(path)
+    except ModelFileError as e:
+        raise ConfigError(f"fedvtc option oracle: {e}") from None
+    if tuple(model.spec.in_shape) != tuple(spec.in_shape) or model.spec.num_classes != num_classes:
+        raise ConfigError(f"fedvtc option oracle: {path} takes {model.spec.in_shape} and predicts "
+                          f"{model.spec.num_classes} classes; the fleet's models take {spec.in_shape} with {num_classes}")
+    return model.eval()
 
 
 # -- the saved generator --------------------------------------------------------------------------
