@@ -146,6 +146,8 @@ class Benchmark:
     #: runs derived from the grid runs at report time (e.g. :func:`paired_difference`), so a claim
     #: can compare differences (a gain in one setting against the gain in another)
     derived: Callable[[list[dict]], list[dict]] | None = None
+    #: run once before any cell (not with ``--report-only``): e.g. train a benchmark's oracle
+    prepare: Callable[[], None] | None = None
 
     def all_cells(self) -> list[Cell]:
         cells = [c for s in self.sweeps for v in s.grid for c in s.cells[v]]
@@ -747,6 +749,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
             print(f"{len(missing)} cells are not cached yet (e.g. {missing[0].label}); reporting what exists is not possible")
             return {}
     else:
+        if bench.prepare is not None and any(cache.get(c) is None for c in cells):
+            bench.prepare()
         run_cells(cells, cache, workers=max(1, args.workers), keep_server_metrics=bench.keep_server_metrics)
     every = bench.all_cells()
     records = {c: cache.get(c) for c in every}

@@ -216,3 +216,18 @@ def test_record_extras_are_merged_into_the_record_and_cached_under_their_hook(tm
     monkeypatch.setattr(runner, "load_hook", lambda spec: lambda out: {"final_accuracy": 1.0})
     with pytest.raises(ValueError, match="already has"):
         runner.run_cell(cell, (), "tests:clash")
+
+
+def test_prepare_runs_once_before_cells_that_still_have_to_run(tmp_path):
+    calls = []
+    cells = [tiny_cell(0)]
+
+    def make(quick):
+        return runner.Benchmark("t", "T", "tiny", cells, prepare=lambda: calls.append(len(list((tmp_path / "cells").glob("*.json")))))
+
+    runner.main(make, ["--out", str(tmp_path), "--workers", "1"])
+    assert calls == [0]  # before the first cell ran
+    runner.main(make, ["--out", str(tmp_path), "--workers", "1"])
+    runner.main(make, ["--out", str(tmp_path), "--report-only"])
+    assert calls == [0]  # everything cached: nothing to prepare
+    assert (tmp_path / "results.json").is_file()
