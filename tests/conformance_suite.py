@@ -33,6 +33,7 @@ import functools
 import json
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -307,7 +308,7 @@ def test_a_malformed_downlink_is_rejected_and_the_device_keeps_serving(name, how
         pytest.skip(f"{name}'s round-0 downlink carries no array to spoil this way")
     # Execute
     reply = decode(agent.handle_bytes(bad))
-    after = decode(agent.handle_bytes(encode(dataclasses.replace(good, message_id="good-again"))))
+    after = decode(agent.handle_bytes(encode(dataclasses.replace(good, message_id=uuid.uuid4().hex))))
     # Assert: refused as a WireError, then a good request served
     assert reply.kind == "error", f"{name} accepted a downlink with {how}"
     assert is_wire_rejection(str(reply.payload.meta["reason"])), reply.payload.meta["reason"]
@@ -380,4 +381,7 @@ def test_every_tier_exports_to_onnx(tmp_path, spec):
     assert (tmp_path / "m.onnx").stat().st_size > 0
     from edgefl.export.onnx_export import DEFAULT_TOLERANCE
 
-    assert report.max_abs_diff <= DEFAULT_TOLERANCE
+    # the exporter's documented rule: tolerance × max(1, max |logit|) (random images give large logits)
+    with torch.no_grad():
+        scale = max(1.0, float(model(images.float()).abs().max()))
+    assert report.max_abs_diff <= DEFAULT_TOLERANCE * scale

@@ -134,8 +134,9 @@ def make(quick: bool = False) -> Benchmark:
         description=f"""
 Fleet: FedHeNN's five CNNs (tiers 1–5) at **width 0.25**, one common latent p = 980; {fleet}; half
 the devices per round, one local epoch at batch 16. FedVTC (and its ablations) run at the method's
-defaults (tc_weight, lr, momentum, σ and the initial prototypes are the subject of the sweep below;
-the chosen values become the defaults in issue 17); FedProto and Local train with SGD lr 0.01,
+defaults: initial prototypes from each device's local class means and σ from the spread of its
+features around them (the errata); tc_weight × lr at momentum 0 is the sweep below, chosen by the
+oracle metric first, then by validation accuracy; FedProto and Local train with SGD lr 0.01,
 momentum 0.9. Methods: **fedvtc** (R rounds, the one-shot ψ upload, then S synthetic samples and 𝒯
 fine-tune epochs per device), **fedvtc-le** (λ = 0: L_e only), **fedvtc-psi-round** (ψ every round),
 **fedproto** (R rounds + 𝒯 extra rounds with every device, the paper's baseline budget), **local**
