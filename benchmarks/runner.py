@@ -113,13 +113,18 @@ class Claim:
 
 @dataclass(frozen=True)
 class Sweep:
-    """A default the paper leaves open, chosen on the validation split by mean ``metric``."""
+    """A default the paper leaves open, chosen on the validation split by mean ``metric``.
+
+    With ``default`` (the method's current value, in ``grid``) the sweep keeps it unless the best
+    value beats it by more than the noise (the larger sd over seeds of the two): a difference
+    inside the noise does not move a default."""
 
     parameter: str
     grid: Sequence[Any]
     cells: Mapping[Any, Sequence[Cell]]  # grid value → its cells (seeds, settings)
     metric: str = "final_accuracy"
     note: str = ""
+    default: Any = None
 
 
 @dataclass
@@ -468,8 +473,14 @@ def evaluate_sweep(sweep: Sweep, records: Mapping[Cell, Mapping[str, Any]]) -> d
         means.append(statistics.fmean(vals))
         sds.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
     best = None if missing else sweep.grid[max(range(len(means)), key=lambda i: means[i])]
+    chosen, kept = best, False
+    if best is not None and sweep.default is not None and sweep.default in sweep.grid and best != sweep.default:
+        b, d = sweep.grid.index(best), sweep.grid.index(sweep.default)
+        if means[b] - means[d] <= max(sds[b], sds[d]):
+            chosen, kept = sweep.default, True
     return {"parameter": sweep.parameter, "grid": list(sweep.grid), "validation_accuracy": means,
-            "validation_sd": sds, "metric": sweep.metric, "chosen": best, "note": sweep.note,
+            "validation_sd": sds, "metric": sweep.metric, "chosen": chosen, "best": best,
+            "default": sweep.default, "kept_default": kept, "note": sweep.note,
             "seeds": sorted({c.seed for v in sweep.grid for c in sweep.cells[v]}),
             **({"missing": missing} if missing else {})}
 
@@ -675,6 +686,8 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any]) -> str:
         for s in results["sweeps"]:
             vals = ", ".join(f"{v}: {pct(a, sd)}" for v, a, sd in zip(s["grid"], s["validation_accuracy"], s["validation_sd"], strict=True))
             chosen = f"chosen **{s['chosen']}**" if s["chosen"] is not None else f"metric missing ({s.get('missing', '')})"
+            if s.get("kept_default"):
+                chosen += f" (the default: the best, {s['best']}, is within the noise of it)"
             lines.append(f"- **{s['parameter']}** by `{s['metric']}` (seeds {s['seeds']}): {vals} → {chosen}. {s['note']}")
         lines.append("")
     if bench.diagnostics is not None:

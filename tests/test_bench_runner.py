@@ -231,3 +231,17 @@ def test_prepare_runs_once_before_cells_that_still_have_to_run(tmp_path):
     runner.main(make, ["--out", str(tmp_path), "--report-only"])
     assert calls == [0]  # everything cached: nothing to prepare
     assert (tmp_path / "results.json").is_file()
+
+
+def test_a_sweep_keeps_the_default_when_the_best_value_is_within_the_noise():
+    base = tiny_cell(0).config
+    cells = {v: [Cell("m", "val", s, {**base, "lr": v}, role="sweep") for s in (0, 1)] for v in (0.01, 0.1, 1.0)}
+    acc = {0.01: (0.700, 0.720), 0.1: (0.705, 0.725), 1.0: (0.50, 0.52)}
+    records = {c: {"final_accuracy": acc[v][c.seed]} for v, cs in cells.items() for c in cs}
+    close = runner.evaluate_sweep(runner.Sweep("lr", (0.01, 0.1, 1.0), cells, default=0.01), records)
+    assert close["best"] == 0.1 and close["chosen"] == 0.01 and close["kept_default"]
+    acc[0.1] = (0.80, 0.82)  # beats the default by far more than its sd
+    records = {c: {"final_accuracy": acc[v][c.seed]} for v, cs in cells.items() for c in cs}
+    far = runner.evaluate_sweep(runner.Sweep("lr", (0.01, 0.1, 1.0), cells, default=0.01), records)
+    assert far["chosen"] == 0.1 and not far["kept_default"]
+    assert runner.evaluate_sweep(runner.Sweep("lr", (0.01, 0.1, 1.0), cells), records)["chosen"] == 0.1

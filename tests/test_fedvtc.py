@@ -317,8 +317,8 @@ def test_oracle_agreement_after_training_psi_is_well_above_chance(tmp_path):
     against 0.25 (chance among four classes) for the untrained ψ; the device's own model 0.75."""
     import torch.nn.functional as F
 
-    from edgefl.models.files import save_model_file
     from edgefl.models import build_model
+    from edgefl.models.files import save_model_file
 
     torch.manual_seed(0)
     oracle = build_model(ModelSpec("cnn", "1", 10, INFO.in_shape, width=0.25))
@@ -361,8 +361,8 @@ def build_decoder_arrays(server: FedVTCServer):
 
 
 def test_an_oracle_that_does_not_fit_the_fleet_is_refused(tmp_path):
-    from edgefl.models.files import save_model_file
     from edgefl.models import build_model
+    from edgefl.models.files import save_model_file
 
     rgb = save_model_file(build_model(ModelSpec("cnn", "1", 10, (3, 32, 32), width=0.25)), tmp_path / "rgb.safetensors")
     with pytest.raises(ConfigError, match="oracle"):

@@ -90,6 +90,7 @@ def make(quick: bool = False) -> Benchmark:
             cells={a: [cell(algorithm, algorithm, {"alpha": str(a)}, "dir0.5", s, role="sweep", extra=validation,
                             setting_name="sweep-dir0.5") for s in sweep_seeds] for a in ALPHAS},
             note="Dir(0.5), validation split carved from the training data.",
+            default=0.5,
         )
         for algorithm in ("fedhe", "felo")
     ]
