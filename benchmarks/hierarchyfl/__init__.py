@@ -108,24 +108,24 @@ def make(quick: bool = False) -> Benchmark:
     sweep_seeds = (0,) if quick else (0, 1)
     validation = {"validation_samples": 200 if quick else 1000}
 
-    def sweep(parameter, grid, option, note):
+    def sweep(parameter, grid, option, note, default):
         grid = grid[:2] if quick else grid
         return Sweep(parameter, grid, {v: [cell("hierarchyfl", "dir0.1", seed, options={option: str(v)}, role="sweep",
                                                  extra=validation, name="sweep-dir0.1") for seed in sweep_seeds]
-                                       for v in grid}, note=note)
+                                       for v in grid}, note=note, default=default)
 
     sweeps = [
-        sweep("hierarchyfl.beta", BETAS, "beta", "weight of the feature terms; Dir(0.1), validation split"),
+        sweep("hierarchyfl.beta", BETAS, "beta", "weight of the feature terms; Dir(0.1), validation split", 1.0),
     ]
     if quick:  # the smoke profile checks one sweep end to end
         sweeps = sweeps[:1]
     else:
         sweeps += [
-        sweep("hierarchyfl.temperature", TEMPERATURES, "temperature", "T of the logit distillation; Dir(0.1)"),
+        sweep("hierarchyfl.temperature", TEMPERATURES, "temperature", "T of the logit distillation; Dir(0.1)", 3.0),
         Sweep("hierarchyfl.server_lr (server momentum 0)", SERVER_LRS,
               {v: [cell("hierarchyfl", "dir0.1", seed, options={"server_lr": str(v), "server_momentum": "0"},
                         role="sweep", extra=validation, name="sweep-dir0.1") for seed in sweep_seeds]
-               for v in SERVER_LRS}, note="the server optimizer without momentum; Dir(0.1)"),
+               for v in SERVER_LRS}, note="the server optimizer without momentum; Dir(0.1)", default=0.005),
         ]
     claims = [Claim(f"hierarchyfl-gt-heterofl-{s}-tier{t}", "hierarchyfl > heterofl", s, metric=f"per_tier.{t}")
               for s in ("dir0.1", "dir0.5") if s in settings for t in DEPTH]
