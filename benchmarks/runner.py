@@ -126,6 +126,10 @@ class Sweep:
     note: str = ""
     default: Any = None
 
+    def __post_init__(self):
+        if self.default is not None and self.default not in self.grid:
+            raise ValueError(f"sweep {self.parameter}: the default {self.default!r} is not in the grid {list(self.grid)}")
+
 
 @dataclass
 class Benchmark:

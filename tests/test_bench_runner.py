@@ -245,3 +245,5 @@ def test_a_sweep_keeps_the_default_when_the_best_value_is_within_the_noise():
     far = runner.evaluate_sweep(runner.Sweep("lr", (0.01, 0.1, 1.0), cells, default=0.01), records)
     assert far["chosen"] == 0.1 and not far["kept_default"]
     assert runner.evaluate_sweep(runner.Sweep("lr", (0.01, 0.1, 1.0), cells), records)["chosen"] == 0.1
+    with pytest.raises(ValueError, match="not in the grid"):
+        runner.Sweep("lr", (0.01, 0.1, 1.0), cells, default=0.5)

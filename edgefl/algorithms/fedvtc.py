@@ -186,20 +186,21 @@ def class_mean_sum(values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def feature_statistics(model: nn.Module, data, batch_size: int = 256) -> tuple[dict[int, np.ndarray], np.ndarray]:
-    """({class: mean of z}, per-dimension root mean square of z − c^y) over ``data``, the model
-    in eval mode: the device's own prototypes and the spread of its features around them."""
+    """({class: mean of z} as :func:`local_prototypes` gives it, per-dimension root mean square of
+    z − c^y) over ``data``, the model in eval mode: the device's own prototypes and the spread of
+    its features around them."""
+    means = local_prototypes(model, data, batch_size)
+    centres = torch.zeros(max(means) + 1, next(iter(means.values())).shape[0], dtype=torch.float64)
+    for c, m in means.items():
+        centres[c] = torch.from_numpy(m).double()
     was_training = model.training
     model.eval()
-    zs, ys = [], []
+    squares, n = 0.0, 0
     for x, y in data.batches(batch_size, shuffle=False):
-        zs.append(model.features(x).double())
-        ys.append(y)
+        squares = squares + ((model.features(x).double() - centres[y]) ** 2).sum(0)
+        n += len(y)
     model.train(was_training)
-    z, y = torch.cat(zs), torch.cat(ys)
-    means = {c: z[y == c].mean(0) for c in torch.unique(y).tolist()}
-    centre = torch.stack([means[c] for c in y.tolist()])
-    spread = ((z - centre) ** 2).mean(0).sqrt()
-    return {c: m.float().numpy() for c, m in means.items()}, spread.float().numpy()
+    return means, (squares / max(n, 1)).sqrt().float().numpy()
 
 
 @dataclass
