@@ -157,6 +157,9 @@ class Benchmark:
     derived: Callable[[list[dict]], list[dict]] | None = None
     #: run once before any cell (not with ``--report-only``): e.g. train a benchmark's oracle
     prepare: Callable[[], None] | None = None
+    #: figures beyond the runner's own: gets the runs and the results directory, writes its
+    #: files there and returns the markdown that shows them (under the page's Figures)
+    figures: Callable[[list[dict], Path], str] | None = None
 
     def all_cells(self) -> list[Cell]:
         cells = [c for s in self.sweeps for v in s.grid for c in s.cells[v]]
@@ -176,6 +179,7 @@ class RunOutput:
     run_dir: Path
     summary: dict[str, Any]
     rounds: list[dict[str, Any]]
+    server: Any = None  # the run's server half after the last round (e.g. FedVTC's ψ, for sample grids)
 
 
 def load_hook(spec: str) -> Callable[[RunOutput], Mapping[str, Any]]:
@@ -238,12 +242,13 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras:
         explicit = {**cfg_dict, "out_dir": tmp, "run_name": "run", "threads": 1}
         cfg = resolve_config(explicit, dict(get_algorithm(explicit.get("algorithm", "fedavg")).defaults))
         t0 = time.perf_counter()
-        summary = simulate(cfg, plots=False)
+        server: list[Any] = []
+        summary = simulate(cfg, plots=False, on_done=server.append)
         wall = time.perf_counter() - t0
         rounds = read_rounds(Path(tmp) / "run")
         record = make_record(cell, resolved_run(cell), summary, rounds, wall, keep_server_metrics)
         if record_extras:
-            extras = dict(load_hook(record_extras)(RunOutput(cell, cfg, Path(tmp) / "run", summary, rounds)))
+            extras = dict(load_hook(record_extras)(RunOutput(cell, cfg, Path(tmp) / "run", summary, rounds, server[0] if server else None)))
             clash = sorted(set(extras) & set(record))
             if clash:
                 raise ValueError(f"record_extras {record_extras} returned keys the record already has: {clash}")
@@ -646,7 +651,7 @@ def plot_results(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
     return paths
 
 
-def results_markdown(bench: Benchmark, results: Mapping[str, Any]) -> str:
+def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str = "") -> str:
     held = sum(c["holds"] for c in results["claims"])
     m0, m1 = results["machine"]["before"], results["machine"]["after"]
     lines = [f"# {bench.title}", "",
@@ -697,6 +702,8 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any]) -> str:
     if bench.diagnostics is not None:
         lines += [bench.diagnostics(results["runs"]).strip(), ""]
     lines += ["## Figures", "", "![accuracy per round](accuracy.png)", "", "![accuracy vs bytes](accuracy_bytes.png)", ""]
+    if figures.strip():
+        lines += [figures.strip(), ""]
     return "\n".join(lines)
 
 
@@ -778,7 +785,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     results = build_results(bench, records, before, machine(), command)
     (out / "results.json").write_text(json.dumps(_clean(results), indent=1) + "\n")
     plot_results(results, out)
-    (out / "results.md").write_text(results_markdown(bench, results))
+    figures = bench.figures(results["runs"], out) if bench.figures is not None else ""
+    (out / "results.md").write_text(results_markdown(bench, results, figures))
     if not args.quick and args.out is None:
         write_readme_index()
     for c in results["claims"]:

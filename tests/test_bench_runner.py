@@ -247,3 +247,22 @@ def test_a_sweep_keeps_the_default_when_the_best_value_is_within_the_noise():
     assert runner.evaluate_sweep(runner.Sweep("lr", (0.01, 0.1, 1.0), cells), records)["chosen"] == 0.1
     with pytest.raises(ValueError, match="not in the grid"):
         runner.Sweep("lr", (0.01, 0.1, 1.0), cells, default=0.5)
+
+
+@pytest.mark.slow
+def test_fedvtc_records_a_sample_grid_from_the_final_generator_and_draws_it(tmp_path):
+    from benchmarks import fedvtc
+
+    # Prepare: a tiny FedVTC grid cell (seed 0: the one whose samples the page shows)
+    config = {**tiny_cell(0).config, "algorithm": "fedvtc", "tiers": ("1", "2"),
+              "feature_dim": 980, "options": {"synthetic_samples": "20", "finetune_epochs": "1"}}
+    cell = Cell("fedvtc", "synthetic", 0, config)
+    # Execute
+    record = runner.run_cell(cell, (), "benchmarks.fedvtc:extras")
+    page = fedvtc.figures([record], tmp_path)
+    # Assert: every class the prototypes know, SAMPLES_PER_CLASS images each, drawn into one figure
+    samples = record["samples"]
+    assert samples["shape"][:2] == [len(samples["classes"]), fedvtc.SAMPLES_PER_CLASS] and samples["classes"]
+    assert samples["shape"][2:] == [28, 28]
+    assert (tmp_path / "samples_synthetic.png").stat().st_size > 1000
+    assert "samples_synthetic.png" in page

@@ -149,6 +149,12 @@ def test_server_builds_s_from_the_uplinks_and_sends_it():
     np.testing.assert_allclose(server.sl, want, rtol=1e-5)
     np.testing.assert_allclose(server.downlink(1, "d1").arrays[SL], want, rtol=1e-5)
     assert metrics["sl_classes_reported"] == 5
+    # the mechanism's measure: the averaged classifier's class relations against the new S
+    w = torch.from_numpy(np.asarray(server.weights["w/classifier.weight"], np.float64))
+    cr = torch.softmax(w @ w.T, dim=1).numpy()
+    assert metrics["cr_sl_distance"] == pytest.approx(float(dw_regularizer(w, torch.from_numpy(want))), rel=1e-6)
+    assert metrics["cr_diag_mean"] == pytest.approx(np.diag(cr).mean(), rel=1e-6)
+    assert metrics["cr_sl_diag_gap"] == pytest.approx(np.abs(np.diag(cr) - np.diag(want)).mean(), rel=1e-6)
     # a round without uplinks leaves S alone
     server.aggregate(1, {})
     np.testing.assert_allclose(server.sl, want, rtol=1e-5)

@@ -104,3 +104,22 @@ def test_an_evaluation_downlink_is_not_sent_again_to_train_and_training_is_uncha
     assert rounds[1]["bytes_down"]["d00"] < weights / 20  # an envelope with no arrays
     assert rounds[0]["eval_bytes_down"]["d00"] >= weights  # the evaluation carried the model
     assert rounds[0]["bytes_down_total"] == sum(rounds[0]["bytes_down"].values()) + sum(rounds[0]["eval_bytes_down"].values())
+
+
+def test_a_diverged_model_is_evaluated_at_its_accuracy_not_dropped(tmp_path):
+    # Prepare: one device whose model has diverged (inf weights: a NaN loss, chance-level predictions)
+    import torch
+
+    algo, ctx, transport = _fleet(tmp_path)
+    agent = transport.handlers["d01"].__self__
+    with torch.no_grad():
+        for p in agent.half.model.parameters():
+            p.fill_(float("inf"))
+    loop = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1))
+    # Execute: evaluate without a downlink (the devices keep their own models)
+    ev = loop.evaluate(0, "test", with_downlink=False)
+    # Assert: it answered, its accuracy counts in the mean, and its loss is marked instead of sent
+    assert ev["eval_failed"] == {} and set(ev["client_accuracy"]) == {"d00", "d01", "d02"}
+    assert 0.0 <= ev["client_accuracy"]["d01"] <= 1.0
+    metrics = agent.evaluate("test")
+    assert metrics["loss_diverged"] is True and "loss" not in metrics

@@ -21,7 +21,7 @@ from edgefl.data import ArrayDataset
 from edgefl.errors import WireError
 from edgefl.runtime.loop import UNCHANGED
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, decode, encode
-from edgefl.wire.schema import check_arrays
+from edgefl.wire.schema import MAX_ABS_METRIC, check_arrays
 from edgefl.wire.validate import peek
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,10 @@ class DeviceAgent:
         if key is not None and key in self.eval_cache:
             return dict(self.eval_cache[key])
         metrics = evaluate(self.half.model, data)
+        if not math.isfinite(metrics["loss"]) or metrics["loss"] > MAX_ABS_METRIC:
+            # a diverged model still has an accuracy to report; its loss does not fit on the wire
+            del metrics["loss"]
+            metrics["loss_diverged"] = True
         if key is not None:
             self.eval_cache[key] = dict(metrics)
         return metrics
