@@ -187,3 +187,20 @@ def test_options_are_checked():
         get_algorithm("feddw").parse_options({"missing_class": "zero"})
     assert get_algorithm("feddw").parse_options({"lam_decay_rounds": "3,6"}).lam_decay_rounds == (3, 6)
     assert get_algorithm("feddw").defaults["head"] == "feddw"
+
+
+def test_at_the_default_lambda_r_moves_the_classifier_as_much_as_a_tenth_of_ce_or_more():
+    # Prepare: the benchmark's model (CNN tier 2, width 0.25, FedDW head) at init, one fixed batch
+    # of 64 synthetic images, S = I (the server's first soft labels)
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("cnn", "2", C, (1, 28, 28), width=0.25, head="feddw"))
+    x, y = next(iter(small_data(64).batches(64, shuffle=False)))
+    weight = model.classifier.weight
+    lam = FedDWOptions().lam
+    # Execute: the gradients of CE and of λ·R on the classifier W
+    (g_ce,) = torch.autograd.grad(F.cross_entropy(model(x), y), weight)
+    (g_r,) = torch.autograd.grad(lam * dw_regularizer(weight, torch.eye(C)), weight)
+    ratio = float(g_r.norm() / g_ce.norm())
+    # Assert: λ·R's gradient is at least 10 % of CE's (at the earlier λ = 0.1 it was ~1 % here and
+    # ~5e-4 late in training: FedDW trained as FedAvg), and not so large that CE no longer matters
+    assert 0.1 <= ratio <= 50, ratio
