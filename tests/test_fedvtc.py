@@ -91,6 +91,30 @@ def test_distribution_matching_runs_the_devices_own_extractor_on_generated_sampl
     assert float(terms.dm.detach()) == pytest.approx(float(expected.detach()), rel=1e-4)
     no_dm = tc_terms(device.model, device.psi, x, y, z, device.log_sigma, protos, eps, with_dm=False)
     assert float(no_dm.dm) == 0.0 and float(no_dm.le.detach()) == pytest.approx(float(terms.le.detach()), rel=1e-5)
+    # the pull of z onto its class prototype: KL's z-part, ½‖z − c^y‖², one sample per class
+    pull = (0.5 * ((z - protos[y]) ** 2).sum(1)).sum()
+    assert float(terms.pull) == pytest.approx(float(pull), rel=1e-5)
+
+
+def test_align_weight_reweights_only_the_pull_of_z_onto_the_prototypes():
+    # Prepare: one batch, the same device state and random streams for three option sets
+    x, y = load_dataset("synthetic", "train").images(np.arange(8)), torch.arange(8) % 4
+
+    def step_loss(**options):
+        torch.manual_seed(0)
+        device = _device(options=options)
+        device.protos = torch.randn(10, 980, generator=torch.Generator().manual_seed(1))
+        opt = torch.optim.SGD(device.model.parameters(), lr=0.0)  # measure the loss, move nothing
+        loss, _, z = device.step_model(x, y, opt, torch.Generator().manual_seed(2))
+        return float(loss), float(class_mean_sum(0.5 * ((z - device.protos[y]) ** 2).sum(1), y))
+
+    # Execute
+    same, pull = step_loss(tc_weight="0.01")
+    explicit, _ = step_loss(tc_weight="0.01", align_weight="0.01")
+    strong, _ = step_loss(tc_weight="0.01", align_weight="1")
+    # Assert: align_weight = tc_weight is the paper's single weight; a larger one adds only the pull
+    assert explicit == pytest.approx(same, rel=1e-6)
+    assert pull > 0 and strong - same == pytest.approx(0.99 * pull, rel=1e-4)
 
 
 def _snapshot(*modules, extra=()):

@@ -48,6 +48,13 @@ Our choices (the paper leaves them open or they do not fit a CPU; all are option
   (default 0.001; 1.0 is the paper's literal loss). Measured (benchmarks/fedvtc/previous/sweeps/, 20
   devices, 12k Fashion-MNIST images, 20 rounds): 1.0 and 0.1 diverge or stay at chance, 0.01
   trails 0.001 by 5–14 points before fine-tuning, 0.0001 is within a point or two of 0.001.
+- ``align_weight`` (default none: ``tc_weight``, the paper's single weight): the weight of KL's
+  z-part, ½‖z − c^y‖², in step (a) — the pull of each device's latents onto the global
+  prototypes — apart from the rest of L_tc. The decoders can only decode the global prototypes
+  if every device's class means sit near them; at tc_weight 0.001 they sit 4.7–6.9 away against a
+  within-class spread of 1.7–3.7 (``benchmarks/fedvtc/collapse.py``), and the averaged ψ decodes
+  every class to one image. A stronger pull without the reconstruction's scale is the option's
+  purpose; its value is not settled yet (benchmarks/fedvtc/SWEEP.md).
 - ``vtc_lr`` (default 1e-3, Adam) for ψ and σ: the decoder is trained with Adam so it learns
   in a few CPU rounds; ``vtc_optimizer=same`` uses the run's optimizer and lr.
 - Initial prototypes (``init_prototypes``): a class without a global prototype yet uses the
@@ -208,6 +215,7 @@ class TCTerms:
     le: torch.Tensor  # Σ_y mean (L_rc + KL)
     dm: torch.Tensor  # Σ_y mean ‖g(ψ(v)) − c^y‖²
     rc: torch.Tensor  # mean L_rc, for the record
+    pull: torch.Tensor  # Σ_y mean ½‖z − c^y‖²: the part of KL that moves the model (in le too)
 
 
 def tc_terms(
@@ -229,7 +237,8 @@ def tc_terms(
     rc = ((generated - x) ** 2).flatten(1).sum(1)
     le = class_mean_sum(rc + kl_to_prototype(z, c, log_sigma), y)
     dm = class_mean_sum(((model.features(generated) - c) ** 2).sum(1), y) if with_dm else z.new_zeros(())
-    return TCTerms(le, dm, rc.mean())
+    pull = class_mean_sum(0.5 * ((z - c) ** 2).sum(1), y)
+    return TCTerms(le, dm, rc.mean(), pull)
 
 
 def _trainable(module_or_params, flag: bool) -> None:
@@ -262,6 +271,7 @@ def generate(
 class FedVTCOptions:
     lam: float = 0.1  # λ of L_dm; 0 = the "L_e only" ablation
     tc_weight: float = 0.001  # weight of L_tc in the model's step (a); 1.0 = the paper's literal loss
+    align_weight: float | None = None  # weight of KL's pull of z onto c^y in step (a); None = tc_weight
     vtc_optimizer: Literal["adam", "same"] = "adam"
     vtc_lr: float = 1e-3  # for ψ and σ with vtc_optimizer=adam
     init_sigma: float | None = None  # None: each device's observed spread of z around its class means
@@ -281,6 +291,8 @@ class FedVTCOptions:
         for name in ("lam", "tc_weight", "vtc_lr", "sample_sigma_scale"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.align_weight is not None and not self.align_weight >= 0:
+            raise ValueError("align_weight must be >= 0 (or none: tc_weight)")
         if self.init_sigma is not None and not self.init_sigma > 0:
             raise ValueError("init_sigma must be > 0 (or none: from the data)")
         if self.oracle_samples < 1:
@@ -396,7 +408,9 @@ class FedVTCDevice(DeviceHalf):
             ce = F.cross_entropy(model.classify(z), y)
             eps = torch.randn(z.shape, generator=noise)
             terms = tc_terms(model, psi, x, y, z, self.log_sigma, self.protos, eps, o.lam > 0)
-            loss = ce + o.tc_weight * (terms.le + o.lam * terms.dm)
+            # align_weight replaces tc_weight on the pull of z onto c^y (KL's z-part); None: the same
+            align = o.tc_weight if o.align_weight is None else o.align_weight
+            loss = ce + o.tc_weight * (terms.le - terms.pull + o.lam * terms.dm) + align * terms.pull
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -29,7 +29,8 @@ class HeadMixin:
         h → [projection] → [fc1 + ReLU → fc2]  = s (the features)  → classifier → logits
 
     `projection` exists when `spec.feature_dim` is set; fc1/fc2 with `head="feddw"`, whose
-    classifier has no bias (FedDW's regulariser uses `classifier.weight`).
+    classifier has no bias (FedDW's regulariser uses `classifier.weight`), and with `head="mlp"`,
+    the same layers with the usual biased classifier (FedDW's baselines: the paper's network).
     """
 
     feature_dim: int
@@ -42,10 +43,10 @@ class HeadMixin:
             dim = spec.feature_dim
         self.fc1: nn.Linear | None = None
         self.fc2: nn.Linear | None = None
-        if spec.head == "feddw":
+        if spec.head in ("feddw", "mlp"):
             self.fc1 = nn.Linear(dim, FEDDW_HIDDEN)
             self.fc2 = nn.Linear(FEDDW_HIDDEN, FEDDW_DIM)  # no activation after it, as the paper
-            self.classifier = nn.Linear(FEDDW_DIM, spec.num_classes, bias=False)
+            self.classifier = nn.Linear(FEDDW_DIM, spec.num_classes, bias=spec.head == "mlp")
             dim = FEDDW_DIM
         else:
             self.classifier = nn.Linear(dim, spec.num_classes)

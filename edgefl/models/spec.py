@@ -13,7 +13,7 @@ from typing import Any
 
 from edgefl.errors import ConfigError
 
-HEADS = ("linear", "feddw")
+HEADS = ("linear", "feddw", "mlp")
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class ModelSpec:
     - `feature_dim`: None keeps the family's natural feature dimension; an int appends a
       projection Linear(natural, feature_dim) to the extractor, so that methods exchanging
       features can share one dimension across architectures.
-    - `head`: "linear" (one Linear classifier) or "feddw" (fc 256 → fc 128 → bias-free classifier).
+    - `head`: "linear" (one Linear classifier), "feddw" (fc 256 → fc 128 → bias-free classifier) or
+      "mlp" (the same fc layers, classifier with bias: FedDW's baselines).
     - `mean`/`std`: per-channel normalization (one value broadcasts) applied inside the model.
     - `options`: family-specific extras as sorted (key, value) string pairs, e.g.
       `(("stem", "imagenet"),)`; a mapping is accepted and converted.
