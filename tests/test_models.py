@@ -106,11 +106,12 @@ def test_normalization_happens_inside_and_never_travels(family, tier):
     assert not {"mean", "std"} & set(normalizing.state_dict())
 
 
+@pytest.mark.parametrize("head", ["feddw", "mlp"])
 @pytest.mark.parametrize("family,tier", SMALLEST_TIERS)
-def test_feddw_head_has_a_bias_free_classifier_on_128_features(family, tier):
+def test_feddw_and_mlp_heads_put_fc_256_and_128_before_the_classifier(family, tier, head):
     # Prepare
     torch.manual_seed(0)
-    spec = small_spec(family, tier, (1, 28, 28), head="feddw", feature_dim=24)
+    spec = small_spec(family, tier, (1, 28, 28), head=head, feature_dim=24)
 
     # Execute
     model = build_model(spec).eval()
@@ -119,7 +120,8 @@ def test_feddw_head_has_a_bias_free_classifier_on_128_features(family, tier):
 
     # Assert
     assert model.feature_dim == 128 and features.shape == (3, 128)
-    assert isinstance(model.classifier, nn.Linear) and model.classifier.bias is None
+    # FedDW's classifier has no bias; the same network for its baselines ("mlp") keeps it
+    assert isinstance(model.classifier, nn.Linear) and (model.classifier.bias is None) == (head == "feddw")
     assert model.classifier.weight.shape == (NUM_CLASSES, 128)
     assert any(p.shape == (256, 24) for p in model.parameters())  # fc1 after the projection
 
