@@ -266,3 +266,17 @@ def test_fedvtc_records_a_sample_grid_from_the_final_generator_and_draws_it(tmp_
     assert samples["shape"][2:] == [28, 28]
     assert (tmp_path / "samples_synthetic.png").stat().st_size > 1000
     assert "samples_synthetic.png" in page
+
+
+@pytest.mark.slow
+def test_fedhenn_records_the_local_split_accuracy_of_every_device(tmp_path):
+    # Prepare: a tiny FedHeNN cell on shards of 2 classes, its record made with the benchmark's hook
+    config = {**tiny_cell(0).config, "algorithm": "fedhenn", "clients": 3, "partition": "shards",
+              "classes_per_client": 2, "public_fraction": 0.1, "options": {"rad_size": "20"}}
+    # Execute
+    record = runner.run_cell(Cell("fedhenn", "synthetic", 0, config), (), "benchmarks.fedhenn:extras")
+    # Assert: one local accuracy per device, their mean recorded, each a share
+    local = record["client_local_accuracy"]
+    assert set(local) == set(record["client_accuracy"]) and len(local) == 3
+    assert all(0.0 <= a <= 1.0 for a in local.values())
+    assert record["local_accuracy"] == pytest.approx(sum(local.values()) / 3)

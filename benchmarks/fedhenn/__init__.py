@@ -76,36 +76,25 @@ def local_split_accuracy(model, data, class_counts) -> float:
 def extras(run: RunOutput) -> dict[str, Any]:
     """``local_accuracy`` (mean over devices) and ``client_local_accuracy``: each device's final
     model on the evaluation set (test, or the validation split in a sweep), per-class accuracy
-    weighted by its training label distribution. The partition is rebuilt with simulate's own
-    functions; a device whose rebuilt shard differs in size from the run's record stops the
-    benchmark rather than report a wrong number."""
-    import numpy as np
-
-    from edgefl.algorithms import get_algorithm
-    from edgefl.data import carve_public, load_dataset, partition
+    weighted by its training label distribution. The partition is the run's own, rebuilt by the
+    run assembly (:func:`edgefl.runtime.setup.assemble`); a device whose shard differs in size from
+    the run's record stops the benchmark rather than report a wrong number."""
     from edgefl.export.checkpoint import load_device_model
-    from edgefl.runtime.simulation import device_ids, evaluation_split, subsample
+    from edgefl.runtime.setup import assemble
 
     cfg = run.config
     if cfg.fleet_file:
         raise ValueError("local_accuracy: fleet files are not supported by this benchmark")
-    train = subsample(load_dataset(cfg.dataset, "train", cfg.data_dir), cfg.train_samples, cfg.seed)
-    train, evalset = evaluation_split(cfg, train)
-    labels = train.y.numpy()
-    fraction = get_algorithm(cfg.algorithm).public_fraction if cfg.public_fraction is None else cfg.public_fraction
-    pool = np.arange(len(train))
-    if fraction > 0:
-        _, pool = carve_public(labels, fraction, seed=cfg.seed)
-    parts = partition(labels[pool], cfg.clients, cfg.partition, alpha=cfg.alpha,
-                      classes_per_client=cfg.classes_per_client, seed=cfg.seed, min_size=cfg.min_size)
+    assembly = assemble(cfg)
+    data = assembly.data
     fleet = json.loads((run.run_dir / "config.json").read_text())["fleet"]
     per_device = {}
-    for device, idx in zip(device_ids(cfg.clients), parts, strict=True):
+    for device, idx in zip(assembly.ids, data.parts, strict=True):
         if fleet[device]["num_samples"] != len(idx):
             raise RuntimeError(f"local_accuracy: rebuilt shard of {device} has {len(idx)} samples, the run had "
-                               f"{fleet[device]['num_samples']}: simulate's partitioning changed")
-        counts = train.subset(pool[idx]).class_counts()
-        per_device[device] = local_split_accuracy(load_device_model(run.run_dir, device), evalset, counts)
+                               f"{fleet[device]['num_samples']}: the run assembly changed")
+        counts = data.train.subset(data.pool[idx]).class_counts()
+        per_device[device] = local_split_accuracy(load_device_model(run.run_dir, device), data.evals["test"], counts)
     return {"local_accuracy": statistics.fmean(per_device.values()), "client_local_accuracy": per_device}
 
 
