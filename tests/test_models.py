@@ -180,7 +180,7 @@ def test_spec_name_is_readable(spec, name):
         {"in_shape": (3, 32)},
         {"mean": (0.5, 0.5)},
         {"std": (0.0,)},
-        {"head": "mlp"},
+        {"head": "transformer"},
         {"options": (("stem", "cifar"), ("stem", "imagenet"))},
     ],
 )
