@@ -89,11 +89,12 @@ def extras(run: RunOutput) -> dict[str, Any]:
     data = assembly.data
     fleet = json.loads((run.run_dir / "config.json").read_text())["fleet"]
     per_device = {}
-    for device, idx in zip(assembly.ids, data.parts, strict=True):
-        if fleet[device]["num_samples"] != len(idx):
-            raise RuntimeError(f"local_accuracy: rebuilt shard of {device} has {len(idx)} samples, the run had "
+    for i, device in enumerate(assembly.ids):
+        shard = data.shard(i)
+        if fleet[device]["num_samples"] != len(shard):
+            raise RuntimeError(f"local_accuracy: rebuilt shard of {device} has {len(shard)} samples, the run had "
                                f"{fleet[device]['num_samples']}: the run assembly changed")
-        counts = data.train.subset(data.pool[idx]).class_counts()
+        counts = shard.class_counts()
         per_device[device] = local_split_accuracy(load_device_model(run.run_dir, device), data.evals["test"], counts)
     return {"local_accuracy": statistics.fmean(per_device.values()), "client_local_accuracy": per_device}
 

@@ -67,17 +67,13 @@ def sample_images(server, per_class: int = SAMPLES_PER_CLASS) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from edgefl.algorithms.fedvtc import PSI, VTCDecoder, generate
-    from edgefl.wire import arrays_to_state
+    from edgefl.algorithms.fedvtc import generate, load_decoder
 
     if server.psi is None or server.sigma is None:
         return {}
-    psi = VTCDecoder(server.layout)
-    psi.load_state_dict(arrays_to_state(server.psi, PSI), strict=True)
     classes = np.flatnonzero(server.table.known).tolist()
-    with torch.no_grad():
-        x, _ = generate(psi, torch.from_numpy(server.table.values.astype(np.float32)), torch.from_numpy(server.sigma),
-                        classes, per_class, torch.Generator().manual_seed(0))
+    x, _ = generate(load_decoder(server.layout, server.psi), torch.from_numpy(server.table.values.astype(np.float32)),
+                    torch.from_numpy(server.sigma), classes, per_class, torch.Generator().manual_seed(0))
     x = x[:, 0].numpy()  # one channel
     lo, hi = x.min(axis=(1, 2), keepdims=True), x.max(axis=(1, 2), keepdims=True)
     img = np.round(255 * (x - lo) / np.maximum(hi - lo, 1e-8)).astype(np.uint8)

@@ -23,11 +23,10 @@ import torch
 
 from benchmarks.fedvtc import oracle
 from benchmarks.runner import ROOT
-from edgefl.algorithms.fedvtc import PSI, FedVTCServer, VTCDecoder, feature_statistics, generate, load_oracle
-from edgefl.config import resolve_config
 from edgefl.algorithms import get_algorithm
+from edgefl.algorithms.fedvtc import FedVTCServer, VTCDecoder, feature_statistics, generate, load_decoder, load_oracle
+from edgefl.config import resolve_config
 from edgefl.runtime.setup import assemble
-from edgefl.wire import arrays_to_state
 
 
 def main() -> None:
@@ -64,46 +63,40 @@ def main() -> None:
     servers = []
     summary = simulate(cfg, plots=False, on_done=servers.append)
     server = servers[0]
-    spec = assemble(cfg).specs
+    run = assemble(cfg)
+    spec = run.specs
     judge = load_oracle(ROOT / oracle.PATH, next(iter(spec.values())), 10)
     protos = torch.from_numpy(server.table.values.astype(np.float32))
     sigma = torch.from_numpy(server.sigma)
     classes = np.flatnonzero(server.table.known).tolist()
 
+    @torch.no_grad()
     def share(psi: VTCDecoder, c: torch.Tensor, train_bn: bool = False) -> float:
-        x, y = generate(psi, c, sigma, classes, 50, torch.Generator().manual_seed(0))
-        if train_bn:
-            with torch.no_grad():
-                psi.train()
-                v = c[y] + sigma * torch.randn(len(y), c.shape[1], generator=torch.Generator().manual_seed(0))
-                x = psi(v)
-                psi.eval()
-        with torch.no_grad():
-            return float((judge(x).argmax(1) == y).float().mean())
-
-    def decoder(arrays) -> VTCDecoder:
-        psi = VTCDecoder(server.layout)
-        psi.load_state_dict(arrays_to_state(arrays, PSI), strict=True)
-        return psi.eval()
+        if train_bn:  # generate's draw, decoded with the batch's own BN statistics
+            y = torch.tensor(classes).repeat_interleave(50)
+            x = psi.train()(c[y] + sigma * torch.randn(len(y), c.shape[1], generator=torch.Generator().manual_seed(0)))
+            psi.eval()
+        else:
+            x, y = generate(psi, c, sigma, classes, 50, torch.Generator().manual_seed(0))
+        return float((judge(x).argmax(1) == y).float().mean())
 
     print(f"run: {summary['mean_accuracy'] * 100:.1f} % before any fine-tune; tc_weight {args.tc_weight}, align_weight {args.align_weight}, "
           f"{args.optimizer} lr {args.lr}, {args.rounds} rounds, {args.clients} devices")
-    avg = decoder(server.psi)
+    avg = load_decoder(server.layout, server.psi)
     print(f"averaged ψ, global c, BN eval: oracle {100 * share(avg, protos):.0f} %")
     print(f"averaged ψ, global c, BN train: oracle {100 * share(avg, protos, True):.0f} %")
-    run = assemble(cfg)
     from edgefl.export.checkpoint import load_device_model
 
     for d in sorted(stash):
         model = load_device_model(cfg.out_dir + "/run", d)
-        data = run.device_half(d).ctx.train_data
+        data = run.data.shard(run.ids.index(d))
         means, spread = feature_statistics(model, data)
         own = protos.clone()
         for c, m in means.items():
             own[c] = torch.from_numpy(m)
         dist = statistics.fmean(float(np.linalg.norm(m - server.table.values[c])) for c, m in means.items())
         within = float(np.sqrt((spread ** 2).sum()))
-        psi = decoder(stash[d])
+        psi = load_decoder(server.layout, stash[d])
         print(f"{d} (tier {spec[d].tier}): own ψ_k, global c: oracle {100 * share(psi, protos):.0f} %; "
               f"own ψ_k, own c: {100 * share(psi, own):.0f} %; ‖own mean − c‖ {dist:.2f} vs within-class spread {within:.2f}")
 

@@ -212,13 +212,13 @@ class FedDWServer(GlobalModelServer):
         ``cr_sl_distance`` (R itself, (1/C²)·‖S − CR‖²_F, against the S just computed). Empty for
         a model without a bias-free classifier (``head`` other than ``feddw``)."""
         w = self.weights.get(WEIGHTS + "classifier.weight")
-        c = self.ctx.num_classes
-        if w is None or w.ndim != 2 or w.shape[0] != c or WEIGHTS + "classifier.bias" in self.weights:
+        if w is None or WEIGHTS + "classifier.bias" in self.weights:
             return {}
-        cr = class_relation(torch.from_numpy(np.asarray(w, np.float64))).numpy()
+        w, sl = torch.from_numpy(np.asarray(w, np.float64)), torch.from_numpy(self.sl)
+        cr = class_relation(w).numpy()
         return {"cr_diag_mean": float(np.mean(np.diag(cr))),
                 "cr_sl_diag_gap": float(np.mean(np.abs(np.diag(cr) - np.diag(self.sl)))),
-                "cr_sl_distance": float(np.mean((self.sl - cr) ** 2))}
+                "cr_sl_distance": float(dw_regularizer(w, sl))}
 
     def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
         c = self.ctx.num_classes

@@ -176,6 +176,13 @@ def build_decoder(layout: VTCLayout, seed: int) -> VTCDecoder:
         return VTCDecoder(layout)
 
 
+def load_decoder(layout: VTCLayout, arrays: Mapping[str, np.ndarray]) -> VTCDecoder:
+    """ψ in eval mode from its ``psi/`` arrays (an upload, the server's average, a saved file)."""
+    psi = VTCDecoder(layout)
+    psi.load_state_dict(arrays_to_state(arrays, PSI), strict=True)
+    return psi.eval()
+
+
 # -- the losses ---------------------------------------------------------------------------------
 def kl_to_prototype(z: torch.Tensor, c: torch.Tensor, log_sigma: torch.Tensor) -> torch.Tensor:
     """Per sample: KL(N(z, diag σ²) ‖ N(c, I)) = ½[(z − c)ᵀ(z − c) + Σσ² − p − Σ log σ²]."""
@@ -586,8 +593,7 @@ class FedVTCServer(PrototypeServer):
         ``oracle_samples`` samples ψ(v), v ~ N(c^y, diag σ²), it assigns to y; and their mean."""
         if self.oracle is None or self.psi is None or self.sigma is None or not self.table.known.any():
             return {}
-        psi = VTCDecoder(self.layout)
-        psi.load_state_dict(arrays_to_state(self.psi, PSI), strict=True)
+        psi = load_decoder(self.layout, self.psi)
         classes = np.flatnonzero(self.table.known).tolist()
         noise = torch.Generator().manual_seed(int(self.ctx.rng(round, 5).integers(2**31)))
         per = self.options.oracle_samples
@@ -650,9 +656,7 @@ def load_generator(path: str | Path) -> tuple[VTCDecoder, torch.Tensor, torch.Te
         raw = json.loads(f.metadata()["layout"])
     layout = VTCLayout(tuple(raw["latent"]), tuple(raw["hidden"]), int(raw["out_channels"]))
     arrays = safetensors.numpy.load_file(str(path))
-    psi = VTCDecoder(layout)
-    psi.load_state_dict(arrays_to_state(arrays, PSI), strict=True)
-    psi.eval()
+    psi = load_decoder(layout, arrays)
     table = PrototypeTable(len(arrays["table/known"]), layout.dim)
     table.load(arrays)
     return psi, torch.from_numpy(table.values), torch.from_numpy(table.known), torch.from_numpy(arrays[SIGMA])
