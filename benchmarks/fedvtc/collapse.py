@@ -24,7 +24,14 @@ import torch
 from benchmarks.fedvtc import oracle
 from benchmarks.runner import ROOT
 from edgefl.algorithms import get_algorithm
-from edgefl.algorithms.fedvtc import FedVTCServer, VTCDecoder, feature_statistics, generate, load_decoder, load_oracle
+from edgefl.algorithms.fedvtc import (
+    FedVTCServer,
+    VTCDecoder,
+    feature_statistics,
+    generate,
+    load_decoder,
+    load_oracle,
+)
 from edgefl.config import resolve_config
 from edgefl.runtime.setup import assemble
 

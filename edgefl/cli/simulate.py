@@ -61,6 +61,8 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     transport: str = typer.Option("memory", help="memory, or mqtt: a broker, this process as server, one process per device."),
+    workers: int = typer.Option(1, "--workers", "-w", help="In memory: train the devices in this many worker processes (0: one per core); results match the sequential run's."),
+    threads: int = typer.Option(None, help="Torch threads per process (with --workers: per worker; default: the cores shared out)."),
     broker: str = typer.Option(None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."),
     compare_local: bool = typer.Option(False, "--compare-local", help="Also report Local (the same devices without federation), run in memory or read from --reference-cache."),
     reference_cache: Path = typer.Option(None, "--reference-cache", help="Directory caching reference runs by configuration."),
@@ -102,6 +104,7 @@ def simulate(
         "eval_samples": eval_samples,
         "out_dir": str(out) if out else None,
         "run_name": run_name,
+        "threads": threads,
     }
     explicit.update({k: v for k, v in flags.items() if v is not None})
     if option:
@@ -133,13 +136,20 @@ def simulate(
 
     if not quiet:
         err.print(f"[bold]{cfg.algorithm}[/] on {cfg.dataset}: {cfg.clients} devices, tiers {', '.join(cfg.tiers or family_tiers(cfg.model))}, "
-                  f"{cfg.rounds} rounds, transport {transport}", highlight=False)
+                  f"{cfg.rounds} rounds, transport {transport}" + (f", {workers} worker processes" if transport == "memory" and workers != 1 else ""),
+                  highlight=False)
     if transport == "mqtt":
         from edgefl.runtime.fleet import simulate_mqtt
 
         summary = simulate_mqtt(cfg, broker=broker, on_round=on_round)
     elif transport == "memory":
-        summary = run_simulation(cfg, on_round=on_round)
+        if workers < 0:
+            raise ConfigError(f"--workers must be >= 0 (got {workers})")
+        if workers == 0:
+            from edgefl.runtime.parallel import default_workers
+
+            workers = default_workers()
+        summary = run_simulation(cfg, on_round=on_round, workers=workers)
     else:
         raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
     if compare_local:

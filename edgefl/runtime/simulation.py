@@ -37,26 +37,44 @@ def simulate(
     *,
     plots: bool = True,
     on_done: Callable[[ServerHalf], None] | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and (``plots``) plots to the
-    run dir. ``on_done`` is given the server half when the run is over (as ``serve`` does)."""
+    run dir. ``on_done`` is given the server half when the run is over (as ``serve`` does).
+
+    ``workers`` > 1 trains the devices in that many worker processes (:mod:`edgefl.runtime.parallel`),
+    each with ``cfg.threads`` torch threads (default: the cores shared out); the results are those
+    of the sequential run at the same threads per device."""
     t_start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run = assemble(cfg)
-    specs, quick, test = run.specs, run.data.evals["quick"], run.data.evals["test"]
-    transport = InMemoryTransport()
-    eval_cache: dict = {}
-    fleet: dict[str, DeviceRecord] = {}
+    quick, test = run.data.evals["quick"], run.data.evals["test"]
     halves = {}
-    for d in run.ids:
-        half = run.device_half(d)
-        halves[d] = half
-        agent = DeviceAgent(
-            half, eval_sets={"quick": quick, "test": test}, algorithm=cfg.algorithm, eval_cache=eval_cache
-        )
-        transport.connect(d, agent.handle_bytes)
-        fleet[d] = DeviceRecord(spec=specs[d], num_samples=len(half.ctx.train_data))
+    if workers > 1:
+        from edgefl.runtime.parallel import WorkerPool
+
+        transport = WorkerPool(cfg, run.ids, workers, threads=cfg.threads)
+        samples = transport.samples
+    else:
+        transport = InMemoryTransport()
+        eval_cache: dict = {}
+        for d in run.ids:
+            halves[d] = half = run.device_half(d)
+            agent = DeviceAgent(
+                half, eval_sets={"quick": quick, "test": test}, algorithm=cfg.algorithm, eval_cache=eval_cache
+            )
+            transport.connect(d, agent.handle_bytes)
+        samples = {d: len(h.ctx.train_data) for d, h in halves.items()}
+    try:
+        return _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start)
+    finally:
+        transport.close()
+
+
+def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start) -> dict[str, Any]:
+    specs, test = run.specs, run.data.evals["test"]
+    fleet = {d: DeviceRecord(spec=specs[d], num_samples=samples[d]) for d in run.ids}
 
     server_ctx = run.server_context(fleet)
     server = run.algorithm.server(server_ctx, run.options)
@@ -91,7 +109,10 @@ def simulate(
     )
     final = loop.run()
     # Each device's final model, for `edgefl export` (safetensors with the spec in its metadata).
-    save_device_models(run_dir, {d: h.model for d, h in halves.items()}, specs=specs, dataset=cfg.dataset)
+    if halves:
+        save_device_models(run_dir, {d: h.model for d, h in halves.items()}, specs=specs, dataset=cfg.dataset)
+    else:
+        transport.save_models(run_dir)
     summary = run_summary(
         cfg, final, rounds, {d: s.tier for d, s in specs.items()},
         test_samples=len(test), wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,

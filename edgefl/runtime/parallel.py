@@ -1,0 +1,242 @@
+"""An in-memory simulation on every core: the devices spread over worker processes.
+
+The server and the round loop stay in this process. Worker *k* of *n* builds devices
+``ids[k::n]`` through the same run assembly as the sequential simulation and serves each with the
+same :class:`~edgefl.runtime.agent.DeviceAgent`, so a device does the same computation in either
+(its model, data and local randomness are seeded per device and round, never drawn from a
+generator that another device advanced): for a seed, results are identical to the sequential run
+at the same number of threads per device.
+
+The pool is a :class:`~edgefl.transport.base.Transport`. Envelopes cross the process boundary as
+their bytes on a pipe, framed as ``[4-byte length][JSON control header][envelope bytes]``: no
+pickle, and the replies are decoded and checked by the round loop exactly as over MQTT. Each worker
+has at most one request outstanding (the next one is sent when it answers), so a large downlink
+never blocks the server on a pipe while a busy worker trains (after a round's deadline passes, a
+worker still busy with a late device delays its next request until it is done). A worker that dies
+fails the devices it holds, as a device that crashed would; the round loop records them and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import struct
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from edgefl.config import RunConfig
+from edgefl.errors import EdgeflError, WireError
+from edgefl.transport.base import Accept, Delivery
+
+log = logging.getLogger(__name__)
+
+#: Seconds a worker may take to load the data and build its devices.
+START_TIMEOUT = 600.0
+
+
+def default_workers() -> int:
+    """One worker per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _send(conn: Connection, control: Mapping[str, Any], data: bytes = b"") -> None:
+    head = json.dumps(control).encode()
+    conn.send_bytes(struct.pack("<I", len(head)) + head + data)
+
+
+def _recv(conn: Connection) -> tuple[dict[str, Any], bytes]:
+    raw = conn.recv_bytes()
+    (n,) = struct.unpack("<I", raw[:4])
+    return json.loads(raw[4 : 4 + n]), raw[4 + n :]
+
+
+def _serve(conn: Connection, cfg_json: str, ids: Sequence[str], threads: int) -> None:
+    """A worker process: build ``ids``' devices, then answer requests until told to close."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    from edgefl.runtime.agent import DeviceAgent
+    from edgefl.runtime.setup import assemble
+
+    torch.set_num_threads(threads)
+    try:
+        cfg = RunConfig.model_validate_json(cfg_json)
+        run = assemble(cfg)
+        evals = {"quick": run.data.evals["quick"], "test": run.data.evals["test"]}
+        cache: dict = {}  # identical models (e.g. after averaging) are evaluated once per worker
+        agents = {d: DeviceAgent(run.device_half(d), eval_sets=evals, algorithm=cfg.algorithm, eval_cache=cache) for d in ids}
+    except Exception as e:  # the pool reports it and stops the run
+        _send(conn, {"op": "failed", "error": f"{type(e).__name__}: {e}"})
+        return
+    _send(conn, {"op": "ready", "samples": {d: len(a.half.ctx.train_data) for d, a in agents.items()}})
+    while True:
+        try:
+            control, data = _recv(conn)
+        except EOFError:  # the server went away
+            return
+        op = control["op"]
+        if op == "request":
+            device = control["device"]
+            try:
+                reply = agents[device].handle_bytes(data)
+            except Exception as e:  # the agent answers every failure itself; this is a last resort
+                _send(conn, {"op": "reply", "seq": control["seq"], "device": device, "error": f"{type(e).__name__}: {e}"})
+                continue
+            if reply is None:
+                _send(conn, {"op": "reply", "seq": control["seq"], "device": device, "error": "no reply"})
+            else:
+                _send(conn, {"op": "reply", "seq": control["seq"], "device": device}, reply)
+        elif op == "save":
+            from edgefl.export.checkpoint import save_device_models
+
+            save_device_models(control["run_dir"], {d: a.half.model for d, a in agents.items()},
+                               specs=run.specs, dataset=cfg.dataset)
+            _send(conn, {"op": "saved"})
+        elif op == "close":
+            return
+
+
+class WorkerPool:
+    """``workers`` processes holding ``ids``' devices; a :class:`Transport` for the round loop.
+
+    ``threads``: torch threads per worker (default: the cores shared out, at least one), so the
+    machine is not oversubscribed. :attr:`samples` gives each device's number of training samples
+    once the workers are ready."""
+
+    def __init__(self, cfg: RunConfig, ids: Sequence[str], workers: int, *, threads: int | None = None):
+        if workers < 1:
+            raise EdgeflError(f"workers must be >= 1 (got {workers})")
+        workers = min(workers, len(ids))
+        self.threads = threads or max(1, default_workers() // workers)
+        ctx = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools and locks
+        self._conns: list[Connection] = []
+        self._procs = []
+        self.owner: dict[str, int] = {}
+        self.samples: dict[str, int] = {}
+        self._seq = 0
+        try:
+            for k in range(workers):
+                group = list(ids[k::workers])
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(child, cfg.model_dump_json(), group, self.threads),
+                                   name=f"edgefl-worker-{k}", daemon=True)
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+                self.owner.update(dict.fromkeys(group, k))
+            for k, conn in enumerate(self._conns):
+                if not conn.poll(START_TIMEOUT):
+                    raise EdgeflError(f"worker {k} did not start within {START_TIMEOUT:.0f} s")
+                control, _ = _recv(conn)
+                if control["op"] != "ready":
+                    raise EdgeflError(f"worker {k} could not build its devices: {control.get('error')}")
+                self.samples.update(control["samples"])
+        except (EOFError, OSError) as e:
+            self.close()
+            raise EdgeflError(f"a worker process exited while starting: {e}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def workers(self) -> int:
+        return len(self._conns)
+
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None = None, accept: Accept) -> dict[str, Delivery]:
+        self._seq += 1
+        seq = self._seq
+        out: dict[str, Delivery] = {}
+        queues: dict[int, deque[str]] = {}
+        for device_id in messages:
+            if device_id not in self.owner:
+                out[device_id] = Delivery(device_id, None, "device is not connected")
+            else:
+                queues.setdefault(self.owner[device_id], deque()).append(device_id)
+        sent: dict[str, float] = {}
+        busy: dict[int, str] = {}  # worker → the device whose request it is working on
+
+        def send_next(k: int) -> None:
+            while queues.get(k):
+                device_id = queues[k].popleft()
+                try:
+                    _send(self._conns[k], {"op": "request", "seq": seq, "device": device_id}, messages[device_id])
+                except (OSError, ValueError) as e:  # a dead worker: its devices fail
+                    out[device_id] = Delivery(device_id, None, f"worker process is gone: {e}")
+                    continue
+                sent[device_id], busy[k] = time.perf_counter(), device_id
+                return
+            busy.pop(k, None)
+
+        for k in queues:
+            send_next(k)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while busy:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            by_conn = {self._conns[k]: k for k in busy}
+            for conn in wait(list(by_conn), left):
+                k = by_conn[conn]
+                try:
+                    control, data = _recv(conn)
+                except (EOFError, OSError):
+                    code = self._procs[k].exitcode
+                    for device_id in [busy.pop(k)] + list(queues.pop(k, ())):
+                        out[device_id] = Delivery(device_id, None, f"worker process exited (code {code})")
+                    continue
+                if control.get("seq") != seq:  # the answer to a request that timed out earlier
+                    continue
+                device_id = control["device"]
+                seconds = time.perf_counter() - sent[device_id]
+                if "error" in control:
+                    out[device_id] = Delivery(device_id, None, str(control["error"]), seconds)
+                else:
+                    try:
+                        value = accept(device_id, data)
+                    except WireError as e:
+                        out[device_id] = Delivery(device_id, None, f"rejected: {e}", seconds, rejected=(str(e),))
+                    else:
+                        out[device_id] = Delivery(device_id, data, None, seconds, value)
+                send_next(k)
+        for device_id in messages:
+            if device_id not in out:
+                out[device_id] = Delivery(device_id, None, "timeout")
+        return out
+
+    def save_models(self, run_dir: str | Path) -> None:
+        """Each worker writes its devices' final models under ``run_dir/models``."""
+        for conn in self._conns:
+            _send(conn, {"op": "save", "run_dir": str(run_dir)})
+        for k, conn in enumerate(self._conns):
+            try:
+                while (control := _recv(conn)[0])["op"] == "reply":  # a late answer to a timed-out request
+                    pass
+            except (EOFError, OSError):
+                raise EdgeflError(f"worker {k} exited before saving its devices' models") from None
+            if control["op"] != "saved":
+                raise EdgeflError(f"worker {k} could not save its models: {control}")
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                _send(conn, {"op": "close"})
+            except (OSError, ValueError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []

@@ -1,0 +1,98 @@
+"""The in-memory simulation on worker processes: the same run as the sequential one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_config
+from safetensors.numpy import load_file
+
+from edgefl.errors import EdgeflError, WireError
+from edgefl.runtime import simulation
+from edgefl.runtime.parallel import WorkerPool
+from edgefl.runtime.setup import device_ids
+from edgefl.wire import Envelope, Payload, decode, encode
+
+
+def _rounds(summary) -> list[dict]:
+    return [json.loads(line) for line in (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+
+
+# FedAvg (weights averaged by the server) and FedProto (knowledge only; dropout masks drawn from
+# torch's generator, seeded per device and round): two workers hold d00, d02 and d01.
+@pytest.mark.parametrize(("algorithm", "extra"), [("fedavg", {}), ("fedproto", {"fraction": 0.67})])
+def test_two_workers_give_the_sequential_run(tmp_path, algorithm, extra):
+    # one torch thread per device in both: the same floating-point reductions
+    cfg = tiny_config(tmp_path, algorithm=algorithm, threads=1, **extra)
+    states = []
+    sequential = simulation.simulate(cfg.model_copy(update={"run_name": "seq"}), plots=False,
+                                     on_done=lambda s: states.append(s.state_dict()))
+    parallel = simulation.simulate(cfg.model_copy(update={"run_name": "par"}), plots=False, workers=2,
+                                   on_done=lambda s: states.append(s.state_dict()))
+
+    assert parallel["client_accuracy"] == sequential["client_accuracy"]
+    assert set(states[0]) == set(states[1])
+    for k in states[0]:
+        np.testing.assert_array_equal(states[1][k], states[0][k], err_msg=k)
+    seq_rounds, par_rounds = _rounds(sequential), _rounds(parallel)
+    for a, b in zip(seq_rounds, par_rounds, strict=True):
+        assert b["selected"] == a["selected"] and b["completed"] == a["completed"]
+        assert b["train_loss"] == a["train_loss"]
+        # same replies; their sizes differ only by the digits of the measured train_seconds
+        assert all(abs(b["bytes_up"][d] - a["bytes_up"][d]) <= 16 for d in a["completed"])
+    # each worker saved its devices' final models, identical to the sequential run's
+    for d in sequential["client_accuracy"]:
+        seq_model = load_file(Path(sequential["run_dir"]) / "models" / f"{d}.safetensors")
+        par_model = load_file(Path(parallel["run_dir"]) / "models" / f"{d}.safetensors")
+        assert set(par_model) == set(seq_model)
+        for k in seq_model:
+            np.testing.assert_array_equal(par_model[k], seq_model[k], err_msg=f"{d}/{k}")
+
+
+def _accept(device_id: str, data: bytes) -> Envelope:
+    env = decode(data)
+    if env.kind == "error":
+        raise WireError(str(env.payload.meta.get("reason")))
+    return env
+
+
+def _evaluate(device_id: str, run: str = "r") -> bytes:
+    return encode(Envelope("evaluate", 0, device_id, algorithm="fedavg", payload=Payload({}, {"split": "quick"}), run=run, nonce="n"))
+
+
+def test_a_worker_that_dies_fails_its_devices_and_the_others_are_served(tmp_path):
+    cfg = tiny_config(tmp_path, clients=4, threads=1)
+    ids = device_ids(4)
+    pool = WorkerPool(cfg, ids, 2)
+    procs = list(pool._procs)
+    try:
+        assert pool.workers == 2 and pool.threads == 1 and set(pool.samples) == set(ids)
+        first = pool.request({d: _evaluate(d) for d in ids}, accept=_accept)
+        assert all(first[d].error is None and 0 <= first[d].value.payload.meta["accuracy"] <= 1 for d in ids)
+
+        # worker 0 holds d00 and d02; kill it
+        pool._procs[0].kill()
+        pool._procs[0].join()
+        second = pool.request({d: _evaluate(d) for d in ids}, accept=_accept)
+        for d in ("d00", "d02"):
+            assert second[d].reply is None and ("exited" in second[d].error or "gone" in second[d].error)
+        for d in ("d01", "d03"):
+            assert second[d].error is None and second[d].value.kind == "metrics"
+
+        # a reply the server refuses is a rejected delivery, not a crash; an unknown device is not connected
+        refused = pool.request({"d01": _evaluate("d01"), "d99": _evaluate("d99")},
+                               accept=lambda d, data: (_ for _ in ()).throw(WireError("refused by the test")))
+        assert refused["d01"].rejected == ("refused by the test",) and refused["d01"].reply is None
+        assert refused["d99"].error == "device is not connected"
+    finally:
+        pool.close()
+    assert len(procs) == 2 and all(not p.is_alive() for p in procs)
+
+
+def test_a_worker_that_cannot_build_its_devices_is_a_clear_error(tmp_path):
+    cfg = tiny_config(tmp_path, dataset="cifar10", data_dir=str(tmp_path / "missing"))
+    with pytest.raises(EdgeflError, match="could not build its devices"):
+        WorkerPool(cfg, device_ids(3), 2)
