@@ -117,6 +117,61 @@ def test_align_weight_reweights_only_the_pull_of_z_onto_the_prototypes():
     assert pull > 0 and strong - same == pytest.approx(0.99 * pull, rel=1e-4)
 
 
+def test_proto_rc_weight_adds_the_decoding_of_the_prototypes_to_the_decoders_step():
+    # Prepare: one batch, identical device state and noise for both option sets
+    x, y = load_dataset("synthetic", "train").images(np.arange(8)), torch.arange(8) % 4
+
+    def vtc_grad(**options):
+        torch.manual_seed(0)
+        device = _device(options=options)
+        device.protos = torch.randn(10, 980, generator=torch.Generator().manual_seed(1))
+        z = device.model.features(x).detach()
+        opt = torch.optim.SGD([*device.psi.parameters(), device.log_sigma], lr=0.0)
+        device.step_vtc(x, y, z, opt, torch.Generator().manual_seed(2))
+        return torch.cat([p.grad.flatten() for p in device.psi.parameters()]), device
+
+    plain, _ = vtc_grad()
+    weighted, device = vtc_grad(proto_rc_weight="1")
+    # the added term alone: ψ decoding v ~ N(c^y, σ²) (the prototypes, not z) towards the images
+    psi = device.psi
+    psi.zero_grad()
+    psi.train()
+    noise = torch.Generator().manual_seed(2)
+    torch.randn((8, 980), generator=noise)  # the draw of L_tc's ε comes first
+    v = device.protos[y] + device.log_sigma.exp().detach() * torch.randn((8, 980), generator=noise)
+    class_mean_sum(((psi(v) - x) ** 2).flatten(1).sum(1), y).backward()
+    term = torch.cat([p.grad.flatten() for p in psi.parameters()])
+    assert term.norm() > 0
+    torch.testing.assert_close(weighted - plain, term, rtol=1e-3, atol=1e-4)
+
+
+def test_recalibrated_psi_has_the_batchnorm_statistics_of_the_latents_it_decodes():
+    # Prepare: a server that knows three prototypes and σ, and an averaged ψ with wrong statistics
+    server = _server(psi_bn="recalibrate")
+    rng = np.random.default_rng(0)
+    server.table.values[:] = rng.normal(0, 3, size=server.table.values.shape).astype(np.float32)
+    server.table.known[:] = False
+    server.table.known[[1, 4, 7]] = True
+    server.sigma = np.full(980, 0.5, np.float32)
+    arrays = {k: (np.full(s, 5.0) if "running" in k else rng.normal(0, 0.1, size=s) if dt.kind == "f" else np.zeros(s)).astype(dt)
+              for k, (s, dt) in server.psi_shapes.items()}
+    # Execute
+    out = server.recalibrated_psi(arrays)
+    # Assert: the first BN's running mean is the mean of the first layer's output on such latents
+    psi = build_decoder(server.layout, 0)
+    psi.load_state_dict({k.removeprefix(PSI): torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+    v = torch.from_numpy(server.table.values[[1, 4, 7]]).repeat_interleave(2000, 0)
+    v = v + 0.5 * torch.randn(v.shape, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        first = psi.layers[0](v.reshape(len(v), *server.layout.latent))
+    name = next(k for k in out if k.endswith("layers.1.running_mean"))
+    np.testing.assert_allclose(out[name], first.mean((0, 2, 3)).numpy(), atol=0.05)
+    assert not np.allclose(out[name], 5.0)
+    for k in arrays:  # the weights are untouched
+        if "running" not in k and "num_batches" not in k:
+            np.testing.assert_array_equal(out[k], arrays[k])
+
+
 def _snapshot(*modules, extra=()):
     out = {}
     for i, m in enumerate(modules):

@@ -1,5 +1,6 @@
 """The round loop: failures are data, checkpoints resume, evaluation reports per tier."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ from edgefl.runtime.agent import DeviceAgent
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.simulation import fleet_specs, simulate
 from edgefl.transport import InMemoryTransport
+from edgefl.wire import Payload
 from tests.conftest import tiny_config
 
 
@@ -32,7 +34,7 @@ def _fleet(tmp_path, n=3, **overrides):
     for i, d in enumerate(ids):
         data = train.subset(np.arange(i * 100, (i + 1) * 100))
         half = algo.device(DeviceContext(d, specs[d], data, settings, seed=i, rounds=2), algo.parse_options({}))
-        transport.connect(d, DeviceAgent(half, eval_sets={"quick": test, "test": test}).handle_bytes)
+        transport.connect(d, DeviceAgent(half, eval_sets={"quick": test, "test": test}).handle_envelope)
         fleet[d] = DeviceRecord(specs[d], len(data))
     ctx = ServerContext(10, fleet, settings, rounds=2, seed=0)
     return algo, ctx, transport
@@ -41,7 +43,7 @@ def _fleet(tmp_path, n=3, **overrides):
 def test_a_crashing_device_is_recorded_and_the_round_goes_on(tmp_path):
     algo, ctx, transport = _fleet(tmp_path)
 
-    def crash(data: bytes) -> bytes:
+    def crash(env):
         raise ConnectionError("device unplugged")
 
     transport.connect("d01", crash)
@@ -53,13 +55,16 @@ def test_a_crashing_device_is_recorded_and_the_round_goes_on(tmp_path):
     assert set(final["client_accuracy"]) == {"d00", "d02"}
 
 
-def test_garbage_reply_is_rejected_not_fatal(tmp_path):
+def test_a_reply_that_would_not_decode_or_does_not_answer_is_rejected_not_fatal(tmp_path):
+    # in memory, the checks a decoder applies (here: finite values) and the loop's own (here: the nonce)
     algo, ctx, transport = _fleet(tmp_path)
-    transport.connect("d02", lambda data: b"\x00" * 64)
+    transport.connect("d02", lambda env: env.reply("update", Payload({"w/x": np.array([np.nan], np.float32)}, {"num_samples": 1})))
+    transport.connect("d01", lambda env: dataclasses.replace(env.reply("update", Payload({}, {"num_samples": 1})), nonce="replayed"))
     records = []
     RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1), on_round=records.append).run()
-    assert records[0]["failed"]["d02"].startswith("rejected")
-    assert records[0]["completed"] == ["d00", "d01"]
+    assert records[0]["failed"]["d02"].startswith("rejected") and "non-finite" in records[0]["failed"]["d02"]
+    assert records[0]["failed"]["d01"].startswith("rejected") and "nonce" in records[0]["failed"]["d01"]
+    assert records[0]["completed"] == ["d00"]
 
 
 def test_checkpoint_resumes_after_the_last_completed_round(tmp_path):

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgefl.errors import WireError
-from edgefl.wire import Envelope, Limits, Payload, decode, encode
+from edgefl.wire import Envelope, Limits, Payload, check, decode, encode, encoded_size
 
 
 def _env(**arrays):
@@ -272,3 +272,65 @@ def test_a_device_answers_a_downlink_of_the_wrong_dtype_with_an_error_and_keeps_
     other_run = dataclasses.replace(request, run="r0", payload=Payload())
     assert "run 'r0'" in decode(agent.handle_bytes(encode(other_run))).payload.meta["reason"]
     assert agent.handle_bytes(b"\x00" * 64) is None  # no readable routing: nobody to answer
+
+
+# --- the in-memory path: check() and encoded_size() -----------------------------------------------
+
+_DTYPES = [np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_]
+
+
+@st.composite
+def _envelopes(draw):
+    arrays = {}
+    for _ in range(draw(st.integers(0, 6))):
+        name = draw(st.text("abw/_.0123", min_size=1, max_size=12))
+        shape = tuple(draw(st.lists(st.integers(0, 40), max_size=3)))
+        arrays[name] = np.zeros(shape, draw(st.sampled_from(_DTYPES)))
+    meta = {"num_samples": draw(st.integers(1, 10**6)),
+            "x": draw(st.floats(-1e9, 1e9, allow_nan=False)),
+            "s": draw(st.text(max_size=20))}
+    return Envelope("update", draw(st.integers(0, 10**6)), f"d{draw(st.integers(0, 999)):03d}", algorithm="fedavg",
+                    tier=str(draw(st.integers(1, 99))), payload=Payload(arrays, meta), run="r0",
+                    nonce=draw(st.text("abcdef0123456789", min_size=1, max_size=32)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_envelopes())
+def test_encoded_size_is_the_encoding_length_and_check_gives_what_decode_gives(env):
+    # safetensors orders tensors by dtype then name, and the offsets' digits change the header's length
+    assert encoded_size(env) == len(encode(env))
+    got, want = check(env), decode(encode(env))
+    assert got.payload.meta == want.payload.meta and got.payload.meta is not env.payload.meta
+    assert set(got.payload.arrays) == set(want.payload.arrays)
+    for k, a in want.payload.arrays.items():
+        assert got.payload.arrays[k].dtype == a.dtype and got.payload.arrays[k].shape == a.shape
+
+
+def test_check_hands_over_read_only_views_without_copying():
+    weights = np.arange(1_000_000, dtype=np.float32)
+    env = Envelope("train", 0, "d00", algorithm="fedavg", payload=Payload({"w/x": weights}), run="r", nonce="n")
+    got = check(env).payload.arrays["w/x"]
+    assert np.shares_memory(got, weights)  # no copy
+    with pytest.raises(ValueError, match="read-only"):
+        got[0] = 1.0  # the receiver cannot change the sender's state
+    assert weights.flags.writeable  # the sender's own array is untouched
+
+
+@pytest.mark.parametrize(("arrays", "meta", "limits", "reason"), [
+    ({"w": np.array([np.nan], np.float32)}, {}, Limits(), "non-finite"),
+    ({"w": np.array([1.0], np.complex64)}, {}, Limits(), "dtype"),
+    ({"w": np.zeros(100, np.float32)}, {}, Limits(max_bytes=300), "exceeds the limit"),
+    ({f"w{i}": np.zeros(1, np.float32) for i in range(5)}, {}, Limits(max_tensors=4), "tensors exceed"),
+    ({}, {"split": "x" * 10_000}, Limits(), "metadata"),
+])
+def test_check_refuses_what_decode_refuses(arrays, meta, limits, reason):
+    env = Envelope("evaluate", 0, "d00", algorithm="fedavg", payload=Payload(arrays, meta), run="r", nonce="n")
+    with pytest.raises(WireError, match=reason):
+        check(env, limits)
+    try:
+        data = encode(env)
+    except WireError as e:  # refused already when encoding
+        assert reason in str(e) or "dtype" in str(e) or "metadata" in str(e)
+        return
+    with pytest.raises(WireError, match=reason):
+        decode(data, limits)

@@ -64,22 +64,24 @@ def capture(methods: list[str], workdir: Path | None = None) -> list[Case]:
         agents = {}
 
         def request(self, messages, *, timeout=None, accept, _seen=seen, _method=method, _agents=agents):
+            # in memory the envelopes travel as objects: fuzz their encodings, checked as a wire
+            # transport checks them (decode, then the receiver's own check)
             out = original(self, messages, timeout=timeout, accept=accept)
-            for device_id, data in messages.items():
+            for device_id, down in messages.items():
                 agent = self.handlers[device_id].__self__
-                down = decode(data)
+                data = encode(down)
                 if ("down", down.kind) not in _seen:
                     _seen.add(("down", down.kind))
                     cases.append(Case(_method, "down", down.kind, data, _device_check(agent), _down_oracle(agent)))
                 d = out[device_id]
-                replies = [d.reply] if d.reply is not None and d.value is not None else []
+                replies = [encode(d.reply)] if d.reply is not None and d.value is not None else []
                 if down.kind == "train":  # the error reply a device sends when it cannot train
                     replies.append(encode(down.reply("error", Payload({}, {"reason": "out of memory"}), algorithm=agent.algorithm)))
                 for reply in replies:
                     kind = decode(reply).kind
                     if ("up", kind) not in _seen:
                         _seen.add(("up", kind))
-                        cases.append(Case(_method, "up", kind, reply, lambda b, a=accept, i=device_id: a(i, b), _up_oracle(accept, device_id)))
+                        cases.append(Case(_method, "up", kind, reply, lambda b, a=accept, i=device_id: a(i, decode(b)), _up_oracle(accept, device_id)))
             return out
 
         InMemoryTransport.request = request

@@ -44,6 +44,7 @@ def main() -> None:
     p.add_argument("--optimizer", default="sgd")
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--clients", type=int, default=5)
+    p.add_argument("--option", "-o", action="append", default=[], help="another FedVTC option key=value")
     args = p.parse_args()
     torch.set_num_threads(1)
     stash: dict[str, dict] = {}
@@ -63,7 +64,8 @@ def main() -> None:
                           "test_samples": 500, "eval_samples": 500, "eval_every": args.rounds, "seed": 0,
                           "partition": "dirichlet", "alpha": 1.0, "out_dir": "/tmp/edgefl-collapse", "run_name": "run",
                           "threads": 1, "options": {"tc_weight": args.tc_weight, "align_weight": args.align_weight,
-                                                      "finetune_epochs": "0"}},
+                                                      "finetune_epochs": "0",
+                                                      **dict(o.split("=", 1) for o in args.option)}},
                          dict(get_algorithm("fedvtc").defaults))
     from edgefl.runtime.simulation import simulate
 

@@ -221,7 +221,7 @@ class FedProtoDevice(DeviceHalf):
 
     def receive(self, round: int, payload: Payload) -> None:
         for c, v in unpack_prototypes(payload.arrays, self.ctx.num_classes, self.protos.shape[1]).items():
-            self.protos[c] = torch.from_numpy(np.asarray(v, np.float32))
+            self.protos[c] = torch.tensor(np.asarray(v), dtype=torch.float32)
             self.known[c] = True
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

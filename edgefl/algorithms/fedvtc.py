@@ -279,6 +279,14 @@ class FedVTCOptions:
     lam: float = 0.1  # λ of L_dm; 0 = the "L_e only" ablation
     tc_weight: float = 0.001  # weight of L_tc in the model's step (a); 1.0 = the paper's literal loss
     align_weight: float | None = None  # weight of KL's pull of z onto c^y in step (a); None = tc_weight
+    # step (b) also decodes v ~ N(c^y, σ²) around the *global* prototype towards the batch's images of
+    # class y, so that every ψ_k is trained on the same latent region before they are averaged
+    # (not in the paper, whose ψ_k only see each device's own z; 0 = the paper)
+    proto_rc_weight: float = 0.0
+    # the averaged ψ's BatchNorm statistics: "average" (the paper: the mean of the uploads' running
+    # statistics) or "recalibrate" (re-estimated by the server on latents v ~ N(c^y, diag σ²) of the
+    # known classes, the inputs ψ will decode; averaged weights do not produce the averaged statistics)
+    psi_bn: Literal["average", "recalibrate"] = "average"
     vtc_optimizer: Literal["adam", "same"] = "adam"
     vtc_lr: float = 1e-3  # for ψ and σ with vtc_optimizer=adam
     init_sigma: float | None = None  # None: each device's observed spread of z around its class means
@@ -295,7 +303,7 @@ class FedVTCOptions:
     oracle_samples: int = 50  # generated samples per class for the oracle and device agreement
 
     def __post_init__(self):
-        for name in ("lam", "tc_weight", "vtc_lr", "sample_sigma_scale"):
+        for name in ("lam", "tc_weight", "vtc_lr", "sample_sigma_scale", "proto_rc_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.align_weight is not None and not self.align_weight >= 0:
@@ -331,7 +339,7 @@ class FedVTCDevice(DeviceHalf):
             self.psi = build_decoder(self.layout, int(seed))
         self.phase = str(payload.meta.get("phase", "train"))
         for c, v in unpack_prototypes(payload.arrays, self.ctx.num_classes, self.layout.dim).items():
-            self.protos[c] = torch.from_numpy(np.asarray(v, np.float32))
+            self.protos[c] = torch.tensor(np.asarray(v), dtype=torch.float32)
             self.known[c] = True
         if SIGMA in payload.arrays:
             sigma = np.asarray(payload.arrays[SIGMA], np.float32)
@@ -436,8 +444,12 @@ class FedVTCDevice(DeviceHalf):
         try:
             eps = torch.randn(z.shape, generator=noise)
             terms = tc_terms(model, psi, x, y, z.detach(), self.log_sigma, self.protos, eps, o.lam > 0)
+            loss = terms.le + o.lam * terms.dm
+            if o.proto_rc_weight > 0:
+                v = self.protos[y] + self.log_sigma.exp() * torch.randn(z.shape, generator=noise)
+                loss = loss + o.proto_rc_weight * class_mean_sum(((psi(v) - x) ** 2).flatten(1).sum(1), y)
             opt.zero_grad(set_to_none=True)
-            (terms.le + o.lam * terms.dm).backward()
+            loss.backward()
             opt.step()
         finally:
             _trainable(model, True)
@@ -559,7 +571,29 @@ class FedVTCServer(PrototypeServer):
         valid = [a for d, p in uplinks.items() if (a := self.valid_psi(d, p)) is not None]
         if valid:
             self.psi = weighted_average((a, 1.0) for a in valid)
+            if self.options.psi_bn == "recalibrate":
+                self.psi = self.recalibrated_psi(self.psi)
         return len(valid)
+
+    @torch.no_grad()
+    def recalibrated_psi(self, arrays: Mapping[str, np.ndarray], batches: int = 20, per_class: int = 20) -> dict[str, np.ndarray]:
+        """``arrays`` with ψ's BatchNorm running statistics re-estimated on ``batches`` batches of
+        latents v ~ N(c^y, diag σ²), ``per_class`` per known class (a cumulative average)."""
+        if self.sigma is None or not self.table.known.any():
+            return dict(arrays)
+        psi = load_decoder(self.layout, arrays)
+        for m in psi.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.reset_running_stats()
+                m.momentum = None  # the plain mean over the batches
+        psi.train()
+        classes = np.flatnonzero(self.table.known).tolist()
+        noise = torch.Generator().manual_seed(int(self.ctx.rng(self.ctx.round, 6).integers(2**31)))
+        protos, sigma = torch.from_numpy(self.table.values.astype(np.float32)), torch.from_numpy(self.sigma)
+        y = torch.tensor(classes, dtype=torch.int64).repeat_interleave(per_class)
+        for _ in range(batches):
+            psi(protos[y] + sigma * torch.randn(len(y), protos.shape[1], generator=noise))
+        return state_to_arrays(psi.state_dict(), PSI)
 
     def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
         if round >= self.ctx.rounds:

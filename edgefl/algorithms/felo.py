@@ -251,13 +251,13 @@ class KnowledgeDevice(DeviceHalf):
         if known.shape != (c,) or logit.shape != (c, c):
             raise WireError(f"knowledge of shape known {known.shape}, logit {logit.shape}; expected ({c},), ({c}, {c})")
         self.known = torch.as_tensor(known.astype(bool))
-        self.server_logit = torch.as_tensor(logit, dtype=torch.float32)
+        self.server_logit = torch.tensor(logit, dtype=torch.float32)  # a copy: a received array is read-only
         self.server_feat = None
         if "feat" in arrays:
             feat = np.asarray(arrays["feat"])
             if feat.shape != (c, d):
                 raise WireError(f"server features of shape {feat.shape}; this model needs ({c}, {d})")
-            self.server_feat = torch.as_tensor(feat, dtype=torch.float32)
+            self.server_feat = torch.tensor(feat, dtype=torch.float32)
 
     def distills(self, round: int) -> bool:
         return round >= self.options.warmup_rounds(self.ctx.rounds) and self.known is not None

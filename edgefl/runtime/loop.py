@@ -4,8 +4,9 @@
     deadline → aggregate what arrived → evaluate (every ``eval_every`` rounds) → record → checkpoint
     then: send every device its final downlink (``finish``) → evaluate on the full test split.
 
-It knows nothing of MQTT or of any particular method: it talks to a :class:`Transport` in bytes
-and to a :class:`ServerHalf` in payloads. Failed and late devices are recorded, not raised.
+It knows nothing of MQTT or of any particular method: it talks to a :class:`Transport` in
+envelopes (a wire transport encodes them: :class:`~edgefl.transport.base.Encoded`) and to a
+:class:`ServerHalf` in payloads. Failed and late devices are recorded, not raised.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import safetensors.numpy
 from edgefl.algorithms.base import ServerContext, ServerHalf
 from edgefl.errors import EdgeflError
 from edgefl.transport.base import Transport
-from edgefl.wire import Envelope, Limits, Payload, decode, encode, new_nonce
+from edgefl.wire import Envelope, Payload, new_nonce
 from edgefl.wire.schema import Expectation
 from edgefl.wire.validate import check_reply
 
@@ -69,12 +70,10 @@ class RoundLoop:
         transport: Transport,
         settings: LoopSettings,
         *,
-        limits: Limits = Limits(),
         on_round: Callable[[dict[str, Any]], None] | None = None,
         before_round: Callable[[int], None] | None = None,
     ):
         self.server, self.ctx, self.transport, self.settings = server, ctx, transport, settings
-        self.limits = limits
         self.on_round = on_round or (lambda record: None)
         # called before each round and before the closing exchanges: a deployment's server
         # adds devices that registered meanwhile to ctx.fleet here (never during an exchange)
@@ -108,25 +107,24 @@ class RoundLoop:
                 arrays=self.server.expected_uplink(device_id) if expect == "update" else None,
                 max_samples=record.num_samples or None,
             )
-            messages[device_id] = encode(env)
-            out.bytes_down[device_id] = len(messages[device_id])
+            messages[device_id] = env
 
-        def accept(device_id: str, data: bytes) -> Envelope:
-            """Decode and check a reply; a WireError refuses it (the transport keeps waiting)."""
-            reply = decode(data, self.limits)
+        def accept(device_id: str, reply: Envelope) -> Envelope:
+            """Check a (decoded) reply; a WireError refuses it (the transport keeps waiting)."""
             check_reply(reply, wants[device_id])
             return reply
 
         deliveries = self.transport.request(messages, timeout=self.settings.timeout, accept=accept)
         for device_id in payloads:
             d = deliveries.get(device_id)
+            out.bytes_down[device_id] = d.bytes_down if d is not None else 0
             if d is not None and d.rejected:
                 out.rejected[device_id] = len(d.rejected)
                 log.warning("round %d: refused %d invalid replies from %s (first: %s)", round, len(d.rejected), device_id, d.rejected[0])
             if d is None or d.reply is None:
                 out.failed[device_id] = d.error if d is not None else "no reply"
                 continue
-            out.bytes_up[device_id] = len(d.reply)
+            out.bytes_up[device_id] = d.bytes_up
             out.seconds[device_id] = d.seconds
             reply = d.value
             if reply.kind == "error":

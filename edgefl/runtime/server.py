@@ -50,6 +50,7 @@ from edgefl.runtime.setup import (
     train_settings,
 )
 from edgefl.runtime.status import FleetStatus, ObservedTransport, StatusPublisher
+from edgefl.transport.base import Encoded
 from edgefl.transport.broker import DEVICE_ID
 from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport
 from edgefl.wire import Envelope, Limits, Payload, decode, encode
@@ -269,7 +270,7 @@ def serve(
             if on_round:
                 on_round(r)
 
-        loop = RoundLoop(server, ctx, ObservedTransport(transport, status), settings, limits=limits, on_round=record, before_round=lambda r: registry.apply(ctx.fleet))
+        loop = RoundLoop(server, ctx, Encoded(ObservedTransport(transport, status), limits), settings, on_round=record, before_round=lambda r: registry.apply(ctx.fleet))
         if loop.start_round:
             log.info("resuming at round %d from %s", loop.start_round, opts.checkpoint_dir)
         recorder.write_config(

@@ -26,7 +26,7 @@ from edgefl.runtime.setup import (  # noqa: F401  (re-exported: the library's ol
     subsample,
     train_settings,
 )
-from edgefl.transport import InMemoryTransport
+from edgefl.transport import Encoded, InMemoryTransport
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ def simulate(
     if workers > 1:
         from edgefl.runtime.parallel import WorkerPool
 
-        transport = WorkerPool(cfg, run.ids, workers, threads=cfg.threads)
-        samples = transport.samples
+        pool = WorkerPool(cfg, run.ids, workers, threads=cfg.threads)
+        transport, samples = Encoded(pool), pool.samples
     else:
         transport = InMemoryTransport()
         eval_cache: dict = {}
@@ -64,7 +64,7 @@ def simulate(
             agent = DeviceAgent(
                 half, eval_sets={"quick": quick, "test": test}, algorithm=cfg.algorithm, eval_cache=eval_cache
             )
-            transport.connect(d, agent.handle_bytes)
+            transport.connect(d, agent.handle_envelope)
         samples = {d: len(h.ctx.train_data) for d, h in halves.items()}
     try:
         return _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start)
@@ -112,7 +112,7 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
     if halves:
         save_device_models(run_dir, {d: h.model for d, h in halves.items()}, specs=specs, dataset=cfg.dataset)
     else:
-        transport.save_models(run_dir)
+        transport.wire.save_models(run_dir)
     summary = run_summary(
         cfg, final, rounds, {d: s.tier for d, s in specs.items()},
         test_samples=len(test), wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,

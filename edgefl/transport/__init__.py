@@ -1,6 +1,6 @@
 """Transports: in-memory (simulation) and MQTT (deployment)."""
 
-from edgefl.transport.base import Delivery, Transport
+from edgefl.transport.base import Delivery, Encoded, Transport, WireTransport
 from edgefl.transport.memory import InMemoryTransport
 
-__all__ = ["Delivery", "InMemoryTransport", "Transport"]
+__all__ = ["Delivery", "Encoded", "InMemoryTransport", "Transport", "WireTransport"]

@@ -1,38 +1,84 @@
-"""The server's view of a transport: send each device its bytes, collect the replies.
+"""The server's view of a transport: send each device its envelope, collect the replies.
 
-A transport moves opaque envelopes; it never looks inside them and never imports an algorithm.
-A device that fails or misses the deadline yields a :class:`Delivery` with ``error`` set:
-data for the round's record, not an exception.
+Two layers:
 
-The caller passes ``accept(device_id, reply_bytes)``: it decodes and checks a reply against its
-request and raises :class:`~edgefl.errors.WireError` to refuse it. A transport keeps the first
-*accepted* reply per device; a refused one is counted in ``Delivery.rejected`` and never displaces
-or blocks the real one (the transport goes on waiting for it).
+- :class:`Transport` is what the round loop talks to: it moves :class:`~edgefl.wire.Envelope`
+  objects. The in-memory transport (:mod:`edgefl.transport.memory`) hands them over as checked,
+  read-only views (:func:`edgefl.wire.check`): no bytes, no copy, no checksum, with the byte
+  counts computed exactly (:func:`edgefl.wire.encoded_size`).
+- :class:`WireTransport` moves the envelopes' bytes (MQTT, the worker processes' pipes) and never
+  looks inside them. :class:`Encoded` makes one a :class:`Transport`: it encodes each request and
+  decodes each reply (:func:`edgefl.wire.decode`, with its limits) before the caller's check.
+
+A device that fails or misses the deadline yields a :class:`Delivery` with ``error`` set: data for
+the round's record, not an exception. The caller passes ``accept(device_id, reply)``: it checks a
+reply against its request and raises :class:`~edgefl.errors.WireError` to refuse it. A transport
+keeps the first *accepted* reply per device; a refused one is counted in ``Delivery.rejected``
+and never displaces or blocks the real one (a wire transport goes on waiting for it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-#: Decodes and checks a reply (device id, bytes); raises WireError to refuse it.
-Accept = Callable[[str, bytes], Any]
+from edgefl.errors import WireError
+from edgefl.wire import Envelope, Limits, decode, encode
+
+#: Checks a reply (device id, the reply: an Envelope, or bytes on a wire transport); raises WireError to refuse it.
+Accept = Callable[[str, Any], Any]
 
 
 @dataclass(frozen=True)
 class Delivery:
     device_id: str
-    reply: bytes | None  # the device's reply envelope, or None when it failed or timed out
+    reply: Any  # the device's reply (an Envelope; bytes on a wire transport), or None when it failed or timed out
     error: str | None = None
     seconds: float = 0.0  # from sending to receiving the reply
-    value: Any = None  # what ``accept`` returned for the reply (the decoded envelope)
+    value: Any = None  # what ``accept`` returned for the reply
     rejected: tuple[str, ...] = ()  # why each refused reply was refused
+    bytes_down: int = 0  # the request's size as sent (encoded), 0 when it was not sent
+    bytes_up: int = 0  # the accepted reply's size (encoded)
 
 
 class Transport(Protocol):
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
-        """Deliver ``messages`` (device id → envelope bytes) and wait for every accepted reply or the timeout."""
+    def request(self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
+        """Deliver ``messages`` (device id → envelope) and wait for every accepted reply or the timeout."""
         ...
 
     def close(self) -> None: ...
+
+
+class WireTransport(Protocol):
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
+        """Deliver ``messages`` (device id → envelope bytes); ``accept`` is given the reply's bytes."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Encoded:
+    """A :class:`Transport` over a :class:`WireTransport`: requests are encoded, replies decoded
+    under ``limits`` and then given to the caller's ``accept``."""
+
+    def __init__(self, wire: WireTransport, limits: Limits = Limits()):
+        self.wire, self.limits = wire, limits
+
+    def request(self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
+        data, out = {}, {}
+        for device_id, env in messages.items():
+            try:
+                data[device_id] = encode(env)
+            except WireError as e:
+                out[device_id] = Delivery(device_id, None, f"not sent: {e}")
+        limits = self.limits
+        delivered = self.wire.request(data, timeout=timeout, accept=lambda d, raw: accept(d, decode(raw, limits)))
+        for device_id, d in delivered.items():
+            sized = dataclasses.replace(d, bytes_down=len(data[device_id]), bytes_up=len(d.reply) if d.reply is not None else 0)
+            out[device_id] = dataclasses.replace(sized, reply=d.value if d.reply is not None else None)
+        return out
+
+    def close(self) -> None:
+        self.wire.close()

@@ -1,6 +1,15 @@
 """Wire format: envelopes, payloads, schemas, and the arrays ↔ state-dict helpers."""
 
-from edgefl.wire.envelope import Envelope, Limits, Payload, decode, encode, new_nonce
+from edgefl.wire.envelope import (
+    Envelope,
+    Limits,
+    Payload,
+    check,
+    decode,
+    encode,
+    encoded_size,
+    new_nonce,
+)
 from edgefl.wire.schema import KINDS, REPLY_KINDS, SCHEMA_VERSION, ArraySpec, array_spec, spec_of
 from edgefl.wire.tensors import arrays_to_state, state_to_arrays
 
@@ -14,8 +23,10 @@ __all__ = [
     "Payload",
     "array_spec",
     "arrays_to_state",
+    "check",
     "decode",
     "encode",
+    "encoded_size",
     "new_nonce",
     "spec_of",
     "state_to_arrays",

@@ -25,6 +25,7 @@ not match the request it pretends to answer. CRC-32 rather than SHA-256 because 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import secrets
@@ -138,8 +139,10 @@ def _dense(name: str, a: Any) -> np.ndarray:
     return a if a.dtype.byteorder != ">" else a.astype(a.dtype.newbyteorder("<"))
 
 
-def encode(env: Envelope) -> bytes:
-    """Serialize an envelope to bytes (one safetensors blob, written by the safetensors library)."""
+def _prepare(env: Envelope, checksum: bool = True) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
+    """What :func:`encode` checks and writes: the arrays (dense, little-endian, whitelisted
+    dtypes), the routing header (validated as a receiver validates it) and the tensors in name
+    order. ``checksum=False`` leaves a placeholder checksum (for :func:`check`: no bytes, no CRC)."""
     if env.kind not in KINDS:
         raise WireError(f"unknown message kind {env.kind!r}")
     arrays = {name: _dense(name, a) for name, a in env.payload.arrays.items()}
@@ -159,8 +162,14 @@ def encode(env: Envelope) -> bytes:
         "meta": json.dumps(meta, sort_keys=True, allow_nan=False),
     }
     tensors = [(n, _DTYPES[arrays[n].dtype], arrays[n].shape, memoryview(arrays[n]).cast("B") if arrays[n].size else b"") for n in sorted(arrays)]
-    routing["checksum"] = _checksum(routing, tensors)
+    routing["checksum"] = _checksum(routing, tensors) if checksum else "0" * 8
     validate(Header, routing, "envelope header")  # what we send must pass what we accept
+    return arrays, routing, tensors
+
+
+def encode(env: Envelope) -> bytes:
+    """Serialize an envelope to bytes (one safetensors blob, written by the safetensors library)."""
+    arrays, routing, _ = _prepare(env)
     specs = {
         n: safetensors.TensorSpec(dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
         for n, a in arrays.items()
@@ -169,6 +178,58 @@ def encode(env: Envelope) -> bytes:
         return safetensors.serialize(specs, metadata=routing)
     except Exception as e:  # the library's own error types
         raise WireError(f"cannot serialize the envelope: {e}") from None
+
+
+#: safetensors writes tensors ordered by dtype (its enum, descending), then by name.
+_ORDER = {"I64": 0, "F64": 1, "F32": 2, "I32": 3, "F16": 4, "U8": 5, "BOOL": 6}
+
+
+def _header_size(routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]) -> int:
+    """The length of the JSON header safetensors writes for these routing fields and arrays,
+    padded with spaces to a multiple of 8."""
+    entries, offset = [], 0
+    for name in sorted(arrays, key=lambda n: (_ORDER[_DTYPES[arrays[n].dtype]], n)):
+        a = arrays[name]
+        entries.append((name, {"dtype": _DTYPES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}))
+        offset += a.nbytes
+    header = {"__metadata__": dict(routing), **dict(entries)}
+    n = len(json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode())
+    return n + (-n) % 8
+
+
+def encoded_size(env: Envelope) -> int:
+    """``len(encode(env))``, computed without serializing (no copy of the arrays): what an
+    in-memory exchange records as the message's bytes."""
+    arrays, routing, _ = _prepare(env, checksum=False)
+    return 8 + _header_size(routing, arrays) + sum(a.nbytes for a in arrays.values())
+
+
+def check(env: Envelope, limits: Limits = Limits()) -> Envelope:
+    """What the receiver of ``encode(env)`` would get from :func:`decode`, without the bytes: the
+    same checks (routing and metadata schema, dtype whitelist, the limits, finite values, BOOL
+    bytes) and an envelope whose arrays are **read-only views** of the sender's (no copy). No
+    checksum: nothing crosses a wire. Raises WireError where :func:`decode` would refuse the
+    encoded message. The in-memory transport passes envelopes through this."""
+    arrays, routing, _ = _prepare(env, checksum=False)
+    if len(arrays) > limits.max_tensors:
+        raise WireError(f"{len(arrays)} tensors exceed the limit of {limits.max_tensors}")
+    header = _header_size(routing, arrays)
+    if header > limits.max_header_bytes:
+        raise WireError(f"header length {header} is out of bounds")
+    size = 8 + header + sum(a.nbytes for a in arrays.values())
+    if size > limits.max_bytes:
+        raise WireError(f"message of {size} bytes exceeds the limit of {limits.max_bytes}")
+    views = {}
+    for name in sorted(arrays):
+        a = arrays[name].view()
+        a.flags.writeable = False
+        if a.dtype == np.bool_ and a.size and a.view(np.uint8).max() > 1:
+            raise WireError(f"tensor {name!r}: a BOOL byte other than 0 or 1")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise WireError(f"tensor {name!r} has non-finite values")
+        views[name] = a
+    meta = json.loads(routing["meta"])  # a copy, as decode gives: the receiver cannot change the sender's
+    return dataclasses.replace(env, payload=Payload(arrays=views, meta=meta))
 
 
 def json_depth(raw: bytes) -> int:
