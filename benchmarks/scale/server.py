@@ -1,0 +1,132 @@
+"""The server's work per round against the number of devices, for every method.
+
+    python -m benchmarks.scale.server [--devices 10 100 1000] [--method NAME ...]
+
+For each method at its defaults (model family, tiers, width, options) and each fleet size N, every
+device of the round reports (fraction 1): the uplinks are real — one device per tier trains one
+local step on Fashion-MNIST and its update stands for every device of that tier (with that device's
+sample count) — and the server computes every device's downlink and aggregates the N uplinks. The
+time of round 1 (round 0 may build buffers) and the server process's resident memory after it are
+recorded; the exponent b of time ≈ a·N^b is fitted over N (b ≈ 1: linear). Devices' own work is
+not measured here (see ``parallel.py``). Writes ``benchmarks/scale/server.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from benchmarks.common import machine, write_json
+
+HERE = Path(__file__).resolve().parent
+
+
+def measure(method: str, n: int) -> dict:
+    from edgefl.algorithms import DeviceRecord, get_algorithm
+    from edgefl.config import resolve_config
+    from edgefl.runtime.setup import assemble
+    from edgefl.wire import Payload
+
+    algo = get_algorithm(method)
+    cfg = resolve_config({"algorithm": method, "dataset": "fashion-mnist", "clients": n, "fraction": 1.0,
+                          "partition": "iid", "train_samples": max(4000, 20 * n), "test_samples": 100,
+                          "eval_samples": 100, "steps": 1, "rounds": 4, "seed": 0, "min_size": 2},
+                         dict(algo.defaults))
+    run = assemble(cfg)
+    fleet = {d: DeviceRecord(spec=run.specs[d], num_samples=len(run.data.shard(i))) for i, d in enumerate(run.ids)}
+    server = run.algorithm.server(run.server_context(fleet), run.options)
+    by_tier: dict[str, Payload] = {}
+    for d in run.ids:  # one real device per tier
+        tier = run.specs[d].tier
+        if tier not in by_tier:
+            half = run.device_half(d)
+            half.receive(0, server.downlink(0, d))
+            by_tier[tier] = half.fit(0)
+    rss0 = psutil.Process().memory_info().rss
+    timings = []
+    for rnd in (0, 1):
+        server.ctx.round = rnd
+        t0 = time.perf_counter()
+        for d in run.ids:
+            server.downlink(rnd, d)
+        t1 = time.perf_counter()
+        uplinks = {}
+        for d in run.ids:
+            up = by_tier[run.specs[d].tier]
+            uplinks[d] = Payload(up.arrays, {**up.meta, "num_samples": min(int(up.meta.get("num_samples", 1)), fleet[d].num_samples)})
+        metrics = server.aggregate(rnd, uplinks)
+        t2 = time.perf_counter()
+        timings.append((t1 - t0, t2 - t1))
+    down, agg = timings[-1]
+    upload = sum(a.nbytes for p in by_tier.values() for a in p.arrays.values()) / len(by_tier)
+    out = {"method": method, "devices": n, "downlink_seconds": round(down, 4), "aggregate_seconds": round(agg, 4),
+           "server_seconds": round(down + agg, 4), "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
+           "rss_growth_mb": round((psutil.Process().memory_info().rss - rss0) / 2**20, 1),
+           "uplink_bytes_per_device": int(upload), "server_metrics": sorted(metrics)[:8]}
+    del server, run, by_tier, uplinks
+    gc.collect()
+    return out
+
+
+def exponent(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of log time against log N."""
+    pts = [(math.log(n), math.log(t)) for n, t in points if t > 0]
+    if len(pts) < 2:
+        return None
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from edgefl.algorithms import algorithm_names
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--devices", type=int, nargs="+", default=[10, 100, 1000])
+    p.add_argument("--method", action="append", help="default: every method")
+    args = p.parse_args(argv)
+    methods = args.method or [m for m in algorithm_names() if m != "local"]
+    results = {"machine": machine(), "command": "python -m benchmarks.scale.server " + " ".join(argv or sys.argv[1:]),
+               "rows": [], "exponents": {}}
+    for m in methods:
+        for n in args.devices:
+            row = measure(m, n)
+            print(row, flush=True)
+            results["rows"].append(row)
+        pts = [(r["devices"], r["server_seconds"]) for r in results["rows"] if r["method"] == m]
+        results["exponents"][m] = exponent(pts)
+    results["machine_after"] = machine()["loadavg_1_5_15"]
+    write_json(HERE / "server.json", results)
+    (HERE / "server.md").write_text(report(results, args.devices))
+    return results
+
+
+def report(results: dict, devices: list[int]) -> str:
+    m = results["machine"]
+    head = " | ".join(f"N = {n} (s)" for n in devices)
+    lines = ["# Server work per round against the number of devices", "",
+             f"`{results['command']}` on {m['cores']} cores, {m['date']}; load average before {m['loadavg_1_5_15']}, "
+             f"after {results['machine_after']}. Every device of the round reports; the server computes each "
+             "device's downlink and aggregates the N uplinks (round 1; real uplinks, one trained device per tier). "
+             "b: the fitted exponent of time ≈ a·N^b.", "",
+             f"| method | {head} | b | memory at the largest N (MB) | uplink per device |",
+             "|---|" + "---|" * len(devices) + "---|---|---|"]
+    for method, b in results["exponents"].items():
+        rows = {r["devices"]: r for r in results["rows"] if r["method"] == method}
+        cells = " | ".join(f"{rows[n]['server_seconds']:.3f}" if n in rows else "—" for n in devices)
+        last = rows[max(rows)]
+        lines.append(f"| {method} | {cells} | {b:.2f} | {last['rss_mb']:.0f} | {last['uplink_bytes_per_device'] / 1e3:.1f} kB |"
+                     if b is not None else f"| {method} | {cells} | — | {last['rss_mb']:.0f} | — |")
+    lines += ["", "Targets (issue 22): every method's server step ≤ 5 s per round at 10 devices, growing at most "
+              "linearly (b ≤ 1); Felo-sized knowledge aggregated for 1,000 devices in under 1 s.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
