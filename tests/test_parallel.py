@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_config
 from safetensors.numpy import load_file
 
 from edgefl.errors import EdgeflError, WireError
@@ -15,6 +14,7 @@ from edgefl.runtime import simulation
 from edgefl.runtime.parallel import WorkerPool
 from edgefl.runtime.setup import device_ids
 from edgefl.wire import Envelope, Payload, decode, encode
+from tests.conftest import tiny_config
 
 
 def _rounds(summary) -> list[dict]:

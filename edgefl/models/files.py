@@ -15,13 +15,27 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import nn
 
 from edgefl.errors import ConfigError, ModelFileError
 from edgefl.models import EdgeModel, ModelSpec, build_model
 
 FORMAT = "edgefl-model/1"
+
+
+def model_file_bytes(model: nn.Module, *, spec: ModelSpec | None = None, dataset: str | None = None) -> bytes:
+    """The bytes of :func:`save_model_file`'s file (for a process that cannot write the run's
+    directory itself, e.g. a Ray worker on another machine)."""
+    spec = spec or getattr(model, "spec", None)
+    if not isinstance(spec, ModelSpec):
+        raise ConfigError("save_model_file needs an EdgeModel or an explicit spec")
+    # Copies, so that tensors sharing storage (tied weights, views) are stored independently.
+    tensors = {name: t.detach().cpu().contiguous().clone() for name, t in model.state_dict().items()}
+    meta = {"format": FORMAT, "spec": json.dumps(spec.to_dict())}
+    if dataset:
+        meta["dataset"] = dataset
+    return save(tensors, metadata=meta)
 
 
 def save_model_file(
@@ -32,17 +46,10 @@ def save_model_file(
     `spec` defaults to `model.spec` (every EdgeModel has one); `dataset` names the data the model
     was trained on, so that an export can find test samples and class names.
     """
-    spec = spec or getattr(model, "spec", None)
-    if not isinstance(spec, ModelSpec):
-        raise ConfigError("save_model_file needs an EdgeModel or an explicit spec")
-    # Copies, so that tensors sharing storage (tied weights, views) are stored independently.
-    tensors = {name: t.detach().cpu().contiguous().clone() for name, t in model.state_dict().items()}
-    meta = {"format": FORMAT, "spec": json.dumps(spec.to_dict())}
-    if dataset:
-        meta["dataset"] = dataset
+    data = model_file_bytes(model, spec=spec, dataset=dataset)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata=meta)
+    path.write_bytes(data)
     return path
 
 

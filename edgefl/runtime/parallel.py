@@ -59,25 +59,60 @@ def _recv(conn: Connection) -> tuple[dict[str, Any], bytes]:
     return json.loads(raw[4 : 4 + n]), raw[4 + n :]
 
 
+class DeviceGroup:
+    """Some devices of a run, built in this process by the run assembly and each served by a
+    :class:`~edgefl.runtime.agent.DeviceAgent`: what a worker process or a Ray actor holds."""
+
+    def __init__(self, cfg_json: str, ids: Sequence[str], threads: int):
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        import torch
+
+        from edgefl.runtime.agent import DeviceAgent
+        from edgefl.runtime.setup import assemble
+
+        torch.set_num_threads(threads)
+        self.cfg = RunConfig.model_validate_json(cfg_json)
+        self.run = assemble(self.cfg)
+        evals = {"quick": self.run.data.evals["quick"], "test": self.run.data.evals["test"]}
+        cache: dict = {}  # identical models (e.g. after averaging) are evaluated once per group
+        self.agents = {d: DeviceAgent(self.run.device_half(d), eval_sets=evals, algorithm=self.cfg.algorithm, eval_cache=cache)
+                       for d in ids}
+
+    def samples(self) -> dict[str, int]:
+        return {d: len(a.half.ctx.train_data) for d, a in self.agents.items()}
+
+    def handle(self, device_id: str, data: bytes) -> tuple[bytes | None, str | None]:
+        """(reply, None), or (None, why there is none)."""
+        try:
+            reply = self.agents[device_id].handle_bytes(data)
+        except Exception as e:  # the agent answers every failure itself; this is a last resort
+            return None, f"{type(e).__name__}: {e}"
+        return (reply, None) if reply is not None else (None, "no reply")
+
+    def model_files(self) -> dict[str, bytes]:
+        """Each device's final model file (``edgefl export`` reads it), as bytes."""
+        from edgefl.models.files import model_file_bytes
+
+        return {d: model_file_bytes(a.half.model, spec=self.run.specs[d], dataset=self.cfg.dataset) for d, a in self.agents.items()}
+
+
+def write_models(run_dir: str | Path, files: Mapping[str, bytes]) -> None:
+    from edgefl.export.checkpoint import device_model_path
+
+    for device_id, data in files.items():
+        path = device_model_path(run_dir, device_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
 def _serve(conn: Connection, cfg_json: str, ids: Sequence[str], threads: int) -> None:
     """A worker process: build ``ids``' devices, then answer requests until told to close."""
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    import torch
-
-    from edgefl.runtime.agent import DeviceAgent
-    from edgefl.runtime.setup import assemble
-
-    torch.set_num_threads(threads)
     try:
-        cfg = RunConfig.model_validate_json(cfg_json)
-        run = assemble(cfg)
-        evals = {"quick": run.data.evals["quick"], "test": run.data.evals["test"]}
-        cache: dict = {}  # identical models (e.g. after averaging) are evaluated once per worker
-        agents = {d: DeviceAgent(run.device_half(d), eval_sets=evals, algorithm=cfg.algorithm, eval_cache=cache) for d in ids}
+        group = DeviceGroup(cfg_json, ids, threads)
     except Exception as e:  # the pool reports it and stops the run
         _send(conn, {"op": "failed", "error": f"{type(e).__name__}: {e}"})
         return
-    _send(conn, {"op": "ready", "samples": {d: len(a.half.ctx.train_data) for d, a in agents.items()}})
+    _send(conn, {"op": "ready", "samples": group.samples()})
     while True:
         try:
             control, data = _recv(conn)
@@ -86,21 +121,12 @@ def _serve(conn: Connection, cfg_json: str, ids: Sequence[str], threads: int) ->
         op = control["op"]
         if op == "request":
             device = control["device"]
-            try:
-                reply = agents[device].handle_bytes(data)
-            except Exception as e:  # the agent answers every failure itself; this is a last resort
-                _send(conn, {"op": "reply", "seq": control["seq"], "device": device, "error": f"{type(e).__name__}: {e}"})
-                continue
-            if reply is None:
-                _send(conn, {"op": "reply", "seq": control["seq"], "device": device, "error": "no reply"})
-            else:
-                _send(conn, {"op": "reply", "seq": control["seq"], "device": device}, reply)
+            reply, error = group.handle(device, data)
+            answer = {"op": "reply", "seq": control["seq"], "device": device}
+            _send(conn, answer if error is None else {**answer, "error": error}, reply or b"")
         elif op == "save":
-            from edgefl.export.checkpoint import save_device_models
-
-            save_device_models(control["run_dir"], {d: a.half.model for d, a in agents.items()},
-                               specs=run.specs, dataset=cfg.dataset)
-            _send(conn, {"op": "saved"})
+            files = group.model_files()
+            _send(conn, {"op": "saved", "sizes": {d: len(b) for d, b in files.items()}}, b"".join(files.values()))
         elif op == "close":
             return
 
@@ -214,17 +240,22 @@ class WorkerPool:
         return out
 
     def save_models(self, run_dir: str | Path) -> None:
-        """Each worker writes its devices' final models under ``run_dir/models``."""
+        """Each device's final model under ``run_dir/models`` (the workers send the files)."""
         for conn in self._conns:
-            _send(conn, {"op": "save", "run_dir": str(run_dir)})
+            _send(conn, {"op": "save"})
         for k, conn in enumerate(self._conns):
             try:
-                while (control := _recv(conn)[0])["op"] == "reply":  # a late answer to a timed-out request
+                while (message := _recv(conn))[0]["op"] == "reply":  # a late answer to a timed-out request
                     pass
             except (EOFError, OSError):
-                raise EdgeflError(f"worker {k} exited before saving its devices' models") from None
+                raise EdgeflError(f"worker {k} exited before sending its devices' models") from None
+            control, data = message
             if control["op"] != "saved":
                 raise EdgeflError(f"worker {k} could not save its models: {control}")
+            files, at = {}, 0
+            for device_id, size in control["sizes"].items():
+                files[device_id], at = data[at : at + size], at + size
+            write_models(run_dir, files)
 
     def close(self) -> None:
         for conn in self._conns:

@@ -11,6 +11,7 @@ import torch
 
 from edgefl.algorithms import DeviceRecord, ServerHalf
 from edgefl.config import RunConfig
+from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import save_device_models
 from edgefl.report import RunRecorder
 from edgefl.report.recorder import finish_run, run_summary
@@ -38,20 +39,30 @@ def simulate(
     plots: bool = True,
     on_done: Callable[[ServerHalf], None] | None = None,
     workers: int = 1,
+    backend: str = "local",
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and (``plots``) plots to the
     run dir. ``on_done`` is given the server half when the run is over (as ``serve`` does).
 
     ``workers`` > 1 trains the devices in that many worker processes (:mod:`edgefl.runtime.parallel`),
-    each with ``cfg.threads`` torch threads (default: the cores shared out); the results are those
-    of the sequential run at the same threads per device."""
+    each with ``cfg.threads`` torch threads (default: the cores shared out); ``backend="ray"`` in
+    that many Ray actors (:mod:`edgefl.runtime.ray_pool`; ``ray_address`` joins an existing
+    cluster). The results are those of the sequential run at the same threads per device."""
     t_start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run = assemble(cfg)
     quick, test = run.data.evals["quick"], run.data.evals["test"]
     halves = {}
-    if workers > 1:
+    if backend not in ("local", "ray"):
+        raise ConfigError(f"backend must be local or ray, got {backend!r}")
+    if backend == "ray":
+        from edgefl.runtime.ray_pool import RayPool
+
+        pool = RayPool(cfg, run.ids, workers, address=ray_address, threads=cfg.threads or 1)
+        transport, samples = Encoded(pool), pool.samples
+    elif workers > 1:
         from edgefl.runtime.parallel import WorkerPool
 
         pool = WorkerPool(cfg, run.ids, workers, threads=cfg.threads)
