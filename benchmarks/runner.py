@@ -191,6 +191,15 @@ def load_hook(spec: str) -> Callable[[RunOutput], Mapping[str, Any]]:
 
 _RESOLVED: dict[str, dict[str, Any]] = {}
 
+#: Options added to a method after cells were cached, each with the value that reproduces the
+#: computation from before it existed. A cell whose resolved option has that value is keyed
+#: without it, so adding an option that is off by default does not re-key (and re-run) every cached
+#: cell of the method; a cell that sets another value, or a later default that differs, is keyed
+#: with it. A fact about the method's history: entries are never removed.
+ADDED_OPTIONS: dict[str, dict[str, Any]] = {
+    "fedvtc": {"align_weight": None, "proto_rc_weight": 0.0, "psi_bn": "average"},
+}
+
 
 def resolved_run(cell: Cell) -> dict[str, Any]:
     """The run configuration ``simulate`` will use (output and thread settings aside), with the
@@ -204,7 +213,8 @@ def resolved_run(cell: Cell) -> dict[str, Any]:
         cfg = resolve_config(cell.full_config(), dict(algorithm.defaults))
         options = algorithm.parse_options(cfg.options)
         run = cfg.model_dump(mode="json", exclude={"out_dir", "run_name", "threads", "options"})
-        run["options"] = dataclasses.asdict(options)
+        added = ADDED_OPTIONS.get(cfg.algorithm, {})
+        run["options"] = {k: v for k, v in dataclasses.asdict(options).items() if not (k in added and v == added[k])}
         _RESOLVED[blob] = run
     return _RESOLVED[blob]
 
@@ -394,6 +404,10 @@ class MetricMissing(KeyError):
 
 
 def metric_value(record: Mapping[str, Any], path: str) -> float:
+    """``record``'s metric at a dotted ``path`` (``per_tier.1``), or the difference ``"a - b"`` of two."""
+    if " - " in path:
+        a, b = path.split(" - ", 1)
+        return metric_value(record, a) - metric_value(record, b)
     value: Any = record
     for part in path.split("."):
         if not isinstance(value, Mapping) or part not in value:
