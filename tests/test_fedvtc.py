@@ -130,7 +130,7 @@ def test_proto_rc_weight_adds_the_decoding_of_the_prototypes_to_the_decoders_ste
         device.step_vtc(x, y, z, opt, torch.Generator().manual_seed(2))
         return torch.cat([p.grad.flatten() for p in device.psi.parameters()]), device
 
-    plain, _ = vtc_grad()
+    plain, _ = vtc_grad(proto_rc_weight="0")
     weighted, device = vtc_grad(proto_rc_weight="1")
     # the added term alone: ψ decoding v ~ N(c^y, σ²) (the prototypes, not z) towards the images
     psi = device.psi
@@ -241,7 +241,7 @@ def _uplink(protos, sigma):
 
 
 def test_psi_averaging_is_parameter_wise_exact_and_skips_a_bad_upload():
-    server = _server()
+    server = _server(psi_bn="average")  # the paper's average, BN statistics included
     rng = np.random.default_rng(0)
     reference = {k: v for k, v in server.psi_shapes.items()}
     ups = {}
