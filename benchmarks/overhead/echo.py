@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, get_algorithm, register
-from edgefl.wire import Payload
+from edgefl.wire import Payload, array_spec
 
 RESNET18_FLOATS = 11_173_962
 
@@ -54,7 +54,7 @@ class EchoServer(ServerHalf):
         return {}
 
     def expected_uplink(self, device_id: str):
-        return {"weights": (self.options.floats,)}
+        return {"weights": array_spec(np.float32, (self.options.floats,))}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {"weights": self.weights}

@@ -20,7 +20,7 @@ from edgefl.algorithms.training import evaluate
 from edgefl.data import ArrayDataset
 from edgefl.errors import WireError
 from edgefl.runtime.loop import UNCHANGED
-from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, check, decode, encode
+from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, decode, encode
 from edgefl.wire.schema import MAX_ABS_METRIC, check_arrays
 from edgefl.wire.validate import peek
 
@@ -106,15 +106,9 @@ class DeviceAgent:
 
     def handle_envelope(self, env: Envelope) -> Envelope:
         """The in-memory path (:class:`~edgefl.transport.memory.InMemoryTransport`): ``env`` was
-        checked by the transport; the reply is checked here as it would be encoded, and a reply
-        that could not be sent (e.g. a non-finite value) becomes an error reply, as over a wire."""
-        reply = self.handle(env)
-        try:
-            check(reply, self.limits)
-        except WireError as e:
-            log.warning("device %s cannot send its %s: %s", self.device_id, reply.kind, e)
-            return self._error(reply, f"cannot send the {reply.kind}: {e}")
-        return reply
+        checked by the transport, which checks the reply too (a reply that could not be encoded
+        is refused there, with the reason, as a decoder would refuse it)."""
+        return self.handle(env)
 
     def _encode(self, reply: Envelope) -> bytes:
         try:

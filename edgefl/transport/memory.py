@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 
 from edgefl.errors import WireError
 from edgefl.transport.base import Accept, Delivery
-from edgefl.wire import Envelope, Limits, check, encoded_size
+from edgefl.wire import Envelope, Limits, checked_size
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class InMemoryTransport:
                 out[device_id] = Delivery(device_id, None, "device is not connected")
                 continue
             try:
-                down, size_down = check(env, self.limits), encoded_size(env)
+                down, size_down = checked_size(env, self.limits)
             except WireError as e:
                 out[device_id] = Delivery(device_id, None, f"not sent: {e}")
                 continue
@@ -55,12 +55,12 @@ class InMemoryTransport:
                 out[device_id] = Delivery(device_id, None, "no reply", seconds, bytes_down=size_down)
                 continue
             try:  # what the server's decoder would check, then the caller's check
-                up = check(reply, self.limits)
+                up, size_up = checked_size(reply, self.limits)
                 value = accept(device_id, up)
             except WireError as e:  # one reply per request here: a refused one is the device's failure
                 out[device_id] = Delivery(device_id, None, f"rejected: {e}", seconds, rejected=(str(e),), bytes_down=size_down)
                 continue
-            out[device_id] = Delivery(device_id, up, None, seconds, value, bytes_down=size_down, bytes_up=encoded_size(reply))
+            out[device_id] = Delivery(device_id, up, None, seconds, value, bytes_down=size_down, bytes_up=size_up)
         return out
 
     def close(self) -> None:

@@ -210,6 +210,11 @@ def check(env: Envelope, limits: Limits = Limits()) -> Envelope:
     bytes) and an envelope whose arrays are **read-only views** of the sender's (no copy). No
     checksum: nothing crosses a wire. Raises WireError where :func:`decode` would refuse the
     encoded message. The in-memory transport passes envelopes through this."""
+    return checked_size(env, limits)[0]
+
+
+def checked_size(env: Envelope, limits: Limits = Limits()) -> tuple[Envelope, int]:
+    """:func:`check`'s envelope and :func:`encoded_size`'s size, from one pass."""
     arrays, routing, _ = _prepare(env, checksum=False)
     if len(arrays) > limits.max_tensors:
         raise WireError(f"{len(arrays)} tensors exceed the limit of {limits.max_tensors}")
@@ -229,7 +234,7 @@ def check(env: Envelope, limits: Limits = Limits()) -> Envelope:
             raise WireError(f"tensor {name!r} has non-finite values")
         views[name] = a
     meta = json.loads(routing["meta"])  # a copy, as decode gives: the receiver cannot change the sender's
-    return dataclasses.replace(env, payload=Payload(arrays=views, meta=meta))
+    return dataclasses.replace(env, payload=Payload(arrays=views, meta=meta)), size
 
 
 def json_depth(raw: bytes) -> int:
