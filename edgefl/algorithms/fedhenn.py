@@ -213,16 +213,28 @@ class FedHeNNServer(ServerHalf):
         self.pool: ArrayDataset = ctx.public
         self.kbar: np.ndarray | None = None
         self.kbar_round = -1  # the round whose RAD K̄ was computed on
+        self._rad: dict[int, np.ndarray] = {}
+        self._images: dict[bytes, np.ndarray] = {}  # RAD or probe indices → their images
         self.global_server = GlobalModelServer(ctx, options) if options.variant == "homo" else None
 
     def rad(self, round: int) -> np.ndarray:
-        return rad_indices(self.ctx.seed, round, len(self.pool), self.options.rad_size)
+        """The round's RAD indices (the same for every device: drawn once per round)."""
+        if round not in self._rad:
+            if len(self._rad) > 4:
+                self._rad.pop(min(self._rad))
+            self._rad[round] = rad_indices(self.ctx.seed, round, len(self.pool), self.options.rad_size)
+        return self._rad[round]
 
     def _set(self, arrays: dict, x_key: str, idx_key: str, idx: np.ndarray) -> None:
         if self.options.rad_source == "device":
             arrays[idx_key] = idx
-        else:
-            arrays[x_key] = self.pool.x[torch.from_numpy(idx)].numpy()
+            return
+        key = idx.tobytes()  # the same images for every device of the round: gathered once
+        if key not in self._images:
+            if len(self._images) >= 4:
+                self._images.pop(next(iter(self._images)))
+            self._images[key] = self.pool.x[torch.from_numpy(idx)].numpy()
+        arrays[x_key] = self._images[key]
 
     def downlink(self, round: int, device_id: str) -> Payload:
         arrays: dict[str, np.ndarray] = {}

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -368,6 +369,9 @@ class KnowledgeServer(ServerHalf):
                 self._architecture(spec)
         if options.features:
             self.features = ClassHistory(c, self.feature_dim, options.history)
+        # (round, fleet size) → the round's knowledge and devices per architecture: every device's
+        # downlink of a round shares them (recomputed per device they made the server's work O(N²))
+        self._round_cache: tuple[tuple[int, int], dict[str, np.ndarray], Counter] | None = None
 
     # the architectures of the fleet (devices may join during a run)
     def _architecture(self, spec: ModelSpec) -> str:
@@ -400,19 +404,26 @@ class KnowledgeServer(ServerHalf):
     def feature_mean(self) -> np.ndarray:
         return self.features.mean()
 
-    def _averaged(self, device_id: str) -> str | None:
+    def _averaged(self, device_id: str, round: int | None = None) -> str | None:
         """The architecture whose averaged weights ``device_id`` exchanges; None when the options
         share no weights or no other device of the fleet has its architecture (nothing to average)."""
         if not self.options.shares_weights:
             return None
         spec = self.ctx.fleet[device_id].spec
         key = self._architecture(spec)
-        peers = sum(1 for r in self.ctx.fleet.values() if r.spec.name == spec.name)
-        return key if peers >= 2 else None
+        return key if self._round(self.ctx.round if round is None else round)[2][spec.name] >= 2 else None
+
+    def _round(self, round: int) -> tuple[tuple[int, int], dict[str, np.ndarray], Counter]:
+        """The round's knowledge and the fleet's devices per architecture, computed once per round
+        and fleet size (devices join between exchanges, never during one)."""
+        key = (round, len(self.ctx.fleet))
+        if self._round_cache is None or self._round_cache[0] != key:
+            self._round_cache = (key, self.knowledge(), Counter(r.spec.name for r in self.ctx.fleet.values()))
+        return self._round_cache
 
     def downlink(self, round: int, device_id: str) -> Payload:
-        arrays = self.knowledge()
-        key = self._averaged(device_id)
+        arrays = dict(self._round(round)[1])
+        key = self._averaged(device_id, round)
         if key is not None:
             arrays.update(self.weights[key])
         return Payload(arrays)
@@ -442,6 +453,7 @@ class KnowledgeServer(ServerHalf):
         return True
 
     def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+        self._round_cache = None  # the knowledge changes now
         valid = {d: p for d, p in sorted(uplinks.items()) if self._valid(d, p)}
         for p in valid.values():
             count = np.asarray(p.arrays["count"])
@@ -476,6 +488,7 @@ class KnowledgeServer(ServerHalf):
         return out
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._round_cache = None
         self.logits.load(arrays, "logit/")
         if self.features is not None:
             self.features.load(arrays, "feat/")
