@@ -289,17 +289,19 @@ def test_a_metric_can_be_the_difference_of_two():
         runner.metric_value(record, "final_accuracy - nothing")
 
 
-def test_an_option_added_later_keys_a_cell_only_when_it_changes_the_computation(monkeypatch):
+def test_an_option_added_later_keys_a_cell_only_when_it_changes_the_computation():
     # Prepare: a FedVTC cell at the defaults, one with the later option set, and the key the cell
     # had before the option existed (its resolved options without it)
     config = {"algorithm": "fedvtc", "dataset": "synthetic", "rounds": 1}
-    plain, proto = Cell("fedvtc", "s", 0, config), Cell("fedvtc", "s", 0, {**config, "options": {"proto_rc_weight": "10"}})
+    paper = {"proto_rc_weight": "0", "psi_bn": "average"}  # the computation from before the options existed
+    plain = Cell("fedvtc", "s", 0, {**config, "options": paper})
+    proto = Cell("fedvtc", "s", 0, {**config, "options": {**paper, "proto_rc_weight": "10"}})
     keyed_without = runner.resolved_run(plain)["options"]
     # Assert: at the value that reproduces the old computation the option is not in the key; another value is
     assert "proto_rc_weight" not in keyed_without and "psi_bn" not in keyed_without
     assert runner.resolved_run(proto)["options"]["proto_rc_weight"] == 10.0
     assert plain.key != proto.key
     # a later default that differs from the old computation is keyed (every cell re-runs)
-    monkeypatch.setitem(runner.ADDED_OPTIONS, "fedvtc", {"align_weight": None, "proto_rc_weight": 1.0, "psi_bn": "average"})
-    monkeypatch.setattr(runner, "_RESOLVED", {})
-    assert runner.resolved_run(plain)["options"]["proto_rc_weight"] == 0.0
+    # the method's default (10) is not the old computation: a cell that does not set it is keyed with it
+    default = Cell("fedvtc", "s", 0, config)
+    assert runner.resolved_run(default)["options"]["proto_rc_weight"] == 10.0 and default.key != plain.key

@@ -63,7 +63,7 @@ def simulate(
     transport: str = typer.Option("memory", help="memory, or mqtt: a broker, this process as server, one process per device."),
     workers: int = typer.Option(1, "--workers", "-w", help="In memory: train the devices in this many worker processes (0: one per core); results match the sequential run's."),
     threads: int = typer.Option(None, help="Torch threads per process (with --workers: per worker; default: the cores shared out)."),
-    backend: str = typer.Option("local", help="In memory: local (this machine's processes) or ray (Ray actors; --workers of them)."),
+    backend: str = typer.Option("processes", help="In memory: processes (this machine) or ray (Ray actors; --workers of them)."),
     ray_address: str = typer.Option(None, "--ray-address", help="With --backend ray: join this Ray cluster (e.g. 10.0.0.5:6379) instead of starting one."),
     broker: str = typer.Option(None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."),
     compare_local: bool = typer.Option(False, "--compare-local", help="Also report Local (the same devices without federation), run in memory or read from --reference-cache."),

@@ -39,7 +39,7 @@ def simulate(
     plots: bool = True,
     on_done: Callable[[ServerHalf], None] | None = None,
     workers: int = 1,
-    backend: str = "local",
+    backend: str = "processes",
     ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and (``plots``) plots to the
@@ -55,8 +55,8 @@ def simulate(
     run = assemble(cfg)
     quick, test = run.data.evals["quick"], run.data.evals["test"]
     halves = {}
-    if backend not in ("local", "ray"):
-        raise ConfigError(f"backend must be local or ray, got {backend!r}")
+    if backend not in ("processes", "ray"):
+        raise ConfigError(f"backend must be processes or ray, got {backend!r}")
     if backend == "ray":
         from edgefl.runtime.ray_pool import RayPool
 
