@@ -196,7 +196,7 @@ def memory_fleet(cfg):
     halves, fleet = {}, {}
     for d in run.ids:
         halves[d] = run.device_half(d)
-        transport.connect(d, DeviceAgent(halves[d], eval_sets=run.data.evals, algorithm=cfg.algorithm).handle_envelope)
+        transport.connect(d, DeviceAgent(halves[d], eval_sets=run.data.evals, algorithm=cfg.algorithm).handle)
         fleet[d] = DeviceRecord(run.specs[d], len(halves[d].ctx.train_data))
     return run, transport, halves, fleet
 

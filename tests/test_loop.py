@@ -34,7 +34,7 @@ def _fleet(tmp_path, n=3, **overrides):
     for i, d in enumerate(ids):
         data = train.subset(np.arange(i * 100, (i + 1) * 100))
         half = algo.device(DeviceContext(d, specs[d], data, settings, seed=i, rounds=2), algo.parse_options({}))
-        transport.connect(d, DeviceAgent(half, eval_sets={"quick": test, "test": test}).handle_envelope)
+        transport.connect(d, DeviceAgent(half, eval_sets={"quick": test, "test": test}).handle)
         fleet[d] = DeviceRecord(specs[d], len(data))
     ctx = ServerContext(10, fleet, settings, rounds=2, seed=0)
     return algo, ctx, transport

@@ -104,12 +104,6 @@ class DeviceAgent:
             return self._encode(self._error(request, f"rejected: {e}"))
         return self._encode(self.handle(env))
 
-    def handle_envelope(self, env: Envelope) -> Envelope:
-        """The in-memory path (:class:`~edgefl.transport.memory.InMemoryTransport`): ``env`` was
-        checked by the transport, which checks the reply too (a reply that could not be encoded
-        is refused there, with the reason, as a decoder would refuse it)."""
-        return self.handle(env)
-
     def _encode(self, reply: Envelope) -> bytes:
         try:
             return encode(reply)

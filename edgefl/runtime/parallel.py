@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from edgefl.config import RunConfig
-from edgefl.errors import EdgeflError, WireError
-from edgefl.transport.base import Accept, Delivery
+from edgefl.errors import EdgeflError
+from edgefl.transport.base import Accept, Delivery, answered
 
 log = logging.getLogger(__name__)
 
@@ -227,12 +227,7 @@ class WorkerPool:
                 if "error" in control:
                     out[device_id] = Delivery(device_id, None, str(control["error"]), seconds)
                 else:
-                    try:
-                        value = accept(device_id, data)
-                    except WireError as e:
-                        out[device_id] = Delivery(device_id, None, f"rejected: {e}", seconds, rejected=(str(e),))
-                    else:
-                        out[device_id] = Delivery(device_id, data, None, seconds, value)
+                    out[device_id] = answered(device_id, data, seconds, accept)
                 send_next(k)
         for device_id in messages:
             if device_id not in out:

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from edgefl.config import RunConfig
-from edgefl.errors import ConfigError, EdgeflError, WireError
-from edgefl.transport.base import Accept, Delivery
+from edgefl.errors import ConfigError, EdgeflError
+from edgefl.transport.base import Accept, Delivery, answered
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +95,7 @@ class RayPool:
             except Exception as e:  # the actor died (its node went away, out of memory)
                 out[device_id] = Delivery(device_id, None, f"Ray worker failed: {type(e).__name__}", seconds)
                 continue
-            if error is not None:
-                out[device_id] = Delivery(device_id, None, error, seconds)
-                continue
-            try:
-                value = accept(device_id, reply)
-            except WireError as e:
-                out[device_id] = Delivery(device_id, None, f"rejected: {e}", seconds, rejected=(str(e),))
-            else:
-                out[device_id] = Delivery(device_id, reply, None, seconds, value)
+            out[device_id] = Delivery(device_id, None, error, seconds) if error is not None else answered(device_id, reply, seconds, accept)
         for device_id in pending.values():
             out[device_id] = Delivery(device_id, None, "timeout")
         return out

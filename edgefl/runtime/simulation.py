@@ -75,7 +75,7 @@ def simulate(
             agent = DeviceAgent(
                 half, eval_sets={"quick": quick, "test": test}, algorithm=cfg.algorithm, eval_cache=eval_cache
             )
-            transport.connect(d, agent.handle_envelope)
+            transport.connect(d, agent.handle)
         samples = {d: len(h.ctx.train_data) for d, h in halves.items()}
     try:
         return _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start)

@@ -43,6 +43,15 @@ class Delivery:
     bytes_up: int = 0  # the accepted reply's size (encoded)
 
 
+def answered(device_id: str, reply: Any, seconds: float, accept: Accept) -> Delivery:
+    """The delivery of a reply that arrived: accepted, or refused by ``accept`` (a WireError)."""
+    try:
+        value = accept(device_id, reply)
+    except WireError as e:
+        return Delivery(device_id, None, f"rejected: {e}", seconds, rejected=(str(e),))
+    return Delivery(device_id, reply, None, seconds, value)
+
+
 class Transport(Protocol):
     def request(self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
         """Deliver ``messages`` (device id → envelope) and wait for every accepted reply or the timeout."""
