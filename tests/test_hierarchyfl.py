@@ -391,3 +391,16 @@ def test_the_meta_learner_moves_towards_the_exit_that_is_clearly_better():
     w = srv.meta_weights()
     assert metrics["meta_grad"] > 0.05
     assert int(np.argmax(w)) == 3 and w[3] > 0.35  # measured 0.41 after three rounds
+
+
+def test_server_lr_follows_the_runs_decay_schedule():
+    """The server step runs on the devices' schedule (the paper: "SGD on the same lr schedule"):
+    server_lr before the first decay, ×lr_gamma at each decay round; None: the devices' lr."""
+    from edgefl.algorithms.hierarchyfl import HierarchyFLOptions, server_lr_at
+
+    settings = TrainSettings(lr=0.02, lr_decay_rounds=(8, 14), lr_gamma=0.1)
+    opts = HierarchyFLOptions(server_lr=0.05)
+    assert [server_lr_at(opts, settings, r) for r in (0, 7, 8, 13, 14, 19)] == pytest.approx(
+        [0.05, 0.05, 0.005, 0.005, 0.0005, 0.0005])
+    devices = HierarchyFLOptions(server_lr=None)
+    assert [server_lr_at(devices, settings, r) for r in (0, 8, 14)] == pytest.approx([0.02, 0.002, 0.0002])

@@ -67,8 +67,12 @@ class TrainSettings:
     lr_decay_rounds: tuple[int, ...] = ()  # multiply lr by lr_gamma at each of these rounds
     lr_gamma: float = 0.1
 
+    def lr_scale(self, round: int) -> float:
+        """The schedule's factor at ``round``: lr_gamma to the number of decays passed."""
+        return self.lr_gamma ** sum(round >= r for r in self.lr_decay_rounds)
+
     def lr_at(self, round: int) -> float:
-        return self.lr * self.lr_gamma ** sum(round >= r for r in self.lr_decay_rounds)
+        return self.lr * self.lr_scale(round)
 
 
 @dataclass

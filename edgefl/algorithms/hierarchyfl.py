@@ -56,7 +56,10 @@ Choices that are ours (the paper leaves them open; notes in ../shared/specs/ALGO
   ``num_batches_tracked`` does not travel. Distillation runs the global model in training mode.
 - **Server step** (the errata of ../shared/specs/ALGORITHMS.md): plain SGD without momentum,
   weight decay 5e-4, at lr 0.05 and T = 1 (both chosen by ``benchmarks/hierarchyfl``'s sweeps on a
-  validation split over the errata's lr 0.005 and T = 3), fresh each round (``server_lr=None`` follows the run's schedule);
+  validation split over the errata's lr 0.005 and T = 3), fresh each round, on the run's lr schedule
+  (the paper: "SGD on the same lr schedule"): ``server_lr`` is the step's lr before any decay and is
+  multiplied by ``lr_gamma`` at each of the run's ``lr_decay_rounds`` as the devices' lr is
+  (``server_lr=None``: the devices' lr itself);
   L_G plus Σ_i CE(P_i, y) on the public labels for every exit (``server_ce``; the public set is
   labelled, and the paper's ablation adds the ensemble terms on top of supervision). The spec's
   earlier step (lr 0.05, momentum 0.9, no CE) lowered every exit's accuracy on its own.
@@ -133,7 +136,7 @@ class HierarchyFLOptions(HeteroFLOptions):
     distill_steps: int | None = None  # None: one pass over the public set
     meta_lr: float = 0.05
     meta_optimizer: Literal["sgd", "adam"] = "sgd"
-    server_lr: float | None = 0.05  # None: the run's lr schedule; chosen by sweep over {0.005, 0.05}
+    server_lr: float | None = 0.05  # before decay (it follows the run's lr_decay_rounds); None: the devices' lr; swept {0.005, 0.05}
     server_momentum: float = 0.0
     server_weight_decay: float = 5e-4
     check_share: float = 0.0  # share of the public set held out to measure each exit before/after the step
@@ -152,6 +155,14 @@ class HierarchyFLOptions(HeteroFLOptions):
 
 
 # --- the hierarchy -----------------------------------------------------------------------------
+
+
+def server_lr_at(options: HierarchyFLOptions, settings, round: int) -> float:
+    """The server step's lr at ``round``: ``server_lr`` on the run's decay schedule (the paper's
+    "same lr schedule"), or the devices' lr itself when ``server_lr`` is None."""
+    if options.server_lr is None:
+        return settings.lr_at(round)
+    return options.server_lr * settings.lr_scale(round)
 
 
 def global_spec(spec: ModelSpec) -> ModelSpec:
@@ -477,7 +488,7 @@ class HierarchyFLServer(HeteroFLServer):
             else o.distill_steps
         )
         before = self.exit_accuracies(self.check_set) if self.check_set is not None else None
-        lr = o.server_lr if o.server_lr is not None else self.ctx.settings.lr_at(round)
+        lr = server_lr_at(o, self.ctx.settings, round)
         opt = torch.optim.SGD(
             self.model.parameters(),
             lr=lr,
