@@ -82,3 +82,14 @@ def test_toml_config_is_read_and_flags_override_it(tmp_path, monkeypatch, capsys
     resolved = json.loads((tmp_path / "t" / "config.json").read_text())
     assert summary["rounds"] == 1 and resolved["clients"] == 2
     assert resolved["resolved_options"] == {"mu": 0.1, "aggregator": "mean", "trim": 0.2, "clip_norm": 0.0}
+
+
+def test_lr_decay_rounds_flag_reaches_the_run_config(tmp_path, monkeypatch, capsys):
+    args = ["simulate", "--dataset", "synthetic", "--clients", "2", "--rounds", "1", "--train-samples", "300",
+            "--test-samples", "100", "--steps", "1", "--width", "0.25", "--lr-decay-rounds", "4,7",
+            "--out", str(tmp_path), "--run-name", "d", "--json", "--quiet"]
+    code, _, _ = _run(args, monkeypatch, capsys)
+    assert code == 0
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["lr_decay_rounds"] == [4, 7]
+    code, _, err = _run(["simulate", "--lr-decay-rounds", "four", "--quiet"], monkeypatch, capsys)
+    assert code != 0 and "--lr-decay-rounds 'four'" in err

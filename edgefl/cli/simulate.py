@@ -17,6 +17,17 @@ def _split(value: str | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
 
 
+def _rounds(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if value.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--lr-decay-rounds {value!r}: give rounds as integers, e.g. 5,8") from None
+
+
 def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
     out = {}
     for item in items or []:
@@ -45,6 +56,7 @@ def simulate(
     batch_size: int = typer.Option(None, help="Local batch size."),
     optimizer: str = typer.Option(None, help="sgd or adam."),
     lr: float = typer.Option(None, help="Learning rate."),
+    lr_decay_rounds: str = typer.Option(None, "--lr-decay-rounds", help="Comma-separated rounds (from 0) at which the lr is multiplied by 0.1 (a MultiStepLR; 'none' for no decay)."),
     model: str = typer.Option(None, help="Model family (resnet, cnn, hierarchy-depth, hierarchy-width, …)."),
     tiers: str = typer.Option(None, help="Comma-separated tiers of the family, assigned round-robin to devices."),
     fleet_file: Path = typer.Option(None, "--fleet-file", help="Fleet file (devices/*.yaml): device profiles; each device's tier by the tier policy."),
@@ -94,6 +106,7 @@ def simulate(
         "batch_size": batch_size,
         "optimizer": optimizer,
         "lr": lr,
+        "lr_decay_rounds": _rounds(lr_decay_rounds),
         "model": model,
         "tiers": _split(tiers),
         "fleet_file": str(fleet_file) if fleet_file else None,
