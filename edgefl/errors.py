@@ -116,6 +116,7 @@ class AuthenticationError(TransportError):
 
 #: Which install layer provides each optional top-level module.
 EXTRA_OF_MODULE = {
+    "PIL": "images",
     "torch": "train",
     "torchvision": "server",
     "onnx": "server",

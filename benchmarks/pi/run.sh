@@ -73,27 +73,49 @@ pi() { chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/u
   PIP_CERT=/etc/ssl/certs/host-ca-bundle.crt SSL_CERT_FILE=/etc/ssl/certs/host-ca-bundle.crt "$@"; }
 
 # --- the code, and data the arm64 side reads --------------------------------------------------
-rm -rf "$PI_ROOT/opt/edgefl/src" && mkdir -p "$PI_ROOT/opt/edgefl/src" "$PI_ROOT/opt/work"
-git ls-files -z | grep -zv '^benchmarks/' | xargs -0 -I{} cp --parents {} "$PI_ROOT/opt/edgefl/src/"
+R[host_load_start]=$(cut -d' ' -f1-3 /proc/loadavg)
+R[commit]=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- edgefl pyproject.toml || echo "+uncommitted")
+sync_src() {
+  rm -rf "$PI_ROOT/opt/edgefl/src" && mkdir -p "$PI_ROOT/opt/edgefl/src" "$PI_ROOT/opt/work"
+  git ls-files -z | grep -zv '^benchmarks/' | xargs -0 -I{} cp --parents {} "$PI_ROOT/opt/edgefl/src/"
+}
+sync_src
 if [ -e /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ]; then
   mkdir -p "$PI_ROOT/opt/data/fashion-mnist" && cp /usr/share/datasets/fashion-mnist/t10k-* /usr/share/datasets/fashion-mnist/train-* "$PI_ROOT/opt/data/fashion-mnist/"
 fi
 
 # --- the base layer -----------------------------------------------------------------------------
-size_mb() { du -sm "$1" | cut -f1; }
-largest() {  # the five largest installed packages of a venv, "name MB"
-  du -sm "$1"/lib/python3*/site-packages/* 2>/dev/null | sort -rn | head -5 | awk '{n=split($2,p,"/"); printf "%s %s MB; ", p[n], $1}'
-}
-say "base layer: python3 -m venv + pip install edgefl (emulated)"
-rm -rf "$PI_ROOT/opt/base"
+# As docs/install-pi-jetson.md tells a Pi user: a venv without pip of its own, filled by the
+# system's pip (Debian's python3-pip, `pip --python`), without compiling bytecode at install
+# (Python writes it for the modules a command imports, on first use, when the venv is writable).
+sizes() { "$HOST_PY" "$HERE/sizes.py" "$1"; }
+mib() { "$HOST_PY" -c 'import json,sys; print(json.loads(sys.argv[1])["total_mib"])' "$1"; }
+lean_venv() { pi python3 -m venv --without-pip "$1" >>"$LOG" 2>&1; }
+pip_into() { local venv=$1; shift; pi pip3 --python "$venv/bin/python" install --quiet --disable-pip-version-check --no-compile --no-cache-dir "$@" >>"$LOG" 2>&1; }
+say "base layer: python3 -m venv --without-pip + pip3 --python ... install --no-compile edgefl (emulated)"
+rm -rf "$PI_ROOT/opt/base" "$PI_ROOT/opt/plain"
 t=$(now)
-pi python3 -m venv /opt/base >>"$LOG" 2>&1
-pi /opt/base/bin/pip install --quiet --disable-pip-version-check /opt/edgefl/src >>"$LOG" 2>&1
+lean_venv /opt/base
+pip_into /opt/base /opt/edgefl/src
 R[base_install_seconds]=$(since "$t")
-R[base_venv_mb]=$(size_mb "$PI_ROOT/opt/base")
-R[base_largest]=$(largest "$PI_ROOT/opt/base")
+R[base_sizes]=$(sizes "$PI_ROOT/opt/base")
+R[base_venv_mib]=$(mib "${R[base_sizes]}")
 R[base_has_torch]=$(pi /opt/base/bin/python -c 'import importlib.util as u; print(u.find_spec("torch") is not None)')
-say "base: ${R[base_venv_mb]} MB in ${R[base_install_seconds]} s; torch: ${R[base_has_torch]}"
+R[base_has_pillow]=$(pi /opt/base/bin/python -c 'import importlib.util as u; print(u.find_spec("PIL") is not None)')
+say "base: ${R[base_venv_mib]} MiB in ${R[base_install_seconds]} s; torch: ${R[base_has_torch]}; pillow: ${R[base_has_pillow]}"
+# What pip's defaults would add: the bytecode of every module (measured by compiling a copy on the
+# host with CPython 3.11, which writes the same .pyc files as the root's 3.11), and the pip and
+# setuptools that `python3 -m venv` puts into every venv (measured in the root).
+BC=$WORK/base-bytecode && rm -rf "$BC" && cp -a "$PI_ROOT/opt/base" "$BC"
+PY311=$(command -v python3.11 || true)
+if [ -n "$PY311" ]; then
+  "$PY311" -m compileall -q -j 0 "$BC"/lib/python3*/site-packages >/dev/null 2>&1 || true
+  R[base_compiled_sizes]=$(sizes "$BC")
+fi
+rm -rf "$BC"
+pi python3 -m venv /opt/plain >>"$LOG" 2>&1
+R[empty_venv_with_pip_sizes]=$(sizes "$PI_ROOT/opt/plain")
+rm -rf "$PI_ROOT/opt/plain"
 
 t=$(now)
 pi /opt/base/bin/edgefl device profile --json --quick > "$WORK/profile-base.json" 2>>"$LOG"
@@ -114,30 +136,64 @@ R[infer_pi]=$(pi /opt/base/bin/edgefl infer /opt/work/host.onnx --dataset $DATAS
 R[infer_pi_seconds]=$(since "$t")
 say "infer: host ${R[infer_host]}"
 say "infer: pi   ${R[infer_pi]}"
+# The same test images as PNG files, in class folders listed in reverse order, need [images].
+"$HOST_PY" - "$DATASET" "$PI_ROOT/opt/work/pngs" <<'PY' >>"$LOG" 2>&1
+import sys
+from pathlib import Path
+from PIL import Image
+from edgefl.data.sources import load_arrays
+x, y, info = load_arrays(sys.argv[1], "test")
+root = Path(sys.argv[2])
+for i in range(500):
+    d = root / f"{9 - int(y[i])}-{info.class_names[int(y[i])]}"  # numbered against the model's order
+    d.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(x[i][0], mode="L").save(d / f"{i:04d}.png")
+PY
+set +e
+pi /opt/base/bin/edgefl infer /opt/work/host.onnx --dataset imagefolder:/opt/work/pngs --json > "$WORK/infer-png-base.txt" 2>&1
+R[infer_png_without_images_exit]=$?
+set -e
+R[infer_png_without_images]=$(tail -3 "$WORK/infer-png-base.txt")
+R[base_after_use_sizes]=$(sizes "$PI_ROOT/opt/base")
+R[base_after_use_mib]=$(mib "${R[base_after_use_sizes]}")
+t=$(now)
+pip_into /opt/base "/opt/edgefl/src[images]"
+R[images_install_seconds]=$(since "$t")
+R[images_sizes]=$(sizes "$PI_ROOT/opt/base")
+R[images_venv_mib]=$(mib "${R[images_sizes]}")
+R[infer_host_png500]=$("$HOST_PY" -m edgefl.cli.main infer "$PI_ROOT/opt/work/host.onnx" --dataset $DATASET --limit 500 --json 2>>"$LOG")
+R[infer_pi_png]=$(pi /opt/base/bin/edgefl infer /opt/work/host.onnx --dataset imagefolder:/opt/work/pngs --json 2>>"$LOG")
+say "base+[images]: ${R[images_venv_mib]} MiB; PNG folder on the pi: ${R[infer_pi_png]}"
 
 # --- [train] --------------------------------------------------------------------------------------
 say "[train]: $TORCH_AARCH64 (PyPI's aarch64 CPU build) + edgefl[train] (emulated)"
 rm -rf "$PI_ROOT/opt/train"
 t=$(now)
-pi python3 -m venv /opt/train >>"$LOG" 2>&1
-pi /opt/train/bin/pip install --quiet --disable-pip-version-check "$TORCH_AARCH64" "/opt/edgefl/src[train]" >>"$LOG" 2>&1
+lean_venv /opt/train
+pip_into /opt/train "$TORCH_AARCH64" "/opt/edgefl/src[train]"
 R[train_install_seconds]=$(since "$t")
-R[train_venv_mb]=$(size_mb "$PI_ROOT/opt/train")
-R[train_largest]=$(largest "$PI_ROOT/opt/train")
+R[train_sizes]=$(sizes "$PI_ROOT/opt/train")
+R[train_venv_mib]=$(mib "${R[train_sizes]}")
 R[train_torch]=$(pi /opt/train/bin/python -c 'import torch; print(torch.__version__, "cuda" if torch.version.cuda else "cpu")' 2>>"$LOG")
-say "[train]: ${R[train_venv_mb]} MB in ${R[train_install_seconds]} s; torch ${R[train_torch]}"
+say "[train]: ${R[train_venv_mib]} MiB in ${R[train_install_seconds]} s; torch ${R[train_torch]}"
 # `edgefl train --export` writes ONNX: onnx belongs to [server]; a device that exports adds it.
-pi /opt/train/bin/pip install --quiet --disable-pip-version-check onnx >>"$LOG" 2>&1
-R[train_onnx_venv_mb]=$(size_mb "$PI_ROOT/opt/train")
-# Which side loses precision on an ARM CPU with BF16/SVE: the Pi 5's core, then QEMU's "max".
+pip_into /opt/train onnx
+R[train_onnx_sizes]=$(sizes "$PI_ROOT/opt/train")
+R[train_onnx_venv_mib]=$(mib "${R[train_onnx_sizes]}")
+# Which side loses precision on an ARM CPU: the Pi 5's core, QEMU's "max" (SVE, BF16 ...), "max"
+# without SVE, and the A64FX (SVE, no BF16); then "max" with oneDNN's fpmath mode forced to F32.
 cp "$HERE/precision.py" "$PI_ROOT/opt/work/precision.py"
-for cpu in cortex-a76 max; do
-  R[precision_$cpu]=$(chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU=$cpu HOME=/root PATH=/usr/bin:/bin OMP_NUM_THREADS=2 \
+sync_src  # the precision runs import edgefl's export from the tree as it is now (PYTHONPATH)
+R[precision_commit]=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- edgefl || echo "+uncommitted")
+for variant in cortex-a76 max max,sve=off a64fx max/ONEDNN_DEFAULT_FPMATH_MODE=F32; do
+  cpu=${variant%%/*}; extra=; [ "$variant" != "$cpu" ] && extra=${variant#*/}
+  R[precision_$variant]=$(chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU=$cpu $extra HOME=/root PATH=/usr/bin:/bin OMP_NUM_THREADS=2 \
     PYTHONPATH=/opt/edgefl/src /opt/train/bin/python /opt/work/precision.py 2>>"$LOG" | tail -1)
-  say "precision under QEMU_CPU=$cpu: ${R[precision_$cpu]}"
+  say "precision under QEMU_CPU=$variant: ${R[precision_$variant]}"
 done
 # What [train] would download from the default index on aarch64 (resolved, not installed).
-timeout 900 chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/usr/bin:/bin PIP_CERT=/etc/ssl/certs/host-ca-bundle.crt /opt/train/bin/pip install --dry-run --ignore-installed --quiet --report /opt/work/default-train.json \
+timeout 900 chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/usr/bin:/bin PIP_CERT=/etc/ssl/certs/host-ca-bundle.crt \
+  pip3 --python /opt/train/bin/python install --dry-run --ignore-installed --quiet --report /opt/work/default-train.json \
   "/opt/edgefl/src[train]" >>"$LOG" 2>&1 || true
 [ -e "$PI_ROOT/opt/work/default-train.json" ] && R[default_index_train_report]=$(cat "$PI_ROOT/opt/work/default-train.json")
 t=$(now)
@@ -171,6 +227,5 @@ say "train exit ${R[train_exit_code]} in ${R[train_seconds]} s; server exit ${R[
 R[host]=$("$HOST_PY" -c 'import platform; print(platform.machine(), platform.processor() or "")')
 R[host_load]=$(cut -d' ' -f1-3 /proc/loadavg)
 R[date]=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-R[commit]=$(git rev-parse --short HEAD)
 for k in "${!R[@]}"; do printf '%s\0%s\0' "$k" "${R[$k]}"; done | "$HOST_PY" "$HERE/report.py" "$HERE"
 say "wrote $HERE/results.json and $HERE/results.md (log: $LOG)"

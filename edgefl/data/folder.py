@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from edgefl.errors import ConfigError, DataNotFoundError
 
@@ -78,6 +77,8 @@ def read_image_folder(
 
 def _read_pixels(path: Path, channels: int | None) -> np.ndarray:
     """H x W for a grayscale image (or when channels == 1), else H x W x 3."""
+    from PIL import Image  # the [images] layer (pillow): imported only where files are decoded
+
     try:
         with Image.open(path) as im:
             gray = channels == 1 or (channels is None and im.mode in _GRAY_MODES)

@@ -6,9 +6,9 @@ import socket
 import subprocess
 import sys
 
-from tests.base.helpers import ROOT, env, run_edgefl
+from tests.base.helpers import MODEL, ROOT, env, run_edgefl
 
-HEAVY = ("torch", "torchvision", "onnx", "amqtt", "matplotlib", "cryptography", "aiohttp")
+HEAVY = ("torch", "torchvision", "onnx", "amqtt", "matplotlib", "cryptography", "aiohttp", "PIL")
 
 
 def _imported_after(statement: str) -> list[str]:
@@ -57,3 +57,20 @@ def test_simulate_without_the_server_layer_names_an_extra():
     result = run_edgefl("simulate", "--dataset", "synthetic", "--rounds", "1", "--quiet")
     assert result.returncode == 7, result.stderr
     assert "pip install 'edgefl[" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_infer_on_a_builtin_dataset_needs_no_pillow():
+    result = run_edgefl("infer", str(MODEL), "--dataset", "synthetic", "--limit", "50", "--json", block_images=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["samples"] == 50
+
+
+def test_decoding_image_files_without_pillow_names_the_images_extra_and_exits_7(tmp_path):
+    # PIL is imported before the first file is decoded: the bytes need not be a real PNG
+    for name in ("a", "b"):
+        (tmp_path / "pics" / name).mkdir(parents=True)
+        (tmp_path / "pics" / name / "0.png").write_bytes(b"not decoded")
+    for args in (("--dataset", f"imagefolder:{tmp_path / 'pics'}"), (str(tmp_path / "pics" / "a" / "0.png"),)):
+        result = run_edgefl("infer", str(MODEL), *args, block_images=True)
+        assert result.returncode == 7, (args, result.stderr)
+        assert "pip install 'edgefl[images]'" in result.stderr and "Traceback" not in result.stderr
