@@ -22,7 +22,6 @@ from torch import nn
 
 from edgefl.models import ModelSpec, build_model
 
-
 # Linux's arm64 HWCAP bits (asm/hwcap.h), read from the auxiliary vector: qemu-user fills it for
 # the emulated CPU, while /proc/cpuinfo shows the host's.
 HWCAP = {"asimddp": 20, "sve": 22}
