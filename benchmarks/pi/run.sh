@@ -107,7 +107,7 @@ say "base: ${R[base_venv_mib]} MiB in ${R[base_install_seconds]} s; torch: ${R[b
 # host with CPython 3.11, which writes the same .pyc files as the root's 3.11), and the pip and
 # setuptools that `python3 -m venv` puts into every venv (measured in the root).
 BC=$WORK/base-bytecode && rm -rf "$BC" && cp -a "$PI_ROOT/opt/base" "$BC"
-PY311=$(command -v python3.11 || true)
+PY311=${PY311:-$(command -v python3.11 || true)}
 if [ -n "$PY311" ]; then
   "$PY311" -m compileall -q -j 0 "$BC"/lib/python3*/site-packages >/dev/null 2>&1 || true
   R[base_compiled_sizes]=$(sizes "$BC")
