@@ -185,7 +185,7 @@ R[train_onnx_venv_mib]=$(mib "${R[train_onnx_sizes]}")
 cp "$HERE/precision.py" "$PI_ROOT/opt/work/precision.py"
 sync_src  # the precision runs import edgefl's export from the tree as it is now (PYTHONPATH)
 R[precision_commit]=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- edgefl || echo "+uncommitted")
-for variant in cortex-a76 max max,sve=off a64fx max/ONEDNN_DEFAULT_FPMATH_MODE=F32; do
+for variant in cortex-a76 max max,sve=off max,sme=off a64fx max/ONEDNN_DEFAULT_FPMATH_MODE=F32; do
   cpu=${variant%%/*}; extra=; [ "$variant" != "$cpu" ] && extra=${variant#*/}
   R[precision_$variant]=$(chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU=$cpu $extra HOME=/root PATH=/usr/bin:/bin OMP_NUM_THREADS=2 \
     PYTHONPATH=/opt/edgefl/src /opt/train/bin/python /opt/work/precision.py 2>>"$LOG" | tail -1)
