@@ -136,7 +136,9 @@ R[infer_pi]=$(pi /opt/base/bin/edgefl infer /opt/work/host.onnx --dataset $DATAS
 R[infer_pi_seconds]=$(since "$t")
 say "infer: host ${R[infer_host]}"
 say "infer: pi   ${R[infer_pi]}"
-# The same test images as PNG files, in class folders listed in reverse order, need [images].
+# The same test images as PNG files need [images]; their class folders are the model's class names
+# spelled otherwise (lower case, "/" -> " "), so they sort in another order than the model's.
+rm -rf "$PI_ROOT/opt/work/pngs"
 "$HOST_PY" - "$DATASET" "$PI_ROOT/opt/work/pngs" <<'PY' >>"$LOG" 2>&1
 import sys
 from pathlib import Path
@@ -145,7 +147,7 @@ from edgefl.data.sources import load_arrays
 x, y, info = load_arrays(sys.argv[1], "test")
 root = Path(sys.argv[2])
 for i in range(500):
-    d = root / f"{9 - int(y[i])}-{info.class_names[int(y[i])]}"  # numbered against the model's order
+    d = root / info.class_names[int(y[i])].lower().replace("/", " ")
     d.mkdir(parents=True, exist_ok=True)
     Image.fromarray(x[i][0], mode="L").save(d / f"{i:04d}.png")
 PY
