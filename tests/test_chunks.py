@@ -1,0 +1,375 @@
+"""The chunk protocol without a broker: splitting and reassembly, loss, duplicates and reordering,
+a window and a byte budget, re-sends driven by progress, and hostile headers refused before any
+allocation."""
+
+import os
+import random
+import struct
+import tracemalloc
+import zlib
+
+import numpy as np
+import pytest
+
+from edgefl.errors import WireError
+from edgefl.transport.chunks import (
+    ACK,
+    COMPLETE,
+    HEADER,
+    MAGIC,
+    PROGRESS,
+    REFUSED,
+    ChunkHeader,
+    ChunkRefused,
+    ChunkSender,
+    ChunkSettings,
+    Reassembler,
+    is_ack,
+    is_chunk,
+    pack_ack,
+    parse_ack,
+    split,
+)
+from edgefl.wire import Envelope, Payload, decode, encode
+from edgefl.wire.validate import peek
+
+MID = bytes(range(16))
+MAX = 1 << 20
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def settings(**kw):
+    base = dict(threshold=64, chunk_size=100, window=4, max_inflight_bytes=10_000, stall_after=1.0, assumed_rate=1e6, max_chunk_size=1000)
+    return ChunkSettings(**{**base, **kw})
+
+
+class Link:
+    """A sender and a receiver joined by a lossy, reorderable, manually driven network."""
+
+    def __init__(self, s=None, drop=None):
+        self.clock = Clock()
+        self.s = s or settings()
+        self.wire: list[tuple[str, bytes]] = []  # chunks on the way to the receiver
+        self.sender = ChunkSender(lambda topic, data: self.wire.append((topic, data)), self.s, clock=self.clock, timer=False)
+        self.receiver = Reassembler(self.s, max_bytes=MAX, clock=self.clock)
+        self.drop = drop or (lambda topic, data: False)
+        self.delivered: list[bytes] = []
+        self.done: list[bool] = []
+
+    def deliver(self, n=None, order=None):
+        """Deliver ``n`` chunks on the wire (all by default), in ``order`` if given; acks go back at once."""
+        batch, self.wire = (self.wire, []) if n is None else (self.wire[:n], self.wire[n:])
+        if order is not None:
+            order(batch)
+        for topic, data in batch:
+            if self.drop(topic, data):
+                continue
+            message, ack = self.receiver.add(topic, data)
+            if message is not None:
+                self.delivered.append(message)
+            self.sender.on_ack(topic, ack)
+
+    def run(self, data, dest="d/down", max_steps=1000, step=0.1):
+        self.sender.send(dest, data, MID, on_done=self.done.append)
+        for _ in range(max_steps):
+            if self.done:
+                return
+            self.deliver()
+            self.clock.t += step
+            self.sender.poll()
+        raise AssertionError("the transfer did not finish")
+
+
+def payload(n):
+    return os.urandom(n)
+
+
+# --- format ---------------------------------------------------------------------------------------
+
+
+def test_chunks_split_and_reassemble_in_order_into_the_same_bytes():
+    data = payload(1234)
+    chunks = split(data, MID, 100)
+    assert len(chunks) == 13 and all(is_chunk(c) for c in chunks)
+    assert [len(c) - HEADER.size for c in chunks] == [100] * 12 + [34]
+    r = Reassembler(settings(), max_bytes=MAX)
+    for i, c in enumerate(chunks[:-1]):
+        message, ack = r.add("a", c)
+        assert message is None
+        assert parse_ack(ack) == (MID, i + 1, 0, PROGRESS)
+    message, ack = r.add("a", chunks[-1])
+    assert message == data and parse_ack(ack)[3] == COMPLETE
+    assert r.partial_bytes == 0 and not r.partial
+
+
+def test_a_chunk_is_never_read_as_an_envelope_and_an_envelope_never_as_a_chunk():
+    env = encode(Envelope("update", 1, "d1", fleet="f", payload=Payload({"w": np.ones(300, np.float32)}, {"num_samples": 1})))
+    chunk = split(env, MID, 100)[0]
+    with pytest.raises(WireError):
+        peek(chunk)
+    with pytest.raises(WireError):
+        decode(chunk)
+    assert not is_chunk(env) and not is_ack(env)
+    assert struct.unpack("<Q", MAGIC)[0] > (1 << 40)  # as a safetensors header length: absurd
+
+
+def test_out_of_order_and_duplicate_chunks_reassemble_once_with_selective_acks():
+    data = payload(1000)
+    chunks = split(data, MID, 100)
+    r = Reassembler(settings(), max_bytes=MAX)
+    _, ack = r.add("a", chunks[3])
+    assert parse_ack(ack) == (MID, 0, 0b100, PROGRESS)  # chunk 3 = next(0) + 1 + bit 2
+    order = [9, 0, 0, 5, 1, 2, 3, 8, 7, 6, 5]
+    out = []
+    for i in order:
+        message, _ = r.add("a", chunks[i])
+        out.append(message)
+    message, ack = r.add("a", chunks[4])
+    assert out == [None] * len(order) and message == data
+    assert r.stats.duplicates == 3 and r.stats.completed == 1
+    # a chunk of a finished message is acknowledged as complete, never delivered again
+    again, ack = r.add("a", chunks[2])
+    assert again is None and parse_ack(ack)[3] == COMPLETE
+
+
+def test_a_reassembled_envelope_goes_through_the_ordinary_decoder():
+    env = Envelope("update", 1, "d1", fleet="f", payload=Payload({"w": np.arange(5000, dtype=np.float32)}, {"num_samples": 3}))
+    r = Reassembler(settings(), max_bytes=MAX)
+    chunks = split(encode(env), MID, 1000)
+    random.Random(0).shuffle(chunks)
+    message = None
+    for c in chunks:
+        message, _ = r.add("a", c) if message is None else (message, None)
+    back = decode(message)
+    assert back.message_id == env.message_id and np.array_equal(back.payload.arrays["w"], env.payload.arrays["w"])
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+
+def forged(mid=MID, index=0, count=1, total=10, chunk_size=10, crc=0, body=b"x" * 10, chunk_crc=None):
+    cc = zlib.crc32(body) if chunk_crc is None else chunk_crc
+    return HEADER.pack(MAGIC, mid, index, count, total, chunk_size, crc, cc) + body
+
+
+@pytest.mark.parametrize(
+    ("chunk", "reason"),
+    [
+        (forged(count=2**32 - 1, total=2**63, chunk_size=1), "limit"),  # a huge size
+        (forged(count=2**32 - 1, total=MAX, chunk_size=1), "chunk count"),  # count inconsistent with size
+        (forged(count=2**32 - 1, total=MAX, chunk_size=2**32 - 1), "chunk size"),
+        (forged(count=1, total=MAX + 1, chunk_size=MAX + 1), "limit"),
+        (forged(count=0, total=0, chunk_size=10), "limit"),
+        (forged(index=5, count=1), "index 5 of 1"),
+        (forged(count=2, total=20, chunk_size=10, body=b"x" * 7), "carries 7 bytes"),
+        (forged(chunk_crc=123), "checksum"),
+        (MAGIC + b"\0" * 10, "shorter than"),
+        (b"NOTCHUNK" + b"\0" * HEADER.size, "not a chunk"),
+    ],
+)
+def test_hostile_chunk_headers_are_refused_before_anything_is_allocated(chunk, reason):
+    r = Reassembler(settings(max_chunk_size=4096), max_bytes=MAX)
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError, match=reason):
+            r.add("a", chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, peak
+    assert r.stats.rejected == 1 and r.partial_bytes == 0 and not r.partial
+
+
+def test_the_reassembly_budget_is_checked_before_allocation_and_a_real_message_is_kept():
+    s = settings(chunk_size=1000, max_chunk_size=1000, max_partial_bytes=50_000)
+    r = Reassembler(s, max_bytes=MAX)
+    data = payload(30_000)
+    real = split(data, MID, 1000)
+    assert r.add("a", real[0])[0] is None
+    tracemalloc.start()
+    try:
+        # another sender claims 40 kB: within the message limit, beyond what is left of the budget
+        with pytest.raises(WireError, match="no room"):
+            r.add("b", forged(mid=b"\1" * 16, count=40, total=40_000, chunk_size=1000, body=b"y" * 1000))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+    message = None
+    for c in real[1:]:
+        message, _ = r.add("a", c)
+    assert message == data
+
+
+def test_an_inconsistent_chunk_is_refused_and_never_displaces_the_real_message():
+    data = payload(500)
+    chunks = split(data, MID, 100)
+    r = Reassembler(settings(), max_bytes=MAX)
+    r.add("a", chunks[0])
+    liar = split(payload(600), MID, 100)[1]  # same id, another total and checksum
+    with pytest.raises(WireError, match="disagrees"):
+        r.add("a", liar)
+    with pytest.raises(WireError, match="checksum"):  # chunk 1 with a flipped byte
+        bad = bytearray(chunks[1])
+        bad[-1] ^= 1
+        r.add("a", bytes(bad))
+    message = None
+    for c in chunks[1:]:
+        message, _ = r.add("a", c)
+    assert message == data and r.stats.rejected == 2
+
+
+def test_a_whole_message_that_fails_its_checksum_is_refused_and_its_sender_told():
+    body = [b"a" * 10, b"b" * 10]
+    chunks = [forged(index=i, count=2, total=20, crc=12345, body=b) for i, b in enumerate(body)]
+    r = Reassembler(settings(), max_bytes=MAX)
+    r.add("a", chunks[0])
+    with pytest.raises(ChunkRefused, match="fails its checksum") as e:
+        r.add("a", chunks[1])
+    assert parse_ack(e.value.ack)[3] == REFUSED and r.partial_bytes == 0 and r.stats.completed == 0
+    # the sender of the refused message stops
+    link = Link()
+    link.sender.send("d/down", payload(300), MID, on_done=link.done.append)
+    link.sender.on_ack("d/down", e.value.ack)
+    assert link.done == [False] and link.sender.stats.refused == 1 and link.sender.inflight == 0
+
+
+def test_each_sender_holds_a_bounded_number_of_partial_messages_and_others_are_untouched():
+    r = Reassembler(settings(max_partial_per_sender=2), max_bytes=MAX)
+    other = split(payload(300), b"\x09" * 16, 100)
+    r.add("b", other[0])
+    for k in range(5):  # sender a starts five messages; it keeps the last two
+        r.add("a", split(payload(300), bytes([k]) * 16, 100)[0])
+    assert len(r.partial["a"]) == 2 and r.stats.evicted == 3 and r.partial_bytes == 3 * 300
+    message = None
+    for c in other[1:]:
+        message, _ = r.add("b", c)
+    assert message is not None
+    assert r.drop_idle(-1) == 2 and r.partial_bytes == 0
+
+
+def test_malformed_acks_are_refused():
+    link = Link()
+    link.sender.send("d/down", payload(300), MID)
+    with pytest.raises(WireError):
+        link.sender.on_ack("d/down", b"EFLCACK1" + b"\0" * 3)
+    with pytest.raises(WireError, match="names chunk 9"):
+        link.sender.on_ack("d/down", pack_ack(MID, 9, 0, PROGRESS))
+    with pytest.raises(WireError):
+        parse_ack(ACK.pack(b"EFLCACK1", MID, 0, 0, 7))
+    assert link.sender.stats.rejected_acks == 2  # the last went to parse_ack alone
+
+
+# --- sending --------------------------------------------------------------------------------------
+
+
+def test_a_lossless_transfer_sends_every_chunk_once():
+    link = Link()
+    data = payload(2345)
+    link.run(data)
+    assert link.delivered == [data] and link.done == [True]
+    assert link.sender.stats.chunks == 24 and link.sender.stats.resent == 0 and link.sender.inflight == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lost_duplicated_and_reordered_chunks_still_arrive_whole(seed):
+    rng = random.Random(seed)
+    link = Link(drop=lambda topic, data: rng.random() < 0.2)
+
+    def shuffle_and_duplicate(batch):
+        batch.extend(rng.sample(batch, len(batch) // 3))
+        rng.shuffle(batch)
+
+    data = payload(5000)
+    link.sender.send("d/down", data, MID, on_done=link.done.append)
+    for _ in range(2000):
+        if link.done:
+            break
+        link.deliver(order=shuffle_and_duplicate)
+        link.clock.t += 0.5
+        link.sender.poll()
+    assert link.delivered == [data] and link.done == [True]
+    assert link.sender.stats.resent > 0  # something was lost and came again
+    assert link.receiver.stats.duplicates > 0
+
+
+def test_the_window_bounds_unacknowledged_chunks_per_destination_and_the_budget_all_of_them():
+    s = settings(window=4, chunk_size=100, max_inflight_bytes=1000)
+    link = Link(s)
+    for k in range(5):  # five destinations, acks held back
+        link.sender.send(f"d{k}/down", payload(5000), bytes([k]) * 16)
+    per_dest = {}
+    for topic, _ in link.wire:
+        per_dest[topic] = per_dest.get(topic, 0) + 1
+    assert max(per_dest.values()) <= 4
+    assert sum(per_dest.values()) == 10 and link.sender.inflight == 1000  # the budget: 10 chunks of 100
+    assert link.sender.stats.peak_inflight_bytes == 1000
+    # acknowledging frees budget and the transfers go on, never above it
+    for _ in range(500):
+        if not link.wire:
+            break
+        link.deliver(n=3)
+        assert link.sender.inflight <= 1000
+    assert len(link.delivered) == 5 and link.sender.stats.resent == 0
+
+
+def test_a_slow_transfer_that_keeps_progressing_is_never_resent():
+    """Acks trickle in, each just before the stall time: the transfer takes 60× the stall time
+    and no chunk goes twice (a fixed timeout would have fired long before)."""
+    s = settings(window=2, stall_after=1.0, assumed_rate=1e9)
+    link = Link(s)
+    data = payload(6000)  # 60 chunks
+    link.sender.send("d/down", data, MID, on_done=link.done.append)
+    while not link.done:
+        link.clock.t += 0.9 * link.sender.stall_time(next(iter(link.sender.transfers.values())))
+        link.sender.poll()
+        link.deliver(n=1)
+    assert link.clock.t > 50 and link.sender.stats.resent == 0 and link.delivered == [data]
+
+
+def test_a_stalled_transfer_backs_off_and_is_given_up():
+    s = settings(stall_after=1.0, assumed_rate=1e9, max_stalls=3, max_stall=100)
+    link = Link(s, drop=lambda topic, data: True)  # the receiver is gone
+    link.sender.send("d/down", payload(500), MID, on_done=link.done.append)
+    resend_times = []
+    for _ in range(400):
+        link.clock.t += 0.25
+        before = link.sender.stats.stalls
+        link.sender.poll()
+        if link.sender.stats.stalls > before:
+            resend_times.append(link.clock.t)
+        if link.done:
+            break
+    gaps = np.diff([0.0, *resend_times])
+    assert link.done == [False] and link.sender.stats.given_up == 1 and link.sender.inflight == 0
+    assert list(np.round(gaps[:3])) == [1, 2, 4]  # doubling without progress
+
+
+def test_the_stall_time_grows_with_the_bytes_in_flight_at_the_measured_rate():
+    s = settings(window=8, chunk_size=100, max_inflight_bytes=100_000, stall_after=1.0, assumed_rate=100.0)
+    link = Link(s)
+    link.sender.send("d/down", payload(800), MID)
+    out = next(iter(link.sender.transfers.values()))
+    assert link.sender.inflight == 800
+    assert link.sender.stall_time(out) == pytest.approx(1.0 + 800 / 100.0)
+    # acks measured at 1,000 bytes/s: the stall time follows the measurement
+    for _ in range(4):
+        link.clock.t += 0.1
+        link.deliver(n=1)
+    assert link.sender.rate == pytest.approx(1000, rel=0.01)
+    assert link.sender.stall_time(out) == pytest.approx(1.0 + link.sender.inflight / link.sender.rate)
+
+
+def test_settings_refuse_a_window_beyond_the_selective_ack():
+    with pytest.raises(ValueError):
+        ChunkSettings(window=65)
+    with pytest.raises(ValueError):
+        ChunkSettings(chunk_size=10, max_inflight_bytes=5)
+    assert ChunkHeader(MID, 2, 3, 250, 100, 0, 0).span() == (200, 250)
