@@ -59,13 +59,16 @@ def precision_rows(r: dict) -> list[str]:
     return rows
 
 
-def main(out_dir: Path) -> None:
-    fields = sys.stdin.buffer.read().decode().split("\0")
-    r = {k: _json(v) for k, v in zip(fields[0::2], fields[1::2], strict=False) if k}
-    report = r.pop("default_index_train_report", None)
-    if isinstance(report, dict):
-        r["default_index_train"] = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in report.get("install", []))
-    (out_dir / "results.json").write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
+def main(out_dir: Path, from_json: bool = False) -> None:
+    if from_json:  # rewrite results.md from a results.json written before (the page's text changed)
+        r = json.loads((out_dir / "results.json").read_text())
+    else:
+        fields = sys.stdin.buffer.read().decode().split("\0")
+        r = {k: _json(v) for k, v in zip(fields[0::2], fields[1::2], strict=False) if k}
+        report = r.pop("default_index_train_report", None)
+        if isinstance(report, dict):
+            r["default_index_train"] = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in report.get("install", []))
+        (out_dir / "results.json").write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
 
     base, compiled, plain = _d(r.get("base_sizes")), _d(r.get("base_compiled_sizes")), _d(r.get("empty_venv_with_pip_sizes"))
     bytecode = round(compiled["total_mib"] - base["total_mib"], 1) if "total_mib" in compiled and "total_mib" in base else "n/a"
@@ -127,8 +130,9 @@ def main(out_dir: Path) -> None:
         f"torch {profile_train.get('torch', 'n/a')}, train {profile_train.get('train_images_per_s', 'n/a')} images/s (emulated).",
         f"- `edgefl infer` of a model exported on the host, {r.get('infer_dataset')} test set: host {_acc(r.get('infer_host'))}, "
         f"arm64 root {_acc(r.get('infer_pi'))} ({r.get('infer_pi_seconds')} s emulated, base layer).",
-        f"- The first 500 of those test images as PNGs in class folders numbered in reverse order: without `[images]` "
-        f"exit code {r.get('infer_png_without_images_exit')} (`{str(r.get('infer_png_without_images', '')).strip()[-160:]}`); "
+        f"- The first 500 of those test images as PNGs, in class folders named after the model's classes in lower case "
+        f"with '/' as a space (so they sort in another order than the model's): without `[images]` "
+        f"exit code {r.get('infer_png_without_images_exit')} (`{str(r.get('infer_png_without_images', '')).strip().splitlines()[-1][:200] if r.get('infer_png_without_images') else 'n/a'}`); "
         f"with it {_acc(r.get('infer_pi_png'))}, against {_acc(r.get('infer_host_png500'))} for the built-in test set on the host.",
         f"- `edgefl train` in the arm64 root, 2 rounds of FedAvg against a server on the host over loopback: "
         f"exit code {r.get('train_exit_code')} after {r.get('train_seconds')} s; server exit code {r.get('server_exit_code')}, "
@@ -146,4 +150,4 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), from_json="--from-json" in sys.argv[2:])
