@@ -13,6 +13,9 @@ from edgefl.algorithms.aggregate import (
 )
 from edgefl.algorithms.fedproto import PrototypeTable
 from edgefl.errors import ConfigError
+from edgefl.wire import Payload
+
+C = 10
 
 
 def _honest_and_attacker(scale):
@@ -67,3 +70,71 @@ def test_defences_are_options_of_fedavg_fedprox_and_fedproto():
         get_algorithm("fedavg").parse_options({"aggregator": "mode"})
     with pytest.raises(ConfigError, match="trim"):
         get_algorithm("fedavg").parse_options({"trim": "0.5"})
+
+
+def _knowledge_server(options):
+    from edgefl.algorithms.felo import KnowledgeServer
+    from tests.test_felo import server_ctx
+
+    return KnowledgeServer(server_ctx(["10"] * 10), options)
+
+
+def _logit_uploads(c, attacked):
+    """Ten uploads of per-class logits that peak on their own class; the first ``attacked`` claim a
+    huge count and put class y's mass on class y+1 (a label flip through distillation)."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for i in range(10):
+        logit = (5.0 * np.eye(c) + rng.normal(0, 0.1, (c, c))).astype(np.float32)
+        count = np.full(c, 10, np.int64)
+        if i < attacked:
+            logit, count = (50.0 * np.roll(np.eye(c), 1, axis=1)).astype(np.float32), np.full(c, 10**6, np.int64)
+        out[f"d{i:02d}"] = Payload({"logit": logit, "count": count}, {"num_samples": int(count.sum())})
+    return out
+
+
+@pytest.mark.parametrize("options", [{"aggregator": "median"}, {"aggregator": "trimmed_mean", "trim": 0.2}, {"clip_norm": 1.0}])
+def test_fedhe_defences_keep_two_of_ten_label_flippers_out_of_the_class_logits(options):
+    from edgefl.algorithms.felo import FedHeOptions
+
+    plain = _knowledge_server(FedHeOptions())
+    plain.aggregate(0, _logit_uploads(C, attacked=2))
+    assert (plain.knowledge()["logit"].argmax(1) == np.roll(np.arange(C), -1)).all()  # the mean follows the attackers
+    defended = _knowledge_server(FedHeOptions(**options))
+    if "clip_norm" in options:  # a bound on each round's step: a clean round, then an attacked one
+        defended.aggregate(0, _logit_uploads(C, attacked=0))
+        before = defended.knowledge()["logit"]
+        defended.aggregate(1, _logit_uploads(C, attacked=2))
+        step = np.linalg.norm(defended.knowledge()["logit"] - before, axis=1)
+        assert step.max() <= options["clip_norm"] * (1 + 1e-5)  # even with a claimed count of 10⁶
+        assert step.max() > 0.5 * options["clip_norm"]  # (and the attackers did push)
+        return
+    for r in range(3):
+        defended.aggregate(r, _logit_uploads(C, attacked=2))
+    logit = defended.knowledge()["logit"]
+    assert (logit.argmax(1) == np.arange(C)).all()  # every class still teaches its own label
+    assert np.isfinite(logit).all()
+
+
+def test_felo_clip_bounds_features_and_weights_too():
+    from edgefl.algorithms.felo import WEIGHTS, FeloOptions, KnowledgeServer
+    from tests.test_felo import server_ctx
+
+    server = KnowledgeServer(server_ctx(["10", "10"]), FeloOptions(clip_norm=1.0))
+    d = server.feature_dim
+    arch = next(iter(server.weights))
+    start = {k: v.copy() for k, v in server.weights[arch].items()}
+    far = {k: (v + 100.0 if v.dtype.kind == "f" else v) for k, v in start.items()}
+    ups = {f"d0{i}": Payload({"logit": np.zeros((C, C), np.float32), "count": np.ones(C, np.int64),
+                              "feat": np.full((C, d), 100.0, np.float32), **far}, {"num_samples": 10}) for i in range(2)}
+    server.aggregate(0, ups)
+    feat = server.knowledge()["feat"]
+    assert np.linalg.norm(feat, axis=1).max() == pytest.approx(1.0, rel=1e-4)  # clipped from its own norm (no class value yet)
+    moved = np.sqrt(sum(float(np.sum((server.weights[arch][k] - start[k]) ** 2)) for k in start if start[k].dtype.kind == "f"))
+    assert moved == pytest.approx(1.0, rel=1e-4)
+
+
+def test_defences_are_options_of_the_knowledge_methods():
+    for name in ("fedhe", "felo", "velo"):
+        opts = get_algorithm(name).parse_options({"aggregator": "median", "clip_norm": "2"})
+        assert (opts.aggregator, opts.clip_norm) == ("median", 2.0)

@@ -35,6 +35,13 @@ Choices that are ours (the paper leaves them open; each is an option with this d
   already gets synthetic features), then every ``cvae_interval`` rounds; 10 epochs, batch 50,
   Adam 1e-3 re-created each time (the code's).
 
+Defences against a well-formed but malicious upload (issue 19; options of all three methods, see
+:class:`~edgefl.algorithms.aggregate.Defences`): ``aggregator=median|trimmed_mean`` replaces each
+class's count-weighted history mean by the robust rule over its stored entries, unweighted (a
+count is the device's own claim); ``clip_norm`` bounds each uploaded class logit and feature
+vector's distance from the value sent to devices this round (its own norm while the class has
+none). Felo's per-architecture weight averaging follows the same options.
+
 Fleets: the default is the paper's depth family ResNet10/14/18/22/26 (torchvision layout, 7×7/2
 stem + max pool) at a CPU-sized width; every tier then has the same natural feature dimension
 (512·width). The paper's "extreme" fleet is ``--tiers 10,18,26,34,50 --feature-dim D``: ResNet50's
@@ -59,7 +66,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edgefl.algorithms.aggregate import weighted_average
+from edgefl.algorithms.aggregate import Defences, Rule, clip_to_norm, clip_update, defences_of, robust_average, robust_stack
 from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
 from edgefl.algorithms.cvae import (
     CVAE,
@@ -82,7 +89,7 @@ WEIGHTS = "w/"
 
 # -- options --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class FedHeOptions:
+class FedHeOptions(Defences):
     alpha: float = 0.5  # weight of the distillation terms
     warmup_fraction: float = 0.05  # CE only for the first ceil(fraction·rounds) rounds
     history: int = 100  # (device, round) class means kept per class by the server
@@ -92,6 +99,7 @@ class FedHeOptions:
     points: ClassVar[bool] = False  # devices upload feature points for the server's CVAE (Velo)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.alpha < 0:
             raise ValueError("alpha must be >= 0")
         if not 0 <= self.warmup_fraction < 1:
@@ -337,6 +345,19 @@ class ClassHistory:
     def entries(self, c: int) -> np.ndarray:
         return self.vec[c][self.weight[c] > 0]
 
+    def value(self, rule: Rule = "mean", trim: float = 0.2) -> np.ndarray:
+        """C×dim class values: :meth:`mean` for ``mean``; otherwise the robust rule over each
+        class's stored entries, unweighted (a weight is a device's own claim of its class count,
+        which a robust rule must not trust)."""
+        if rule == "mean":
+            return self.mean()
+        out = np.zeros(self.vec.shape[::2], np.float32)
+        for c in range(len(out)):
+            entries = self.entries(c)
+            if len(entries):
+                out[c] = robust_stack(list(entries), rule, trim)
+        return out
+
     def state(self, prefix: str) -> dict[str, np.ndarray]:
         return {prefix + "vec": self.vec.copy(), prefix + "weight": self.weight.copy(), prefix + "next": self.next.copy()}
 
@@ -397,13 +418,15 @@ class KnowledgeServer(ServerHalf):
         return key
 
     def knowledge(self) -> dict[str, np.ndarray]:
-        out = {"logit": self.logits.mean(), "known": self.logits.known().astype(np.uint8)}
+        d = defences_of(self.options)
+        out = {"logit": self.logits.value(d.aggregator, d.trim), "known": self.logits.known().astype(np.uint8)}
         if self.features is not None:
             out["feat"] = self.feature_mean()
         return out
 
     def feature_mean(self) -> np.ndarray:
-        return self.features.mean()
+        d = defences_of(self.options)
+        return self.features.value(d.aggregator, d.trim)
 
     def _averaged(self, device_id: str, round: int | None = None) -> str | None:
         """The architecture whose averaged weights ``device_id`` exchanges; None when the options
@@ -454,14 +477,25 @@ class KnowledgeServer(ServerHalf):
         return True
 
     def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
-        self._round_cache = None  # the knowledge changes now
+        defences = defences_of(self.options)
         valid = {d: p for d, p in sorted(uplinks.items()) if self._valid(d, p)}
+        # the norm bound: each uploaded class vector at most clip_norm from the class's value
+        # before this round (from 0 while the class has none)
+        before = self._round(round)[1] if defences.clip_norm > 0 else {}
+        self._round_cache = None  # the knowledge changes now
+
+        def bounded(name: str, c: int, vector: np.ndarray) -> np.ndarray:
+            if defences.clip_norm <= 0:
+                return vector
+            ref = before[name][c] if before["known"][c] else None
+            return clip_to_norm(vector, ref, defences.clip_norm)
+
         for p in valid.values():
             count = np.asarray(p.arrays["count"])
             for c in np.flatnonzero(count > 0):
-                self.logits.add(int(c), p.arrays["logit"][c], float(count[c]))
+                self.logits.add(int(c), bounded("logit", c, p.arrays["logit"][c]), float(count[c]))
                 if self.features is not None:
-                    self.features.add(int(c), p.arrays["feat"][c], float(count[c]))
+                    self.features.add(int(c), bounded("feat", c, p.arrays["feat"][c]), float(count[c]))
             self.absorb(p)
         metrics = {"known_classes": float(self.logits.known().sum())}
         if self.options.shares_weights:
@@ -470,10 +504,10 @@ class KnowledgeServer(ServerHalf):
                 if any(k.startswith(WEIGHTS) for k in p.arrays):
                     groups.setdefault(self._architecture(self.ctx.fleet[d].spec), []).append(p)
             for key, members in groups.items():
-                self.weights[key] = weighted_average(
-                    ({k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)}, float(p.meta["num_samples"]))
-                    for p in members
-                )
+                items = [({k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)}, float(p.meta["num_samples"])) for p in members]
+                if defences.clip_norm > 0:
+                    items = [(clip_update(a, self.weights[key], defences.clip_norm), w) for a, w in items]
+                self.weights[key] = robust_average(items, defences.aggregator, defences.trim)
             metrics["architectures_averaged"] = float(len(groups))
         return metrics
 
