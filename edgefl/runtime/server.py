@@ -23,6 +23,7 @@ the new server epoch and keep their models when the assignment is unchanged).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -263,6 +264,9 @@ def serve(
                 "dropped": stats.dropped,
                 "rejected": stats.rejected,
                 "wait_seconds": {d: max(0.0, s - r["train_seconds"].get(d, 0.0)) for d, s in r.get("reply_seconds", {}).items()},
+                # since the start: messages above the chunk threshold (edgefl.transport.chunks)
+                "chunks_sent_total": dataclasses.asdict(transport.chunker.stats),
+                "chunks_received_total": dataclasses.asdict(transport.reassembly.stats),
             }
             rounds.append(r)
             status.round_recorded(r)

@@ -35,15 +35,16 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import struct
 import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from edgefl.errors import WireError
+from edgefl.errors import ConfigError, WireError
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,25 @@ class ChunkSettings:
     max_partial_per_sender: int = 2
     max_partial_bytes: int = 1024 * 1024 * 1024
     remember_completed: int = 4096
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ChunkSettings:
+        """The defaults, overridden by ``EDGEFL_CHUNK_THRESHOLD``, ``EDGEFL_CHUNK_SIZE``,
+        ``EDGEFL_CHUNK_WINDOW`` and ``EDGEFL_CHUNK_INFLIGHT`` (bytes, bytes, chunks, bytes)."""
+        environ = os.environ if environ is None else environ
+        names = {"threshold": "THRESHOLD", "chunk_size": "SIZE", "window": "WINDOW", "max_inflight_bytes": "INFLIGHT"}
+        values = {}
+        for name, var in names.items():
+            text = environ.get(f"EDGEFL_CHUNK_{var}")
+            if text:
+                try:
+                    values[name] = int(text)
+                except ValueError:
+                    raise ConfigError(f"EDGEFL_CHUNK_{var}={text!r} is not an integer") from None
+        try:
+            return cls(**values)
+        except ValueError as e:
+            raise ConfigError(f"chunk settings from the environment: {e}") from None
 
     def __post_init__(self) -> None:
         if not 1 <= self.window <= SACK_BITS:

@@ -66,6 +66,14 @@ from paho.mqtt.properties import Properties
 
 from edgefl.errors import AuthenticationError, ConfigError, TransportError, WireError
 from edgefl.transport.base import Accept, Delivery
+from edgefl.transport.chunks import (
+    ChunkRefused,
+    ChunkSender,
+    ChunkSettings,
+    Reassembler,
+    is_ack,
+    is_chunk,
+)
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
 from edgefl.wire.validate import Routing, peek
 
@@ -240,8 +248,13 @@ class Endpoint:
         limits: Limits = Limits(),
         will: tuple[str, bytes] | None = None,
         reconnect_max: float = 8.0,
+        chunks: ChunkSettings | None = None,
     ):
         self.address, self.client_id, self.topics, self.limits = address, client_id, topics, limits
+        # envelopes above chunks.threshold travel in chunks (edgefl.transport.chunks)
+        self.chunks = chunks or ChunkSettings.from_env()
+        self.chunker = ChunkSender(self._publish_chunk, self.chunks, name=f"{client_id}-chunks")
+        self.reassembly = Reassembler(self.chunks, max_bytes=limits.max_bytes)
         self.protocol = detect_protocol(address)
         self.connected = threading.Event()
         self.refused: str | None = None
@@ -267,6 +280,12 @@ class Endpoint:
     def on_message(self, topic: str, data: bytes) -> None:
         pass
 
+    def on_chunked_sent(self, topic: str, message_id: str, ok: bool) -> None:
+        """A chunked message was acknowledged whole by its receiver (``ok``), or refused/given up."""
+
+    def on_chunk_rejected(self, topic: str, reason: str) -> None:
+        """A chunk (or chunk ack) on ``topic`` was refused."""
+
     def start(self, wait: float | None = 30.0) -> Endpoint:
         props = None
         if self.protocol == mqtt.MQTTv5:
@@ -283,6 +302,7 @@ class Endpoint:
         return self
 
     def stop(self, graceful: bool = True) -> None:
+        self.chunker.stop()
         try:
             if graceful:
                 self.client.disconnect()
@@ -292,6 +312,11 @@ class Endpoint:
     def publish(self, topic: str, data: bytes, *, retain: bool = False, qos: int = 1) -> None:
         if len(data) > self.limits.max_bytes:
             raise WireError(f"refusing to publish {len(data)} bytes: the limit is {self.limits.max_bytes}")
+        if len(data) > self.chunks.threshold and not retain and _reverse(topic) is not None:
+            message_id = peek(data, self.limits).message_id
+            self.chunker.send(topic, data, bytes.fromhex(message_id), on_done=lambda ok: self.on_chunked_sent(topic, message_id, ok))
+            self.bytes_published += len(data)
+            return
         info = self.client.publish(topic, data, qos=qos, retain=retain)
         self.bytes_published += len(data)
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
@@ -314,8 +339,38 @@ class Endpoint:
         if reason.is_failure or str(reason) != "Normal disconnection":
             log.info("%s disconnected (%s); reconnecting", self.client_id, reason)
 
+    def _publish_chunk(self, topic: str, data: bytes) -> None:
+        info = self.client.publish(topic, data, qos=1)
+        if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+            log.warning("%s: publishing a chunk to %s failed: %s", self.client_id, topic, mqtt.error_string(info.rc))
+
+    def _on_chunk(self, topic: str, data: bytes) -> None:
+        """A chunk or a chunk ack: its answer goes back on the reverse topic (up ↔ down); a whole
+        message goes on to :meth:`on_message`, as if it had come in one piece."""
+        back = _reverse(topic)
+        try:
+            if back is None:
+                raise WireError("a chunk on a topic that carries none")
+            if is_ack(data):
+                self.chunker.on_ack(back, data)
+                return
+            try:
+                message, ack = self.reassembly.add(topic, data)
+            except ChunkRefused as e:
+                self.client.publish(back, e.ack, qos=0)
+                raise
+        except WireError as e:
+            self.on_chunk_rejected(topic, str(e))
+            raise
+        self.client.publish(back, ack, qos=0)  # an ack: a lost one is covered by the next, or a stall
+        if message is not None:
+            self.on_message(topic, message)
+
     def _on_message_safe(self, client, userdata, msg):
         try:
+            if is_chunk(msg.payload) or is_ack(msg.payload):
+                self._on_chunk(msg.topic, msg.payload)
+                return
             if len(msg.payload) > self.limits.max_bytes:
                 raise WireError(f"message of {len(msg.payload)} bytes exceeds the limit of {self.limits.max_bytes}")
             self.on_message(msg.topic, msg.payload)
@@ -333,6 +388,12 @@ def _no_delay(client: mqtt.Client) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except (AttributeError, OSError) as e:  # a websocket or an exotic transport
         log.debug("could not set TCP_NODELAY: %s", e)
+
+
+def _reverse(topic: str) -> str | None:
+    """The topic answering ``topic``'s chunks: a device's uplink for its downlink and back."""
+    head, _, leaf = topic.rpartition("/")
+    return {"up": f"{head}/down", "down": f"{head}/up"}.get(leaf) if head else None
 
 
 def retry_delay(base: float, nbytes: int) -> float:
@@ -402,11 +463,12 @@ class MqttServerTransport(Endpoint):
         retry_max: float = 30.0,
         ack_delay: float = 0.25,
         epoch: str | None = None,
+        chunks: ChunkSettings | None = None,
     ):
         topics = Topics(fleet)
         self.epoch = epoch or uuid.uuid4().hex[:12]
         will = json.dumps({"state": "offline", "epoch": self.epoch}).encode()
-        super().__init__(address, f"edgefl-{fleet}-server", topics, limits=limits, will=(topics.server_status, will))
+        super().__init__(address, f"edgefl-{fleet}-server", topics, limits=limits, will=(topics.server_status, will), chunks=chunks)
         self.fleet = fleet
         self.on_register = on_register
         self.retry_after, self.retry_max = retry_after, retry_max
@@ -477,6 +539,8 @@ class MqttServerTransport(Endpoint):
                     break
                 for d in waiting:
                     p = self.pending[d]
+                    if not p.acked and now >= p.next_retry and self.chunker.active(self.topics.device(d, "down"), bytes.fromhex(p.message_id)):
+                        p.next_retry = now + p.retry_every  # in chunks: re-sent by their progress, not by this clock
                     if not p.acked and now >= p.next_retry:
                         p.retry_every = min(self.retry_max, p.retry_every * 2)
                         p.next_retry = now + p.retry_every
@@ -520,6 +584,20 @@ class MqttServerTransport(Endpoint):
         for kind, rnd in sorted(closed):
             self._announce_closed(kind, rnd)
         return out
+
+    def on_chunked_sent(self, topic: str, message_id: str, ok: bool) -> None:
+        """A request that arrived whole at its device is acknowledged (the device has it)."""
+        where = self.topics.parse_device(topic)
+        if ok and where is not None:
+            with self.lock:
+                p = self.pending.get(where[0])
+                if p is not None and p.message_id == message_id:
+                    p.acked = True
+
+    def on_chunk_rejected(self, topic: str, reason: str) -> None:
+        where = self.topics.parse_device(topic)
+        if where is not None:
+            self._count_rejected(where[0], reason)
 
     def _seen(self, message_id: str) -> None:
         self.seen_replies[message_id] = None
@@ -665,6 +743,7 @@ class MqttDeviceEndpoint(Endpoint):
         ack_delay: float = 0.25,
         client_id: str | None = None,
         will: bool = True,
+        chunks: ChunkSettings | None = None,
     ):
         topics = Topics(fleet)
         super().__init__(
@@ -673,6 +752,7 @@ class MqttDeviceEndpoint(Endpoint):
             topics,
             limits=limits,
             will=(topics.device(device_id, "status"), b"offline") if will else None,
+            chunks=chunks,
         )
         self.fleet, self.device_id = fleet, device_id
         self.announce = will
@@ -806,10 +886,22 @@ class MqttDeviceEndpoint(Endpoint):
     def send(self, leaf: str, data: bytes) -> None:
         self.publish(self.topics.device(self.device_id, leaf), data)
 
+    def on_chunked_sent(self, topic: str, message_id: str, ok: bool) -> None:
+        """A reply that arrived whole at the server is acknowledged: the server handles every
+        message it reassembles (accepts, or refuses and counts it)."""
+        if ok:
+            with self.lock:
+                self.unacked.pop(message_id, None)
+
     def retry_unacked(self) -> None:
         now = time.monotonic()
         with self.lock:
-            due = [(k, u) for k, u in self.unacked.items() if now >= u.next_retry]
+            due = []
+            for key, u in self.unacked.items():
+                if now >= u.next_retry and self.chunker.active(u.topic, bytes.fromhex(key)):
+                    u.next_retry = now + u.retry_every  # in chunks: re-sent by their progress, not by this clock
+                elif now >= u.next_retry:
+                    due.append((key, u))
             for key, u in due:
                 u.attempts += 1
                 if u.attempts > self.max_attempts:

@@ -1,0 +1,218 @@
+"""Chunked messages over real brokers (embedded amqtt and Mosquitto): round trips both ways, lost
+chunks re-sent by progress, hostile chunks refused and counted without displacing the real reply,
+and a chunked run with the same result as in memory."""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgefl.errors import WireError
+from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
+from edgefl.transport.chunks import HEADER, MAGIC, ChunkSettings, split
+from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport, Topics
+from edgefl.wire import Envelope, Payload, decode, encode
+from tests.test_mqtt_transport import EchoDevice
+
+SMALL = ChunkSettings(threshold=20_000, chunk_size=8_000, window=4, max_inflight_bytes=40_000, stall_after=0.3)
+FLOATS = 50_000  # 200 kB: 26 chunks of 8 kB
+
+
+@pytest.fixture(params=["amqtt", "mosquitto"])
+def broker(request, tmp_path):
+    if request.param == "mosquitto":
+        if mosquitto_binary() is None:
+            pytest.skip("mosquitto is not installed")
+        b = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
+    else:
+        b = EmbeddedBroker(port=0).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def train(fleet, device_id, value, floats=FLOATS):
+    return encode(Envelope("train", 0, device_id, fleet=fleet, payload=Payload({"w/x": np.full(floats, value, np.float32)})))
+
+
+def accept_shape(floats=FLOATS):
+    def accept(device_id, data):
+        env = decode(data)
+        if env.payload.arrays.get("w/x", np.zeros(0)).shape != (floats,):
+            raise WireError("w/x has the wrong shape")
+        return env
+
+    return accept
+
+
+def test_large_messages_travel_in_chunks_both_ways_within_the_window_and_budget(broker):
+    fleet = "c1"
+    server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=0.5, chunks=SMALL).start()
+    devices = [EchoDevice(broker.url, fleet, f"d{i}", chunks=SMALL).start() for i in range(3)]
+    try:
+        out = server.request({d.ep.device_id: train(fleet, d.ep.device_id, i) for i, d in enumerate(devices)}, timeout=30, accept=accept_shape())
+        stats = server.take_stats()
+    finally:
+        for d in devices:
+            d.close()
+        server.close()
+    for i, d in enumerate(devices):
+        assert out[d.ep.device_id].error is None
+        assert np.array_equal(out[d.ep.device_id].value.payload.arrays["w/x"], np.full(FLOATS, i + 1, np.float32))
+        assert d.ep.reassembly.stats.completed == 1 and d.ep.chunker.stats.messages == 1 and d.trained == 1
+    size = len(train(fleet, "d0", 0))
+    sent = server.chunker.stats
+    assert sent.messages == 3 and sent.chunks == 3 * -(-size // SMALL.chunk_size)
+    assert sent.resent == 0 and not stats.retries  # nothing went twice
+    assert 0 < sent.peak_inflight_bytes <= SMALL.max_inflight_bytes
+    assert server.reassembly.stats.completed == 3 and server.reassembly.partial_bytes == 0
+    assert stats.bytes_down == {d.ep.device_id: size for d in devices}  # the envelope's bytes, counted once
+
+
+def test_lost_chunks_are_resent_after_a_stall_and_the_exchange_completes():
+    fleet = "c2"
+    with EmbeddedBroker(port=0) as broker:
+        server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=0.5, chunks=SMALL).start()
+        device = EchoDevice(broker.url, fleet, "d0", chunks=SMALL)
+        inner, seen = device.ep._on_message_safe, []
+
+        def lossy(client, userdata, msg):  # the device loses chunks 3 and 7 of the request once
+            if msg.payload[:8] == MAGIC:
+                index = HEADER.unpack_from(msg.payload)[2]
+                if index in (3, 7) and index not in seen:
+                    seen.append(index)
+                    return
+            inner(client, userdata, msg)
+
+        device.ep.client.on_message = lossy
+        device.start()
+        try:
+            out = server.request({"d0": train(fleet, "d0", 1.0)}, timeout=30, accept=accept_shape())
+            stats = server.take_stats()
+        finally:
+            device.close()
+            server.close()
+    assert out["d0"].error is None and device.trained == 1
+    assert sorted(seen) == [3, 7] and server.chunker.stats.resent >= 2 and server.chunker.stats.stalls >= 1
+    assert not stats.retries  # the envelope was not re-sent whole: only its lost chunks
+
+
+def test_hostile_chunks_are_refused_counted_and_never_displace_the_real_reply(broker):
+    fleet = "c3"
+    topics = Topics(fleet)
+    server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=0.5, chunks=SMALL).start()
+    device = EchoDevice(broker.url, fleet, "d0", chunks=SMALL, work=1.0).start()  # replies after the attack
+    attacker = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="attacker", protocol=mqtt.MQTTv311)
+    addr = BrokerAddress.parse(broker.url)
+    attacker.connect(addr.host, addr.port)
+    attacker.loop_start()
+    up = topics.device("d0", "up")
+    try:
+        box = {}
+        t = threading.Thread(target=lambda: box.update(out=server.request({"d0": train(fleet, "d0", 1.0)}, timeout=30, accept=accept_shape())))
+        t.start()
+        time.sleep(0.5)
+        mid = b"\x07" * 16
+        hostile = [
+            HEADER.pack(MAGIC, mid, 0, 2**32 - 1, 2**63, 1, 0, 0) + b"x",  # a huge count and size
+            HEADER.pack(MAGIC, mid, 0, 3, 24_000, 8_000, 0, 0) + b"x" * 10,  # data shorter than declared
+            b"EFLCACK1" + b"junk",  # a malformed chunk ack
+        ]
+        # whole, well-formed chunked replies that fail the envelope's own checks: another device's
+        # name, and an update of the wrong shape for the open request
+        reply = Envelope("train", 0, "d0", fleet=fleet).reply
+        other = encode(Envelope("update", 0, "e9", fleet=fleet, payload=Payload({"w/x": np.zeros(FLOATS, np.float32)}, {"num_samples": 1})))
+        wrong = encode(reply("update", Payload({"w/x": np.zeros(FLOATS + 1, np.float32)}, {"num_samples": 1})))
+        hostile += split(other, b"\x08" * 16, SMALL.chunk_size) + split(wrong, b"\x09" * 16, SMALL.chunk_size)
+        for data in hostile:
+            attacker.publish(up, data, qos=1).wait_for_publish(5)
+        t.join(40)
+        stats = server.take_stats()
+    finally:
+        attacker.loop_stop()
+        attacker.disconnect()
+        device.close()
+        server.close()
+    out = box["out"]["d0"]
+    assert out.error is None and np.array_equal(out.value.payload.arrays["w/x"], np.full(FLOATS, 2.0, np.float32))
+    # refused: the two bad chunks and the ack (chunk layer), the other device's envelope (routing)
+    # and the wrong-shaped update (the request's check) — 5, the last one in the exchange's record
+    assert stats.rejected["d0"] == 5
+    assert len(out.rejected) >= 1 and any("shape" in r for r in out.rejected)
+    assert server.reassembly.stats.rejected == 2 and server.chunker.stats.rejected_acks == 1
+    assert server.reassembly.partial_bytes == 0
+
+
+def test_chunk_settings_from_the_environment():
+    s = ChunkSettings.from_env({"EDGEFL_CHUNK_THRESHOLD": "1000", "EDGEFL_CHUNK_SIZE": "500", "EDGEFL_CHUNK_WINDOW": "3"})
+    assert (s.threshold, s.chunk_size, s.window) == (1000, 500, 3)
+    from edgefl.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        ChunkSettings.from_env({"EDGEFL_CHUNK_WINDOW": "many"})
+    with pytest.raises(ConfigError):
+        ChunkSettings.from_env({"EDGEFL_CHUNK_WINDOW": "1000"})
+
+
+@pytest.mark.slow
+def test_a_chunked_mqtt_run_matches_the_in_memory_simulation(tmp_path, monkeypatch):
+    """FedAvg over Mosquitto with every model in chunks (device processes too, through the
+    environment): the same aggregate and accuracy as in memory, and nothing re-sent."""
+    from edgefl.runtime import simulation
+    from edgefl.runtime.fleet import SIMULATED_PROFILE
+    from edgefl.runtime.server import ServeOptions, serve
+    from tests.conftest import tiny_config
+    from tests.test_server_device import finish, need_mosquitto, spawn
+
+    need_mosquitto()
+    monkeypatch.setenv("EDGEFL_CHUNK_THRESHOLD", "20000")
+    monkeypatch.setenv("EDGEFL_CHUNK_SIZE", "8000")
+    profile_file = tmp_path / "profile.json"
+    profile_file.write_text(json.dumps(SIMULATED_PROFILE))
+    cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=2, clients=3, threads=1, fraction=1.0)
+    captured = []
+    reference = simulation.simulate(cfg.model_copy(update={"run_name": "memory"}), on_done=lambda s: captured.append(s.state_dict()))
+    expected = captured[0]
+    broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
+    box: dict = {}
+    fleet = "eq-chunks"
+
+    def run():
+        try:
+            box["summary"] = serve(
+                cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
+                ServeOptions(broker=broker.url, fleet=fleet, deadline=60),
+                on_started=lambda tr: box.__setitem__("transport", tr),
+                on_done=lambda s: box.__setitem__("state", s.state_dict()),
+            )
+        except BaseException as e:  # reported below
+            box["error"] = e
+
+    try:
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        from edgefl.models import family_tiers
+
+        tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)]) for i in range(3)]
+        t.join(300)
+        codes = finish(procs)
+    finally:
+        broker.stop()
+    assert "error" not in box, box.get("error")
+    assert codes == [0, 0, 0]
+    for k in expected:
+        np.testing.assert_allclose(box["state"][k], expected[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert box["summary"]["client_accuracy"] == pytest.approx(reference["client_accuracy"])
+    tr = box["transport"]
+    assert tr.chunker.stats.messages >= 6 and tr.reassembly.stats.completed >= 6  # models went in chunks both ways
+    assert tr.chunker.stats.resent == 0
+    rounds = [json.loads(line) for line in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    assert [r["completed"] for r in rounds] == [["d00", "d01", "d02"]] * 2
+    assert all(not r["transport"]["retries"] for r in rounds)
