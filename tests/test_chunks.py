@@ -373,3 +373,21 @@ def test_settings_refuse_a_window_beyond_the_selective_ack():
     with pytest.raises(ValueError):
         ChunkSettings(chunk_size=10, max_inflight_bytes=5)
     assert ChunkHeader(MID, 2, 3, 250, 100, 0, 0).span() == (200, 250)
+
+
+def test_a_receiver_that_pauses_between_acks_lengthens_the_stall_time():
+    """Acks that came 3 s apart (a receiver busy decoding) make the next stall time at least 6 s,
+    then the pause is forgotten slowly (×0.9 per progressing ack)."""
+    s = settings(window=2, stall_after=1.0, assumed_rate=1e12)
+    link = Link(s)
+    link.sender.send("d/down", payload(1000), MID)
+    out = next(iter(link.sender.transfers.values()))
+    assert link.sender.stall_time(out) == pytest.approx(1.0)
+    link.clock.t += 3.0
+    link.deliver(n=1)
+    assert link.sender.stall_time(out) == pytest.approx(6.0)
+    for _ in range(5):
+        link.clock.t += 0.01
+        link.deliver(n=1)
+    assert link.sender.stall_time(out) == pytest.approx(6.0 * 0.9**5)
+    assert link.sender.stats.resent == 0

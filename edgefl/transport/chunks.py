@@ -65,7 +65,7 @@ class ChunkSettings:
     chunk_size: int = 1024 * 1024
     window: int = 8  # unacknowledged chunks per destination
     max_inflight_bytes: int = 64 * 1024 * 1024  # unacknowledged chunk bytes, all destinations
-    stall_after: float = 2.0  # seconds without progress before a re-send, plus the queue ahead
+    stall_after: float = 5.0  # seconds without progress before a re-send, plus the queue ahead
     assumed_rate: float = 2e6  # bytes/s before any acknowledgement has measured the path
     max_stall: float = 60.0
     max_stalls: int = 20  # consecutive re-sends without progress before a transfer is given up
@@ -386,6 +386,7 @@ class ChunkSender:
         self.transfers: OrderedDict[tuple[str, bytes], Outgoing] = OrderedDict()
         self.inflight = 0  # unacknowledged chunk bytes, all destinations
         self.rate = 0.0  # acknowledged bytes per second, smoothed
+        self.gap = 0.0  # the longest recent wait between two acknowledgements that made progress (decays)
         self._rate_mark: tuple[float, int] | None = None
         self._acked_total = 0
         self.stats = SendStats()
@@ -444,6 +445,7 @@ class ChunkSender:
             self.inflight -= before - out.inflight_bytes
             now = self.clock()
             if newly:
+                self.gap = max(now - out.last_progress, 0.9 * self.gap)
                 out.last_progress, out.stalls = now, 0
                 self._measure(now, newly)
             if status == COMPLETE or (out.next >= out.count):
@@ -494,11 +496,13 @@ class ChunkSender:
         return max(0.01, wake)
 
     def stall_time(self, out: Outgoing) -> float:
-        """How long ``out`` may make no progress: the base, plus the time the bytes in flight
-        (all destinations: they share the path) take at the measured rate, doubled per stall."""
+        """How long ``out`` may make no progress: the base (or twice the longest recent pause
+        between progressing acks, if longer: a receiver busy decoding a large message pauses its
+        acks), plus the time the bytes in flight (all destinations: they share the path) take at
+        the measured rate, doubled per stall."""
         s = self.settings
         rate = self.rate if self.rate > 0 else s.assumed_rate
-        return min(s.max_stall, (s.stall_after + self.inflight / rate) * (2**out.stalls))
+        return min(s.max_stall, (max(s.stall_after, 2 * self.gap) + self.inflight / rate) * (2**out.stalls))
 
     def stop(self) -> None:
         with self.lock:
@@ -528,6 +532,8 @@ class ChunkSender:
                 if self.inflight + size > s.max_inflight_bytes:
                     continue
                 i = out.sent_upto
+                if i == 0:
+                    out.last_progress = self.clock()  # its clock starts when its first chunk goes
                 out.sent_upto += 1
                 out.unacked.add(i)
                 per_dest[out.dest] += 1
