@@ -82,7 +82,7 @@ def serve_in_thread(cfg, opts):
 
     def run():
         try:
-            box["summary"] = serve(cfg, opts, on_done=lambda s: box.__setitem__("state", s.state_dict()))
+            box["summary"] = serve(cfg, opts, on_started=lambda t: box.__setitem__("transport", t), on_done=lambda s: box.__setitem__("state", s.state_dict()))
         except BaseException as e:  # reported by the test
             box["error"] = e
 
@@ -96,13 +96,15 @@ def serve_in_thread(cfg, opts):
 
 # FedProto: a knowledge method (prototypes; its CNNs draw dropout masks from torch's generator,
 # which the agent seeds per device and round); FedHeNN with rad_source=device: devices that
-# also hold the server's pool.
-@pytest.mark.parametrize(("broker_kind", "algorithm", "options"), [
-    ("amqtt", "fedavg", {}),
-    ("mosquitto", "fedproto", {}),
-    ("amqtt", "fedhenn", {"rad_source": "device", "rad_size": "20"}),
+# also hold the server's pool; FedAvg with every model in chunks (server and device processes
+# read EDGEFL_CHUNK_* from the environment).
+@pytest.mark.parametrize(("broker_kind", "algorithm", "options", "chunked"), [
+    ("amqtt", "fedavg", {}, False),
+    ("mosquitto", "fedproto", {}, False),
+    ("amqtt", "fedhenn", {"rad_source": "device", "rad_size": "20"}, False),
+    ("mosquitto", "fedavg", {}, True),
 ])
-def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, broker_kind, algorithm, options):
+def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monkeypatch, broker_kind, algorithm, options, chunked):
     # Prepare: the in-memory reference, capturing its server half
     # one torch thread, as each device process runs: the same floating-point reductions
     # every device every round (fraction 1); the server starts when all 3 are ready (--min-devices)
@@ -110,13 +112,16 @@ def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, broke
     captured = []
     reference = simulation.simulate(cfg.model_copy(update={"run_name": "memory"}), on_done=lambda s: captured.append(s.state_dict()))
     expected = captured[0]
+    if chunked:  # models of ~60 kB in chunks of 8 kB
+        monkeypatch.setenv("EDGEFL_CHUNK_THRESHOLD", "20000")
+        monkeypatch.setenv("EDGEFL_CHUNK_SIZE", "8000")
 
     if broker_kind == "mosquitto":
         need_mosquitto()
         broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     else:
         broker = EmbeddedBroker(port=0).start()
-    fleet = f"eq-{broker_kind}"
+    fleet = f"eq-{broker_kind}{'-chunks' if chunked else ''}"
     try:
         # Execute: server in this process, three device processes
         t, box = serve_in_thread(cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}), ServeOptions(broker=broker.url, fleet=fleet, deadline=60))
@@ -147,6 +152,12 @@ def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, broke
             published = r["transport"]["published_down"][d]
             assert published == recorded if not r["transport"]["retries"].get(d) else published > recorded
         assert r["bytes_down_total"] == sum(r["bytes_down"].values()) + sum(r.get("eval_bytes_down", {}).values())
+    sent, received = box["transport"].chunker.stats, box["transport"].reassembly.stats
+    if chunked:  # the models went in chunks both ways, nothing twice
+        assert sent.messages >= 6 and received.completed >= 6 and sent.resent == 0 and received.duplicates == 0
+        assert all(not r["transport"]["retries"] for r in rounds)
+    else:
+        assert sent.messages == 0 and received.completed == 0
 
 
 # --- failures: a device, the broker, the server -------------------------------------------------------
