@@ -110,6 +110,32 @@ def test_parity_check_catches_a_model_that_differs_from_the_export(tmp_path):
         check_parity(other, tmp_path / "m.onnx", SYNTH.images(np.arange(8)))
 
 
+class _WrongWithOneDNN(torch.nn.Module):
+    """A model as torch 2.14.1 computes it on 512-bit SVE: right with oneDNN off, wrong with it on
+    (benchmarks/pi/results.md), which cannot be reproduced on the CPUs the tests run on."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        y = self.model(x)
+        return y + 0.5 if torch.backends.mkldnn.enabled else y
+
+
+def test_parity_names_oneDNN_when_pytorch_disagrees_with_its_own_reference_kernels(tmp_path):
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    spec = small_spec("cnn")
+    model = built(spec, seed=0)
+    export_model(model, tmp_path / "m.onnx")
+    with pytest.raises(ExportError, match=r"oneDNN.*torch\.backends\.mkldnn\.enabled = False"):
+        check_parity(_WrongWithOneDNN(model), tmp_path / "m.onnx", SYNTH.images(np.arange(8)))
+    assert torch.backends.mkldnn.enabled  # the diagnosis turned it off for one call only
+    with torch.backends.mkldnn.flags(enabled=False):  # with oneDNN off the same model passes
+        assert max(check_parity(_WrongWithOneDNN(model), tmp_path / "m.onnx", SYNTH.images(np.arange(8))).values()) < 1e-4
+
+
 def test_static_batchnorm_is_refused_without_calibration_images(tmp_path):
     model = built(small_spec("hierarchy-width"))  # default bn=static
 

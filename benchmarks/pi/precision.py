@@ -71,10 +71,13 @@ def _ort(proto: bytes, x: np.ndarray, **config: str) -> np.ndarray:
 
 def main() -> None:
     torch.manual_seed(0)
+    if os.environ.get("FLOAT32_MATMUL_PRECISION"):  # what a training script may set for speed
+        torch.set_float32_matmul_precision(os.environ["FLOAT32_MATMUL_PRECISION"])
     out = {
         "machine": platform.machine(), "torch": torch.__version__,
         "qemu_cpu": os.environ.get("QEMU_CPU", ""),
         "ONEDNN_DEFAULT_FPMATH_MODE": os.environ.get("ONEDNN_DEFAULT_FPMATH_MODE", ""),
+        "FLOAT32_MATMUL_PRECISION": os.environ.get("FLOAT32_MATMUL_PRECISION", ""),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),

@@ -239,6 +239,17 @@ def check_parity(
                 scale = max(scale, float(np.abs(expected).max()))
             result[bs] = worst
             if not worst <= tolerance * scale:  # also catches NaN
+                onednn = _onednn_disagrees(model, session, images[:bs].float(), tolerance * scale)
+                if onednn is not None:
+                    raise ExportError(
+                        f"PyTorch computes this model wrongly on this CPU: with oneDNN its logits differ "
+                        f"by {onednn[0]:.3g} from its own reference kernels (oneDNN off), which ONNX Runtime "
+                        f"matches within {onednn[1]:.2g}. The ONNX file would be faithful to the weights, but "
+                        f"training here ran on the same kernels. Seen with torch 2.14.1 on CPUs with 512-bit "
+                        f"SVE (A64FX, QEMU's 'max'), not with torch 2.9.1 nor at 128/256-bit SVE "
+                        f"(benchmarks/pi/results.md): install another torch, or turn oneDNN off "
+                        f"(torch.backends.mkldnn.enabled = False) for training and export"
+                    )
                 raise ExportError(
                     f"ONNX Runtime differs from PyTorch by {worst:.3g} at batch size {bs} "
                     f"(tolerance {tolerance:g} × {scale:.3g}); the export is not faithful"
@@ -246,6 +257,24 @@ def check_parity(
     finally:
         model.train(was_training)
     return result
+
+
+def _onednn_disagrees(model: nn.Module, session: Any, x: torch.Tensor, allowed: float) -> tuple[float, float] | None:
+    """(PyTorch with vs without oneDNN, ONNX Runtime vs PyTorch without oneDNN) when the parity
+    failure is PyTorch's oneDNN kernels disagreeing with its reference kernels while ONNX Runtime
+    agrees with the latter; None when oneDNN is not the difference (or is off already)."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return None
+    with torch.no_grad():
+        with_onednn = model(x).numpy()
+        with torch.backends.mkldnn.flags(enabled=False):
+            reference = model(x).numpy()
+    got = session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0]
+    between = float(np.abs(with_onednn - reference).max())
+    ort_vs_reference = float(np.abs(got - reference).max())
+    if ort_vs_reference <= allowed < between:
+        return between, ort_vs_reference
+    return None
 
 
 def export_model(
