@@ -146,7 +146,47 @@ def main(out_dir: Path, from_json: bool = False) -> None:
         "",
         f"Per-round lines seen: {len(round_lines)}.",
     ]
+    lines += sve512_section(out_dir / "sve512.json")
     (out_dir / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def sve512_section(path: Path) -> list[str]:
+    """The page's part for benchmarks/pi/sve512.sh's results, when that script has run."""
+    if not path.exists():
+        return []
+    d = json.loads(path.read_text())
+    sizes = _d(d.get("train_default_index_sizes"))
+    per = sizes.get("per_distribution_mib", {})
+    cuda = round(sum(v for k, v in per.items() if k.startswith(("nvidia", "cuda", "triton"))), 1)
+    rows = []
+    for p in d.get("precision", []):
+        export = _d(p.get("edgefl_export"))
+        verdict = ("passes, max " + _g(max(export["parity"].values()))) if export.get("ok") else "**refused**"
+        mode = f", ONEDNN_DEFAULT_FPMATH_MODE={p['ONEDNN_DEFAULT_FPMATH_MODE']}" if p.get("ONEDNN_DEFAULT_FPMATH_MODE") else ""
+        rows.append(
+            f"| `{p.get('qemu_cpu')}`{mode} | {p.get('cpu_features') or '-'} | {p.get('cpu_capability')} | "
+            f"{_g(p.get('cnn_torch_fp32_vs_fp64'))} | {_g(p.get('cnn_torch_fp32_no_onednn_vs_fp64'))} | "
+            f"{_g(p.get('cnn_ort_fp32_vs_fp64'))} | {verdict} |"
+        )
+    torch_version = next((p.get("torch") for p in d.get("precision", [])), "n/a")
+    return [
+        "",
+        "## The default index's torch on aarch64, and the parity failure under `max` (benchmarks/pi/sve512.sh)",
+        "",
+        f"`pip install 'edgefl[train]'` from the default index on aarch64 installs torch {torch_version} (a CUDA build) with its",
+        f"CUDA libraries and triton: the venv (with onnx) is {_mib(sizes)}, {cuda} MiB of it CUDA libraries and triton",
+        f"({_largest(sizes, 5)} MiB). With that torch, max |error| against float64 of the same CNN:",
+        "",
+        "| QEMU_CPU | features | torch capability | CNN torch | CNN torch, oneDNN off | CNN ONNX Runtime | edgefl export |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"A 2-round `edgefl train --export` under `max` with that torch: exit code {d.get('train_max_exit_code')}:",
+        "",
+        "```",
+        *[x for x in str(d.get("train_max_log", "")).splitlines() if x.startswith(("[pi5]", "error"))][-8:],
+        "```",
+    ]
 
 
 if __name__ == "__main__":
