@@ -198,6 +198,8 @@ _RESOLVED: dict[str, dict[str, Any]] = {}
 #: with it. A fact about the method's history: entries are never removed.
 ADDED_OPTIONS: dict[str, dict[str, Any]] = {
     "fedvtc": {"align_weight": None, "proto_rc_weight": 0.0, "psi_bn": "average"},
+    # the defences (issue 19), off by default
+    **{m: {"aggregator": "mean", "trim": 0.2, "clip_norm": 0.0} for m in ("fedhe", "felo", "velo")},
 }
 
 
