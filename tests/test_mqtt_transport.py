@@ -45,6 +45,19 @@ def test_an_empty_declaration_means_no_arrays():
         check_arrays({"w/x": np.zeros(1, np.float32)}, {})
 
 
+def test_a_group_of_arrays_arrives_whole_or_not_at_all():
+    # Prepare: "k" always; "r/x" and "r/k" together, or neither
+    expected = {"k": ArraySpec(F32, (2,)), "r/x": ArraySpec(F32, None, "r"), "r/k": ArraySpec(F32, (1,), "r")}
+    k, x, kk = np.zeros(2, np.float32), np.zeros(5, np.float32), np.zeros(1, np.float32)
+    # Execute / Assert
+    check_arrays({"k": k}, expected)
+    check_arrays({"k": k, "r/x": x, "r/k": kk}, expected)
+    with pytest.raises(WireError, match="missing array 'r/k' of group 'r'"):
+        check_arrays({"k": k, "r/x": x}, expected)
+    with pytest.raises(WireError, match="missing array 'k'"):
+        check_arrays({"r/x": x, "r/k": kk}, expected)
+
+
 def test_peek_reads_routing_without_tensors_and_refuses_junk():
     env = Envelope("update", 4, "d01", fleet="f", payload=Payload({"w/x": np.ones(3, np.float32)}, {"ack": "m1", "num_samples": 3}))
     r = peek(encode(env))

@@ -7,7 +7,8 @@ Device half (one object per device, owns the device's model):
                                  Idempotent while the server state is unchanged: the runtime may
                                  call it again before an evaluation.
     ``fit(round) -> Payload``     local work; returns the uplink.
-    ``expected_downlink()``       optional: ``{array name: ArraySpec}`` of a non-empty downlink.
+    ``expected_downlink()``       ``{array name: ArraySpec}`` of a non-empty downlink (arrays of a
+                                 group may be absent together); the agent refuses any other.
     ``finish(round, payload)``    the end of the run: default = ``receive`` (install the final model);
                                  methods with a last local phase (FedVTC's fine-tuning) override it.
 
@@ -50,7 +51,7 @@ from torch import nn
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError, UnknownNameError
 from edgefl.models import ModelSpec, build_model
-from edgefl.wire import ArraySpec, Payload
+from edgefl.wire import ArraySpec, Payload, spec_of, state_to_arrays
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,19 @@ class DeviceHalf:
         raise NotImplementedError
 
     def expected_downlink(self) -> Mapping[str, ArraySpec] | None:
-        """The arrays (name → dtype and shape) a downlink that carries any carries, all of them,
-        checked by the device agent before :meth:`receive`. None (the default): no check beyond
-        the codec's; ``receive`` then checks what it reads."""
+        """The arrays (name → dtype and shape) a downlink that carries any carries, checked by
+        the device agent before :meth:`receive`: an array of a group (``ArraySpec.group``) may be
+        absent with its whole group, an undeclared array is refused. ``{}``: downlinks carry no
+        arrays. None (the default): no check beyond the codec's."""
         return None
+
+    def weight_specs(self, prefix: str) -> dict[str, ArraySpec]:
+        """This model's state as it travels under ``prefix`` (:func:`edgefl.wire.state_to_arrays`):
+        the declaration of a downlink that carries weights for this model."""
+        cache = self.__dict__.setdefault("_weight_specs", {})
+        if prefix not in cache:
+            cache[prefix] = {k: spec_of(v) for k, v in state_to_arrays(self.model.state_dict(), prefix).items()}
+        return cache[prefix]
 
     def finish(self, round: int, payload: Payload) -> None:
         self.receive(round, payload)

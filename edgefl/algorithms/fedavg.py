@@ -29,9 +29,7 @@ class GlobalModelDevice(DeviceHalf):
 
     def expected_downlink(self) -> dict[str, ArraySpec]:
         """The global model's weights, in this model's dtypes and shapes."""
-        if not hasattr(self, "_downlink"):
-            self._downlink = {k: spec_of(v) for k, v in state_to_arrays(self.model.state_dict(), WEIGHTS).items()}
-        return self._downlink
+        return self.weight_specs(WEIGHTS)
 
     def loss_fn(self, round: int):
         """The local objective; None = plain cross-entropy. Subclasses add their terms."""

@@ -61,7 +61,7 @@ from edgefl.algorithms.training import train_local
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
 from edgefl.models import build_model
-from edgefl.wire import Payload, array_spec, arrays_to_state, state_to_arrays
+from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, state_to_arrays
 
 RAD_X, RAD_IDX, KBAR = "rad/x", "rad/idx", "rad/kbar"
 PROBE_X, PROBE_IDX = "probe/x", "probe/idx"
@@ -133,6 +133,22 @@ class FedHeNNDevice(DeviceHalf):
                 raise ValueError(f"{idx_key} indexes outside the device's pool of {len(pool)}")
             return pool.images(idx)
         return None
+
+    def expected_downlink(self) -> dict[str, ArraySpec]:
+        """Hetero: the probe set every round, and RAD_t with K̄_t once a K̄ exists (group "rad").
+        Homo: the global model and RAD_t every round. Sets travel as images, or as indices
+        into the pool the devices hold (``rad_source=device``)."""
+        o: FedHeNNOptions = self.options
+
+        def images(x_key: str, idx_key: str, group: str | None) -> dict[str, ArraySpec]:
+            if o.rad_source == "device":
+                return {idx_key: array_spec(np.int64, (None,), group)}
+            return {x_key: array_spec(np.uint8, (None, *self.ctx.spec.in_shape), group)}
+
+        if o.variant == "homo":
+            return {**self.weight_specs(WEIGHTS), **images(RAD_X, RAD_IDX, None)}
+        kbar = array_spec(np.float16 if o.kbar_float16 else np.float32, (None, None), "rad")
+        return {**images(PROBE_X, PROBE_IDX, None), **images(RAD_X, RAD_IDX, "rad"), KBAR: kbar}
 
     def receive(self, round: int, payload: Payload) -> None:
         o: FedHeNNOptions = self.options
@@ -281,7 +297,8 @@ class FedHeNNServer(ServerHalf):
     def expected_uplink(self, device_id: str):
         if self.global_server is not None:
             return self.global_server.expected_uplink(device_id)
-        return {Z: array_spec(np.float32, (None, None))}  # N×d, d per architecture; aggregate skips a Z of the wrong N
+        dtype = np.float16 if self.options.z_float16 else np.float32
+        return {Z: array_spec(dtype, (None, None))}  # N×d, d per architecture; aggregate skips a Z of the wrong N
 
     def state_dict(self) -> dict[str, np.ndarray]:
         out = {"kbar_round": np.array(self.kbar_round, np.int64)}

@@ -75,6 +75,11 @@ def pack_prototypes(protos: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
+def prototype_specs(dim: int) -> dict[str, ArraySpec]:
+    """A downlink's prototypes (:func:`pack_prototypes`): absent before any class has one."""
+    return {PROTO: array_spec(np.float32, (None, dim), "prototypes"), PROTO_CLASSES: array_spec(np.int64, (None,), "prototypes")}
+
+
 def unpack_prototypes(arrays: Mapping[str, np.ndarray], num_classes: int, dim: int) -> dict[int, np.ndarray]:
     """The inverse of :func:`pack_prototypes`, checking classes and shapes (it came over the wire)."""
     if PROTO not in arrays:
@@ -218,6 +223,9 @@ class FedProtoDevice(DeviceHalf):
             raise ConfigError("fedproto needs a common feature_dim across the fleet (e.g. --feature-dim 980)")
         self.protos = torch.zeros(ctx.num_classes, dim)
         self.known = torch.zeros(ctx.num_classes, dtype=torch.bool)
+
+    def expected_downlink(self) -> dict[str, ArraySpec]:
+        return prototype_specs(self.protos.shape[1])
 
     def receive(self, round: int, payload: Payload) -> None:
         for c, v in unpack_prototypes(payload.arrays, self.ctx.num_classes, self.protos.shape[1]).items():

@@ -105,6 +105,7 @@ from edgefl.algorithms.fedproto import (
     PrototypeTable,
     local_prototypes,
     pack_prototypes,
+    prototype_specs,
     unpack_prototypes,
 )
 from edgefl.algorithms.training import local_batches, make_optimizer
@@ -335,6 +336,19 @@ class FedVTCDevice(DeviceHalf):
         self.synthetic: tuple[torch.Tensor, torch.Tensor] | None = None  # the last fine-tuning set
 
     # downlink
+    def expected_downlink(self) -> dict[str, ArraySpec]:
+        """Each part once the server has it: the global prototypes, σ, and ψ (every round with
+        ``psi_every_round``, else in the final downlink)."""
+        if not hasattr(self, "_downlink"):
+            psi = state_to_arrays(build_decoder(self.layout, 0).state_dict(), PSI)
+            self._downlink = {
+                **prototype_specs(self.layout.dim),
+                SIGMA: array_spec(np.float32, (self.layout.dim,), "sigma"),
+                # 0-d tensors (BN's num_batches_tracked): any shape, as the server's check
+                **{k: array_spec(v.dtype, v.shape if v.ndim else None, "psi") for k, v in psi.items()},
+            }
+        return self._downlink
+
     def receive(self, round: int, payload: Payload) -> None:
         seed = payload.meta.get("vtc_seed")
         if self.psi is None and seed is not None:

@@ -80,7 +80,15 @@ from edgefl.algorithms.cvae import (
 from edgefl.algorithms.training import train_local
 from edgefl.errors import ConfigError, WireError
 from edgefl.models import ModelSpec, build_model
-from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, spec_of, state_to_arrays
+from edgefl.wire import (
+    ArraySpec,
+    Payload,
+    array_spec,
+    arrays_to_state,
+    in_group,
+    spec_of,
+    state_to_arrays,
+)
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +255,17 @@ class KnowledgeDevice(DeviceHalf):
         self.known: torch.Tensor | None = None
         self.server_logit: torch.Tensor | None = None
         self.server_feat: torch.Tensor | None = None
+
+    def expected_downlink(self) -> dict[str, ArraySpec]:
+        """The server's knowledge every round; this architecture's averaged weights when the
+        options share weights and another device has the architecture (the server decides)."""
+        c = self.ctx.num_classes
+        out = {"known": array_spec(np.uint8, (c,)), "logit": array_spec(np.float32, (c, c))}
+        if self.options.features:
+            out["feat"] = array_spec(np.float32, (c, self.model.feature_dim))
+        if self.options.shares_weights:
+            out.update(in_group(self.weight_specs(WEIGHTS), "weights"))
+        return out
 
     def receive(self, round: int, payload: Payload) -> None:
         state = arrays_to_state(payload.arrays, WEIGHTS)

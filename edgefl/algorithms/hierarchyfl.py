@@ -235,6 +235,10 @@ class SubModelDevice(DeviceHalf):
 
     anchor: dict[str, Tensor] | None = None
 
+    def expected_downlink(self) -> dict[str, ArraySpec]:
+        """This tier's sub-model of the global model, in its shapes."""
+        return self.weight_specs(WEIGHTS)
+
     def receive(self, round: int, payload: Payload) -> None:
         state = arrays_to_state(payload.arrays, WEIGHTS)
         if state:

@@ -12,6 +12,9 @@ class LocalDevice(DeviceHalf):
         stats = train_local(self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round))
         return Payload({}, {"num_samples": len(self.ctx.train_data), **stats})
 
+    def expected_downlink(self) -> dict:
+        return {}  # nothing travels: any array is refused
+
 
 class LocalServer(ServerHalf):
     """Nothing to aggregate; an uplink carries no arrays at all (anything else is refused)."""

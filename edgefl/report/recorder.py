@@ -92,6 +92,7 @@ def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], t
         "bytes_up_per_round": [r["bytes_up_total"] for r in rounds],
         "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
         "finish_bytes_down": final["finish_bytes_down"],  # the final downlink to every device
+        "finish_failed": final["finish_failed"],  # devices that did not take it, and why
         "failed_per_round": [len(r["failed"]) for r in rounds],
         "accuracy_per_round": [
             {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r

@@ -11,7 +11,15 @@ from edgefl.wire.envelope import (
     encoded_size,
     new_nonce,
 )
-from edgefl.wire.schema import KINDS, REPLY_KINDS, SCHEMA_VERSION, ArraySpec, array_spec, spec_of
+from edgefl.wire.schema import (
+    KINDS,
+    REPLY_KINDS,
+    SCHEMA_VERSION,
+    ArraySpec,
+    array_spec,
+    in_group,
+    spec_of,
+)
 from edgefl.wire.tensors import arrays_to_state, state_to_arrays
 
 __all__ = [
@@ -29,6 +37,7 @@ __all__ = [
     "decode",
     "encode",
     "encoded_size",
+    "in_group",
     "new_nonce",
     "spec_of",
     "state_to_arrays",

@@ -161,10 +161,13 @@ def check_meta(kind: str, meta: Any) -> dict[str, Any]:
 
 class ArraySpec(NamedTuple):
     """What one array of a message must be: its dtype, and its shape (None = any shape; a None
-    axis = any length along it)."""
+    axis = any length along it). ``group`` None: the array is in every message of the
+    declaration; a name: the arrays of that group arrive all together or not at all (weights
+    that only some rounds carry, a kernel with the images it was computed on)."""
 
     dtype: np.dtype
     shape: tuple[int | None, ...] | None = None
+    group: str | None = None
 
     def describe(self) -> str:
         shape = "any shape" if self.shape is None else "(" + ", ".join("*" if s is None else str(s) for s in self.shape) + ")"
@@ -177,8 +180,13 @@ def spec_of(array: Any) -> ArraySpec:
     return ArraySpec(a.dtype, tuple(a.shape))
 
 
-def array_spec(dtype: Any, shape: tuple[int | None, ...] | None = None) -> ArraySpec:
-    return ArraySpec(np.dtype(dtype), None if shape is None else tuple(shape))
+def array_spec(dtype: Any, shape: tuple[int | None, ...] | None = None, group: str | None = None) -> ArraySpec:
+    return ArraySpec(np.dtype(dtype), None if shape is None else tuple(shape), group)
+
+
+def in_group(specs: Mapping[str, ArraySpec], group: str) -> dict[str, ArraySpec]:
+    """``specs`` as members of ``group`` (they arrive all together or not at all)."""
+    return {k: spec._replace(group=group) for k, spec in specs.items()}
 
 
 def _shape_ok(got: tuple[int, ...], want: tuple[int | None, ...] | None) -> bool:
@@ -189,12 +197,18 @@ def _shape_ok(got: tuple[int, ...], want: tuple[int | None, ...] | None) -> bool
 
 def check_arrays(arrays: Mapping[str, np.ndarray], expected: Mapping[str, ArraySpec] | None, what: str = "message") -> None:
     """Raise WireError naming the first array that is missing, undeclared, or of another dtype
-    or shape than declared. ``expected`` None: no declaration (the codec's checks only)."""
+    or shape than declared. An array of a group may be missing only with its whole group.
+    ``expected`` None: no declaration (the codec's checks only)."""
     if expected is None:
         return
+    present = {spec.group for name, spec in expected.items() if name in arrays}
     for name, spec in expected.items():
         if name not in arrays:
-            raise WireError(f"{what} is missing array {name!r}")
+            if spec.group is None:
+                raise WireError(f"{what} is missing array {name!r}")
+            if spec.group in present:
+                raise WireError(f"{what} is missing array {name!r} of group {spec.group!r}, which arrives whole")
+            continue
         a = arrays[name]
         if a.dtype != spec.dtype:
             raise WireError(f"{what}: array {name!r} has dtype {a.dtype}, expected {spec.describe()}")

@@ -1,29 +1,26 @@
-"""The conformance suite: every registered method is to pass every check here by being registered.
-
-Status: NOT yet collected by ``make test`` (the file name keeps it out of pytest's default
-``test_*.py`` pattern) until it has been run green for every method on an idle machine; run it
-with ``pytest tests/conformance_suite.py`` (``-m "not slow"``: without MQTT and ONNX). Verified
-so far: memory ≡ MQTT for fedavg; checkpoint → resume for fedavg, feddw, fedhe, fedhenn, fedproto,
-fedprox (before the wire's schema v2 landed). When it is green everywhere, rename it to
-``test_conformance.py``.
+"""The conformance suite: every registered method passes every check here by being registered.
 
 Parametrized over the method registry (as torchvision's model tests are), on tiny synthetic data,
 2 rounds, 3 devices and each method's smallest default models:
 
 - memory ≡ MQTT: the same seed gives the same server state and device models (within 1e-6) in
   memory and over the embedded broker, with the device side built by the device process's own
-  code (``DeviceRuntime``: registration, assignment, the run assembly); and the bytes the round
-  records declare are the bytes the transport published and received;
+  code (``DeviceRuntime``: registration, assignment, the run assembly), one torch thread each;
 - checkpoint → resume: a run interrupted after round 0 and resumed from its checkpoint by a new
   server ends in the same state as an uninterrupted run;
-- a malformed downlink (wrong shape, wrong dtype, NaN, missing key, wrong algorithm) is rejected by
-  the device as a ``WireError`` and the device keeps serving; a malformed uplink likewise on the
-  server (the round goes on with the others);
+- a malformed downlink (wrong shape, wrong dtype, NaN, missing key, an undeclared array, wrong
+  algorithm; a real downlink of round 1, so that what a method only sends once the server holds
+  state is there to spoil) is rejected by the device as a ``WireError`` and the device keeps
+  serving; a malformed uplink likewise on the server (the round goes on with the others). The
+  cases a method gets follow its declared arrays (``expected_downlink``, ``expected_uplink``):
+  a method whose messages carry no arrays (Local) gets the wrong algorithm and an undeclared array;
+- the bytes each round records are the bytes the MQTT transport published and received;
 - every tier of the method's default fleet exports to ONNX (parity-checked).
 
 Device processes are threads of the test process here (one broker for the module): their local
 work is serialised by a lock, because torch's generator, which the agent seeds per device and
-round, is process-wide.
+round, is process-wide. The MQTT and ONNX cases carry the ``slow`` marker; CI runs them too
+(``make test`` deselects nothing).
 """
 
 from __future__ import annotations
@@ -65,14 +62,15 @@ TOLERANCE = 1e-6
 SMALL_WORK = {
     "fedvtc": {"synthetic_samples": "20", "finetune_epochs": "1"},
     "hierarchyfl": {"distill_steps": "2"},
+    "velo": {"cvae_epochs": "2"},
 }
 
 
 def conformance_config(tmp_path: Path, name: str, **overrides):
-    """3 devices, 2 rounds, every device every round, one torch thread (as a device process)."""
-    return tiny_config(
-        tmp_path, algorithm=name, clients=3, rounds=2, fraction=1.0, threads=1, options=SMALL_WORK.get(name, {}), **overrides
-    )
+    """3 devices, 2 rounds of 2 steps of 8 samples, every device every round, one torch thread
+    (as a device process)."""
+    settings = {"clients": 3, "rounds": 2, "steps": 2, "batch_size": 8, "test_samples": 100, "fraction": 1.0, "threads": 1}
+    return tiny_config(tmp_path, algorithm=name, options=SMALL_WORK.get(name, {}), **{**settings, **overrides})
 
 
 @pytest.fixture(autouse=True)
@@ -169,6 +167,7 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name):
     for r in runtimes:
         assert_states_equal(model_arrays(r.agent.half.model), expected_models[r.opts.device_id], f"model of {r.opts.device_id}")
     assert summary["client_accuracy"] == pytest.approx(reference["client_accuracy"], abs=TOLERANCE)
+    assert summary["finish_failed"] == reference["finish_failed"] == {}  # every device took its final downlink
 
     # and the bytes the round records declare are what the transport carried
     rounds = [json.loads(line) for line in (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
@@ -234,47 +233,10 @@ def test_checkpoint_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, n
     for d in expected_models:
         assert_states_equal(models[d], expected_models[d], f"model of {d}")
     assert final["client_accuracy"] == pytest.approx(expected["client_accuracy"], abs=TOLERANCE)
+    assert final["finish_failed"] == expected["finish_failed"] == {}  # every device took its final downlink
 
 
 # --- malformed messages -----------------------------------------------------------------------------
-
-
-def first_array(payload: Payload, kind: str = "f") -> str | None:
-    names = [k for k, v in payload.arrays.items() if v.dtype.kind == kind and v.size > 0]
-    return sorted(names)[0] if names else None
-
-
-def malformed(envelope: Envelope, how: str) -> bytes | None:
-    """``envelope`` spoiled one way, encoded (None: it has nothing to spoil that way)."""
-    arrays, meta = dict(envelope.payload.arrays), dict(envelope.payload.meta)
-    name = first_array(envelope.payload) or first_array(envelope.payload, "u") or first_array(envelope.payload, "i")
-    if how == "wrong algorithm":
-        return encode(dataclasses.replace(envelope, algorithm="not-" + (envelope.algorithm or "x")))
-    if name is None:
-        return None
-    if how == "wrong shape":
-        arrays[name] = np.concatenate([arrays[name].reshape(-1), arrays[name].reshape(-1)[:1]])
-    elif how == "wrong dtype":
-        arrays[name] = arrays[name].astype(np.float64 if arrays[name].dtype != np.float64 else np.float32)
-    elif how == "NaN":
-        name = first_array(envelope.payload)
-        if name is None:
-            return None
-        spoiled = arrays[name].copy()
-        spoiled.reshape(-1)[0] = np.nan
-        arrays[name] = spoiled
-    elif how == "missing key":
-        del arrays[name]
-    return encode(dataclasses.replace(envelope, payload=Payload(arrays, meta)))
-
-
-HOW = ["wrong shape", "wrong dtype", "NaN", "missing key", "wrong algorithm"]
-
-
-def is_wire_rejection(reason: str) -> bool:
-    """The one error type for a message that fails validation: WireError (the agent and the loop
-    report it as 'rejected: …')."""
-    return reason.startswith("rejected: ") or reason.startswith("WireError: ")
 
 
 @functools.cache
@@ -284,62 +246,142 @@ def parties(name: str):
     return cfg, *memory_fleet(cfg)
 
 
-def known_gap(name: str, direction: str, how: str):
-    reason = KNOWN_GAPS.get((name, direction, how))
-    return pytest.param(name, how, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else pytest.param(name, how)
+def new_loop(name: str, transport=None) -> RoundLoop:
+    """A new server for the method's fleet, over ``transport`` (default: the fleet's own)."""
+    cfg, run, own, halves, fleet = parties(name)
+    ctx = run.server_context(fleet)
+    settings = LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=0)
+    return RoundLoop(run.algorithm.server(ctx, run.options), ctx, transport or own, settings)
 
 
-#: Checks that fail today, each with the work that closes it. Strict: when the work lands, the
-#: check passes, the xfail turns into a failure, and the entry must go.
-WIRE = "issue 19 (wire): per-key dtype schemas and the envelope's algorithm checked on both ends"
-KNOWN_GAPS: dict[tuple[str, str, str], str] = {}
+@functools.cache
+def round_zero(name: str) -> tuple[Envelope, dict[str, Envelope]]:
+    """Round 0 run once per method: d00's train request of round 1, after it (everything a method
+    sends once the server holds state, such as FedProto's prototypes, FedVTC's σ and FedHeNN's
+    kernel, is in it), and every device's real reply of round 0."""
+    cfg, run, transport, *_ = parties(name)
+    replies: dict[str, Envelope] = {}
+    handlers = dict(transport.handlers)
 
+    def recording(d: str):
+        def handle(request: Envelope) -> Envelope:
+            replies[d] = handlers[d](request)
+            return replies[d]
 
-@pytest.mark.parametrize(("name", "how"), [known_gap(n, "down", h) for n in METHODS for h in HOW])
-def test_a_malformed_downlink_is_rejected_and_the_device_keeps_serving(name, how):
-    # Prepare: a device and the server's real downlink for round 0, spoiled one way
-    cfg, run, transport, halves, fleet = parties(name)
-    server = run.algorithm.server(run.server_context(fleet), run.options)
+        return handle
+
+    loop = new_loop(name)
+    for d in run.ids:
+        transport.connect(d, recording(d))
+    try:
+        loop.run_round(0)
+    finally:
+        for d in run.ids:
+            transport.connect(d, handlers[d])
+    loop.ctx.round = 1
     d = run.ids[0]
-    agent = DeviceAgent(halves[d], eval_sets=run.data.evals, algorithm=cfg.algorithm)
-    good = Envelope("train", 0, d, algorithm=cfg.algorithm, tier=run.specs[d].tier, payload=server.downlink(0, d))
-    bad = malformed(good, how)
-    if bad is None:
-        pytest.skip(f"{name}'s round-0 downlink carries no array to spoil this way")
+    request = Envelope("train", 1, d, algorithm=cfg.algorithm, tier=run.specs[d].tier, payload=loop.server.downlink(1, d))
+    return request, replies
+
+
+def declared(name: str, direction: str) -> dict:
+    """The arrays the method declares for d00's downlinks ("down") or uplinks ("up")."""
+    _, run, _, halves, fleet = parties(name)
+    d = run.ids[0]
+    if direction == "down":
+        specs = halves[d].expected_downlink()
+    else:
+        specs = run.algorithm.server(run.server_context(fleet), run.options).expected_uplink(d)
+    return None if specs is None else dict(specs)
+
+
+HOW = ["wrong shape", "wrong dtype", "NaN", "missing key", "undeclared array", "wrong algorithm"]
+
+
+def cases(name: str, direction: str) -> list:
+    """The ways to spoil the method's messages that its declaration makes possible: every way
+    for a method whose messages carry arrays (NaN where one is a float array); a wrong algorithm
+    and an undeclared array for one whose messages carry none (Local). A method that declares
+    nothing (None) is given every case, and fails those its receiver does not catch."""
+    specs = declared(name, direction)
+    applies = {"wrong algorithm", "undeclared array"}
+    if specs is None or specs:
+        applies |= {"wrong shape", "wrong dtype", "missing key"}
+    if specs is None or any(np.dtype(s.dtype).kind == "f" for s in specs.values()):
+        applies.add("NaN")
+    return [pytest.param(name, how, id=f"{name}-{how}") for how in HOW if how in applies]
+
+
+def spoiled_array(payload: Payload, how: str) -> str:
+    """The array ``how`` spoils: the first float array by name (else integer), as declared."""
+    kinds = "f" if how == "NaN" else "fui"
+    for kind in kinds:
+        names = sorted(k for k, v in payload.arrays.items() if v.dtype.kind == kind and v.size > 0)
+        if names:
+            return names[0]
+    raise AssertionError(f"the message carries no array to spoil with {how} ({sorted(payload.arrays)}), though the method declares some")
+
+
+def malformed(envelope: Envelope, how: str) -> Envelope:
+    """``envelope`` spoiled one way."""
+    if how == "wrong algorithm":
+        return dataclasses.replace(envelope, algorithm="not-" + (envelope.algorithm or "x"))
+    arrays = dict(envelope.payload.arrays)
+    if how == "undeclared array":
+        arrays["undeclared"] = np.zeros(1, np.float32)
+    else:
+        name = spoiled_array(envelope.payload, how)
+        a = np.asarray(arrays[name])
+        if how == "wrong shape":
+            arrays[name] = np.concatenate([a.reshape(-1), a.reshape(-1)[:1]])
+        elif how == "wrong dtype":
+            arrays[name] = a.astype(np.float64 if a.dtype != np.float64 else np.float32)
+        elif how == "NaN":
+            arrays[name] = a.copy()
+            arrays[name].reshape(-1)[0] = np.nan
+        elif how == "missing key":
+            del arrays[name]
+    return dataclasses.replace(envelope, payload=Payload(arrays, dict(envelope.payload.meta)))
+
+
+def is_wire_rejection(reason: str) -> bool:
+    """The one error type for a message that fails validation: WireError (the agent and the loop
+    report it as 'rejected: …')."""
+    return reason.startswith("rejected: ") or reason.startswith("WireError: ")
+
+
+@pytest.mark.parametrize(("name", "how"), [c for n in METHODS for c in cases(n, "down")])
+def test_a_malformed_downlink_is_rejected_and_the_device_keeps_serving(name, how):
+    # Prepare: a device and the server's real downlink of round 1, spoiled one way
+    cfg, run, transport, halves, fleet = parties(name)
+    good, _ = round_zero(name)
+    agent = DeviceAgent(halves[good.device_id], eval_sets=run.data.evals, algorithm=cfg.algorithm)
+    bad = encode(malformed(good, how))
     # Execute
     reply = decode(agent.handle_bytes(bad))
     after = decode(agent.handle_bytes(encode(dataclasses.replace(good, message_id=uuid.uuid4().hex))))
-    # Assert: refused as a WireError, then a good request served
+    # Assert: refused as a WireError, then the good request served
     assert reply.kind == "error", f"{name} accepted a downlink with {how}"
     assert is_wire_rejection(str(reply.payload.meta["reason"])), reply.payload.meta["reason"]
-    assert after.kind == "update"
+    assert after.kind == "update", after.payload.meta.get("reason")
 
 
-@pytest.mark.parametrize(("name", "how"), [known_gap(n, "up", h) for n in METHODS for h in HOW])
+@pytest.mark.parametrize(("name", "how"), [c for n in METHODS for c in cases(n, "up")])
 def test_a_malformed_uplink_is_rejected_and_the_round_goes_on(name, how):
-    # Prepare: every device's real reply; d00's spoiled on its way to the server
-    cfg, run, transport, halves, fleet = parties(name)
-    d = run.ids[0]
-    real = transport.handlers[d]
-    spoiled: dict = {}
+    # Prepare: a new server's round 0, every device answering with its real reply of round 0
+    # (recorded once: the server's checks, not local training, are under test); d00's spoiled
+    cfg, run, transport, *_ = parties(name)
+    _, replies = round_zero(name)
 
-    def spoil(data: bytes) -> bytes:
-        reply = real(data)
-        env = decode(reply)
-        spoiled["bytes"] = malformed(env, how) if env.kind == "update" else None
-        return spoiled["bytes"] if spoiled["bytes"] is not None else reply
+    def answer(request: Envelope) -> Envelope:
+        reply = dataclasses.replace(replies[request.device_id], run=request.run, nonce=request.nonce)
+        return malformed(reply, how) if request.device_id == run.ids[0] else reply
 
-    ctx = run.server_context(fleet)
-    loop = RoundLoop(run.algorithm.server(ctx, run.options), ctx, transport, LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=0))
-    transport.connect(d, spoil)
-    try:
-        # Execute
-        record = loop.run_round(0)
-    finally:
-        transport.connect(d, real)
-    if spoiled.get("bytes") is None:
-        pytest.skip(f"{name}'s uplink carries no array to spoil this way")
+    loop = new_loop(name, InMemoryTransport(dict.fromkeys(run.ids, answer)))
+    # Execute
+    record = loop.run_round(0)
     # Assert: d00 rejected as malformed, the others aggregated
+    d = run.ids[0]
     assert d in record["failed"], f"the server accepted an uplink with {how}"
     assert record["failed"][d].startswith("rejected: "), record["failed"][d]
     assert record["completed"] == run.ids[1:]
