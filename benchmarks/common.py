@@ -1,4 +1,5 @@
-"""Helpers shared by the timing benchmarks (inference, overhead, mqtt_demo): machine load, write results.
+"""Helpers shared by the timing benchmarks (inference, overhead, scale, mqtt_demo): machine load,
+results, memory watching and the device processes of the MQTT benchmarks.
 
 The accuracy benchmarks are declarations on :mod:`benchmarks.runner` instead."""
 
@@ -7,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,3 +32,101 @@ def machine() -> dict:
 def write_json(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+class MemoryWatch:
+    """Peak resident memory of named groups of processes, sampled by a thread."""
+
+    def __init__(self, every: float = 0.2):
+        self.groups: dict[str, list[psutil.Process]] = {}
+        self.peak: dict[str, int] = {}
+        self.every = every
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def watch(self, name: str, pids: list[int]) -> None:
+        self.groups[name] = [psutil.Process(p) for p in pids]
+        self.peak.setdefault(name, 0)
+
+    def sample(self) -> dict[str, int]:
+        now = {}
+        for name, procs in list(self.groups.items()):
+            total = 0
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            now[name] = total
+            self.peak[name] = max(self.peak.get(name, 0), total)
+        return now
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(self.every):
+            self.sample()
+
+    def start(self) -> MemoryWatch:
+        self.thread.start()
+        return self
+
+    def stop(self) -> dict[str, int]:
+        self.stop_event.set()
+        self.thread.join(5)
+        self.sample()
+        return dict(self.peak)
+
+
+# --- device processes of the MQTT benchmarks ------------------------------------------------------
+
+BENCH_PROFILE = {"name": "bench", "arch": "x86_64", "cpu_model": "bench", "cores": 1, "ram_total_mb": 4096, "ram_available_mb": 2048, "source": "benchmark"}
+
+
+def device_specs(url: str, fleet: str, n: int, *, test_samples: int = 50, eval_samples: int = 50, **more) -> list[dict]:
+    """``DeviceOptions`` fields of ``n`` synthetic-data devices (tier 1, one torch thread); ``more``:
+    further DataSpec fields (``train_samples``) or DeviceOptions fields (``register_every``)."""
+    from dataclasses import fields
+
+    from edgefl.runtime.device import DataSpec, DeviceOptions
+    from edgefl.runtime.simulation import device_ids
+
+    data_fields = {f.name for f in fields(DataSpec)}
+    data = {k: v for k, v in more.items() if k in data_fields}
+    options = {k: v for k, v in more.items() if k not in data_fields}
+    unknown = set(options) - {f.name for f in fields(DeviceOptions)}
+    if unknown:
+        raise ValueError(f"unknown device fields {sorted(unknown)}")
+    return [
+        {
+            "broker": url,
+            "fleet": fleet,
+            "device_id": d,
+            "data": DataSpec("synthetic", shard=(i, n), test_samples=test_samples, eval_samples=eval_samples, min_size=5, **data).to_string(),
+            "tier": "1",
+            "profile": BENCH_PROFILE,
+            "threads": 1,
+            **options,
+        }
+        for i, d in enumerate(device_ids(n))
+    ]
+
+
+def spawn_devices(script: Path, specs: list[dict], processes: int, work: Path, env: dict | None = None) -> list[subprocess.Popen]:
+    """``processes`` processes of ``script SPEC.json``, the devices dealt out in turn; logs in ``work``."""
+    procs = []
+    for k in range(processes):
+        spec_file = work / f"devices-{k}.json"
+        spec_file.write_text(json.dumps(specs[k::processes]))
+        with open(work / f"devices-{k}.log", "ab") as out:
+            procs.append(subprocess.Popen([sys.executable, str(script), str(spec_file)], stdout=out, stderr=subprocess.STDOUT, env=env))
+    return procs
+
+
+def stop_processes(procs: list[subprocess.Popen], grace: float) -> None:
+    """Give the processes ``grace`` seconds in all to leave by themselves, then terminate them."""
+    end = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            p.wait(timeout=20)

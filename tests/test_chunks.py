@@ -255,6 +255,19 @@ def test_each_sender_holds_a_bounded_number_of_partial_messages_and_others_are_u
     assert r.drop_idle(-1) == 2 and r.partial_bytes == 0
 
 
+def test_a_reassembly_whose_sender_vanished_is_dropped_by_later_traffic():
+    clock = Clock()
+    r = Reassembler(settings(idle_after=100.0), max_bytes=MAX, clock=clock)
+    live = split(payload(300), b"\x02" * 16, 100)
+    r.add("gone", split(payload(300), b"\x01" * 16, 100)[0])
+    clock.t = 50.0
+    r.add("live", live[0])
+    assert r.partial_bytes == 600  # 50 s idle: kept
+    clock.t = 120.0
+    r.add("live", live[1])
+    assert set(r.partial) == {"live"} and r.partial_bytes == 300 and r.stats.evicted == 1
+
+
 def test_malformed_acks_are_refused():
     link = Link()
     link.sender.send("d/down", payload(300), MID)

@@ -39,10 +39,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
 
 import benchmarks.overhead.echo  # noqa: E402,F401  (registers bench-echo)
-from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    MemoryWatch,
+    device_specs,
+    machine,
+    spawn_devices,
+    stop_processes,
+    write_json,
+)
 from benchmarks.overhead.echo import RESNET18_FLOATS  # noqa: E402
 from benchmarks.overhead.run import edgefl_config, raw_paho_throughput  # noqa: E402
 
@@ -52,48 +58,6 @@ log = logging.getLogger("chunked")
 
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-class MemoryWatch:
-    """Peak resident memory of named process groups, sampled in a thread."""
-
-    def __init__(self, every: float = 0.2):
-        self.groups: dict[str, list[psutil.Process]] = {}
-        self.peak: dict[str, int] = {}
-        self.every = every
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def watch(self, name: str, pids: list[int]) -> None:
-        self.groups[name] = [psutil.Process(p) for p in pids]
-        self.peak.setdefault(name, 0)
-
-    def sample(self) -> dict[str, int]:
-        now = {}
-        for name, procs in list(self.groups.items()):
-            total = 0
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            now[name] = total
-            self.peak[name] = max(self.peak.get(name, 0), total)
-        return now
-
-    def _run(self) -> None:
-        while not self.stop_event.wait(self.every):
-            self.sample()
-
-    def start(self) -> MemoryWatch:
-        self.thread.start()
-        return self
-
-    def stop(self) -> dict[str, int]:
-        self.stop_event.set()
-        self.thread.join(5)
-        self.sample()
-        return dict(self.peak)
 
 
 def raw_round_trip(url: str, n: int, nbytes: int, rounds: int, watch: MemoryWatch) -> dict:
@@ -138,36 +102,14 @@ def raw_round_trip(url: str, n: int, nbytes: int, rounds: int, watch: MemoryWatc
     return {"devices": n, "bytes_each_way": nbytes, "rounds": rounds, "round_seconds": seconds, "steady_round_s": per_round, "bytes_per_s": 2 * n * nbytes / per_round}
 
 
-def run_edgefl(url: str, broker_pid: int, n: int, floats: int, rounds: int, processes: int, work: Path, watch: MemoryWatch) -> dict:
-    from edgefl.runtime.device import DataSpec
+def run_edgefl(url: str, n: int, floats: int, rounds: int, processes: int, work: Path, watch: MemoryWatch) -> dict:
     from edgefl.runtime.server import ServeOptions, serve
-    from edgefl.runtime.simulation import device_ids
 
-    fleet = f"chunks{os.getpid()}"
-    ids = device_ids(n)
-    profile = {"name": "bench", "arch": "x86_64", "cpu_model": "bench", "cores": 1, "ram_total_mb": 4096, "ram_available_mb": 2048, "source": "benchmark"}
-    specs = [
-        {
-            "broker": url,
-            "fleet": fleet,
-            "device_id": d,
-            "data": DataSpec("synthetic", shard=(i, n), test_samples=50, eval_samples=50, min_size=5).to_string(),
-            "tier": "1",
-            "profile": profile,
-            "threads": 1,
-        }
-        for i, d in enumerate(ids)
-    ]
     procs = []
     records: list[dict] = []
     box: dict = {}
     try:
-        for k in range(processes):
-            spec_file = work / f"devices-{k}.json"
-            spec_file.write_text(json.dumps(specs[k::processes]))
-            out = open(work / f"devices-{k}.log", "ab")  # noqa: SIM115
-            procs.append(subprocess.Popen([sys.executable, str(HERE / "device_main.py"), str(spec_file)], stdout=out, stderr=subprocess.STDOUT))
-            out.close()
+        procs = spawn_devices(HERE / "device_main.py", device_specs(url, f"chunks{os.getpid()}", n), processes, work)
         watch.watch("devices", [p.pid for p in procs])
 
         def on_round(r: dict) -> None:
@@ -176,14 +118,9 @@ def run_edgefl(url: str, broker_pid: int, n: int, floats: int, rounds: int, proc
             records.append(r)
 
         cfg = edgefl_config(n, floats, rounds, work, "run")
-        serve(cfg, ServeOptions(broker=url, fleet=fleet, deadline=900, wait_for_devices=1200), on_round=on_round, on_started=lambda t: box.__setitem__("transport", t))
+        serve(cfg, ServeOptions(broker=url, fleet=f"chunks{os.getpid()}", deadline=900, wait_for_devices=1200), on_round=on_round, on_started=lambda t: box.__setitem__("transport", t))
     finally:
-        for p in procs:
-            try:
-                p.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                p.terminate()
-                p.wait(timeout=20)
+        stop_processes(procs, grace=120)
     tr = box["transport"]
     per_round = []
     for r in records:
@@ -317,7 +254,7 @@ def main() -> None:
         watch.groups.pop("raw echo clients", None)
         watch.peak = {k: 0 for k in watch.groups}  # the edgefl section's own peaks
         t = load()
-        res["edgefl"] = {**run_edgefl(broker.url, broker.proc.pid, args.devices, args.floats, args.rounds, args.processes, work, watch), "load_before": t, "load_after": load()}
+        res["edgefl"] = {**run_edgefl(broker.url, args.devices, args.floats, args.rounds, args.processes, work, watch), "load_before": t, "load_after": load()}
     finally:
         res["memory_peak"] = watch.stop()
         broker.stop()

@@ -42,7 +42,14 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import benchmarks.overhead.echo  # noqa: E402,F401  (registers bench-echo)
-from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    MemoryWatch,
+    device_specs,
+    machine,
+    spawn_devices,
+    stop_processes,
+    write_json,
+)
 from benchmarks.overhead.echo import RESNET18_FLOATS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -146,7 +153,8 @@ def raw_paho_throughput(url: str, data: bytes, messages: int) -> dict:
 # --- 2. edgefl over MQTT ---------------------------------------------------------------------
 
 
-def edgefl_config(n: int, floats: int, rounds: int, out_dir: Path, name: str):
+def edgefl_config(n: int, floats: int, rounds: int, out_dir: Path, name: str, **more):
+    """The bench-echo run of ``n`` devices; ``more`` overrides run settings (``train_samples``)."""
     from edgefl.algorithms import get_algorithm
     from edgefl.config import resolve_config
 
@@ -164,6 +172,7 @@ def edgefl_config(n: int, floats: int, rounds: int, out_dir: Path, name: str):
         "min_size": 5,
         "out_dir": str(out_dir),
         "run_name": name,
+        **more,
     }
     return resolve_config(explicit, dict(get_algorithm("bench-echo").defaults))
 
@@ -188,9 +197,7 @@ def round_stats(records: list[dict]) -> dict:
 
 def run_edgefl_mqtt(broker_kind: str, n: int, floats: int, rounds: int, processes: int, workdir: Path, nodelay: bool = False) -> dict:
     from benchmarks.overhead import nodelay as tcp
-    from edgefl.runtime.device import DataSpec
     from edgefl.runtime.server import ServeOptions, serve
-    from edgefl.runtime.simulation import device_ids
 
     name = f"mqtt-{broker_kind}-{n}x{floats}{'-nodelay' if nodelay else ''}"
     work = workdir / name
@@ -200,46 +207,20 @@ def run_edgefl_mqtt(broker_kind: str, n: int, floats: int, rounds: int, processe
         tcp.enable()
     env = {**os.environ, "EDGEFL_BENCH_NODELAY": "1" if nodelay else "0"}
     fleet = f"bench{os.getpid()}{broker_kind[:3]}{n}"
-    ids = device_ids(n)
-    profile = {"name": "bench", "arch": "x86_64", "cpu_model": "bench", "cores": 1, "ram_total_mb": 4096, "ram_available_mb": 2048, "source": "benchmark"}
-    specs = [
-        {
-            "broker": broker.url,
-            "fleet": fleet,
-            "device_id": d,
-            "data": DataSpec("synthetic", shard=(i, n), test_samples=50, eval_samples=50, min_size=5).to_string(),
-            "tier": "1",
-            "profile": profile,
-            "threads": 1,
-        }
-        for i, d in enumerate(ids)
-    ]
-    groups = [specs[k::processes] for k in range(processes)]
+    specs = device_specs(broker.url, fleet, n)
     procs = []
     t_start = time.perf_counter()
-    from benchmarks.overhead.chunked import MemoryWatch
-
     watch = MemoryWatch().start()
     if getattr(broker, "proc", None) is not None:  # Mosquitto: its own process
         watch.watch("broker", [broker.proc.pid])
     try:
-        for k, group in enumerate(groups):
-            spec_file = work / f"devices-{k}.json"
-            spec_file.write_text(json.dumps(group))
-            out = open(work / f"devices-{k}.log", "ab")  # noqa: SIM115
-            procs.append(subprocess.Popen([sys.executable, str(HERE / "device_main.py"), str(spec_file)], stdout=out, stderr=subprocess.STDOUT, env=env))
-            out.close()
+        procs = spawn_devices(HERE / "device_main.py", specs, processes, work, env)
         records: list[dict] = []
         cfg = edgefl_config(n, floats, rounds, work, "run")
         serve(cfg, ServeOptions(broker=broker.url, fleet=fleet, deadline=600, wait_for_devices=1200), on_round=records.append)
         wall = time.perf_counter() - t_start
     finally:
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.terminate()
-                p.wait(timeout=20)
+        stop_processes(procs, grace=60)
         peaks = watch.stop()
         broker.stop()
         tcp.disable()

@@ -319,6 +319,30 @@ class DeviceRuntime:
             self.say(f"connected to broker {self.endpoint.address}" if connected else f"lost broker {self.endpoint.address}; reconnecting")
         return connected
 
+    def register_if_due(self) -> None:
+        if self.registered_epoch is None and self.endpoint.connected.is_set() and time.monotonic() >= self.next_register:
+            self._register()
+
+    def handle(self, kind: str, routing: Routing | None, item: Any) -> None:
+        """One item of the endpoint's inbox: the server's status, an assignment, a broadcast or a request."""
+        try:
+            if kind == "server":
+                self._on_server(item)
+            elif kind == "assign":
+                self._on_assign(item)
+            elif kind == "broadcast":
+                self._on_broadcast(routing)
+            elif kind == "request":
+                self._serve(routing, item)
+        except (WireError, ConfigError) as e:
+            log.warning("device %s: rejected a %s message: %s", self.opts.device_id, kind, e)
+            if kind == "assign" and isinstance(e, ConfigError):
+                raise  # the assigned work cannot be built here: waiting will not change that
+        except RunRejectedError:
+            raise  # the server said no: the run cannot go on for this device
+        except Exception:  # a bug or a hostile message must not end the device: keep serving
+            log.exception("device %s: failed on a %s message", self.opts.device_id, kind)
+
     def run(self, stop_after: float | None = None) -> int:
         """Serve until the run is over (or ``stop_after`` seconds); returns requests served."""
         t_end = None if stop_after is None else time.monotonic() + stop_after
@@ -329,30 +353,13 @@ class DeviceRuntime:
                 if t_end is not None and time.monotonic() > t_end:
                     break
                 connected = self._watch_connection(connected)
-                if self.registered_epoch is None and self.endpoint.connected.is_set() and time.monotonic() >= self.next_register:
-                    self._register()
+                self.register_if_due()
                 try:
                     kind, routing, item = self.endpoint.inbox.get(timeout=0.25)
                 except queue.Empty:
                     self.endpoint.retry_unacked()
                     continue
-                try:
-                    if kind == "server":
-                        self._on_server(item)
-                    elif kind == "assign":
-                        self._on_assign(item)
-                    elif kind == "broadcast":
-                        self._on_broadcast(routing)
-                    elif kind == "request":
-                        self._serve(routing, item)
-                except (WireError, ConfigError) as e:
-                    log.warning("device %s: rejected a %s message: %s", self.opts.device_id, kind, e)
-                    if kind == "assign" and isinstance(e, ConfigError):
-                        raise  # the assigned work cannot be built here: waiting will not change that
-                except RunRejectedError:
-                    raise  # the server said no: the run cannot go on for this device
-                except Exception:  # a bug or a hostile message must not end the device: keep serving
-                    log.exception("device %s: failed on a %s message", self.opts.device_id, kind)
+                self.handle(kind, routing, item)
                 self.endpoint.retry_unacked()
             self._flush()
         finally:

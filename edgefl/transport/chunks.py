@@ -74,6 +74,7 @@ class ChunkSettings:
     max_partial_per_sender: int = 2
     max_partial_bytes: int = 1024 * 1024 * 1024
     remember_completed: int = 4096
+    idle_after: float = 300.0  # a reassembly untouched this long is dropped (a live sender re-sends within max_stall)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ChunkSettings:
@@ -230,6 +231,7 @@ class Reassembler:
         self.partial_bytes = 0
         self.stats = ReassemblyStats()
         self.lock = threading.Lock()
+        self.swept = clock()
 
     def add(self, sender: str, data: bytes) -> tuple[bytes | None, bytes | None]:
         with self.lock:
@@ -242,6 +244,9 @@ class Reassembler:
     def _add(self, sender: str, data: bytes) -> tuple[bytes | None, bytes | None]:
         s = self.settings
         h, body = parse_chunk(data, max_bytes=self.max_bytes, max_chunk_size=s.max_chunk_size)
+        if self.clock() - self.swept > s.idle_after / 4:  # senders that vanished mid-message
+            self.swept = self.clock()
+            self._drop_idle(s.idle_after)
         self.stats.chunks += 1
         if (sender, h.message_id) in self.completed:
             self.stats.duplicates += 1
@@ -292,15 +297,19 @@ class Reassembler:
 
     def drop_idle(self, older_than: float) -> int:
         """Forget reassemblies untouched for ``older_than`` seconds (a sender that vanished)."""
-        now, dropped = self.clock(), 0
         with self.lock:
-            for sender in list(self.partial):
-                mine = self.partial[sender]
-                for mid in [m for m, p in mine.items() if now - p.touched > older_than]:
-                    self.partial_bytes -= mine.pop(mid).header.total
-                    dropped += 1
-                if not mine:
-                    del self.partial[sender]
+            return self._drop_idle(older_than)
+
+    def _drop_idle(self, older_than: float) -> int:
+        now, dropped = self.clock(), 0
+        for sender in list(self.partial):
+            mine = self.partial[sender]
+            for mid in [m for m, p in mine.items() if now - p.touched > older_than]:
+                self.partial_bytes -= mine.pop(mid).header.total
+                dropped += 1
+                self.stats.evicted += 1
+            if not mine:
+                del self.partial[sender]
         return dropped
 
 

@@ -34,6 +34,10 @@ restart without persistence), an application-level protocol on top:
 - both sides de-duplicate by message id (a device answers a repeated request with its cached
   reply instead of training twice; the server counts a reply once).
 
+Envelopes longer than :attr:`ChunkSettings.threshold` (4 MiB) travel in chunks on the same topics,
+paced by acknowledged bytes (:mod:`edgefl.transport.chunks`, ``docs/wire.md``); a reassembled
+envelope goes through everything below exactly as one that came whole.
+
 Every message is size-checked against :class:`edgefl.wire.Limits` by edgefl itself before it is
 published and before anything parses it, and only the routing header is read here
 (:func:`edgefl.wire.validate.peek`) before a reply is handed to the caller's ``accept``, which
