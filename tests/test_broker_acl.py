@@ -10,7 +10,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefl.errors import TransportError
 from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
-from edgefl.transport.mqtt import _PROTOCOL_CACHE, BrokerAddress, MqttDeviceEndpoint
+from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
+from edgefl.transport.mqtt.connection import _PROTOCOL_CACHE
 
 
 @pytest.fixture

@@ -298,7 +298,7 @@ class StatusFeed:
         from paho.mqtt.enums import CallbackAPIVersion
 
         from edgefl.errors import TransportError
-        from edgefl.transport.mqtt import _configure, detect_protocol
+        from edgefl.transport.mqtt.connection import _configure, detect_protocol
 
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edgefl-status-{uuid.uuid4().hex[:8]}",
                                   protocol=detect_protocol(self.address))

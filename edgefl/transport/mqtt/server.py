@@ -1,0 +1,326 @@
+"""The server side of the request/ack protocol: :class:`MqttServerTransport`, a wire transport
+that publishes requests, re-sends unacknowledged ones with back-off, de-duplicates and
+acknowledges replies, and counts the bytes it published and received (:class:`ExchangeStats`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from edgefl.errors import WireError
+from edgefl.transport.base import Accept, Delivery
+from edgefl.transport.chunks import (
+    ChunkSettings,
+)
+from edgefl.transport.mqtt.connection import BrokerAddress, Endpoint
+from edgefl.transport.mqtt.reliable import ack_envelope, retry_delay
+from edgefl.transport.mqtt.topics import Topics
+from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
+from edgefl.wire.validate import Routing, peek
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    message_id: str
+    round: int
+    kind: str
+    data: bytes
+    sent: float
+    next_retry: float
+    retry_every: float
+    acked: bool = False
+    reply: bytes | None = None
+    replied_at: float = 0.0
+    reply_acked: bool = False
+    reply_routing: Routing | None = None
+    published: int = 0
+    attempts: int = 0
+    accept: Accept | None = None
+    value: object = None
+    rejected: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ExchangeStats:
+    """Bytes actually published per device (retries included) and retries, since the last take()."""
+
+    bytes_down: dict[str, int] = field(default_factory=dict)
+    bytes_up: dict[str, int] = field(default_factory=dict)
+    retries: dict[str, int] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)  # messages refused, per sender
+
+
+RegisterHandler = Callable[[str, bytes], bytes | None]
+
+
+class MqttServerTransport(Endpoint):
+    """The server's :class:`~edgefl.transport.base.Transport` over MQTT.
+
+    ``on_register(device_id, envelope_bytes)`` is called (on the network thread) for each
+    registration message; the bytes it returns are published to that device's downlink.
+    """
+
+    def __init__(
+        self,
+        address: BrokerAddress,
+        fleet: str,
+        *,
+        limits: Limits = Limits(),
+        on_register: RegisterHandler | None = None,
+        retry_after: float = 2.0,
+        retry_max: float = 30.0,
+        ack_delay: float = 0.25,
+        epoch: str | None = None,
+        chunks: ChunkSettings | None = None,
+    ):
+        topics = Topics(fleet)
+        self.epoch = epoch or uuid.uuid4().hex[:12]
+        will = json.dumps({"state": "offline", "epoch": self.epoch}).encode()
+        super().__init__(address, f"edgefl-{fleet}-server", topics, limits=limits, will=(topics.server_status, will), chunks=chunks)
+        self.fleet = fleet
+        self.on_register = on_register
+        self.retry_after, self.retry_max = retry_after, retry_max
+        self.ack_delay = max(0.0, min(ack_delay, retry_after / 4))  # devices re-send after retry_after
+        self.lock = threading.Condition()
+        # the request loop sleeps until wake_at unless woken: by the last reply, or by a reply
+        # whose lone acknowledgement would fall due before wake_at (one wake-up, not one per reply)
+        self.outstanding = 0
+        self.wake_at = 0.0
+        self.pending: dict[str, _Pending] = {}
+        self.seen_replies: OrderedDict[str, None] = OrderedDict()
+        self.status: dict[str, str] = {}
+        self.last_seen: dict[str, float] = {}  # device → wall-clock time of its last message
+        self.stats = ExchangeStats()
+
+    def subscriptions(self) -> list[str]:
+        return [self.topics.device("+", leaf) for leaf in ("up", "register", "status")]
+
+    def on_connected(self) -> None:
+        online = json.dumps({"state": "online", "epoch": self.epoch}).encode()
+        self.client.publish(self.topics.server_status, online, qos=1, retain=True)
+
+    def start(self, wait: float | None = 30.0) -> MqttServerTransport:
+        super().start(wait)
+        # a new run starts with no "run over" notice in the fleet's broadcast
+        self.client.publish(self.topics.broadcast, b"", qos=1, retain=True)
+        return self
+
+    def replied(self, device_id: str) -> bool:
+        """Whether the device has answered its open request (fleet status)."""
+        p = self.pending.get(device_id)
+        return p is not None and p.reply is not None
+
+    def publish_fleet_status(self, data: bytes) -> None:
+        self.publish(self.topics.fleet_status, data, retain=True)
+
+    def take_stats(self) -> ExchangeStats:
+        with self.lock:
+            stats, self.stats = self.stats, ExchangeStats()
+        return stats
+
+    # -- the Transport protocol --
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        out: dict[str, Delivery] = {}
+        with self.lock:
+            for device_id, data in messages.items():
+                try:
+                    r = peek(data, self.limits)
+                except WireError as e:  # e.g. larger than the limit: never published
+                    out[device_id] = Delivery(device_id, None, f"not sent: {e}")
+                    continue
+                first = retry_delay(self.retry_after, len(data))
+                self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + first, first, accept=accept)
+            self.outstanding = sum(1 for d in messages if d in self.pending)
+            self.wake_at = now
+        for device_id, data in messages.items():
+            if device_id not in out:
+                self._send(device_id, data)
+        while True:
+            resend, acks = [], []
+            with self.lock:
+                mine = [self.pending[d] for d in messages if d in self.pending]
+                waiting = [d for d in messages if d in self.pending and self.pending[d].reply is None]
+                now = time.monotonic()
+                if not waiting or (deadline is not None and now >= deadline):
+                    break
+                for d in waiting:
+                    p = self.pending[d]
+                    if not p.acked and now >= p.next_retry and self.chunker.active(self.topics.device(d, "down"), bytes.fromhex(p.message_id)):
+                        p.next_retry = now + p.retry_every  # in chunks: re-sent by their progress, not by this clock
+                    if not p.acked and now >= p.next_retry:
+                        p.retry_every = min(self.retry_max, p.retry_every * 2)
+                        p.next_retry = now + p.retry_every
+                        p.attempts += 1
+                        self.stats.retries[d] = self.stats.retries.get(d, 0) + 1
+                        resend.append((d, p))
+                for p in mine:
+                    if p.reply is not None and not p.reply_acked and now >= p.replied_at + self.ack_delay:
+                        p.reply_acked = True  # the exchange goes on: acknowledge it alone
+                        acks.append(p)
+                if not resend and not acks:
+                    wake = min(self.pending[d].next_retry for d in waiting)
+                    unacked = [p.replied_at + self.ack_delay for p in mine if p.reply is not None and not p.reply_acked]
+                    wake = min([wake, *unacked])
+                    if deadline is not None:
+                        wake = min(wake, deadline)
+                    pause = max(0.001, min(1.0, wake - now))
+                    self.wake_at = now + pause
+                    self.lock.wait(pause)
+            # publish outside the lock: paho's network thread takes it in on_message
+            for d, p in resend:
+                log.info("no acknowledgement from %s for %s round %d; re-sending", d, p.kind, p.round)
+                self._send(d, p.data)
+            for p in acks:
+                self._ack_reply(p.reply_routing)
+        closed: set[tuple[str, int]] = set()
+        with self.lock:
+            for device_id in messages:
+                if device_id in out:
+                    continue
+                p = self.pending.pop(device_id, None)
+                if p is not None:
+                    closed.add((p.kind, p.round))
+                rejected = tuple(p.rejected) if p is not None else ()
+                if p is not None and p.reply is not None:
+                    out[device_id] = Delivery(device_id, p.reply, None, p.replied_at - p.sent, p.value, rejected)
+                else:
+                    state = self.status.get(device_id, "unknown")
+                    why = "no acknowledgement" if p is None or not p.acked else "acknowledged but no reply"
+                    out[device_id] = Delivery(device_id, None, f"deadline of {timeout:g} s passed ({why}; device {state})", time.monotonic() - (p.sent if p else now), rejected=rejected)
+        for kind, rnd in sorted(closed):
+            self._announce_closed(kind, rnd)
+        return out
+
+    def on_chunked_sent(self, topic: str, message_id: str, ok: bool) -> None:
+        """A request that arrived whole at its device is acknowledged (the device has it)."""
+        where = self.topics.parse_device(topic)
+        if ok and where is not None:
+            with self.lock:
+                p = self.pending.get(where[0])
+                if p is not None and p.message_id == message_id:
+                    p.acked = True
+
+    def on_chunk_rejected(self, topic: str, reason: str) -> None:
+        where = self.topics.parse_device(topic)
+        if where is not None:
+            self._count_rejected(where[0], reason)
+
+    def _seen(self, message_id: str) -> None:
+        self.seen_replies[message_id] = None
+        while len(self.seen_replies) > 4096:
+            self.seen_replies.popitem(last=False)
+
+    def _count_rejected(self, device_id: str, reason: str) -> None:
+        """Count a refused message of ``device_id``; while a request to it is open, the exchange's
+        record names the reason too."""
+        with self.lock:
+            self.stats.rejected[device_id] = self.stats.rejected.get(device_id, 0) + 1
+            p = self.pending.get(device_id)
+            if p is not None and p.reply is None:
+                p.rejected.append(reason)
+
+    def _ack_reply(self, r: Routing) -> None:
+        self.publish(self.topics.device(r.device_id, "down"), ack_envelope(self.fleet, r.device_id, r), qos=0)
+
+    def _announce_closed(self, kind: str, rnd: int) -> None:
+        """One broadcast acknowledging every reply to the (kind, round) exchange, which is over."""
+        env = Envelope("ack", rnd, "*", fleet=self.fleet, payload=Payload({}, {"closed": kind, "epoch": self.epoch}))
+        self.publish(self.topics.broadcast, encode(env), qos=0)  # an ack: a lost one costs a re-send
+
+    def close(self) -> None:
+        self.stop()
+
+    def announce_end(self) -> None:
+        """Tell every device (retained, so also those reconnecting later) that the run is over."""
+        env = Envelope("finish", 0, "*", fleet=self.fleet, payload=Payload({}, {"run_over": True, "epoch": self.epoch}))
+        info = self.client.publish(self.topics.broadcast, encode(env), qos=1, retain=True)
+        try:
+            info.wait_for_publish(5)
+        except (RuntimeError, ValueError):
+            pass
+
+    def _send(self, device_id: str, data: bytes) -> None:
+        self.publish(self.topics.device(device_id, "down"), data)
+        with self.lock:
+            self.stats.bytes_down[device_id] = self.stats.bytes_down.get(device_id, 0) + len(data)
+
+    # -- incoming --
+    def on_message(self, topic: str, data: bytes) -> None:
+        where = self.topics.parse_device(topic)
+        if where is None:
+            return
+        device_id, leaf = where
+        self.last_seen[device_id] = time.time()
+        if leaf == "status":
+            with self.lock:
+                self.status[device_id] = data.decode("utf-8", "replace")[:32] or "unknown"
+            return
+        try:
+            r = peek(data, self.limits)
+            if r.device_id != device_id:
+                raise WireError(f"envelope names device {r.device_id!r} but came on {device_id!r}'s topic")
+            if r.fleet != self.fleet:
+                raise WireError(f"envelope is for fleet {r.fleet!r}, not {self.fleet!r}")
+        except WireError as e:
+            self._count_rejected(device_id, str(e))
+            raise
+        if leaf == "register":
+            if r.kind != "register":
+                raise WireError(f"a {r.kind!r} message on the registration topic")
+            if self.on_register is not None:
+                answer = self.on_register(device_id, data)
+                if answer is not None:
+                    self.publish(self.topics.device(device_id, "down"), answer)
+            return
+        if leaf != "up":
+            return
+        if r.kind == "ack":
+            with self.lock:
+                p = self.pending.get(device_id)
+                if p is not None and r.meta.get("ack") == p.message_id:
+                    p.acked = True  # the request loop sees it before its next re-send falls due
+            return
+        if r.kind not in ("update", "metrics", "done", "error"):
+            self._count_rejected(device_id, f"a {r.kind!r} on the uplink")
+            raise WireError(f"a device does not send {r.kind!r} messages")
+        with self.lock:
+            self.stats.bytes_up[device_id] = self.stats.bytes_up.get(device_id, 0) + len(data)
+            duplicate = r.message_id in self.seen_replies
+            p = self.pending.get(device_id)
+            candidate = not duplicate and p is not None and p.reply is None and r.round == p.round and r.kind in (REPLY_KINDS.get(p.kind), "error")
+            if candidate:
+                self._seen(r.message_id)
+        if candidate:
+            # decode and check outside the lock (a large update takes tens of ms); the first
+            # accepted reply wins, a refused one is counted and never takes the real one's place
+            try:
+                value = p.accept(device_id, bytes(data)) if p.accept is not None else None
+            except WireError as e:
+                log.warning("refused a %s from %s for round %d: %s", r.kind, device_id, r.round, e)
+                self._count_rejected(device_id, str(e))
+                self._ack_reply(r)  # its sender may stop re-sending it: it will never be accepted
+                return
+            with self.lock:
+                if self.pending.get(device_id) is p and p.reply is None:
+                    p.reply, p.replied_at, p.acked, p.reply_routing, p.value = bytes(data), time.monotonic(), True, r, value
+                    self.outstanding -= 1
+                    if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
+                        self.lock.notify_all()
+                    return  # acknowledged by the exchange's closing broadcast, or alone after ack_delay
+        with self.lock:
+            if not duplicate and not candidate:
+                self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
+                log.warning("dropped a late or unsolicited %s from %s for round %d", r.kind, device_id, r.round)
+        # acknowledge a duplicate or a late reply at once: the device stops re-sending it
+        self._ack_reply(r)
