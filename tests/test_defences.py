@@ -117,7 +117,7 @@ def test_fedhe_defences_keep_two_of_ten_label_flippers_out_of_the_class_logits(o
 
 
 def test_felo_clip_bounds_features_and_weights_too():
-    from edgefl.algorithms.felo import WEIGHTS, FeloOptions, KnowledgeServer
+    from edgefl.algorithms.felo import FeloOptions, KnowledgeServer
     from tests.test_felo import server_ctx
 
     server = KnowledgeServer(server_ctx(["10", "10"]), FeloOptions(clip_norm=1.0))

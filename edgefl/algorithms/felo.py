@@ -66,7 +66,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edgefl.algorithms.aggregate import Defences, Rule, clip_to_norm, clip_update, defences_of, robust_average, robust_stack
+from edgefl.algorithms.aggregate import (
+    Defences,
+    Rule,
+    clip_to_norm,
+    clip_update,
+    defences_of,
+    robust_average,
+    robust_stack,
+)
 from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
 from edgefl.algorithms.cvae import (
     CVAE,
