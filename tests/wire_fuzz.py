@@ -198,11 +198,17 @@ def _down_oracle(agent) -> Callable[[Envelope], str | None]:
             return "a request of another run"
         declared = agent.half.expected_downlink()
         if env.payload.arrays and declared is not None:
-            if set(env.payload.arrays) != set(declared):
+            names = set(env.payload.arrays)
+            # an array of a group may be absent with its whole group; a None axis is any length
+            groups = {spec.group for name, spec in declared.items() if name in names}
+            required = {name for name, spec in declared.items() if spec.group is None or spec.group in groups}
+            if not required <= names <= set(declared):
                 return "downlink array names"
-            for name, spec in declared.items():
-                a = env.payload.arrays[name]
-                if a.dtype != spec.dtype or (spec.shape is not None and tuple(a.shape) != tuple(spec.shape)):
+            for name in names:
+                spec, a = declared[name], env.payload.arrays[name]
+                if a.dtype != spec.dtype:
+                    return f"downlink array {name}"
+                if spec.shape is not None and (a.ndim != len(spec.shape) or any(w is not None and g != w for g, w in zip(a.shape, spec.shape, strict=False))):
                     return f"downlink array {name}"
         return None
 
