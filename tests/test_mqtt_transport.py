@@ -289,3 +289,33 @@ def test_many_devices_connecting_at_once_all_get_their_subscriptions_and_no_brok
     # (amqtt's own ERROR about the fixture's port probe, which sends no packet, is not this)
     crashes = [r.getMessage() for r in caplog.records if r.name == "asyncio" or "changed size" in r.getMessage()]
     assert crashes == []
+
+
+def test_a_fleet_that_acknowledges_slowly_is_not_re_sent_to_once_its_wait_is_known(amqtt):
+    """A device whose network thread is 0.6 s behind (a loaded machine): the server's first
+    request is re-sent after retry_after (0.3 s); having seen the acknowledgement take 0.6 s, it
+    waits twice that before re-sending the next one, which then goes once."""
+    fleet = "t9"
+    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=0.3).start()
+    device = EchoDevice(amqtt.url, fleet, "slow", ack_delay=0.0)
+    inner = device.ep._on_message_safe
+
+    def behind(client, userdata, msg):
+        if msg.topic.endswith("/down"):
+            time.sleep(0.6)
+        inner(client, userdata, msg)
+
+    device.ep.client.on_message = behind
+    device.start()
+    try:
+        first = server.request({"slow": _train(fleet, "slow", 0, 1.0)}, timeout=10, accept=_accept)
+        retries_first = server.take_stats().retries.get("slow", 0)
+        learned = server.ack_wait
+        second = server.request({"slow": _train(fleet, "slow", 1, 2.0)}, timeout=10, accept=_accept)
+        retries_second = server.take_stats().retries.get("slow", 0)
+    finally:
+        device.close()
+        server.close()
+    assert first["slow"].reply is not None and second["slow"].reply is not None
+    assert retries_first >= 1 and learned >= 0.55
+    assert retries_second == 0

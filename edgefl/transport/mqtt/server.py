@@ -100,6 +100,10 @@ class MqttServerTransport(Endpoint):
         self.status: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}  # device → wall-clock time of its last message
         self.stats = ExchangeStats()
+        # the longest recent wait for a request's first acknowledgement (decays ×0.9 per one seen):
+        # a request is first re-sent after no less than twice it, so a fleet that acknowledges
+        # slowly (a busy broker, loaded devices) is not re-sent to while its requests still queue
+        self.ack_wait = 0.0
 
     def subscriptions(self) -> list[str]:
         return [self.topics.device("+", leaf) for leaf in ("up", "register", "status")]
@@ -139,7 +143,7 @@ class MqttServerTransport(Endpoint):
                 except WireError as e:  # e.g. larger than the limit: never published
                     out[device_id] = Delivery(device_id, None, f"not sent: {e}")
                     continue
-                first = retry_delay(self.retry_after, len(data))
+                first = min(self.retry_max, max(retry_delay(self.retry_after, len(data)), 2 * self.ack_wait))
                 self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + first, first, accept=accept)
             self.outstanding = sum(1 for d in messages if d in self.pending)
             self.wake_at = now
@@ -201,6 +205,12 @@ class MqttServerTransport(Endpoint):
         for kind, rnd in sorted(closed):
             self._announce_closed(kind, rnd)
         return out
+
+    def _first_ack(self, p: _Pending) -> None:
+        """Under the lock: learn how long a request waits for its first acknowledgement (from its
+        first publication: a re-sent request's ack may answer either copy, so this errs long)."""
+        if not p.acked:
+            self.ack_wait = max(min(time.monotonic() - p.sent, self.retry_max / 2), 0.9 * self.ack_wait)
 
     def on_chunked_sent(self, topic: str, message_id: str, ok: bool) -> None:
         """A request that arrived whole at its device is acknowledged (the device has it)."""
@@ -289,6 +299,7 @@ class MqttServerTransport(Endpoint):
             with self.lock:
                 p = self.pending.get(device_id)
                 if p is not None and r.meta.get("ack") == p.message_id:
+                    self._first_ack(p)
                     p.acked = True  # the request loop sees it before its next re-send falls due
             return
         if r.kind not in ("update", "metrics", "done", "error"):
@@ -313,6 +324,7 @@ class MqttServerTransport(Endpoint):
                 return
             with self.lock:
                 if self.pending.get(device_id) is p and p.reply is None:
+                    self._first_ack(p)  # a reply acknowledges its request
                     p.reply, p.replied_at, p.acked, p.reply_routing, p.value = bytes(data), time.monotonic(), True, r, value
                     self.outstanding -= 1
                     if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
