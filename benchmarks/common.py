@@ -130,3 +130,17 @@ def stop_processes(procs: list[subprocess.Popen], grace: float) -> None:
         except subprocess.TimeoutExpired:
             p.terminate()
             p.wait(timeout=20)
+
+
+def fit_exponent(points) -> float | None:
+    """b of value ≈ a·N^b: the least-squares slope of log value against log N over ``points``
+    ((N, value) pairs; values ≤ 0 are left out); None with fewer than two points."""
+    import math
+
+    import numpy as np
+
+    pts = [(math.log(n), math.log(v)) for n, v in points if v > 0]
+    if len(pts) < 2:
+        return None
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0])

@@ -35,11 +35,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 import benchmarks.overhead.echo  # noqa: E402,F401  (registers bench-echo)
-from benchmarks.common import device_specs, machine, spawn_devices, stop_processes, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    device_specs,
+    fit_exponent,
+    machine,
+    spawn_devices,
+    stop_processes,
+    write_json,
+)
 
 HERE = Path(__file__).resolve().parent
 DEVICE_MAIN = HERE / "fleet_devices.py"
@@ -52,14 +58,6 @@ REGISTER_EVERY = 15.0
 
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def fit_exponent(ns: list[int], values: list[float]) -> float | None:
-    pts = [(math.log(n), math.log(v)) for n, v in zip(ns, values, strict=True) if v > 0]
-    if len(pts) < 2:
-        return None
-    x, y = np.array(pts).T
-    return float(np.polyfit(x, y, 1)[0])
 
 
 def run_fleet(n: int, rounds: int, per_process: int, floats: int, work: Path) -> dict:
@@ -205,10 +203,10 @@ def main() -> None:
     res["load_after"] = load()
     ns = [f["devices"] for f in res["fleets"]]
     res["exponents"] = {
-        "round wall time": fit_exponent(ns, [f["steady_round_s"] for f in res["fleets"]]),
-        "server CPU per round": fit_exponent(ns, [f["steady_server_cpu_s"] or 0.0 for f in res["fleets"]]),
-        "server RSS growth since start": fit_exponent(ns, [f["server_rss_growth_mb"] for f in res["fleets"]]),
-        "Mosquitto RSS": fit_exponent(ns, [f["mosquitto_rss_end_mb"] for f in res["fleets"]]),
+        "round wall time": fit_exponent(zip(ns, [f["steady_round_s"] for f in res["fleets"]], strict=True)),
+        "server CPU per round": fit_exponent(zip(ns, [f["steady_server_cpu_s"] or 0.0 for f in res["fleets"]], strict=True)),
+        "server RSS growth since start": fit_exponent(zip(ns, [f["server_rss_growth_mb"] for f in res["fleets"]], strict=True)),
+        "Mosquitto RSS": fit_exponent(zip(ns, [f["mosquitto_rss_end_mb"] for f in res["fleets"]], strict=True)),
     }
     write_json(args.out / "mqtt_fleet.json", res)
     write_report(res, args.out / "mqtt_fleet.md")

@@ -20,15 +20,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 
-from benchmarks.common import machine, write_json
+from benchmarks.common import fit_exponent, machine, write_json
 
 HERE = Path(__file__).resolve().parent
 
@@ -94,15 +92,6 @@ def merge(earlier: dict, new: dict) -> dict:
     return {**new, "rows": rows, "exponents": exponents, "merged": True}
 
 
-def exponent(points: list[tuple[int, float]]) -> float | None:
-    """Least-squares slope of log time against log N."""
-    pts = [(math.log(n), math.log(t)) for n, t in points if t > 0]
-    if len(pts) < 2:
-        return None
-    x, y = np.array(pts).T
-    return float(np.polyfit(x, y, 1)[0])
-
-
 def main(argv: list[str] | None = None) -> dict:
     from edgefl.algorithms import algorithm_names
 
@@ -126,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(row, flush=True)
             results["rows"].append(row)
         pts = [(r["devices"], r["server_cpu_seconds"]) for r in results["rows"] if r["method"] == m]
-        results["exponents"][m] = exponent(pts)
+        results["exponents"][m] = fit_exponent(pts)
     results["machine_after"] = machine()["loadavg_1_5_15"]
     if args.method and (HERE / "server.json").exists():  # a rerun of some methods: keep the others' rows
         results = merge(json.loads((HERE / "server.json").read_text()), results)
