@@ -91,5 +91,7 @@ def test_lr_decay_rounds_flag_reaches_the_run_config(tmp_path, monkeypatch, caps
     code, _, _ = _run(args, monkeypatch, capsys)
     assert code == 0
     assert json.loads((tmp_path / "d" / "config.json").read_text())["lr_decay_rounds"] == [4, 7]
+    from edgefl.errors import ExitCode
+
     code, _, err = _run(["simulate", "--lr-decay-rounds", "four", "--quiet"], monkeypatch, capsys)
-    assert code != 0 and "--lr-decay-rounds 'four'" in err
+    assert code == ExitCode.USAGE and "--lr-decay-rounds 'four'" in err
