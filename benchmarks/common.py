@@ -132,6 +132,13 @@ def stop_processes(procs: list[subprocess.Popen], grace: float) -> None:
             p.wait(timeout=20)
 
 
+def decay_rounds(rounds: int) -> tuple[int, ...]:
+    """The paper's ×0.1 steps, scaled to the run: at 40 % and 70 % of the rounds (the Felo/Velo
+    code's MultiStepLR, as FedDW's benchmark), so the last quarter, where convergence is read,
+    comes after both. Devices (and HierarchyFL's server step) follow it."""
+    return (round(0.4 * rounds), round(0.7 * rounds))
+
+
 def fit_exponent(points) -> float | None:
     """b of value ≈ a·N^b: the least-squares slope of log value against log N over ``points``
     ((N, value) pairs; values ≤ 0 are left out); None with fewer than two points."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from benchmarks.common import decay_rounds
 from benchmarks.runner import Benchmark, Cell, Claim, RunOutput, Sweep, paired_difference
 
 SEEDS = (0, 1, 2)
@@ -32,13 +33,6 @@ CHECK = {"check_share": "0.5"}
 #: The sweeps ran (and stay cached) at the errata's server step, before they moved its defaults:
 #: server lr 0.005 and T = 3 (each sweep varies one of them), 20 rounds without an lr decay.
 SWEPT_AT = {"server_lr": "0.005", "temperature": "3"}
-
-
-def decay_rounds(rounds: int) -> tuple[int, ...]:
-    """The paper's ×0.1 steps, scaled to the run: at 40 % and 70 % of the rounds (the Felo/Velo
-    code's MultiStepLR, as FedDW's benchmark), so the last quarter, where convergence is read,
-    comes after both. Devices and HierarchyFL's server step follow it alike."""
-    return (round(0.4 * rounds), round(0.7 * rounds))
 
 
 def extras(run: RunOutput) -> dict[str, Any]:
