@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import queue
+import random
 import socket
 import time
 from collections import deque
@@ -149,7 +150,8 @@ class DeviceOptions:
     key_file: str | None = None
     delay: float = 0.0  # extra seconds of "local work" per training round (emulates a slow device)
     max_bytes: int = Limits().max_bytes
-    register_every: float = 3.0
+    register_every: float = 3.0  # first re-registration after this many seconds unanswered,
+    register_cap: float = 60.0  # then doubling (±25 % jitter per device) up to this
     exit_when_over: bool = True
     threads: int | None = None
     save_model: str | None = None  # write the final model here (safetensors + spec) when the run is over
@@ -218,6 +220,8 @@ class DeviceRuntime:
         self.server_epoch: str | None = None
         self.registered_epoch: str | None = None  # the epoch whose server accepted us
         self.next_register = 0.0
+        self.unanswered = 0  # registrations sent since the server last answered or restarted
+        self.jitter = random.Random(opts.device_id)  # spreads a fleet's re-registrations apart
         self.held: deque[tuple[Routing, bytes]] = deque()  # requests that came before we were ready
         self.served = 0
         self.over = False
@@ -235,7 +239,16 @@ class DeviceRuntime:
             meta["epoch"] = self.server_epoch
         env = Envelope("register", 0, self.opts.device_id, fleet=self.opts.fleet, tier=self.opts.tier or "", payload=Payload({}, meta))
         self.endpoint.send("register", encode(env))
-        self.next_register = time.monotonic() + self.opts.register_every
+        self.next_register = time.monotonic() + self.register_delay(self.unanswered)
+        self.unanswered += 1
+
+    def register_delay(self, unanswered: int) -> float:
+        """Seconds until the next registration when ``unanswered`` earlier ones went unanswered:
+        ``register_every`` doubling up to ``register_cap``, ×0.75–1.25 at random (seeded by the
+        device id), so a thousand devices waiting for a busy or absent server neither hammer it
+        every few seconds nor all come back in the same instant."""
+        base = min(self.opts.register_every * 2.0 ** min(unanswered, 30), max(self.opts.register_cap, self.opts.register_every))
+        return base * self.jitter.uniform(0.75, 1.25)
 
     def _on_assign(self, data: bytes) -> None:
         env = decode(data, self.limits)
@@ -245,6 +258,7 @@ class DeviceRuntime:
         if self.server_epoch is not None and a.epoch != self.server_epoch:
             log.info("device %s: ignoring an assignment from an earlier server (%s)", self.opts.device_id, a.epoch)
             return
+        self.unanswered = 0  # the server answers: a ready registration goes out at once, retries start over
         if self.agent is None or not a.same_work(self.assignment):
             self._build(a)
             self._register()  # now ready
@@ -304,6 +318,7 @@ class DeviceRuntime:
             self.server_epoch = epoch
             self.registered_epoch = None
             self.next_register = 0.0
+            self.unanswered = 0
 
     def _on_broadcast(self, routing: Routing) -> None:
         if routing.kind == "finish" and routing.meta.get("run_over") and self.registered_epoch is not None and routing.meta.get("epoch") == self.registered_epoch:
