@@ -319,3 +319,31 @@ def test_a_fleet_that_acknowledges_slowly_is_not_re_sent_to_once_its_wait_is_kno
     assert first["slow"].reply is not None and second["slow"].reply is not None
     assert retries_first >= 1 and learned >= 0.55
     assert retries_second == 0
+
+
+def test_a_large_reply_is_checked_off_the_network_thread_so_others_are_not_held_up(amqtt):
+    # a 1.2 MB reply whose check takes 1.5 s arrives first; a small one from another device 0.3 s
+    # later must be taken at once, not after the large one's check (the network thread is free)
+    fleet = "t-offload"
+    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=5.0).start()
+    big = EchoDevice(amqtt.url, fleet, "big").start()
+    small = EchoDevice(amqtt.url, fleet, "small", work=0.3).start()
+    checked = {}
+
+    def slow_accept(device_id, data):
+        if device_id == "big":
+            time.sleep(1.5)
+        checked[device_id] = time.monotonic()
+        return decode(data)
+
+    large = encode(Envelope("train", 0, "big", fleet=fleet, payload=Payload({"w/x": np.zeros(300_000, np.float32)})))
+    assert len(large) > 1 << 20
+    try:
+        out = server.request({"big": large, "small": _train(fleet, "small", 0, 1.0)}, timeout=10, accept=slow_accept)
+    finally:
+        big.close()
+        small.close()
+        server.close()
+    assert out["big"].reply is not None and out["small"].reply is not None
+    assert checked["small"] < checked["big"] - 0.5, checked  # taken while the large one was still being checked
+    assert out["small"].seconds < 1.2 and out["big"].seconds >= 1.5

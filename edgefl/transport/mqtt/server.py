@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from edgefl.errors import WireError
@@ -25,6 +26,11 @@ from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
 from edgefl.wire.validate import Routing, peek
 
 log = logging.getLogger(__name__)
+
+#: replies at least this large are decoded and checked off paho's network thread: checking a
+#: 45 MB update takes tens of ms, during which that thread would read no other device's message
+#: and send no acknowledgement or chunk
+CHECK_OFF_THREAD_BYTES = 1 << 20
 
 
 @dataclass
@@ -104,6 +110,8 @@ class MqttServerTransport(Endpoint):
         # a request is first re-sent after no less than twice it, so a fleet that acknowledges
         # slowly (a busy broker, loaded devices) is not re-sent to while its requests still queue
         self.ack_wait = 0.0
+        # one checker thread: large replies are checked in arrival order, one at a time
+        self.checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"edgefl-{fleet}-check")
 
     def subscriptions(self) -> list[str]:
         return [self.topics.device("+", leaf) for leaf in ("up", "register", "status")]
@@ -251,6 +259,10 @@ class MqttServerTransport(Endpoint):
     def close(self) -> None:
         self.stop()
 
+    def stop(self, graceful: bool = True) -> None:
+        self.checker.shutdown(wait=False, cancel_futures=True)
+        super().stop(graceful)
+
     def announce_end(self) -> None:
         """Tell every device (retained, so also those reconnecting later) that the run is over."""
         env = Envelope("finish", 0, "*", fleet=self.fleet, payload=Payload({}, {"run_over": True, "epoch": self.epoch}))
@@ -313,26 +325,40 @@ class MqttServerTransport(Endpoint):
             if candidate:
                 self._seen(r.message_id)
         if candidate:
-            # decode and check outside the lock (a large update takes tens of ms); the first
-            # accepted reply wins, a refused one is counted and never takes the real one's place
-            try:
-                value = p.accept(device_id, bytes(data)) if p.accept is not None else None
-            except WireError as e:
-                log.warning("refused a %s from %s for round %d: %s", r.kind, device_id, r.round, e)
-                self._count_rejected(device_id, str(e))
-                self._ack_reply(r)  # its sender may stop re-sending it: it will never be accepted
-                return
-            with self.lock:
-                if self.pending.get(device_id) is p and p.reply is None:
-                    self._first_ack(p)  # a reply acknowledges its request
-                    p.reply, p.replied_at, p.acked, p.reply_routing, p.value = bytes(data), time.monotonic(), True, r, value
-                    self.outstanding -= 1
-                    if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
-                        self.lock.notify_all()
-                    return  # acknowledged by the exchange's closing broadcast, or alone after ack_delay
+            if len(data) >= CHECK_OFF_THREAD_BYTES:
+                self.checker.submit(self._take_reply_logged, device_id, p, r, data)
+            else:
+                self._take_reply(device_id, p, r, data)
+            return
         with self.lock:
-            if not duplicate and not candidate:
+            if not duplicate:
                 self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
                 log.warning("dropped a late or unsolicited %s from %s for round %d", r.kind, device_id, r.round)
         # acknowledge a duplicate or a late reply at once: the device stops re-sending it
         self._ack_reply(r)
+
+    def _take_reply(self, device_id: str, p: _Pending, r: Routing, data: bytes) -> None:
+        """Decode and check a reply outside the lock; the first accepted reply wins, a refused one
+        is counted and never takes the real one's place."""
+        try:
+            value = p.accept(device_id, bytes(data)) if p.accept is not None else None
+        except WireError as e:
+            log.warning("refused a %s from %s for round %d: %s", r.kind, device_id, r.round, e)
+            self._count_rejected(device_id, str(e))
+            self._ack_reply(r)  # its sender may stop re-sending it: it will never be accepted
+            return
+        with self.lock:
+            if self.pending.get(device_id) is p and p.reply is None:
+                self._first_ack(p)  # a reply acknowledges its request
+                p.reply, p.replied_at, p.acked, p.reply_routing, p.value = bytes(data), time.monotonic(), True, r, value
+                self.outstanding -= 1
+                if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
+                    self.lock.notify_all()
+                return  # acknowledged by the exchange's closing broadcast, or alone after ack_delay
+        self._ack_reply(r)  # the exchange closed while it was checked
+
+    def _take_reply_logged(self, device_id: str, p: _Pending, r: Routing, data: bytes) -> None:
+        try:
+            self._take_reply(device_id, p, r, data)
+        except Exception:  # the checker thread must go on serving
+            log.exception("failed to take the %s of %s for round %d", r.kind, device_id, r.round)
