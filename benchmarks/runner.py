@@ -200,6 +200,8 @@ ADDED_OPTIONS: dict[str, dict[str, Any]] = {
     "fedvtc": {"align_weight": None, "proto_rc_weight": 0.0, "psi_bn": "average"},
     # the defences (issue 19), off by default
     **{m: {"aggregator": "mean", "trim": 0.2, "clip_norm": 0.0} for m in ("fedhe", "felo", "velo")},
+    # devices re-estimating received BatchNorm statistics (off by default: the paper's FedAvg)
+    **{m: {"aggregator": "mean", "trim": 0.2, "clip_norm": 0.0, "bn_stats": "average"} for m in ("felo", "velo")},
 }
 
 

@@ -1,5 +1,6 @@
 """Felo, Velo and FedHe: server averaging, the device loss, the CVAE, same-architecture FedAvg."""
 
+import copy
 import json
 
 import numpy as np
@@ -414,3 +415,30 @@ def test_expected_uplink_matches_what_devices_send():
             check_arrays(up.arrays, server.expected_uplink("d00"))  # ResNet14 weights where ResNet10's are due
     he = KnowledgeServer(server_ctx(["10"]), get_algorithm("fedhe").parse_options({}))
     assert he.expected_uplink("d00") == {"logit": array_spec(np.float32, (C, C)), "count": array_spec(np.int64, (C,))}
+
+
+def test_bn_stats_recalibrate_re_estimates_the_received_statistics_on_the_devices_data():
+    # Prepare: averaged weights whose running statistics describe other weights (random ones)
+    torch.manual_seed(5)
+    sender = _device(FeloOptions())
+    state = {k: v.clone() for k, v in sender.model.state_dict().items()}
+    state = {k: (torch.rand_like(v) + 0.5 if "running" in k else v) for k, v in state.items()}
+    weights = Payload({f"w/{k}": v.numpy() for k, v in state.items() if v.is_floating_point()}, {})
+    weights.arrays.update(_knowledge([1] * C).arrays)
+    keeping, recalibrating = _device(FeloOptions()), _device(FeloOptions(bn_stats="recalibrate"))
+    # Execute
+    keeping.receive(1, weights)
+    recalibrating.receive(1, weights)
+    # Assert: "average" (the paper's) keeps what came; "recalibrate" evaluates with its data's own
+    # statistics for those weights, and the weights themselves are the received ones
+    x = recalibrating.ctx.train_data.images()
+    with torch.no_grad():
+        own = copy.deepcopy(recalibrating.model).train()(x)  # the batch's own statistics (64 samples: one batch)
+        recalibrated, kept = recalibrating.model.eval()(x), keeping.model.eval()(x)
+    torch.testing.assert_close(recalibrated, own, rtol=0.02, atol=0.02)  # unbiased vs biased variance
+    assert (kept - own).abs().max() > 10 * (recalibrated - own).abs().max()
+    for k, v in keeping.model.state_dict().items():
+        if v.is_floating_point():
+            torch.testing.assert_close(v, state[k])
+            if "running" not in k:
+                torch.testing.assert_close(recalibrating.model.state_dict()[k], state[k])

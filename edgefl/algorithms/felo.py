@@ -85,7 +85,7 @@ from edgefl.algorithms.cvae import (
     load_cvae_arrays,
     train_cvae,
 )
-from edgefl.algorithms.training import train_local
+from edgefl.algorithms.training import recalibrate_batch_norm, train_local
 from edgefl.errors import ConfigError, WireError
 from edgefl.models import ModelSpec, build_model
 from edgefl.wire import (
@@ -136,6 +136,10 @@ class FedHeOptions(Defences):
 @dataclass(frozen=True)
 class FeloOptions(FedHeOptions):
     average_weights: bool = True  # FedAvg within each architecture (the paper's step 5)
+    # BatchNorm running statistics of the averaged weights a device receives: "average" (the mean
+    # of the devices' statistics, as the paper's FedAvg sends them) or "recalibrate" (re-estimated
+    # by the device on its own training data: averaged weights do not produce averaged statistics)
+    bn_stats: Literal["average", "recalibrate"] = "average"
 
     features: ClassVar[bool] = True
 
@@ -280,6 +284,8 @@ class KnowledgeDevice(DeviceHalf):
         self.receives_weights = bool(state)
         if state:
             self.model.load_state_dict(state, strict=True)
+            if getattr(self.options, "bn_stats", "average") == "recalibrate":
+                recalibrate_batch_norm(self.model, self.ctx.train_data)
         arrays = payload.arrays
         if "known" not in arrays:
             return

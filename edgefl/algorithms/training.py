@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -15,6 +16,38 @@ from edgefl.errors import ConfigError
 
 #: loss_fn(x, y) -> scalar loss; a closure over the model and whatever the method needs.
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def recalibrate_batch_norm(model: nn.Module, data: ArrayDataset, batch_size: int = 256) -> int:
+    """Re-estimate the running statistics of every BatchNorm layer of ``model`` that keeps them,
+    for its current weights, on ``data``: one pass in training mode without gradients, the
+    statistics the plain mean over equal-sized batches (no momentum). The weights do not change.
+    Returns the number of layers re-estimated (0: the model keeps no running statistics, or
+    ``data`` has fewer than two samples, and nothing changed).
+
+    Averaged weights do not produce the average of the devices' statistics; a device that
+    receives averaged weights can re-estimate them on its own data (``bn_stats=recalibrate``)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms or len(data) < 2:
+        return 0
+    batches = math.ceil(len(data) / batch_size)
+    size = math.ceil(len(data) / batches)  # equal batches, so each weighs the same in the mean
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative mean over the batches
+    training = model.training
+    model.train()
+    try:
+        for x, _ in data.batches(size, shuffle=False):
+            if len(x) > 1:
+                model(x)
+    finally:
+        model.train(training)
+        for m, momentum in zip(norms, momenta, strict=True):
+            m.momentum = momentum
+    return len(norms)
 
 
 def make_optimizer(params: Iterable[nn.Parameter], settings: TrainSettings, round: int) -> torch.optim.Optimizer:
