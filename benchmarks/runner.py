@@ -202,6 +202,8 @@ ADDED_OPTIONS: dict[str, dict[str, Any]] = {
     **{m: {"aggregator": "mean", "trim": 0.2, "clip_norm": 0.0} for m in ("fedhe", "felo", "velo")},
     # devices re-estimating received BatchNorm statistics (off by default: the paper's FedAvg)
     **{m: {"aggregator": "mean", "trim": 0.2, "clip_norm": 0.0, "bn_stats": "average"} for m in ("felo", "velo")},
+    # the devices' BatchNorm recalibration (issue 15's quick command); the default since, not before
+    **{m: {"bn_stats": "average"} for m in ("heterofl", "hierarchyfl")},
 }
 
 

@@ -20,6 +20,7 @@ from edgefl.algorithms.hierarchyfl import (
     SubModelDevice,
     aligned_average,
     kd_loss,
+    recalibrate_batch_norm,
     slice_aligned_mixture,
 )
 from edgefl.data import load_dataset
@@ -71,10 +72,10 @@ def server(
     return algo.server(ctx, algo.parse_options(options))
 
 
-def device(record_spec: ModelSpec, device_id: str = "d0", n: int = 48) -> SubModelDevice:
+def device(record_spec: ModelSpec, device_id: str = "d0", n: int = 48, **options) -> SubModelDevice:
     data = load_dataset("synthetic", "train").subset(np.arange(100, 100 + n))
     ctx = DeviceContext(device_id, record_spec, data, SETTINGS, seed=7, rounds=2)
-    return SubModelDevice(ctx, get_algorithm("heterofl").parse_options({}))
+    return SubModelDevice(ctx, get_algorithm("heterofl").parse_options(options))
 
 
 def test_aligned_average_against_a_hand_computed_example():
@@ -128,7 +129,7 @@ def test_width_submodel_slicing_and_write_back_are_exact():
 
 def test_depth_submodel_is_the_global_exit():
     srv = server("heterofl", fleet("hierarchy-depth", ["2", "4"]))
-    dev = device(spec("hierarchy-depth", "2"))
+    dev = device(spec("hierarchy-depth", "2"), bn_stats="average")  # the global running statistics
     dev.receive(0, srv.downlink(0, "d0"))
     x = load_dataset("synthetic", "test").images(np.arange(8))
     srv.model.eval()
@@ -261,7 +262,7 @@ def test_hot_plugged_device_starts_from_the_current_global_submodel():
     # Execute: a device the server has never seen joins with tier 2
     srv.ctx.fleet["late"] = DeviceRecord(spec("hierarchy-depth", "2"), num_samples=48)
     payload = srv.downlink(1, "late")
-    late = device(spec("hierarchy-depth", "2"), "late")
+    late = device(spec("hierarchy-depth", "2"), "late", bn_stats="average")  # the statistics as sent
     late.receive(1, payload)
     # Assert: it got the current global sub-model, not the initial one, and its update counts
     state = srv.model.state_dict()
@@ -404,3 +405,75 @@ def test_server_lr_follows_the_runs_decay_schedule():
         [0.05, 0.05, 0.005, 0.005, 0.0005, 0.0005])
     devices = HierarchyFLOptions(server_lr=None)
     assert [server_lr_at(devices, settings, r) for r in (0, 8, 14)] == pytest.approx([0.02, 0.002, 0.0002])
+
+
+def _eval_and_batch_outputs(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's outputs on ``x`` with its running statistics (eval) and with x's own (train,
+    on a copy: a forward in training mode moves the running statistics)."""
+    import copy
+
+    with torch.no_grad():
+        evaluated = model.eval()(x)
+        batch = copy.deepcopy(model).train()(x)
+    return evaluated, batch
+
+
+def test_recalibrated_running_statistics_are_the_datas_statistics_for_the_current_weights():
+    # Prepare: a trained depth sub-model whose running statistics belong to other weights (those
+    # averaged into them, here: the initial statistics of a differently seeded twin)
+    dev = device(spec("hierarchy-depth", "3"), n=64, bn_stats="average")
+    dev.fit(0)
+    stale = {k: v.clone() for k, v in dev.model.state_dict().items() if "running" in k}
+    torch.manual_seed(3)
+    dev.model.load_state_dict({**dev.model.state_dict(), **{k: torch.rand_like(v) + 0.5 for k, v in stale.items()}})
+    x = dev.ctx.train_data.images()
+    weights = {k: v.clone() for k, v in dev.model.named_parameters()}
+    # Execute
+    layers = recalibrate_batch_norm(dev.model, dev.ctx.train_data)
+    # Assert: every BN layer re-estimated, weights untouched, and the model in eval mode now
+    # computes what it computes with the batch's own statistics (64 samples: one batch)
+    assert layers == sum(isinstance(m, torch.nn.BatchNorm2d) for m in dev.model.modules())
+    for k, v in dev.model.named_parameters():
+        torch.testing.assert_close(v, weights[k], rtol=0, atol=0)
+    evaluated, batch = _eval_and_batch_outputs(dev.model, x)
+    torch.testing.assert_close(evaluated, batch, rtol=0.02, atol=0.02)  # unbiased vs biased variance
+    assert all(m.momentum == 0.1 for m in dev.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+
+
+def test_a_device_recalibrates_the_received_statistics_by_default_and_keeps_them_on_request():
+    # Prepare: a downlink whose running statistics do not describe its weights (the averaged
+    # statistics of a global model whose devices moved apart, simplified to the initial ones)
+    srv = server("heterofl", fleet("hierarchy-depth", ["1", "2"]))
+    trained = device(spec("hierarchy-depth", "2"), "d1", n=64)
+    trained.receive(0, srv.downlink(0, "d1"))
+    srv.aggregate(0, {"d1": trained.fit(0)})
+    payload = srv.downlink(1, "d1")
+    recalibrating = device(spec("hierarchy-depth", "2"), "d1", n=64)
+    keeping = device(spec("hierarchy-depth", "2"), "d1", n=64, bn_stats="average")
+    # Execute
+    recalibrating.receive(1, payload)
+    keeping.receive(1, payload)
+    # Assert: the default device evaluates with its data's statistics for the received weights;
+    # "average" keeps the received statistics; both hold the received weights
+    x = recalibrating.ctx.train_data.images()
+    evaluated, batch = _eval_and_batch_outputs(recalibrating.model, x)
+    torch.testing.assert_close(evaluated, batch, rtol=0.02, atol=0.02)
+    evaluated_stale, _ = _eval_and_batch_outputs(keeping.model, x)
+    assert (evaluated_stale - batch).abs().max() > 10 * (evaluated - batch).abs().max()
+    for k, v in keeping.model.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), payload.arrays["w/" + k])
+        if "running" not in k and "num_batches" not in k:
+            np.testing.assert_array_equal(recalibrating.model.state_dict()[k].numpy(), payload.arrays["w/" + k])
+
+
+def test_the_uploaded_statistics_deltas_are_relative_to_the_received_statistics():
+    """Recalibration changes what the device evaluates with, not what the server averages: the
+    statistics' deltas are taken from the values received."""
+    srv = server("heterofl", fleet("hierarchy-depth", ["1", "2"]))
+    payload = srv.downlink(0, "d1")
+    dev = device(spec("hierarchy-depth", "2"), "d1", n=64)
+    dev.receive(0, payload)
+    up = dev.fit(0)
+    state = dev.model.state_dict()
+    for k in (k for k in state if "running" in k):
+        np.testing.assert_allclose(up.arrays[DELTAS + k], state[k].numpy() - payload.arrays["w/" + k], rtol=0, atol=1e-6)
