@@ -175,7 +175,7 @@ every exit besides the distillation terms, server lr 0.05 and T = 1 (chosen by t
 ran at the errata's server lr 0.005 and T = 3, 20 rounds without decay, each varying one of them). Both methods
 evaluate the global sub-models with the global model's averaged BatchNorm statistics (`bn_stats=average`,
 the methods' default when this benchmark ran; devices now recalibrate them on their own data by default,
-see `quick_defaults.md`). Settings: Dir(0.1), Dir(0.5)
+see `quick_defaults/results.md`). Settings: Dir(0.1), Dir(0.5)
 (the claims), IID (reference); seeds {list(seeds)}. Accuracy: each device's exit on {base["test_samples"]:,} test
 images, per tier and mean over devices (= mean over tiers, equal devices per tier).
 **hierarchyfl-logits**: ensemble logits only (Table II's middle row). **gain**: HierarchyFL −
