@@ -117,7 +117,7 @@ from edgefl.algorithms.base import (
     ServerHalf,
     register,
 )
-from edgefl.algorithms.training import train_local
+from edgefl.algorithms.training import recalibrate_batch_norm, train_local
 from edgefl.errors import ConfigError
 from edgefl.models import ModelSpec, build_model, family_tiers
 from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, state_to_arrays
@@ -244,35 +244,6 @@ def aligned_average(
         step = np.divide(sums[name], weights[name], out=np.zeros_like(sums[name]), where=mask)
         out[name] = (np.asarray(value, np.float64) + step).astype(np.asarray(value).dtype)
     return out, held / max(total, 1)
-
-
-@torch.no_grad()
-def recalibrate_batch_norm(model: nn.Module, data, batch_size: int = 256) -> int:
-    """Re-estimate the running statistics of every BatchNorm layer of ``model`` that keeps them,
-    for its current weights, on ``data``: one pass in training mode without gradients, the
-    statistics the plain mean over equal-sized batches (no momentum). The weights do not change.
-    Returns the number of layers re-estimated (0: the model keeps no running statistics, or
-    ``data`` has fewer than two samples, and nothing changed)."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    if not norms or len(data) < 2:
-        return 0
-    batches = math.ceil(len(data) / batch_size)
-    size = math.ceil(len(data) / batches)  # equal batches, so each weighs the same in the mean
-    momenta = [m.momentum for m in norms]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # a cumulative mean over the batches
-    training = model.training
-    model.train()
-    try:
-        for x, _ in data.batches(size, shuffle=False):
-            if len(x) > 1:
-                model(x)
-    finally:
-        model.train(training)
-        for m, momentum in zip(norms, momenta, strict=True):
-            m.momentum = momentum
-    return len(norms)
 
 
 # --- device half -------------------------------------------------------------------------------
