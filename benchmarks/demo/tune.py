@@ -35,21 +35,16 @@ BASE = {
 }
 
 #: label → the candidate's settings over BASE. The first four chose the budget (12k-2ep-lr3e-3); the
-#: next ones spend the same budget differently: an lr decay (×0.1 at the listed rounds, from 0),
-#: smaller batches (more Adam steps over the same images), and two devices per depth instead of four
-#: (twice the images per device, half the devices' processes).
+#: fifth adds an lr decay (×0.1 from round 10, the last quarter). Tried and dropped unfinished: batch
+#: 20 with the decay (seed 0: 66.48 %, +0.74 over batch 50, in 3.1× the time: over the demo's
+#: budget); BatchNorm statistics re-estimated by each device (bn_stats=recalibrate, a 4-round probe,
+#: seed 0: 56.39 % against 55.94 %: the weak tier, ResNet14 at 44 %, stayed where it was).
 CANDIDATES = {
     "12k-2ep-lr1e-3": {"train_samples": 14000, "epochs": 2, "lr": 1e-3},  # the earlier demo's budget
     "24k-1ep-lr1e-3": {"train_samples": 26000, "epochs": 1, "lr": 1e-3},  # the same sample visits over twice the images
     "12k-2ep-lr3e-3": {"train_samples": 14000, "epochs": 2, "lr": 3e-3},
     "24k-1ep-lr3e-3": {"train_samples": 26000, "epochs": 1, "lr": 3e-3},
     "12k-2ep-lr3e-3-decay9": {"train_samples": 14000, "epochs": 2, "lr": 3e-3, "lr_decay_rounds": (9,)},
-    "12k-2ep-lr3e-3-b20-decay9": {"train_samples": 14000, "epochs": 2, "lr": 3e-3, "batch_size": 20,
-                                  "lr_decay_rounds": (9,)},
-    "12k-2ep-lr3e-3-10dev-decay9": {"train_samples": 14000, "epochs": 2, "lr": 3e-3, "clients": 10,
-                                    "lr_decay_rounds": (9,)},
-    "12k-2ep-lr3e-3-10dev-b20-decay9": {"train_samples": 14000, "epochs": 2, "lr": 3e-3, "clients": 10,
-                                        "batch_size": 20, "lr_decay_rounds": (9,)},
 }
 SEEDS = (0, 1)
 
