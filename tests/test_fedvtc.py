@@ -319,6 +319,38 @@ def test_finish_fine_tunes_on_s_over_c_samples_per_known_class():
     assert _changed(before, _snapshot(device.model))
 
 
+def test_fine_tune_runs_at_finetune_lr_by_default_and_at_the_runs_lr_with_none(monkeypatch):
+    # Prepare: record the lr of every optimizer the fine-tune makes (the run's lr is 0.01)
+    import edgefl.algorithms.fedvtc as fedvtc
+
+    seen, original = [], fedvtc.make_optimizer
+
+    def recording(params, settings, round):
+        seen.append(settings.lr)
+        return original(params, settings, round)
+
+    server = _server()
+    server.table.aggregate([{0: np.ones(980), 5: -np.ones(980)}])
+    lrs = {}
+    for value in (None, "none"):
+        device = _device(options={"synthetic_samples": "40", "finetune_epochs": "1",
+                                  **({} if value is None else {"finetune_lr": value})})
+        monkeypatch.setattr(fedvtc, "make_optimizer", recording)
+        seen.clear()
+        device.finish(3, server.downlink(3, "d00"))
+        monkeypatch.undo()
+        lrs[value] = seen[:]
+    # Assert: the default is 0.001 (issue 17's quick-command sweep); none is the run's lr
+    assert lrs[None] == [0.001] and lrs["none"] == [TrainSettings().lr]
+
+
+def test_fedvtc_trains_two_local_epochs_by_default_and_fedproto_one():
+    assert get_algorithm("fedvtc").defaults["epochs"] == 2
+    assert get_algorithm("fedproto").defaults["epochs"] == 1
+    rest = {k: v for k, v in get_algorithm("fedvtc").defaults.items() if k != "epochs"}
+    assert rest == {k: v for k, v in get_algorithm("fedproto").defaults.items() if k != "epochs"}
+
+
 def test_sample_sigma_scale_shrinks_the_noise_around_each_prototype():
     server = _server()
     server.table.aggregate([{0: np.ones(980), 5: -np.ones(980)}])
