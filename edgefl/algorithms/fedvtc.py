@@ -32,7 +32,8 @@ downlink says ``phase=upload_psi`` and the device uploads ψ_k without training.
 averages ψ parameter-wise (BN statistics included) and the final downlink carries ψ, all
 prototypes and σ. :meth:`FedVTCDevice.finish` draws S/C latents per class from N(c^y, diag σ²),
 decodes them with ψ (eval mode) and fine-tunes the whole model with CE for ``finetune_epochs``
-epochs at the run's batch size — no communication.
+epochs at the run's batch size and optimizer, at lr ``finetune_lr`` (default 0.001; none: the
+run's lr) — no communication.
 
 Option ``psi_every_round``: the paper's ablation — devices upload ψ_k every round, the server
 averages over the round's participants and sends ψ back with the prototypes (no closing round).
