@@ -1,6 +1,9 @@
 """The CLI as a user meets it: help, one-line errors, --json output."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -95,3 +98,13 @@ def test_lr_decay_rounds_flag_reaches_the_run_config(tmp_path, monkeypatch, caps
 
     code, _, err = _run(["simulate", "--lr-decay-rounds", "four", "--quiet"], monkeypatch, capsys)
     assert code == ExitCode.USAGE and "--lr-decay-rounds 'four'" in err
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_command_lets_torchs_threads_sleep_unless_told_otherwise(given, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    code = "import os, sys, edgefl.cli.main; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [expected, "False"]  # set before torch (which reads it when it loads) is imported

@@ -10,8 +10,16 @@ refused, 6 run rejected by the server, 7 missing install layer, 130 interrupted,
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+
+# torch's intra-op threads (OpenMP) spin while they wait for work by default: on a device that runs
+# other services, or a machine running several edgefl processes, the spinning takes the cores the
+# other work needs (benchmarks/scale/wait_policy.md). Threads that sleep cost little on an idle
+# machine. Read once, when torch loads, so set before any command imports it; a value the user set
+# (OMP_WAIT_POLICY=ACTIVE) is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
 from rich.console import Console
