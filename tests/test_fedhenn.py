@@ -191,6 +191,7 @@ def test_heterogeneous_fleet_simulates_with_a_kernel_every_round(tmp_path):
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     assert all(r["server"]["kbar_devices"] == 3 for r in rounds)
     assert "cka_mean" not in rounds[0]["server"] and 0 < rounds[2]["server"]["cka_mean"] <= 1
+    assert 0 < rounds[2]["server"]["cka_before_mean"] <= 1
     assert set(summary["tier_accuracy"]) == {"1", "3", "5"}
 
 

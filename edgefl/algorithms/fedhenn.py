@@ -103,7 +103,8 @@ def rad_indices(seed: int, round: int, pool_size: int, size: int) -> np.ndarray:
 def images_to_float(x: np.ndarray) -> torch.Tensor:
     if x.dtype != np.uint8:
         raise ValueError(f"alignment images must be uint8, got {x.dtype}")
-    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32).div_(255.0)
+    # a float copy (a received array is a read-only view; torch.from_numpy would warn about it)
+    return torch.tensor(x, dtype=torch.float32).div_(255.0)
 
 
 class FedHeNNDevice(DeviceHalf):
@@ -269,7 +270,9 @@ class FedHeNNServer(ServerHalf):
         metrics: dict[str, float] = {}
         cka = [float(p.meta["cka_after"]) for p in uplinks.values() if "cka_after" in p.meta]
         if cka:
-            metrics["cka_mean"] = float(np.mean(cka))
+            metrics["cka_mean"] = float(np.mean(cka))  # the devices' alignment with K̄ after their training
+            before = [float(p.meta["cka_before"]) for p in uplinks.values() if "cka_before" in p.meta]
+            metrics["cka_before_mean"] = float(np.mean(before))  # and before it: what the round's η moved
         if self.global_server is not None:
             self.global_server.aggregate(round, uplinks)
             return metrics
