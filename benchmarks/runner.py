@@ -803,6 +803,10 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
         print(f"{len(missing)} cells still to run; results not written")
         return {}
     results = build_results(bench, records, before, machine(), command)
+    if args.report_only and (out / "results.json").exists():
+        # a report rewritten from cached cells: the machine and code are those of the run that made them
+        previous = json.loads((out / "results.json").read_text())
+        results["machine"], results["code"] = previous.get("machine", results["machine"]), previous.get("code", results["code"])
     (out / "results.json").write_text(json.dumps(_clean(results), indent=1) + "\n")
     plot_results(results, out)
     figures = bench.figures(results["runs"], out) if bench.figures is not None else ""

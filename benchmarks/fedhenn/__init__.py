@@ -159,5 +159,19 @@ as a device trains (half the rounds, at half participation).
         sweeps=sweeps,
         bounds={"centralized": centralized, "local_iid": local_iid},
         record_extras="benchmarks.fedhenn:extras",
+        diagnostics=diagnostics,
         command="python -m benchmarks.fedhenn" + (" --quick" if quick else ""),
     )
+
+
+def diagnostics(runs: list[dict]) -> str:
+    """Why ``fedhenn > local`` does not hold: the alignment diagnostic (``alignment.py``), when run."""
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent / "alignment.md"
+    if not page.exists():
+        return ""
+    body = page.read_text().split("\n", 1)[1].strip()
+    return ("## Diagnostic: does the alignment term move the representations?\n\n"
+            "From [alignment.md](alignment.md) (`python -m benchmarks.fedhenn.alignment`): how far the devices' "
+            "kernels align with K̄ at each η₀ against η₀ = 0, next to the accuracy it buys.\n\n" + body)
