@@ -1,11 +1,12 @@
 """OpenMP's wait policy on a shared 2-core machine: torch's intra-op threads spin-waiting (libgomp's
 default) against sleeping (``OMP_WAIT_POLICY=PASSIVE``), side by side in one invocation.
 
-    python -m benchmarks.scale.wait_policy [--repeats 1]
+    python -m benchmarks.scale.wait_policy [--repeats 1] [--report-only]
 
 The workload is a short ``edgefl simulate`` (FedVTC, 4 devices, 2 rounds, 1,500 images: every kind of
-work a round does) at torch's default threads (one per core), run as a subprocess with the policy
-unset (libgomp's spinning default) and with PASSIVE, twice: on the machine as it is, and with two
+work a round does) at torch's default threads (one per core), run as a subprocess with libgomp's
+spinning default (OMP_WAIT_POLICY empty, which libgomp ignores with a warning: the edgefl command
+sets PASSIVE only where the variable is absent) and with PASSIVE, twice: on the machine as it is, and with two
 busy processes (a pure-Python loop each, standing for other devices or services) on its cores. Per
 run: wall seconds, the run's CPU seconds (user + system of the subprocess), and the final accuracy
 (the policy must not change the numbers). The conditions alternate, so load drifts hit both
@@ -56,7 +57,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--busy", type=int, default=2, help="busy processes in the loaded condition")
+    ap.add_argument("--report-only", action="store_true", help="rewrite wait_policy.md from wait_policy.json")
     args = ap.parse_args()
+    if args.report_only:
+        return write_report(json.loads((HERE / "wait_policy.json").read_text()))
     runs = []
     start = machine()
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,8 +90,13 @@ def main() -> None:
     results = {"command": "python -m benchmarks.scale.wait_policy " + " ".join(sys.argv[1:]), "workload": "edgefl " + " ".join(COMMAND),
                "machine_before": start, "machine_after": machine(), "runs": runs, "rows": rows}
     write_json(HERE / "wait_policy.json", results)
+    write_report(results)
+
+
+def write_report(results: dict) -> None:
+    start, rows = results["machine_before"], results["rows"]
     lines = ["# OpenMP wait policy: spinning against sleeping threads", "",
-             __doc__.split("\n\n")[1].replace("\n", " "), "",
+             __doc__.split("\n\n")[2].replace("\n", " "), "",
              f"Workload: `edgefl {' '.join(COMMAND)}`. Machine: {start['cores']} cores, load average before "
              f"{start['loadavg_1_5_15']}, after {results['machine_after']['loadavg_1_5_15']}; each run's load is in `wait_policy.json`.", "",
              "| condition | policy | wall s (median) | CPU s (median) | final accuracy |", "|---|---|---|---|---|"]
