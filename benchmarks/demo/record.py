@@ -17,6 +17,25 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 
+def group_labels(run: Path) -> dict[str, dict]:
+    """Per depth tier: the class counts of the union of its devices' training data (the data the
+    tier's averaged model learns from), rebuilt from the run's configuration (same seed, same
+    partition), and how many of the 10 classes make up under 2 % of it."""
+    import numpy as np
+
+    from edgefl.config import RunConfig
+    from edgefl.runtime.setup import assemble
+
+    saved = json.loads((run / "config.json").read_text())  # the run's config plus what the run added
+    cfg = RunConfig.model_validate({k: v for k, v in saved.items() if k in RunConfig.model_fields})
+    built = assemble(cfg)
+    groups: dict[str, np.ndarray] = {}
+    for i, device in enumerate(built.ids):
+        counts = np.bincount(np.asarray(built.data.train.y[built.data.parts[i]]), minlength=built.data.info.num_classes)
+        groups[built.specs[device].tier] = groups.get(built.specs[device].tier, 0) + counts
+    return {t: {"class_counts": c.tolist(), "rare_classes": int((c / c.sum() < 0.02).sum())} for t, c in groups.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--run", type=Path, default=ROOT / "runs" / "demo")
@@ -41,10 +60,15 @@ def main() -> None:
         "failed_per_round": summary["failed_per_round"],
         "bytes_up_per_round": summary["bytes_up_per_round"],
         "bytes_down_per_round": summary["bytes_down_per_round"],
+        "group_labels": group_labels(args.run),
     }
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    groups = results["group_labels"]
+    felo_velo = json.loads((HERE.parent / "felo_velo" / "results.json").read_text())
+    iid = f"{100 * felo_velo['bounds']['local_iid']:.1f} %"
     tiers = "\n".join(
-        f"| {t} | {100 * a:.2f} | {100 * local['tier_accuracy'][t]:.2f} | {100 * (a - local['tier_accuracy'][t]):+.2f} |"
+        f"| {t} | {100 * a:.2f} | {100 * local['tier_accuracy'][t]:.2f} | {100 * (a - local['tier_accuracy'][t]):+.2f} | "
+        f"{groups[t]['rare_classes']} | {', '.join(map(str, groups[t]['class_counts']))} |"
         for t, a in summary["tier_accuracy"].items() if local and t in local["tier_accuracy"]
     )
     m = results["machine_after"]
@@ -67,9 +91,17 @@ from `runs/demo`.
   of at least 70 %: **{'met' if results['mean_accuracy'] >= 0.70 else 'not met'}**; at least 5 points over Local:
   **{'met' if (results['gain_points'] or 0) >= 5 else 'not met'}**
 
-| tier | Velo (%) | Local (%) | gain (points) |
-|---|---|---|---|
+| tier | Velo (%) | Local (%) | gain (points) | classes under 2 % of the tier's images | the tier's images per class (0–9) |
+|---|---|---|---|---|---|
 {tiers}
+
+The weights of one depth are averaged over its {results['devices'] // 5} devices, so each tier's model learns from the
+union of their data. Under Dir(0.5) that union still lacks some classes (the last two columns,
+rebuilt from the run's partition); Felo/Velo's knowledge regularises each device on its own labels
+and does not teach a class its depth group has almost no images of. This label skew is what the
+70 % target runs into: the same models reach {iid} in `benchmarks/felo_velo` when each device's
+data is IID (Local, 800 images per device, 12 rounds), and the paper's own CIFAR-10 numbers fall
+from 76 % (IID) to 57 % (Dir(0.5)).
 
 ![accuracy per round](accuracy.png)
 """
