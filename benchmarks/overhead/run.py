@@ -338,6 +338,17 @@ def write_report(results: dict, out: Path) -> None:
     ]
     for b, r in results["raw_paho"].items():
         lines.append(f"- raw paho publish → subscriber through {b}: **{r['bytes_per_s'] / 1e6:.0f} MB/s** ({r['messages']} messages)")
+    for r in results["runs"]:  # whole rounds of large messages through edgefl against the raw publish
+        raw = results["raw_paho"].get(r.get("broker") or "")
+        if r["transport"] != "mqtt" or r["payload_mb"] < 1 or not raw or not r.get("round_seconds"):
+            continue
+        moved = statistics.median(d + u for d, u in zip(r["bytes_down_total"], r["bytes_up_total"], strict=True))  # per round
+        rate = moved / statistics.median(r["round_seconds"])
+        retries = sum(sum(x.values()) if isinstance(x, dict) else x for x in r.get("retries", []))
+        lines.append(f"- edgefl over {r['broker']}, {r['devices']} devices × {r['payload_mb']:.1f} MB each way: {moved / 1e6:,.0f} MB "
+                     f"per round in a median {statistics.median(r['round_seconds']):.2f} s: **{rate / 1e6:.0f} MB/s**, "
+                     f"{rate / raw['bytes_per_s']:.2f}× the raw publish; {retries} requests re-sent; broker peak "
+                     f"{(r.get('broker_peak_rss_bytes') or 0) / 2**20:,.0f} MiB")
     if results.get("findings"):
         lines += ["", "## Findings (analysis of this run's numbers, written after it)", ""] + [f"- {n}" for n in results["findings"]]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
