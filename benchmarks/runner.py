@@ -200,11 +200,11 @@ ADDED_OPTIONS: dict[str, dict[str, Any]] = {
     "fedvtc": {"align_weight": None, "proto_rc_weight": 0.0, "psi_bn": "average"},
     # the defences (issue 19), off by default
     **{m: {"aggregator": "mean", "trim": 0.2, "clip_norm": 0.0} for m in ("fedhe", "felo", "velo")},
-    # devices re-estimating received BatchNorm statistics (off by default: the paper's FedAvg)
-    **{m: {"aggregator": "mean", "trim": 0.2, "clip_norm": 0.0, "bn_stats": "average"} for m in ("felo", "velo")},
-    # the devices' BatchNorm recalibration (issue 15's quick command); the default since, not before
-    **{m: {"bn_stats": "average"} for m in ("heterofl", "hierarchyfl")},
 }
+# devices re-estimating the BatchNorm statistics they receive: off by default for Felo/Velo (the
+# paper's FedAvg); HeteroFL/HierarchyFL's default since issue 15's quick command, not before
+for _method in ("felo", "velo", "heterofl", "hierarchyfl"):
+    ADDED_OPTIONS.setdefault(_method, {})["bn_stats"] = "average"
 
 
 def resolved_run(cell: Cell) -> dict[str, Any]:

@@ -10,6 +10,7 @@ out, the last error is raised. Sleeping and the clock are injectable so that tes
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,11 +33,12 @@ class Backoff:
         if not (self.initial > 0 and self.factor >= 1 and self.cap >= self.initial):
             raise ConfigError(f"backoff needs initial > 0, factor >= 1 and cap >= initial, got {self}")
 
+    def delay(self, attempt: int) -> float:
+        """The delay after ``attempt`` earlier failures (0: the first delay)."""
+        return min(self.initial * self.factor ** min(attempt, 64), self.cap)  # 64: no float overflow
+
     def delays(self) -> Iterator[float]:
-        delay = self.initial
-        while True:
-            yield delay
-            delay = min(delay * self.factor, self.cap)
+        return map(self.delay, itertools.count())
 
 
 def retry(

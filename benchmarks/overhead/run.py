@@ -344,7 +344,7 @@ def write_report(results: dict, out: Path) -> None:
             continue
         moved = statistics.median(d + u for d, u in zip(r["bytes_down_total"], r["bytes_up_total"], strict=True))  # per round
         rate = moved / statistics.median(r["round_seconds"])
-        retries = sum(sum(x.values()) if isinstance(x, dict) else x for x in r.get("retries", []))
+        retries = sum(sum(per_device.values()) for per_device in r["retries"])  # per round: {device: re-sends}
         lines.append(f"- edgefl over {r['broker']}, {r['devices']} devices × {r['payload_mb']:.1f} MB each way: {moved / 1e6:,.0f} MB "
                      f"per round in a median {statistics.median(r['round_seconds']):.2f} s: **{rate / 1e6:.0f} MB/s**, "
                      f"{rate / raw['bytes_per_s']:.2f}× the raw publish; {retries} requests re-sent; broker peak "

@@ -284,7 +284,7 @@ class KnowledgeDevice(DeviceHalf):
         self.receives_weights = bool(state)
         if state:
             self.model.load_state_dict(state, strict=True)
-            if getattr(self.options, "bn_stats", "average") == "recalibrate":
+            if self.options.bn_stats == "recalibrate":  # weights arrive only where options share them (Felo's)
                 recalibrate_batch_norm(self.model, self.ctx.train_data)
         arrays = payload.arrays
         if "known" not in arrays:

@@ -221,6 +221,7 @@ class DeviceRuntime:
         self.registered_epoch: str | None = None  # the epoch whose server accepted us
         self.next_register = 0.0
         self.unanswered = 0  # registrations sent since the server last answered or restarted
+        self.register_backoff = Backoff(initial=opts.register_every, factor=2.0, cap=max(opts.register_cap, opts.register_every))
         self.jitter = random.Random(opts.device_id)  # spreads a fleet's re-registrations apart
         self.held: deque[tuple[Routing, bytes]] = deque()  # requests that came before we were ready
         self.served = 0
@@ -247,8 +248,7 @@ class DeviceRuntime:
         ``register_every`` doubling up to ``register_cap``, ×0.75–1.25 at random (seeded by the
         device id), so a thousand devices waiting for a busy or absent server neither hammer it
         every few seconds nor all come back in the same instant."""
-        base = min(self.opts.register_every * 2.0 ** min(unanswered, 30), max(self.opts.register_cap, self.opts.register_every))
-        return base * self.jitter.uniform(0.75, 1.25)
+        return self.register_backoff.delay(unanswered) * self.jitter.uniform(0.75, 1.25)
 
     def _on_assign(self, data: bytes) -> None:
         env = decode(data, self.limits)

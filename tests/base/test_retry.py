@@ -22,6 +22,8 @@ class FakeTime:
 def test_delays_grow_by_the_factor_and_stop_at_the_cap():
     delays = Backoff(initial=0.5, factor=2.0, cap=3.0).delays()
     assert [next(delays) for _ in range(6)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+    # the k-th delay on its own (a caller that counts its failures), also far past the cap
+    assert [Backoff(initial=0.5, factor=2.0, cap=3.0).delay(k) for k in (0, 2, 3, 10_000)] == [0.5, 2.0, 3.0, 3.0]
 
 
 @pytest.mark.parametrize("bad", [dict(initial=0), dict(factor=0.5), dict(initial=5, cap=1)])
