@@ -383,6 +383,24 @@ def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):
     assert sum(every["bytes_up_per_round"]) > sum(single["bytes_up_per_round"])
 
 
+def test_the_last_training_round_keeps_its_evaluation_because_the_finish_fine_tunes(tmp_path):
+    """The final evaluation comes after the synthetic fine-tune, so it cannot stand for the last
+    training round's (as it does for methods whose finish changes nothing): the curve keeps the
+    models before the fine-tune, with ψ every round (no closing round) as with the closing round."""
+
+    def evaluated(run_dir):
+        rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+        return [(r["phase"], "eval" in r) for r in rounds]
+
+    opts = {"synthetic_samples": "50", "finetune_epochs": "1"}
+    simulate(tiny_config(tmp_path / "every", algorithm="fedvtc", fraction=1.0, eval_every=1, options={**opts, "psi_every_round": "true"}))
+    assert evaluated(tmp_path / "every/run") == [("train", True), ("train", True)]
+    simulate(tiny_config(tmp_path / "once", algorithm="fedvtc", fraction=1.0, eval_every=1, options=opts))
+    assert evaluated(tmp_path / "once/run") == [("train", True), ("train", True), ("closing", False)]
+    simulate(tiny_config(tmp_path / "fedavg", algorithm="fedavg", eval_every=1))  # its finish trains nothing
+    assert evaluated(tmp_path / "fedavg/run") == [("train", True), ("train", False)]
+
+
 def test_first_round_starts_from_the_devices_class_means_and_feature_spread():
     device = _device(n=96)
     fresh = _device(n=96)  # the same seed: the same initial model

@@ -339,7 +339,9 @@ fine-tune epochs per device), **fedvtc-le** (λ = 0: L_e only), **fedvtc-psi-rou
 (every device alone for round(fraction·R) + 𝒯 epochs: a FedVTC device's real-data epochs plus its
 fine-tune). Settings Dir(0.1) and Dir(1); seeds {list(seeds)}. Accuracy: mean over devices on
 {base["test_samples"]} test images; `accuracy_before_finetune` is the evaluation after round R on the
-same images. Bytes: everything up and down per device over the whole run. **Oracle metric**: the
+same images (for every method with a fine-tune, ψ every round included: the round loop keeps the last
+training round's evaluation when the method's finish trains; before it did not for ψ every round, whose
+curves then ended on the after-fine-tune accuracy and read as still climbing, slopes 2.2–4.5). Bytes: everything up and down per device over the whole run. **Oracle metric**: the
 share of the averaged ψ's samples (50 per class, from the global prototypes and σ) that a
 classifier trained centrally on all 60,000 training images and kept out of the federation
 (`oracle.safetensors`, FedHeNN's CNN tier 5 at width 0.5, 3 epochs; its test accuracy is in

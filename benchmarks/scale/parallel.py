@@ -2,11 +2,14 @@
 
     python -m benchmarks.scale.parallel [--workers N] [--workload demo|fedavg]
 
-For each workload it runs the same configuration twice in this one invocation, back to back:
-sequentially (one process, torch's default threads: every core for one device at a time) and on
-``--workers`` worker processes (default: one per core, one torch thread each), and records wall
-time, the rounds' device phase (``collect_seconds``) and server phase (``aggregate_seconds``),
-accuracy, and the machine's load before each run. Writes ``benchmarks/scale/parallel.json`` and
+For each workload it runs the same configuration four times in this one invocation, back to back:
+sequentially (one process, torch's default threads: every core for one device at a time, as a
+user runs it), sequentially on one torch thread (one core), on ``--workers`` worker processes
+(default: one per core, one torch thread each) and on as many Ray actors (a local Ray started for
+the run; skipped when Ray is not installed), and records wall time, the rounds' device phase
+(``collect_seconds``) and server phase (``aggregate_seconds``), accuracy, and the machine's load
+before each run. Speed-ups are against the default sequential run; the one-thread run shows how
+much of the second core torch's own intra-op threads already use. Writes ``benchmarks/scale/parallel.json`` and
 ``parallel.md``. Identical results at equal threads per device are a test
 (``tests/test_parallel.py``), not this benchmark: here the sequential run uses every core per
 device, as a user would run it.
@@ -22,12 +25,14 @@ Workloads:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.common import machine, write_json
+from benchmarks.runner import code_version
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,19 +47,29 @@ WORKLOADS = {
 }
 
 
-def run_once(explicit: dict, workers: int, out: Path, name: str) -> dict:
+def run_once(explicit: dict, workers: int, out: Path, name: str, *, backend: str = "processes",
+             threads: int | None = None) -> dict:
+    import torch
+
     from edgefl.algorithms import get_algorithm
     from edgefl.config import resolve_config
     from edgefl.runtime.simulation import simulate
 
     algo = get_algorithm(explicit["algorithm"])
-    cfg = resolve_config({**explicit, "out_dir": str(out), "run_name": name}, dict(algo.defaults))
+    extra = {"threads": threads} if threads else {}
+    cfg = resolve_config({**explicit, **extra, "out_dir": str(out), "run_name": name}, dict(algo.defaults))
     load = [round(x, 2) for x in os.getloadavg()]
     rounds: list[dict] = []
+    before = torch.get_num_threads()
     t0 = time.perf_counter()
-    summary = simulate(cfg, rounds.append, plots=False, workers=workers)
+    try:
+        summary = simulate(cfg, rounds.append, plots=False, workers=workers, backend=backend)
+    finally:
+        torch.set_num_threads(before)  # a one-thread run must not leave the next run's server on one thread
     wall = time.perf_counter() - t0
     return {
+        "backend": backend,
+        "threads": threads,
         "workers": workers,
         "wall_seconds": round(wall, 2),
         "device_phase_seconds": round(sum(r["collect_seconds"] for r in rounds), 2),
@@ -72,45 +87,82 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     p.add_argument("--out", type=Path, default=Path("runs/bench-parallel"))
     args = p.parse_args(argv)
-    results = {"machine": machine(), "command": "python -m benchmarks.scale.parallel " + " ".join(argv or sys.argv[1:]),
-               "workloads": {}}
+    command = "python -m benchmarks.scale.parallel " + " ".join(argv or sys.argv[1:])
+    results = {"machine": machine(), "command": command, "workloads": {}}
+    if args.workload and (HERE / "parallel.json").exists():  # re-measuring some workloads keeps the others' runs
+        previous = json.loads((HERE / "parallel.json").read_text())
+        results["workloads"] = {k: {"machine": previous["machine"], "command": previous["command"], "code": previous.get("code"), **v}
+                                if "machine" not in v else v for k, v in previous["workloads"].items()}
     for name in args.workload or ["fedavg", "demo"]:
         explicit = WORKLOADS[name]
-        print(f"{name}: sequential…", flush=True)
-        seq = run_once(explicit, 1, args.out, f"{name}-sequential")
-        print(f"  {seq}", flush=True)
-        print(f"{name}: {args.workers} workers…", flush=True)
-        par = run_once(explicit, args.workers, args.out, f"{name}-workers")
-        print(f"  {par}", flush=True)
-        results["workloads"][name] = {
-            "config": explicit, "sequential": seq, "parallel": par,
-            "speedup": round(seq["wall_seconds"] / par["wall_seconds"], 3),
-            "device_phase_speedup": round(seq["device_phase_seconds"] / par["device_phase_seconds"], 3),
-            "server_share_sequential": round(seq["server_phase_seconds"] / seq["wall_seconds"], 3),
-        }
+        runs = [("sequential", 1, "processes", None), ("sequential_one_thread", 1, "processes", 1),
+                ("parallel", args.workers, "processes", None)]
+        if ray_available():
+            runs.append(("ray", args.workers, "ray", None))
+        entry: dict = {"config": explicit, "machine": machine(), "command": command, "code": code_version()}
+        for key, workers, backend, threads in runs:
+            print(f"{name}: {key} ({workers} worker(s), backend {backend}, threads {threads or 'default'})…", flush=True)
+            entry[key] = run_once(explicit, workers, args.out, f"{name}-{key}", backend=backend, threads=threads)
+            print(f"  {entry[key]}", flush=True)
+        seq = entry["sequential"]
+        for key in [k for k, *_ in runs if k != "sequential"]:
+            r = entry[key]
+            r["speedup"] = round(seq["wall_seconds"] / r["wall_seconds"], 3)
+            r["device_phase_speedup"] = round(seq["device_phase_seconds"] / r["device_phase_seconds"], 3)
+        entry["speedup"] = entry["parallel"]["speedup"]
+        entry["device_phase_speedup"] = entry["parallel"]["device_phase_speedup"]
+        entry["server_share_sequential"] = round(seq["server_phase_seconds"] / seq["wall_seconds"], 3)
+        results["workloads"][name] = entry
     write_json(HERE / "parallel.json", results)
     (HERE / "parallel.md").write_text(report(results))
     return results
 
 
+def ray_available() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def report(results: dict) -> str:
     m = results["machine"]
     lines = [
-        "# In-memory simulation: sequential against worker processes",
+        "# In-memory simulation: sequential against worker processes and Ray actors",
         "",
-        f"`{results['command']}` on {m['cores']} cores ({m['cpu']}), {m['date']}. Each pair ran back to back in one "
-        "invocation; the load average before each run is recorded next to it. Sequential: one process, torch's "
-        "default threads (every core for one device at a time). Workers: one process per core, one torch thread each.",
+        f"On {m['cores']} cores ({m['cpu']}); each workload's date, command and code are under the table. The runs of a "
+        "workload ran back to back in one invocation; the load average before each run is recorded next to it. Sequential: one process, "
+        "torch's default threads (every core for one device at a time, as a user runs it; the reference of every "
+        "speed-up), then the same on one torch thread. Workers and Ray actors: one per core, one torch thread each; "
+        "the server's step runs in the driver process on torch's default threads. Ray: a local Ray started for the "
+        "run (its start-up is in the wall time).",
         "",
-        "| workload | sequential (s) | workers (s) | speed-up | device phase speed-up | server share (sequential) | accuracy seq / workers | load before |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | run | wall (s) | speed-up | device phase (s) | device phase speed-up | server phase (s) | accuracy % | load before |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    labels = {"sequential": "sequential, default threads", "sequential_one_thread": "sequential, 1 thread",
+              "parallel": "{w} worker processes", "ray": "{w} Ray actors"}
     for name, w in results["workloads"].items():
-        s, p = w["sequential"], w["parallel"]
-        lines.append(
-            f"| {name} | {s['wall_seconds']:.1f} | {p['wall_seconds']:.1f} ({p['workers']}) | **{w['speedup']:.2f}×** | "
-            f"{w['device_phase_speedup']:.2f}× | {100 * w['server_share_sequential']:.0f} % | "
-            f"{100 * s['mean_accuracy']:.2f} / {100 * p['mean_accuracy']:.2f} | {s['loadavg_before'][0]} / {p['loadavg_before'][0]} |")
+        for key, label in labels.items():
+            if key not in w:
+                continue
+            r = w[key]
+            speed = "1 (reference)" if key == "sequential" else f"**{r['speedup']:.2f}×**"
+            dspeed = "1" if key == "sequential" else f"{r['device_phase_speedup']:.2f}×"
+            lines.append(
+                f"| {name} | {label.format(w=r['workers'])} | {r['wall_seconds']:.1f} | {speed} | {r['device_phase_seconds']:.1f} | "
+                f"{dspeed} | {r['server_phase_seconds']:.1f} | {100 * r['mean_accuracy']:.2f} | {r['loadavg_before'][0]} |")
+    lines.append("")
+    for name, w in results["workloads"].items():
+        wm = w.get("machine", m)
+        seq, par = w["sequential"], w["parallel"]
+        share = seq["server_phase_seconds"] / seq["wall_seconds"]
+        bound = 1 / (share + (1 - share) / par["workers"])
+        lines.append(f"- **{name}**: measured {wm['date']} by `{w.get('command', results['command'])}` at code "
+                     f"`{w.get('code') or results.get('code') or 'unknown'}`. The server's step is {100 * share:.0f} % of the "
+                     f"sequential wall time: with the devices' phase perfectly parallel, Amdahl's bound on {par['workers']} "
+                     f"workers is {bound:.2f}×; measured {par['speedup']:.2f}× (device phase {par['device_phase_speedup']:.2f}×).")
     lines += ["", "The server's step runs in the server process while the workers wait, so a workload's speed-up is "
               "bounded by its server share (Amdahl). Accuracies differ only where the thread counts per device differ "
               "(floating-point reductions); at equal threads the runs are identical (tests/test_parallel.py).", ""]

@@ -120,6 +120,7 @@ class ServerContext:
     min_fit: int = 1  # the fewest devices a round trains (when that many are in the fleet)
     public: ArrayDataset | None = None  # server-held data (HierarchyFL's labelled 1%, FedHeNN's pool)
     closing_rounds: int = 0  # rounds after training (the method's declared needs)
+    finish_trains: bool = False  # the final exchange changes the devices' models (the method's declared needs)
     #: The round in progress (or the closing exchange's round), set by the round loop before it
     #: selects devices: round state lives here, not on the method object.
     round: int = 0
@@ -236,6 +237,11 @@ class MethodNeeds:
     #: Rounds after the training rounds (FedVTC's one-shot decoder upload); the loop runs them
     #: as rounds ``rounds .. rounds + closing_rounds - 1`` with ``phase = "closing"``.
     closing_rounds: int = 0
+    #: Whether the final exchange (``phase=final``) changes the devices' models (FedVTC's synthetic
+    #: fine-tune). The loop's final evaluation otherwise stands for the last round's, which it then
+    #: skips; a method that trains in its finish keeps the last training round's evaluation, so a
+    #: run's curve shows the models before the finish and the final evaluation after it.
+    finish_trains: bool = False
 
     def __post_init__(self):
         if not 0 <= self.public_share < 1:

@@ -59,7 +59,10 @@ def train_cvae(
         return []
     s_all = torch.as_tensor(np.asarray(features, np.float32))
     y_all = torch.as_tensor(np.asarray(labels, np.int64))
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    # foreach: one kernel per update for all the CVAE's tensors instead of a loop over them; the
+    # same arithmetic (bit-identical weights, checked on CPU), 39 % less time for Velo's server step on CPU,
+    # whose thousands of tiny steps are bound by per-tensor overhead (benchmarks/scale/parallel.md)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
     gen = torch.Generator().manual_seed(seed)
     losses = []
     model.train()

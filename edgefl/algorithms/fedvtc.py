@@ -737,7 +737,8 @@ register(
         server=FedVTCServer,
         options=FedVTCOptions,
         defaults=FEDVTC_DEFAULTS,
-        # the one-shot ψ upload after training (none when ψ travels every round)
-        needs=lambda o: MethodNeeds(closing_rounds=0 if o.psi_every_round else 1),
+        # the one-shot ψ upload after training (none when ψ travels every round); the finish is the
+        # synthetic fine-tune
+        needs=lambda o: MethodNeeds(closing_rounds=0 if o.psi_every_round else 1, finish_trains=True),
     )
 )

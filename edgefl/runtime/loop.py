@@ -201,8 +201,12 @@ class RoundLoop:
             "aggregate_seconds": t2 - t1,
             "server": server_metrics,
         }
-        last = round == self.total_rounds - 1
-        if not last and self.settings.eval_every > 0 and (round + 1) % self.settings.eval_every == 0:
+        # Training rounds are evaluated every eval_every rounds, except the run's last one, whose
+        # evaluation is the final one (after the finish exchange), unless the finish trains.
+        # Closing rounds train nothing: never evaluated.
+        training = round < self.settings.rounds
+        stands_for_final = round == self.total_rounds - 1 and not self.ctx.finish_trains
+        if training and not stands_for_final and self.settings.eval_every > 0 and (round + 1) % self.settings.eval_every == 0:
             record["eval"] = self.evaluate(round + 1, self.settings.eval_split, with_downlink=True)
             # the evaluation's downlinks and replies are traffic of this round too
             for key in ("bytes_down", "bytes_up"):

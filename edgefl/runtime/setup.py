@@ -394,6 +394,7 @@ def server_context(
         min_fit=cfg.min_fit or 1,  # the start threshold (min_devices) is the server's, not the round's
         public=public,
         closing_rounds=method.needs.closing_rounds,
+        finish_trains=method.needs.finish_trains,
     )
 
 
