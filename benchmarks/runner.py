@@ -205,6 +205,8 @@ ADDED_OPTIONS: dict[str, dict[str, Any]] = {
 # paper's FedAvg); HeteroFL/HierarchyFL's default since issue 15's quick command, not before
 for _method in ("felo", "velo", "heterofl", "hierarchyfl"):
     ADDED_OPTIONS.setdefault(_method, {})["bn_stats"] = "average"
+for _method in ("felo", "velo"):  # the classifier trained on the server's class features: off by default
+    ADDED_OPTIONS[_method]["server_feature_ce"] = 0.0
 
 
 def resolved_run(cell: Cell) -> dict[str, Any]:

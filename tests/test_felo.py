@@ -21,6 +21,7 @@ from edgefl.algorithms.felo import (
     FeloOptions,
     KnowledgeDevice,
     KnowledgeServer,
+    LossTerms,
     VeloOptions,
     VeloServer,
     felo_loss,
@@ -282,6 +283,34 @@ def test_felo_loss_without_server_statistics_is_cross_entropy():
     x, y = _data(8).x, _data(8).y
     t = felo_loss(model, x, y, alpha=0.5)
     assert float(t.total) == float(t.ce) == pytest.approx(float(F.cross_entropy(t.logits, y)))
+
+
+def test_server_feature_ce_trains_the_classifier_on_classes_the_batch_lacks():
+    model = _device(FeloOptions()).model
+    x, y = _data(8).x, _data(8).y
+    head = [p for p in model.parameters() if p.ndim == 2][-1]  # the classifier's weight (C×d)
+    c, d = head.shape
+    absent = next(k for k in range(c) if k not in set(y.tolist()))
+    known = torch.ones(c, dtype=torch.bool)
+    server_logit, server_feat = torch.zeros(c, c), torch.randn(c, d)
+    kwargs = dict(alpha=0.5, known=known, server_logit=server_logit, server_feat=server_feat)
+
+    def head_grad(weight: float) -> torch.Tensor:
+        model.zero_grad()
+        t = felo_loss(model, x, y, server_feature_ce=weight, **kwargs)
+        t.total.backward()
+        return head.grad[absent].abs().sum().item(), LossTerms(*(v.detach() for v in vars(t).values()))
+
+    plain, t0 = head_grad(0.0)
+    calibrated, t1 = head_grad(1.0)
+    # Assert: off, the loss is the paper's; on, the term adds the classifier's CE on the server's features
+    assert float(t0.total) == pytest.approx(float(t0.ce + 0.5 * (t0.mse + t0.kl)))
+    with torch.no_grad():
+        extra = F.cross_entropy(model.classify(server_feat), torch.arange(c))
+    assert float(t1.total) == pytest.approx(float(t0.total + extra), rel=1e-5)
+    assert calibrated > plain  # the absent class's row of the classifier now gets a gradient from its feature
+    with pytest.raises(ValueError, match="server_feature_ce"):
+        FeloOptions(server_feature_ce=-1.0)
 
 
 # -- the CVAE --------------------------------------------------------------------------------------

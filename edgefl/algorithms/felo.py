@@ -140,8 +140,17 @@ class FeloOptions(FedHeOptions):
     # of the devices' statistics, as the paper's FedAvg sends them) or "recalibrate" (re-estimated
     # by the device on its own training data: averaged weights do not produce averaged statistics)
     bn_stats: Literal["average", "recalibrate"] = "average"
+    # Weight of a cross-entropy term that trains the classifier on the server's per-class features
+    # (Felo's averages, Velo's CVAE samples), one per known class, every step: a head calibrated
+    # for classes the device has few or no images of. 0 = off, the paper (a departure of ours).
+    server_feature_ce: float = 0.0
 
     features: ClassVar[bool] = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.server_feature_ce < 0:
+            raise ValueError("server_feature_ce must be >= 0")
 
     @property
     def shares_weights(self) -> bool:
@@ -190,8 +199,11 @@ def felo_loss(
     server_logit: torch.Tensor | None = None,
     server_feat: torch.Tensor | None = None,
     temperature: float = 1.0,
+    server_feature_ce: float = 0.0,
 ) -> LossTerms:
     """mean_i [ CE_i + α·known(y_i)·(MSE_i + KL_i) ]; no server statistics → plain CE.
+    ``server_feature_ce`` > 0 adds that weight × the mean CE of the classifier on the server's
+    feature of every known class, labelled with its class (it trains the classifier only).
 
     MSE_i is the mean squared error over the d feature dims (it trains the extractor only);
     KL_i = Σ_c q_c·(log q_c − log p_c) with q = softmax(p̄_y/T), p = softmax(p(x)/T), times T².
@@ -210,7 +222,11 @@ def felo_loss(
         if server_feat is not None:
             mse_i = ((s - server_feat[y]) ** 2).mean(1)
             mse = (mse_i * mask).sum() / batch
-    return LossTerms(ce + alpha * (mse + kl), ce, mse, kl, s, p)
+    total = ce + alpha * (mse + kl)
+    if server_feature_ce > 0 and known is not None and server_feat is not None and bool(known.any()):
+        classes = torch.nonzero(known).flatten()
+        total = total + server_feature_ce * F.cross_entropy(model.classify(server_feat[classes]), classes)
+    return LossTerms(total, ce, mse, kl, s, p)
 
 
 class KnowledgeCollector:
@@ -317,6 +333,7 @@ class KnowledgeDevice(DeviceHalf):
             server_logit=self.server_logit,
             server_feat=self.server_feat if self.options.features else None,
             temperature=self.options.temperature,
+            server_feature_ce=getattr(self.options, "server_feature_ce", 0.0),
         )
 
     def fit(self, round: int) -> Payload:
