@@ -63,6 +63,19 @@ def test_claims_are_read_only_on_converged_runs_with_three_seeds_and_on_the_name
         Claim("x", "a beats b", "s").parse()
 
 
+def test_convergence_is_read_on_each_methods_mean_slope_over_seeds():
+    # one noisy run above the limit, its method's mean curve flat: readable
+    runs = [run("a", s, 0.9, slope=x) for s, x in enumerate((0.8, -0.6, 0.1))] + [run("b", s, 0.8, slope=0.1) for s in range(3)]
+    c = evaluate_claim(Claim("x", "a > b", "s"), runs)
+    assert c["converged"] and c["holds"]
+    assert c["method_slope"] == pytest.approx(0.1) and c["max_abs_slope"] == pytest.approx(0.8)
+    # every seed still climbing: not readable, whatever the other method does
+    for r in runs[:3]:
+        r["slope"] = 0.6
+    c = evaluate_claim(Claim("x", "a > b", "s"), runs)
+    assert not c["converged"] and c["verdict"] == "not converged" and c["method_slope"] == pytest.approx(0.6)
+
+
 def test_last_quarter_slope_is_points_per_tenth_of_the_run():
     # 40 rounds, +0.1 point per round over the last quarter -> 0.4 points per 4 rounds
     per_round = [{"round": r, "accuracy": 0.5 + 0.001 * r} for r in range(1, 41)]
