@@ -21,7 +21,7 @@ SEEDS = (0, 1, 2)
 HETERO = ("1", "2", "3", "4", "5")
 SETTINGS = {"dir0.1": {"partition": "dirichlet", "alpha": 0.1},
             "dir1": {"partition": "dirichlet", "alpha": 1.0}}
-METHODS = ("fedvtc", "fedvtc-le", "fedvtc-psi-round", "fedproto", "local")
+METHODS = ("fedvtc", "fedvtc-le", "fedvtc-psi-round", "fedproto", "local", "fedvtc-tc0")
 TC_WEIGHTS = (0.01, 0.1, 1.0)
 #: the issue's grid: tc_weight × lr {1e-3, 1e-4} (the paper's MNIST lr over 100 rounds × 5 epochs)
 LRS = (1e-3, 1e-4)
@@ -105,17 +105,23 @@ def diagnostics(runs: list[dict]) -> str:
     def pct(x):
         return "—" if x is None else f"{100 * x:.1f}"
 
+    def at_round(run, fedvtc_run):
+        """``run``'s evaluation after as many rounds as FedVTC trained (FedProto before its 𝒯 extra rounds)."""
+        rounds = fedvtc_run["resolved_config"]["rounds"]
+        return next((p.get("accuracy") for p in run["per_round"] if p["round"] == rounds), None)
+
     lines = ["## What the claims turn on (measured)", "",
              "Accuracies in %; **oracle**: the share of the averaged ψ's samples that the central classifier "
              "assigns to the intended class (chance 10 %); **device**: each device's own model on its own ψ_k. "
              "FedVTC's fine-tune trains on the averaged ψ's samples, so its change should follow the oracle.", "",
-             "| setting | seed | FedVTC before fine-tune | after | change (points) | oracle | device | ψ every round | its oracle | FedProto | Local |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| setting | seed | FedVTC before fine-tune | after | change (points) | oracle | device | ψ every round | its oracle | FedProto at round R | FedProto | FedVTC without L_tc, before fine-tune | Local |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     changes, oracles = [], []
     for setting in dict.fromkeys(r["setting"] for r in grid):
         for seed in sorted({r["seed"] for r in grid if r["setting"] == setting}):
             v, pr = by.get((setting, "fedvtc", seed)), by.get((setting, "fedvtc-psi-round", seed))
             fp, lo = by.get((setting, "fedproto", seed)), by.get((setting, "local", seed))
+            t0 = by.get((setting, "fedvtc-tc0", seed))
             if v is None:
                 continue
             before, after = v.get("accuracy_before_finetune"), v["final_accuracy"]
@@ -126,8 +132,8 @@ def diagnostics(runs: list[dict]) -> str:
             lines.append(f"| {setting} | {seed} | {pct(before)} | {pct(after)} | "
                          f"{'—' if change is None else f'{change:+.1f}'} | {pct(v.get('oracle_agreement'))} | "
                          f"{pct(v.get('device_agreement'))} | {pct(pr and pr['final_accuracy'])} | "
-                         f"{pct(pr and pr.get('oracle_agreement'))} | {pct(fp and fp['final_accuracy'])} | "
-                         f"{pct(lo and lo['final_accuracy'])} |")
+                         f"{pct(pr and pr.get('oracle_agreement'))} | {pct(fp and at_round(fp, v))} | {pct(fp and fp['final_accuracy'])} | "
+                         f"{pct(t0 and t0.get('accuracy_before_finetune'))} | {pct(lo and lo['final_accuracy'])} |")
     def corr(xs, ys):
         return statistics.correlation(xs, ys) if len(xs) >= 3 and statistics.pstdev(xs) > 0 and statistics.pstdev(ys) > 0 else None
 
@@ -158,6 +164,19 @@ def diagnostics(runs: list[dict]) -> str:
         notes.append(f"Before its fine-tune, FedVTC is below FedProto's final accuracy (which includes 𝒯 extra real "
                      f"full-participation rounds, the paper's baseline budget) in {sum(a < b for a, b in pairs)} of "
                      f"{len(pairs)} runs.")
+    for setting in dict.fromkeys(r["setting"] for r in grid):
+        gaps, tc0 = [], []
+        for seed in sorted({r["seed"] for r in grid if r["setting"] == setting}):
+            v, fp, t0 = (by.get((setting, m, seed)) for m in ("fedvtc", "fedproto", "fedvtc-tc0"))
+            if v and fp and v.get("accuracy_before_finetune") is not None and at_round(fp, v) is not None:
+                gaps.append(100 * (at_round(fp, v) - v["accuracy_before_finetune"]))
+                if t0 and t0.get("accuracy_before_finetune") is not None:
+                    tc0.append(100 * (at_round(fp, v) - t0["accuracy_before_finetune"]))
+        if gaps:
+            notes.append(f"{setting}: after the same R rounds of real data, FedProto is {statistics.fmean(gaps):+.1f} points "
+                         f"(per seed {', '.join(f'{g:+.1f}' for g in gaps)}) over FedVTC before its fine-tune"
+                         + (f"; over FedVTC without L_tc on f_k (tc_weight 0), {statistics.fmean(tc0):+.1f} "
+                            f"({', '.join(f'{g:+.1f}' for g in tc0)})" if len(tc0) == len(gaps) else "") + ".")
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines)
@@ -251,6 +270,8 @@ def make(quick: bool = False) -> Benchmark:
             return {"algorithm": "fedvtc", "options": {**grid_vtc, "lam": "0"}}
         if method == "fedvtc-psi-round":
             return {"algorithm": "fedvtc", "options": {**grid_vtc, "psi_every_round": "true"}}
+        if method == "fedvtc-tc0":  # the diagnostic: f_k trains without L_tc (ψ still learns in its own step)
+            return {"algorithm": "fedvtc", "options": {**grid_vtc, "tc_weight": "0"}}
         if method == "fedproto":  # the paper gives its baselines 𝒯 extra full-participation rounds
             return {"algorithm": "fedproto", "rounds": R + T, "options": {"full_last_rounds": str(T)}, **baseline}
         if method == "local":
@@ -334,7 +355,7 @@ chosen by the oracle metric first, then by what the fine-tune adds, then by vali
 synthetic fine-tune runs at the method's default `finetune_lr` 0.001 (chosen for the 3-round quick
 command in `quick_defaults.md`; the sweeps ran it at the run's lr); FedProto and Local train with SGD lr 0.01,
 momentum 0.9. Methods: **fedvtc** (R rounds, the one-shot ψ upload, then S synthetic samples and 𝒯
-fine-tune epochs per device), **fedvtc-le** (λ = 0: L_e only), **fedvtc-psi-round** (ψ every round),
+fine-tune epochs per device), **fedvtc-le** (λ = 0: L_e only), **fedvtc-psi-round** (ψ every round), **fedvtc-tc0** (the diagnostic below: tc_weight 0, f_k trains without L_tc while ψ still learns in its own step),
 **fedproto** (R rounds + 𝒯 extra rounds with every device, the paper's baseline budget), **local**
 (every device alone for round(fraction·R) + 𝒯 epochs: a FedVTC device's real-data epochs plus its
 fine-tune). Settings Dir(0.1) and Dir(1); seeds {list(seeds)}. Accuracy: mean over devices on
