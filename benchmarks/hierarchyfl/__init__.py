@@ -24,6 +24,7 @@ WIDTH = ("1/8", "1/4", "1/2", "1")
 #: from 7,200 images, so the devices keep 6,000 as in every other setting (a different draw). It runs
 #: 32 rounds, as Dir(0.5): at 20 HierarchyFL was still climbing (method slope 0.58).
 PUBLIC600 = "dir0.1-public600"
+PUBLIC600_05 = "dir0.5-public600"
 #: Dir(0.5) runs 32 rounds (÷10 at 40 % and 70 %: rounds 13 and 22): at 20 rounds the last quarter
 #: held 3 evaluations and one seed's last one (+1.3 points) gave slopes of 0.61–0.66, over the limit.
 DIR05_ROUNDS = 32
@@ -33,6 +34,8 @@ SETTINGS = {
     "iid": {"partition": "iid"},
     PUBLIC600: {"partition": "dirichlet", "alpha": 0.1, "train_samples": 7200, "public_fraction": 1 / 6,
                 "rounds": DIR05_ROUNDS, "lr_decay_rounds": decay_rounds(DIR05_ROUNDS)},
+    PUBLIC600_05: {"partition": "dirichlet", "alpha": 0.5, "train_samples": 7200, "public_fraction": 1 / 6,
+                   "rounds": DIR05_ROUNDS, "lr_decay_rounds": decay_rounds(DIR05_ROUNDS)},
 }
 BETAS = (0.0, 0.1, 1.0, 10.0)
 TEMPERATURES = (1.0, 3.0)
@@ -99,7 +102,7 @@ def profile(quick: bool) -> dict:
 def make(quick: bool = False) -> Benchmark:
     base = profile(quick)
     decay = decay_rounds(base["rounds"])
-    settings = {"dir0.1": SETTINGS["dir0.1"]} if quick else {k: v for k, v in SETTINGS.items() if k != PUBLIC600}
+    settings = {"dir0.1": SETTINGS["dir0.1"]} if quick else {k: v for k, v in SETTINGS.items() if k not in (PUBLIC600, PUBLIC600_05)}
     seeds = SEEDS[:2] if quick else SEEDS
 
     def cell(method, setting, seed, *, family="depth", options=None, role="grid", extra=None, name=None):
@@ -121,6 +124,9 @@ def make(quick: bool = False) -> Benchmark:
     if not quick:
         for seed in SEEDS:  # the public-set diagnostic (after the claims' cells: an interrupted run keeps them)
             cells += [cell("hierarchyfl", PUBLIC600, seed), cell("heterofl", PUBLIC600, seed)]
+        for seed in SEEDS:
+            cells += [cell("hierarchyfl", PUBLIC600_05, seed), cell("heterofl", PUBLIC600_05, seed),
+                      cell("hierarchyfl-logits", PUBLIC600, seed, options={"ensemble": "logits"})]
         for seed in SEEDS:
             cells += [cell("hierarchyfl-width", "dir0.1", seed, family="width", name="width-dir0.1"),
                       cell("heterofl-width", "dir0.1", seed, family="width", name="width-dir0.1")]
@@ -165,6 +171,13 @@ def make(quick: bool = False) -> Benchmark:
         claims += [Claim(f"public600-tier{t}", "hierarchyfl > heterofl", PUBLIC600, metric=f"per_tier.{t}",
                          note="diagnostic: the Dir(0.1) claim with a public set of the paper's size (600 images for the server step)")
                    for t in DEPTH]
+        claims += [Claim(f"public600-dir0.5-tier{t}", "hierarchyfl > heterofl", PUBLIC600_05, metric=f"per_tier.{t}",
+                         note="diagnostic: the Dir(0.5) claim with a public set of the paper's size")
+                   for t in DEPTH]
+        claims += [Claim("public600-ablation-logits", "hierarchyfl-logits > heterofl", PUBLIC600,
+                         note="diagnostic: Table II's + ensemble logits with a public set of the paper's size"),
+                   Claim("public600-ablation-features", "hierarchyfl ≥ hierarchyfl-logits", PUBLIC600,
+                         note="diagnostic: Table II's + logits and features with a public set of the paper's size")]
         claims.append(Claim("width-not-below-heterofl", "hierarchyfl-width ≥ heterofl-width", "width-dir0.1",
                             note="width tiers: must not fall below HeteroFL (≥: mean above −1 sd, stricter than the issue's 2 sd)"))
 
@@ -192,7 +205,7 @@ ran at the errata's server lr 0.005 and T = 3, 20 rounds without decay, each var
 evaluate the global sub-models with the global model's averaged BatchNorm statistics (`bn_stats=average`,
 the methods' default when this benchmark ran; devices now recalibrate them on their own data by default,
 see `quick_defaults/results.md`). Settings: Dir(0.1), Dir(0.5)
-(the claims), IID (reference), and **{PUBLIC600}**, a diagnostic of the Dir(0.1) claims: the server step
+(the claims), IID (reference), and **{PUBLIC600}** (with **{PUBLIC600_05}** and the ablation's hierarchyfl-logits there), a diagnostic of the Dir(0.1) claims: the server step
 with a public set of the paper's size (1 % of Fashion-MNIST's 60,000 training images: 600 for the step, 600
 held out as its check split, carved from 7,200 images so the devices keep 6,000; another draw than
 Dir(0.1)'s; {DIR05_ROUNDS} rounds, as Dir(0.5)); seeds {list(seeds)}. Accuracy: each device's exit on {base["test_samples"]:,} test
