@@ -479,14 +479,14 @@ def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]]) -> dict[str,
         stat = mean > -sd if sd > 0 else mean >= 0
     else:  # ≤
         stat = mean < sd if sd > 0 else mean <= 0
-    slopes = [by[(m, claim.setting, s)].get("slope") for m in (a, b) for s in seeds]
+    per_method = {m: [by[(m, claim.setting, s)].get("slope") for s in seeds] for m in dict.fromkeys((a, b))}
+    slopes = [x for xs in per_method.values() for x in xs]
     # A method's slope is that of its mean curve over the seeds (the mean of the runs' slopes): the
     # protocol reads a claim where every compared *method* has flattened. One run's least-squares
     # slope over a noisy last quarter (half participation swings a curve by 1–2 points per
     # evaluation) has a standard error near the limit itself, so the largest of ten such slopes
     # crosses it by chance in runs that have converged; the mean over seeds averages that noise out.
-    method_slopes = [statistics.fmean(x) if None not in (x := [by[(m, claim.setting, s)].get("slope") for s in seeds]) else None
-                     for m in dict.fromkeys((a, b))]
+    method_slopes = [None if None in xs else statistics.fmean(xs) for xs in per_method.values()]
     converged = all(x is not None and abs(x) < SLOPE_LIMIT for x in method_slopes)
     enough = len(seeds) >= 3
     holds = stat and converged and enough

@@ -295,7 +295,7 @@ def test_server_feature_ce_trains_the_classifier_on_classes_the_batch_lacks():
     server_logit, server_feat = torch.zeros(c, c), torch.randn(c, d)
     kwargs = dict(alpha=0.5, known=known, server_logit=server_logit, server_feat=server_feat)
 
-    def head_grad(weight: float) -> torch.Tensor:
+    def head_grad(weight: float) -> tuple[float, LossTerms]:
         model.zero_grad()
         t = felo_loss(model, x, y, server_feature_ce=weight, **kwargs)
         t.total.backward()

@@ -168,32 +168,33 @@ def diagnostics(runs: list[dict]) -> str:
         notes.append(f"Before its fine-tune, FedVTC is below FedProto's final accuracy (which includes 𝒯 extra real "
                      f"full-participation rounds, the paper's baseline budget) in {sum(a < b for a, b in pairs)} of "
                      f"{len(pairs)} runs.")
-    for setting in dict.fromkeys(r["setting"] for r in grid):
-        gaps, tc0 = [], []
+    later: list[str] = []  # the after-fine-tune comparisons, listed after every setting's before-fine-tune one
+    for setting in dict.fromkeys(r["setting"] for r in grid):  # FedVTC and fedvtc-tc0 against FedProto
+        gaps, tc0, diffs, orc = [], [], [], []
         for seed in sorted({r["seed"] for r in grid if r["setting"] == setting}):
             v, fp, t0 = (by.get((setting, m, seed)) for m in ("fedvtc", "fedproto", "fedvtc-tc0"))
-            if v and fp and v.get("accuracy_before_finetune") is not None and at_round(fp, v) is not None:
-                gaps.append(100 * (at_round(fp, v) - v["accuracy_before_finetune"]))
+            if not (v and fp):
+                continue
+            at_r = at_round(fp, v)
+            if v.get("accuracy_before_finetune") is not None and at_r is not None:
+                gaps.append(100 * (at_r - v["accuracy_before_finetune"]))
                 if t0 and t0.get("accuracy_before_finetune") is not None:
-                    tc0.append(100 * (at_round(fp, v) - t0["accuracy_before_finetune"]))
+                    tc0.append(100 * (at_r - t0["accuracy_before_finetune"]))
+            if t0:
+                diffs.append(100 * (t0["final_accuracy"] - fp["final_accuracy"]))
+                if v.get("oracle_agreement") is not None and t0.get("oracle_agreement") is not None:
+                    orc.append((v["oracle_agreement"], t0["oracle_agreement"]))
         if gaps:
             notes.append(f"{setting}: after the same R rounds of real data, FedProto is {statistics.fmean(gaps):+.1f} points "
                          f"(per seed {', '.join(f'{g:+.1f}' for g in gaps)}) over FedVTC before its fine-tune"
                          + (f"; over FedVTC without L_tc on f_k (tc_weight 0), {statistics.fmean(tc0):+.1f} "
                             f"({', '.join(f'{g:+.1f}' for g in tc0)})" if len(tc0) == len(gaps) else "") + ".")
-    for setting in dict.fromkeys(r["setting"] for r in grid):
-        names = ("fedvtc", "fedvtc-tc0", "fedproto")
-        trip = [tuple(by[(setting, m, sd)] for m in names) for sd in sorted({r["seed"] for r in grid if r["setting"] == setting})
-                if all((setting, m, sd) in by for m in names)]
-        if not trip:
-            continue
-        diffs = [100 * (t0["final_accuracy"] - fp["final_accuracy"]) for _, t0, fp in trip]
-        orc = [(v.get("oracle_agreement"), t0.get("oracle_agreement")) for v, t0, _ in trip]
-        orc = [(a, b) for a, b in orc if a is not None and b is not None]
-        notes.append(f"{setting}: FedVTC without L_tc on f_k, after its fine-tune, against FedProto's final accuracy: "
-                     f"{statistics.fmean(diffs):+.2f} points (per seed {', '.join(f'{d:+.2f}' for d in diffs)})"
-                     + (f"; its ψ's oracle {100 * statistics.fmean(b for _, b in orc):.1f} % against FedVTC's "
-                        f"{100 * statistics.fmean(a for a, _ in orc):.1f} %" if orc else "") + ".")
+        if diffs:
+            later.append(f"{setting}: FedVTC without L_tc on f_k, after its fine-tune, against FedProto's final accuracy: "
+                         f"{statistics.fmean(diffs):+.2f} points (per seed {', '.join(f'{d:+.2f}' for d in diffs)})"
+                         + (f"; its ψ's oracle {100 * statistics.fmean(b for _, b in orc):.1f} % against FedVTC's "
+                            f"{100 * statistics.fmean(a for a, _ in orc):.1f} %" if orc else "") + ".")
+    notes += later
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ Workloads:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -90,14 +91,12 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python -m benchmarks.scale.parallel " + " ".join(argv or sys.argv[1:])
     results = {"machine": machine(), "command": command, "workloads": {}}
     if args.workload and (HERE / "parallel.json").exists():  # re-measuring some workloads keeps the others' runs
-        previous = json.loads((HERE / "parallel.json").read_text())
-        results["workloads"] = {k: {"machine": previous["machine"], "command": previous["command"], "code": previous.get("code"), **v}
-                                if "machine" not in v else v for k, v in previous["workloads"].items()}
+        results["workloads"] = json.loads((HERE / "parallel.json").read_text())["workloads"]
     for name in args.workload or ["fedavg", "demo"]:
         explicit = WORKLOADS[name]
         runs = [("sequential", 1, "processes", None), ("sequential_one_thread", 1, "processes", 1),
                 ("parallel", args.workers, "processes", None)]
-        if ray_available():
+        if importlib.util.find_spec("ray") is not None:  # Ray is an optional extra
             runs.append(("ray", args.workers, "ray", None))
         entry: dict = {"config": explicit, "machine": machine(), "command": command, "code": code_version()}
         for key, workers, backend, threads in runs:
@@ -109,21 +108,11 @@ def main(argv: list[str] | None = None) -> dict:
             r = entry[key]
             r["speedup"] = round(seq["wall_seconds"] / r["wall_seconds"], 3)
             r["device_phase_speedup"] = round(seq["device_phase_seconds"] / r["device_phase_seconds"], 3)
-        entry["speedup"] = entry["parallel"]["speedup"]
-        entry["device_phase_speedup"] = entry["parallel"]["device_phase_speedup"]
         entry["server_share_sequential"] = round(seq["server_phase_seconds"] / seq["wall_seconds"], 3)
         results["workloads"][name] = entry
     write_json(HERE / "parallel.json", results)
     (HERE / "parallel.md").write_text(report(results))
     return results
-
-
-def ray_available() -> bool:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def report(results: dict) -> str:
@@ -156,8 +145,7 @@ def report(results: dict) -> str:
     lines.append("")
     for name, w in results["workloads"].items():
         wm = w.get("machine", m)
-        seq, par = w["sequential"], w["parallel"]
-        share = seq["server_phase_seconds"] / seq["wall_seconds"]
+        par, share = w["parallel"], w["server_share_sequential"]
         bound = 1 / (share + (1 - share) / par["workers"])
         lines.append(f"- **{name}**: measured {wm['date']} by `{w.get('command', results['command'])}` at code "
                      f"`{w.get('code') or results.get('code') or 'unknown'}`. The server's step is {100 * share:.0f} % of the "
