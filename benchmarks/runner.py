@@ -144,8 +144,8 @@ class Benchmark:
     bounds: Mapping[str, Sequence[Cell]] = field(default_factory=dict)
     #: extra per-round server metrics to keep (e.g. Velo's cvae_fit)
     keep_server_metrics: Sequence[str] = ()
-    #: markdown added to results.md after the tables (diagnostics); gets the runs, returns text
-    diagnostics: Callable[[list[dict]], str] | None = None
+    #: markdown added to results.md after the tables (diagnostics); gets results.json's content, returns text
+    diagnostics: Callable[[dict], str] | None = None
     #: how to recreate the results (shown on the page)
     command: str = ""
     #: ``"module:function"`` called in the worker after each run with a :class:`RunOutput`; the
@@ -732,7 +732,7 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
             lines.append(f"- **{s['parameter']}** by `{s['metric']}` (seeds {s['seeds']}): {vals} → {chosen}. {s['note']}")
         lines.append("")
     if bench.diagnostics is not None:
-        lines += [bench.diagnostics(results["runs"]).strip(), ""]
+        lines += [bench.diagnostics(results).strip(), ""]
     lines += ["## Figures", "", "![accuracy per round](accuracy.png)", "", "![accuracy vs bytes](accuracy_bytes.png)", ""]
     if figures.strip():
         lines += [figures.strip(), ""]

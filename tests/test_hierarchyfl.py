@@ -17,6 +17,7 @@ from edgefl.algorithms.hierarchyfl import (
     DELTAS,
     HeteroFLServer,
     HierarchyFLServer,
+    HierarchyFLOptions,
     SubModelDevice,
     aligned_average,
     kd_loss,
@@ -229,6 +230,19 @@ def test_ensemble_switch_none_is_heterofl_and_logits_drops_the_feature_terms():
         ) + torch.nn.functional.mse_loss(feats[-1], fm)
         diff = full.distillation_loss(outs, m) - logits.distillation_loss(outs, m)
     assert float(diff) == pytest.approx(2.0 * float(mse), rel=1e-4)
+
+
+def test_ensemble_labels_is_the_public_labels_cross_entropy_alone():
+    devices = fleet("hierarchy-depth", ["1", "4"])
+    labels = server("hierarchyfl", devices, ensemble="labels")
+    x, y = next(labels.ctx.public.batches(8, shuffle=False))
+    with torch.no_grad():
+        outs = labels.hierarchy_outputs(x)
+        m = torch.tensor([0.1, 0.2, 0.3, 0.4])
+        expected = sum(torch.nn.functional.cross_entropy(p, y) for _, p in outs)
+        assert float(labels.distillation_loss(outs, m, y)) == pytest.approx(float(expected), rel=1e-6)
+    with pytest.raises(ValueError, match="server_ce"):
+        HierarchyFLOptions(ensemble="labels", server_ce=False)
 
 
 def test_bad_update_is_dropped_not_fatal():

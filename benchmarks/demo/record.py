@@ -76,7 +76,8 @@ def main() -> None:
 
 Velo over MQTT (embedded broker, {results['devices']} device processes, ResNet10/14/18/22/26 at width 0.125,
 {results['devices'] // 5} devices per depth), real Fashion-MNIST (12,000 training images), Dir(0.5), {results['rounds']} rounds
-of 2 local epochs with Adam at lr 3e-3, ×0.1 from round 10 (the budget chosen on a validation split: [tune/](tune/results.md));
+of 2 local epochs with Adam at lr 3e-3, ×0.1 from round 10, the CVAE trained every second round (the budget chosen on a
+validation split: [tune/](tune/results.md));
 then ONNX export with int8 and ONNX Runtime evaluation. Written by `python -m benchmarks.demo.record`
 from `runs/demo`.
 

@@ -40,10 +40,11 @@ GAIN = "gain:feddw-fedavg"
 RELATION = ("cr_diag_mean", "sl_diag_mean", "cr_sl_diag_gap", "cr_sl_distance")
 
 
-def diagnostics(runs: list[dict]) -> str:
+def diagnostics(results: dict) -> str:
     """How close the global classifier's class relations (CR = rowsoftmax(W·Wᵀ)) come to the soft
     labels S, with the regulariser (feddw, fedprox-dw) and without it (feddw-no-r: λ = 0, same
     head and S): each metric's value after the last round, mean ± sd over seeds."""
+    runs = results["runs"]
     lines = ["## The mechanism: CR against S", "",
              "FedDW pulls the classifier's class relations CR = rowsoftmax(W·Wᵀ) towards the soft-label matrix S "
              "the devices report. After the last round, mean ± sd over seeds: `diag CR` and `diag S` (their "

@@ -196,9 +196,10 @@ def schedule_sensitivity(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def diagnostics(runs: list[dict]) -> str:
+def diagnostics(results: dict) -> str:
     """Why ``fedhenn > local`` does not hold at k = 5: the alignment diagnostic (``alignment.py``),
     when run; and the local-split accuracies against the run without the lr decay."""
+    runs = results["runs"]
     from pathlib import Path
 
     out = [schedule_sensitivity(runs)]

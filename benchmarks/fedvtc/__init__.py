@@ -92,11 +92,12 @@ def sample_images(server, per_class: int = SAMPLES_PER_CLASS) -> dict[str, Any]:
     return {"classes": classes, "shape": list(img.shape), "uint8_base64": base64.b64encode(img.tobytes()).decode()}
 
 
-def diagnostics(runs: list[dict]) -> str:
+def diagnostics(results: dict) -> str:
     """Per setting and seed, what the claims turn on: FedVTC's accuracy before and after the
     synthetic fine-tune with the oracle's verdict on the averaged ψ it fine-tunes on, ψ every
     round's accuracy and oracle, and the baselines; then how the fine-tune's change follows the
     oracle (Pearson r over the settings' seeds)."""
+    runs = results["runs"]
     import statistics
 
     grid = [r for r in runs if r.get("role") == "grid"]

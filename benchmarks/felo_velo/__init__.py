@@ -142,8 +142,9 @@ envelopes per device and round (evaluation downlinks included).
     )
 
 
-def diagnostics(runs: list[dict]) -> str:
+def diagnostics(results: dict) -> str:
     """Velo − Felo per seed, and the CVAE's fit per round."""
+    runs = results["runs"]
     lines = ["## The CVAE's value and fit", "",
              "Velo − Felo is what the CVAE adds. Its fit: a softmax classifier is fitted on the real feature "
              "points the CVAE learned from; `fit` is that classifier's accuracy on 50 generated features per "

@@ -33,7 +33,10 @@ stratified and removed from the device pools, see its ``MethodNeeds``), for C st
    one SGD step on the global model.
 
 The ablation switch ``ensemble``: ``none`` (averaging only = HeteroFL), ``logits`` (the KL terms
-only: ensemble logits), ``full`` (KL + β·MSE: ensemble logits and features; the default).
+only: ensemble logits), ``full`` (KL + β·MSE: ensemble logits and features; the default), and
+``labels``, not in the paper: the server step with only the CE on the public labels, no ensemble
+and no distillation term (the control that tells what the public labels give from what the
+distillation gives, as both run on the same public set).
 
 Choices that are ours (the paper leaves them open; notes in ../shared/specs/ALGORITHMS.md §2):
 
@@ -146,8 +149,8 @@ class HeteroFLOptions:
 
 @dataclass(frozen=True)
 class HierarchyFLOptions(HeteroFLOptions):
-    ensemble: Literal["none", "logits", "full"] = (
-        "full"  # ablation: averaging / +logits / +features
+    ensemble: Literal["none", "labels", "logits", "full"] = (
+        "full"  # ablation: averaging / +logits / +features; labels: the public labels' CE only (a control)
     )
     temperature: float = 1.0  # chosen by the benchmark's sweep over {1, 3} (validation split)
     beta: float = 1.0  # weight of the feature MSE terms
@@ -171,6 +174,8 @@ class HierarchyFLOptions(HeteroFLOptions):
             raise ValueError("meta_lr and server_lr must be > 0")
         if not 0 <= self.check_share < 1:
             raise ValueError("check_share must be in [0, 1)")
+        if self.ensemble == "labels" and not self.server_ce:
+            raise ValueError("ensemble=labels trains on the public labels' CE alone: it needs server_ce")
 
 
 # --- the hierarchy -----------------------------------------------------------------------------
@@ -476,8 +481,13 @@ class HierarchyFLServer(HeteroFLServer):
         self, outputs: list[tuple[Tensor, Tensor]], weights: Tensor, y: Tensor | None = None
     ) -> Tensor:
         """L_G of the spec, with β = 0 for ``ensemble=logits``; plus Σ_i CE(P_i, y) on the public
-        labels when ``server_ce`` (the errata's default) and labels are given."""
+        labels when ``server_ce`` (the errata's default) and labels are given; ``ensemble=labels``:
+        that CE alone."""
         o = self.options
+        if o.ensemble == "labels":
+            if y is None:
+                raise ValueError("ensemble=labels needs the public labels")
+            return sum(F.cross_entropy(p, y) for _, p in outputs)
         beta = o.beta if o.ensemble == "full" else 0.0
         feats = [f for f, _ in outputs]
         logits = [p for _, p in outputs]
