@@ -157,9 +157,9 @@ class Benchmark:
     derived: Callable[[list[dict]], list[dict]] | None = None
     #: run once before any cell (not with ``--report-only``): e.g. train a benchmark's oracle
     prepare: Callable[[], None] | None = None
-    #: figures beyond the runner's own: gets the runs and the results directory, writes its
+    #: figures beyond the runner's own: gets results.json's content and the results directory, writes its
     #: files there and returns the markdown that shows them (under the page's Figures)
-    figures: Callable[[list[dict], Path], str] | None = None
+    figures: Callable[[dict, Path], str] | None = None
 
     def all_cells(self) -> list[Cell]:
         cells = [c for s in self.sweeps for v in s.grid for c in s.cells[v]]
@@ -821,7 +821,7 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
         results["machine"], results["code"] = previous.get("machine", results["machine"]), previous.get("code", results["code"])
     (out / "results.json").write_text(json.dumps(_clean(results), indent=1) + "\n")
     plot_results(results, out)
-    figures = bench.figures(results["runs"], out) if bench.figures is not None else ""
+    figures = bench.figures(results, out) if bench.figures is not None else ""
     (out / "results.md").write_text(results_markdown(bench, results, figures))
     if not args.quick and args.out is None:
         write_readme_index()

@@ -201,7 +201,7 @@ def diagnostics(results: dict) -> str:
     return "\n".join(lines)
 
 
-def figures(runs: list[dict], out: Path) -> str:
+def figures(results: dict, out: Path) -> str:
     """One sample grid per setting (seed 0's FedVTC run): a row per class, labelled with the
     oracle's share for that class (the closing round's averaged ψ)."""
     import matplotlib
@@ -211,7 +211,7 @@ def figures(runs: list[dict], out: Path) -> str:
     import numpy as np
 
     lines = []
-    for r in runs:
+    for r in results["runs"]:
         samples = r.get("samples") or {}
         if r["method"] != "fedvtc" or r["role"] != "grid" or "uint8_base64" not in samples:
             continue

@@ -247,8 +247,52 @@ before and after the server step is in `distillation` (`check_before_<tier>`,
         derived=derived,
         record_extras="benchmarks.hierarchyfl:extras",
         diagnostics=diagnostics,
+        figures=figures,
         command="python -m benchmarks.hierarchyfl" + (" --quick" if quick else ""),
     )
+
+
+def figures(results: dict, out) -> str:
+    """Accuracy per round for each depth tier (columns) in each claimed setting (rows): every
+    method's mean over seeds with a band of ± 1 sd, and the tier's centralized bound (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    runs = [r for r in results["runs"] if r["setting"] in CLAIMED]
+    settings = [s for s in CLAIMED if any(r["setting"] == s for r in runs)]
+    if not settings:
+        return ""
+    bound = {t: r["per_tier"][t] for r in results.get("bound_runs", {}).get("centralized", []) for t in r["per_tier"]}
+    fig, axes = plt.subplots(len(settings), len(DEPTH), figsize=(4.2 * len(DEPTH), 3.3 * len(settings)), squeeze=False)
+    for row, setting in zip(axes, settings, strict=True):
+        rs = [r for r in runs if r["setting"] == setting]
+        for ax, t in zip(row, DEPTH, strict=True):
+            for method in dict.fromkeys(r["method"] for r in rs):
+                mr = [r for r in rs if r["method"] == method]
+                xs = sorted({p["round"] for r in mr for p in r["per_round"] if (p.get("per_tier") or {}).get(t) is not None})
+                arr = 100 * np.array([[next((p["per_tier"][t] for p in r["per_round"]
+                                             if p["round"] == x and (p.get("per_tier") or {}).get(t) is not None), np.nan)
+                                       for x in xs] for r in mr], dtype=float)
+                m, sd = np.nanmean(arr, 0), np.nanstd(arr, 0)
+                (line,) = ax.plot(xs, m, lw=1.3, label=f"{method} (n={len(mr)})")
+                ax.fill_between(xs, m - sd, m + sd, color=line.get_color(), alpha=0.18)
+            if t in bound:
+                ax.axhline(100 * bound[t], ls="--", lw=0.9, color="grey")
+                ax.text(ax.get_xlim()[0], 100 * bound[t], " centralized", fontsize=7, va="bottom", color="grey")
+            ax.set_title(f"{setting}: tier {t} (exit {t})", fontsize=9)
+            ax.set_xlabel("round")
+            ax.set_ylabel("device test accuracy (%)")
+            ax.set_ylim(0, 100)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6, loc="lower right")
+    fig.suptitle("accuracy per round per depth tier (mean ± sd over seeds)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_per_tier.png", dpi=100)
+    plt.close(fig)
+    return "![accuracy per round per depth tier](accuracy_per_tier.png)"
 
 
 def per_tier(results: dict) -> list[str]:
