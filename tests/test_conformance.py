@@ -113,12 +113,18 @@ def memory_run(cfg):
     return box["state"], models, summary
 
 
+#: every method at its default model family, and HierarchyFL's other tier family (width tiers)
+CASES = [pytest.param(m, {}, id=m) for m in METHODS] + [
+    pytest.param("hierarchyfl", {"model": "hierarchy-width", "tiers": ("1/8", "1/2", "1")}, id="hierarchyfl-width"),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", METHODS)
-def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name):
+@pytest.mark.parametrize(("name", "family"), CASES)
+def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family):
     # Prepare: the in-memory reference; per-round evaluation off, so each round's transport
     # counters cover exactly the round's training exchange
-    cfg = conformance_config(tmp_path, name, eval_every=0)
+    cfg = conformance_config(tmp_path, name, eval_every=0, **family)
     expected_state, expected_models, reference = memory_run(cfg.model_copy(update={"run_name": "memory"}))
 
     # one lock around whatever draws from torch's process-wide generator on the device side
