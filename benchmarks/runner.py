@@ -102,6 +102,9 @@ class Claim:
     metric_a: str | None = None
     metric_b: str | None = None
     note: str = ""
+    #: not one of the paper's claims but a measured explanation of one (another setting, a control):
+    #: evaluated the same way, shown in a table of its own and left out of the claims' count
+    diagnostic: bool = False
 
     def parse(self) -> tuple[str, str, str]:
         for op in ("≥", "≤", ">=", "<=", ">", "<"):
@@ -460,6 +463,7 @@ def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]]) -> dict[str,
     out = {
         "id": claim.id, "statement": claim.statement, "a": a, "b": b, "op": op, "setting": claim.setting,
         "metric": claim.metric, "metric_a": metric_a, "metric_b": metric_b, "seeds": seeds, "note": claim.note,
+        **({"diagnostic": True} if claim.diagnostic else {}),
     }
     if not seeds:
         return {**out, "mean_diff": None, "sd": None, "signs": [], "converged": False, "holds": False, "verdict": "no runs"}
@@ -683,15 +687,21 @@ def plot_results(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
 
 
 def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str = "") -> str:
-    held = sum(c["holds"] for c in results["claims"])
+    claims = [c for c in results["claims"] if not c.get("diagnostic")]
+    diagnostic = [c for c in results["claims"] if c.get("diagnostic")]
+    held = sum(c["holds"] for c in claims)
     m0, m1 = results["machine"]["before"], results["machine"]["after"]
     lines = [f"# {bench.title}", "",
-             f"Claims: **{held} of {len(results['claims'])} hold** (evaluated by `benchmarks/runner.py` from the runs in "
+             f"Claims: **{held} of {len(claims)} hold** (evaluated by `benchmarks/runner.py` from the runs in "
              "`results.json`; a strict claim holds when the mean paired difference exceeds 2 sd and every seed agrees, "
              f"a weak one when it is above −1 sd; a claim is read only where every compared method's last-quarter slope "
              f"(its mean curve over the seeds) is below {SLOPE_LIMIT} points per 10 % of rounds, with ≥ 3 seeds; the "
              "largest single run's slope is shown beside it).", ""]
-    lines += claims_table(results["claims"]) + [""]
+    lines += claims_table(claims) + [""]
+    if diagnostic:
+        lines += [f"Diagnostic claims (not the paper's: other settings and controls that explain the claims above, "
+                  f"evaluated the same way; {sum(c['holds'] for c in diagnostic)} of {len(diagnostic)} hold):", ""]
+        lines += claims_table(diagnostic) + [""]
     missing = [c for c in results["claims"] if c["verdict"] == "metric missing"]
     if missing:
         lines += ["Metric missing (the toolkit does not produce it yet): "
@@ -762,7 +772,8 @@ def write_readme_index() -> Path:
             continue
         for c in data["claims"]:
             md = "—" if c["mean_diff"] is None else f"{metric_scale(c['metric_a']) * c['mean_diff']:+.2f}"
-            lines.append(f"| [{d.name}]({d.name}/results.md) | `{c['statement']}` | {c['setting']} | "
+            kind = " (diagnostic)" if c.get("diagnostic") else ""
+            lines.append(f"| [{d.name}]({d.name}/results.md) | `{c['statement']}`{kind} | {c['setting']} | "
                          f"{_metric_label(c['metric_a'], c['metric_b'])} | {c['verdict']} | {md} | {len(c['seeds'])} |")
     for name in declared:  # their claims, as declared, until a full run commits results
         for c in importlib.import_module(f"benchmarks.{name}").make(False).claims:

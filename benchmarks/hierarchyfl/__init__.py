@@ -181,17 +181,20 @@ def make(quick: bool = False) -> Benchmark:
     if not quick:
         claims += [
             Claim("control-distillation-gt-labels", "hierarchyfl > hierarchyfl-labels", "dir0.1",
-                  note="not the paper's: the distillation against the server step with the public labels' CE alone"),
+                  note="not the paper's: the distillation against the server step with the public labels' CE alone",
+                  diagnostic=True),
             Claim("width-not-below-heterofl", "hierarchyfl-width ≥ heterofl-width", "width-dir0.1",
                   note="width tiers: must not fall below HeteroFL (≥: mean above −1 sd, stricter than the issue's 2 sd)"),
         ]
         small = "diagnostic, the small public set (60 images for the server step)"
-        claims += [Claim(f"public60-{s}-tier{t}", "hierarchyfl > heterofl", s + SMALL, metric=f"per_tier.{t}", note=small)
+        claims += [Claim(f"public60-{s}-tier{t}", "hierarchyfl > heterofl", s + SMALL, metric=f"per_tier.{t}", note=small,
+                         diagnostic=True)
                    for s in ("dir0.1", "dir0.5") for t in DEPTH]
-        claims += [Claim("public60-ablation-logits", "hierarchyfl-logits > heterofl", "dir0.1" + SMALL, note=small),
-                   Claim("public60-ablation-features", "hierarchyfl ≥ hierarchyfl-logits", "dir0.1" + SMALL, note=small),
+        claims += [Claim("public60-ablation-logits", "hierarchyfl-logits > heterofl", "dir0.1" + SMALL, note=small, diagnostic=True),
+                   Claim("public60-ablation-features", "hierarchyfl ≥ hierarchyfl-logits", "dir0.1" + SMALL, note=small,
+                         diagnostic=True),
                    Claim("public60-width-not-below-heterofl", "hierarchyfl-width ≥ heterofl-width", "width-dir0.1" + SMALL,
-                         note=small)]
+                         note=small, diagnostic=True)]
 
     def derived(runs: list[dict]) -> list[dict]:
         return paired_difference(runs, "hierarchyfl", "heterofl", "dir0.1", method="gain", as_setting=GAIN)
