@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 
 from edgefl.errors import EdgeflError, WireError
 from edgefl.runtime import simulation
-from edgefl.runtime.parallel import WorkerPool
+from edgefl.runtime.parallel import WorkerPool, device_groups
 from edgefl.runtime.setup import device_ids
 from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import tiny_config
@@ -90,6 +90,17 @@ def test_a_worker_that_dies_fails_its_devices_and_the_others_are_served(tmp_path
     finally:
         pool.close()
     assert len(procs) == 2 and all(not p.is_alive() for p in procs)
+
+
+def test_device_groups_balance_the_work_not_the_count():
+    ids = ["a", "b", "c", "d", "e"]
+    assert device_groups(ids, 2) == [["a", "c", "e"], ["b", "d"]]  # no costs: round-robin
+    # longest first onto the least loaded group (ties: the lower one): b | c, d, a; then e ties at 9 | 9
+    costs = {"a": 1, "b": 9, "c": 5, "d": 3, "e": 1}
+    groups = device_groups(ids, 2, costs)
+    assert groups == [["b", "e"], ["a", "c", "d"]]  # each group in ids' order
+    assert [sum(costs[d] for d in g) for g in groups] == [10, 9]  # round-robin: 7 | 12
+    assert device_groups(ids[:1], 4, costs) == [["a"]]  # never an empty worker
 
 
 def test_a_worker_that_cannot_build_its_devices_is_a_clear_error(tmp_path):

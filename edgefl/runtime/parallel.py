@@ -1,8 +1,13 @@
 """An in-memory simulation on every core: the devices spread over worker processes.
 
-The server and the round loop stay in this process. Worker *k* of *n* builds devices
-``ids[k::n]`` through the same run assembly as the sequential simulation and serves each with the
-same :class:`~edgefl.runtime.agent.DeviceAgent`, so a device does the same computation in either
+The server and the round loop stay in this process. A device lives in one worker for the whole run
+(its state stays there); :func:`device_groups` shares the devices out so that every worker gets
+about the same training work (each device's samples × its model's training FLOPs per sample,
+longest first onto the least loaded worker), not the same number of devices: on the demo's fleet
+(five ResNet depths, Dir(0.5) shards of unequal sizes) a round-robin split left one worker with
+most of the work. Each worker builds its devices through the same run assembly as the sequential
+simulation and serves each with the same :class:`~edgefl.runtime.agent.DeviceAgent`, so a device
+does the same computation in either
 (its model, data and local randomness are seeded per device and round, never drawn from a
 generator that another device advanced): for a seed, results are identical to the sequential run
 at the same number of threads per device.
@@ -46,6 +51,32 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def device_groups(ids: Sequence[str], workers: int, costs: Mapping[str, float] | None = None) -> list[list[str]]:
+    """``ids`` shared out over ``workers`` (at most one group per device). Without ``costs``:
+    round-robin. With them (a device's expected work per round): longest first, each onto the group
+    with the least work so far (ties: the lower group), every group in ``ids``' order."""
+    workers = max(1, min(workers, len(ids)))
+    if costs is None:
+        return [list(ids[k::workers]) for k in range(workers)]
+    load, owner = [0.0] * workers, {}
+    for d in sorted(ids, key=lambda d: (-float(costs[d]), ids.index(d))):
+        k = min(range(workers), key=lambda i: (load[i], i))
+        owner[d] = k
+        load[k] += float(costs[d])
+    return [[d for d in ids if owner[d] == k] for k in range(workers)]
+
+
+def training_costs(run) -> dict[str, float]:
+    """Each device's training work per round in a run assembly: its samples × its model's
+    training FLOPs per sample (what :func:`device_groups` balances)."""
+    from edgefl.profiling import training_flops_per_sample
+
+    def samples(i: int) -> int:
+        return len(run.data.pool) if run.data.parts is None else len(run.data.parts[i])
+
+    return {d: samples(i) * training_flops_per_sample(run.specs[d]) for i, d in enumerate(run.ids)}
 
 
 def _send(conn: Connection, control: Mapping[str, Any], data: bytes = b"") -> None:
@@ -135,13 +166,16 @@ class WorkerPool:
     """``workers`` processes holding ``ids``' devices; a :class:`Transport` for the round loop.
 
     ``threads``: torch threads per worker (default: the cores shared out, at least one), so the
-    machine is not oversubscribed. :attr:`samples` gives each device's number of training samples
-    once the workers are ready."""
+    machine is not oversubscribed. ``costs``: each device's expected work, to balance the workers
+    (:func:`device_groups`; None: round-robin). :attr:`samples` gives each device's number of
+    training samples once the workers are ready."""
 
-    def __init__(self, cfg: RunConfig, ids: Sequence[str], workers: int, *, threads: int | None = None):
+    def __init__(self, cfg: RunConfig, ids: Sequence[str], workers: int, *, threads: int | None = None,
+                 costs: Mapping[str, float] | None = None):
         if workers < 1:
             raise EdgeflError(f"workers must be >= 1 (got {workers})")
-        workers = min(workers, len(ids))
+        groups = device_groups(ids, workers, costs)
+        workers = len(groups)
         self.threads = threads or max(1, default_workers() // workers)
         ctx = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools and locks
         self._conns: list[Connection] = []
@@ -150,8 +184,7 @@ class WorkerPool:
         self.samples: dict[str, int] = {}
         self._seq = 0
         try:
-            for k in range(workers):
-                group = list(ids[k::workers])
+            for k, group in enumerate(groups):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_serve, args=(child, cfg.model_dump_json(), group, self.threads),
                                    name=f"edgefl-worker-{k}", daemon=True)

@@ -40,13 +40,14 @@ class RayPool:
     """A wire transport over ``workers`` Ray actors holding ``ids``' devices (one CPU each)."""
 
     def __init__(self, cfg: RunConfig, ids: Sequence[str], workers: int, *, address: str | None = None,
-                 threads: int = 1):
+                 threads: int = 1, costs: Mapping[str, float] | None = None):
         ray = _ray()
-        from edgefl.runtime.parallel import DeviceGroup
+        from edgefl.runtime.parallel import DeviceGroup, device_groups
 
         if workers < 1:
             raise EdgeflError(f"workers must be >= 1 (got {workers})")
-        workers = min(workers, len(ids))
+        groups = device_groups(ids, workers, costs)
+        workers = len(groups)
         self._started = not ray.is_initialized()
         if self._started:
             kwargs = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
@@ -55,8 +56,7 @@ class RayPool:
         actor = ray.remote(num_cpus=1)(DeviceGroup)
         self.owner: dict[str, int] = {}
         self._actors = []
-        for k in range(workers):
-            group = list(ids[k::workers])
+        for k, group in enumerate(groups):
             self._actors.append(actor.remote(cfg.model_dump_json(), group, threads))
             self.owner.update(dict.fromkeys(group, k))
         try:

@@ -58,14 +58,15 @@ def simulate(
     if backend not in ("processes", "ray"):
         raise ConfigError(f"backend must be processes or ray, got {backend!r}")
     if backend == "ray":
+        from edgefl.runtime.parallel import training_costs
         from edgefl.runtime.ray_pool import RayPool
 
-        pool = RayPool(cfg, run.ids, workers, address=ray_address, threads=cfg.threads or 1)
+        pool = RayPool(cfg, run.ids, workers, address=ray_address, threads=cfg.threads or 1, costs=training_costs(run))
         transport, samples = Encoded(pool), pool.samples
     elif workers > 1:
-        from edgefl.runtime.parallel import WorkerPool
+        from edgefl.runtime.parallel import WorkerPool, training_costs
 
-        pool = WorkerPool(cfg, run.ids, workers, threads=cfg.threads)
+        pool = WorkerPool(cfg, run.ids, workers, threads=cfg.threads, costs=training_costs(run))
         transport, samples = Encoded(pool), pool.samples
     else:
         transport = InMemoryTransport()
