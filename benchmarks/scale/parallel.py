@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=default_workers())
     p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     p.add_argument("--out", type=Path, default=Path("runs/bench-parallel"))
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run sequential and parallel this many times, alternating; speed-ups are the median of the pairs")
     args = p.parse_args(argv)
     command = "python -m benchmarks.scale.parallel " + " ".join(argv or sys.argv[1:])
     results = {"machine": machine(), "command": command, "workloads": {}}
@@ -96,25 +98,55 @@ def main(argv: list[str] | None = None) -> dict:
         results["workloads"] = json.loads((HERE / "parallel.json").read_text())["workloads"]
     for name in args.workload or ["fedavg", "demo"]:
         explicit = WORKLOADS[name]
-        runs = [("sequential", 1, "processes", None), ("sequential_one_thread", 1, "processes", 1),
-                ("parallel", args.workers, "processes", None)]
+        # sequential and parallel alternate (a drifting machine load hits both alike), then the others once
+        runs = [run for _ in range(max(1, args.repeats)) for run in
+                (("sequential", 1, "processes", None), ("parallel", args.workers, "processes", None))]
+        runs.append(("sequential_one_thread", 1, "processes", 1))
         if importlib.util.find_spec("ray") is not None:  # Ray is an optional extra
             runs.append(("ray", args.workers, "ray", None))
         entry: dict = {"config": explicit, "machine": machine(), "command": command, "code": code_version()}
+        measured: dict[str, list[dict]] = {}
         for key, workers, backend, threads in runs:
             print(f"{name}: {key} ({workers} worker(s), backend {backend}, threads {threads or 'default'})…", flush=True)
-            entry[key] = run_once(explicit, workers, args.out, f"{name}-{key}", backend=backend, threads=threads)
-            print(f"  {entry[key]}", flush=True)
-        seq = entry["sequential"]
-        for key in [k for k, *_ in runs if k != "sequential"]:
-            r = entry[key]
-            r["speedup"] = round(seq["wall_seconds"] / r["wall_seconds"], 3)
-            r["device_phase_speedup"] = round(seq["device_phase_seconds"] / r["device_phase_seconds"], 3)
-        entry["server_share_sequential"] = round(seq["server_phase_seconds"] / seq["wall_seconds"], 3)
+            measured.setdefault(key, []).append(
+                run_once(explicit, workers, args.out, f"{name}-{key}", backend=backend, threads=threads))
+            print(f"  {measured[key][-1]}", flush=True)
+        entry.update(summarize(measured))
         results["workloads"][name] = entry
     write_json(HERE / "parallel.json", results)
     (HERE / "parallel.md").write_text(report(results))
     return results
+
+
+def summarize(measured: dict[str, list[dict]]) -> dict:
+    """Each run kind's record (the median over its repeats, with every repeat kept under
+    ``repeats``) and its speed-ups against the sequential run: the median over pairs (repeat i
+    against sequential repeat i; a kind run once against the median sequential run)."""
+    import statistics
+
+    def median_run(rs: list[dict]) -> dict:
+        if len(rs) == 1:
+            return dict(rs[0])
+        out = dict(rs[0])
+        for k in ("wall_seconds", "device_phase_seconds", "server_phase_seconds"):
+            out[k] = round(statistics.median(r[k] for r in rs), 2)
+        return {**out, "repeats": rs}
+
+    seqs = measured["sequential"]
+    entry = {key: median_run(rs) for key, rs in measured.items()}
+    for key, rs in measured.items():
+        if key == "sequential":
+            continue
+        pairs = list(zip(seqs, rs)) if len(rs) == len(seqs) else [(entry["sequential"], r) for r in rs]
+        ratios = [s["wall_seconds"] / r["wall_seconds"] for s, r in pairs]
+        phase = [s["device_phase_seconds"] / r["device_phase_seconds"] for s, r in pairs]
+        entry[key]["speedup"] = round(statistics.median(ratios), 3)
+        entry[key]["device_phase_speedup"] = round(statistics.median(phase), 3)
+        if len(ratios) > 1:
+            entry[key]["speedups"] = [round(x, 3) for x in ratios]
+    seq = entry["sequential"]
+    entry["server_share_sequential"] = round(seq["server_phase_seconds"] / seq["wall_seconds"], 3)
+    return entry
 
 
 def report(results: dict) -> str:
@@ -123,7 +155,9 @@ def report(results: dict) -> str:
         "# In-memory simulation: sequential against worker processes and Ray actors",
         "",
         f"On {m['cores']} cores ({m['cpu']}); each workload's date, command and code are under the table. The runs of a "
-        "workload ran back to back in one invocation; the load average before each run is recorded next to it. Sequential: one process, "
+        "workload ran back to back in one invocation; the load average before each run is recorded next to it (with "
+        "`--repeats N`, sequential and parallel alternate N times: their rows give the median run and each run's wall "
+        "time, the speed-up is the median over the pairs). Sequential: one process, "
         "torch's default threads (every core for one device at a time, as a user runs it; the reference of every "
         "speed-up), then the same on one torch thread. Workers and Ray actors: one per core, one torch thread each; "
         "the server's step runs in the driver process on torch's default threads. Ray: a local Ray started for the "
@@ -140,6 +174,11 @@ def report(results: dict) -> str:
                 continue
             r = w[key]
             speed = "1 (reference)" if key == "sequential" else f"**{r['speedup']:.2f}×**"
+            if r.get("speedups"):
+                speed += f" (pairs: {', '.join(f'{x:.2f}' for x in r['speedups'])})"
+            if r.get("repeats"):
+                walls = ", ".join(f"{x['wall_seconds']:.0f}" for x in r["repeats"])
+                label += f" (median of {len(r['repeats'])}: {walls} s)"
             dspeed = "1" if key == "sequential" else f"{r['device_phase_speedup']:.2f}×"
             lines.append(
                 f"| {name} | {label.format(w=r['workers'])} | {r['wall_seconds']:.1f} | {speed} | {r['device_phase_seconds']:.1f} | "
