@@ -491,3 +491,30 @@ def test_the_uploaded_statistics_deltas_are_relative_to_the_received_statistics(
     state = dev.model.state_dict()
     for k in (k for k in state if "running" in k):
         np.testing.assert_allclose(up.arrays[DELTAS + k], state[k].numpy() - payload.arrays["w/" + k], rtol=0, atol=1e-6)
+
+
+def test_heterofl_and_hierarchyfl_get_identical_partitions_for_a_seed(tmp_path):
+    from edgefl.runtime.setup import assemble
+    from tests.conftest import tiny_config
+
+    common = {"clients": 4, "model": "hierarchy-depth", "tiers": ("1", "2", "3", "4"), "partition": "dirichlet",
+              "alpha": 0.1, "public_fraction": 0.05, "seed": 3}
+    hetero = assemble(tiny_config(tmp_path, algorithm="heterofl", **common))
+    hier = assemble(tiny_config(tmp_path, algorithm="hierarchyfl", **common))
+    # the same public carve-out, the same device pool and Dirichlet draw, the same tiers
+    assert hetero.data.public is not None and len(hetero.data.public) == len(hier.data.public) > 0
+    np.testing.assert_array_equal(hetero.data.public.y.numpy(), hier.data.public.y.numpy())
+    np.testing.assert_array_equal(hetero.data.pool, hier.data.pool)
+    assert len(hetero.data.parts) == len(hier.data.parts) == 4
+    for a, b in zip(hetero.data.parts, hier.data.parts, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert {d: s.tier for d, s in hetero.specs.items()} == {d: s.tier for d, s in hier.specs.items()}
+    # and the benchmark pairs its cells that way: same configuration but the method and its options
+    from benchmarks.hierarchyfl import make
+
+    cells = {(c.method, c.setting, c.seed): c.config for c in make(False).cells}
+    for (method, setting, seed), config in cells.items():
+        if method == "hierarchyfl":
+            other = cells[("heterofl", setting, seed)]
+            differ = {k for k in config.keys() | other.keys() if config.get(k) != other.get(k)}
+            assert differ == {"algorithm", "options"}, (setting, seed, differ)

@@ -330,6 +330,14 @@ def per_tier(results: dict) -> list[str]:
             distil = acc["hierarchyfl"] - acc["hierarchyfl-labels"] if acc["hierarchyfl-labels"] is not None else None
             lines.append(f"| {setting} | {t} | " + " | ".join(f(acc[m]) for m in methods)
                          + f" | {f(bound.get(t))} | {f(gain)} | {f(room)} | {closed} | {f(labels)} | {f(distil)} |")
+    lines += ["", "Per seed (where a paired difference's sd comes from), in %:", "",
+              "| setting | method | " + " | ".join(f"tier {t} by seed" for t in DEPTH) + " |", "|---|---|" + "---|" * len(DEPTH)]
+    for setting in ("dir0.1", "dir0.5"):
+        for method in ("heterofl", "hierarchyfl"):
+            rs = sorted((r for r in runs if (r["method"], r["setting"]) == (method, setting)), key=lambda r: r["seed"])
+            if rs:
+                lines.append(f"| {setting} | {method} | " + " | ".join(
+                    " / ".join(f(r["per_tier"].get(t)) for r in rs) for t in DEPTH) + " |")
     return lines + [""]
 
 
