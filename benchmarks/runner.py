@@ -381,13 +381,16 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
               log: Callable[[str], None] = lambda m: print(m, flush=True)) -> list[dict]:
     """Every cell's record, running the ones not in the cache (``workers`` processes at a time)."""
     records: dict[Cell, dict] = {}
-    todo = []
+    todo, waiting = [], {}  # one run per key: cells that spell one configuration differently share it
     for cell in cells:
         hit = cache.get(cell)
         if hit is not None:
             records[cell] = hit
+        elif cell.key in waiting:
+            waiting[cell.key].append(cell)
         else:
             todo.append(cell)
+            waiting[cell.key] = [cell]
     log(f"{len(cells)} cells: {len(records)} cached, {len(todo)} to run on {workers} worker(s)")
     if todo:
         t0 = time.perf_counter()
@@ -402,7 +405,8 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
                     cell = pending.pop(fut)
                     record = fut.result()  # a failing cell stops the benchmark: it is a bug
                     cache.put(cell, record)
-                    records[cell] = cache.get(cell)
+                    for same in waiting[cell.key]:
+                        records[same] = cache.get(same)
                     done_count += 1
                     log(f"[{done_count}/{len(todo)}] {cell.label}: {100 * record['final_accuracy']:.2f}% "
                         f"in {record['wall_seconds']:.0f}s ({time.perf_counter() - t0:.0f}s elapsed)")

@@ -110,6 +110,14 @@ def test_cells_are_cached_by_configuration_and_parallel_cells_equal_serial_ones(
     relabelled = Cell("renamed", "elsewhere", 0, cells[0].config, role="sweep")
     hit = Cache(tmp_path / "serial").get(relabelled)
     assert hit["method"] == "renamed" and hit["role"] == "sweep" and hit["final_accuracy"] == serial[0]["final_accuracy"]
+    # two cells that spell one configuration differently run once and share the record
+    monkeypatch.undo()
+    spelled = Cell("spelled-out", "synthetic", 0, {**cells[0].config, "options": {}})
+    assert spelled.key == cells[0].key and spelled != cells[0]
+    logs: list[str] = []
+    both = run_cells([cells[0], spelled], Cache(tmp_path / "dedup"), workers=2, log=logs.append)
+    assert "1 to run" in logs[0] and len(list((tmp_path / "dedup").glob("*.json"))) == 1
+    assert both[0]["final_accuracy"] == both[1]["final_accuracy"] and both[1]["method"] == "spelled-out"
 
 
 def test_the_cache_key_covers_resolved_defaults_and_options():
@@ -279,7 +287,7 @@ def test_fedvtc_records_a_sample_grid_from_the_final_generator_and_draws_it(tmp_
     cell = Cell("fedvtc", "synthetic", 0, config)
     # Execute
     record = runner.run_cell(cell, (), "benchmarks.fedvtc:extras")
-    page = fedvtc.figures([record], tmp_path)
+    page = fedvtc.figures({"runs": [record]}, tmp_path)
     # Assert: every class the prototypes know, SAMPLES_PER_CLASS images each, drawn into one figure
     samples = record["samples"]
     assert samples["shape"][:2] == [len(samples["classes"]), fedvtc.SAMPLES_PER_CLASS] and samples["classes"]

@@ -168,6 +168,21 @@ def make(quick: bool = False) -> Benchmark:
                   lambda v: {"server_lr": str(v), "server_momentum": "0"},
                   "the server optimizer without momentum; Dir(0.1) with the small public set", 0.05),
         ]
+
+        def recheck(parameter, grid, options, note, default):
+            """The same question at the main setting (600 public images, 32 rounds with the decay),
+            each value varied from the method's defaults: do they still hold?"""
+            return Sweep(parameter + " (recheck at 600 public images)", grid,
+                         {v: [cell("hierarchyfl", "dir0.1", seed, options=options(v), role="sweep", extra=validation,
+                                   name="sweep-dir0.1") for seed in sweep_seeds] for v in grid},
+                         note=note + "; Dir(0.1) with the paper-sized public set, the other values at the defaults",
+                         default=default)
+
+        sweeps += [
+            recheck("hierarchyfl.beta", BETAS, lambda v: {"beta": str(v)}, "weight of the feature terms", 1.0),
+            recheck("hierarchyfl.temperature", TEMPERATURES, lambda v: {"temperature": str(v)}, "T of the logit distillation", 1.0),
+            recheck("hierarchyfl.server_lr", SERVER_LRS, lambda v: {"server_lr": str(v)}, "the server step's lr (no momentum)", 0.05),
+        ]
     claims = [Claim(f"hierarchyfl-gt-heterofl-{s}-tier{t}", "hierarchyfl > heterofl", s, metric=f"per_tier.{t}")
               for s in ("dir0.1", "dir0.5") if s in claimed for t in DEPTH]
     claims += [Claim(f"gain-smallest-tier-vs-{t}", "gain > gain", GAIN, metric_a="per_tier.1", metric_b=f"per_tier.{t}",
