@@ -245,8 +245,9 @@ that is not the paper's, **hierarchyfl-labels**: the same server step with the p
 alone (no ensemble, no distillation), which tells what the public labels give from what the
 distillation adds. Diagnostic **…{SMALL}** settings: the benchmark's first public set, 2 % of
 6,000 images (60 for the step, 60 for the check; 20 rounds with ×0.1 at rounds {decay[0] + 1} and
-{decay[1] + 1}, 32 at Dir(0.5)), where the claims did not hold; the sweeps ran there, at the
-errata's server lr 0.005 and T = 3, 20 rounds without decay, each varying one of them. Seeds
+{decay[1] + 1}, 32 at Dir(0.5)), where the claims did not hold; the sweeps that chose the defaults ran there, at the
+errata's server lr 0.005 and T = 3, 20 rounds without decay, each varying one of them, and were
+rechecked at the main setting (each value varied from the defaults; "recheck" below). Seeds
 {list(seeds)}.
 
 Both methods evaluate the global sub-models with the global model's averaged BatchNorm statistics
