@@ -16,8 +16,8 @@ from edgefl.algorithms import (
 from edgefl.algorithms.hierarchyfl import (
     DELTAS,
     HeteroFLServer,
-    HierarchyFLServer,
     HierarchyFLOptions,
+    HierarchyFLServer,
     SubModelDevice,
     aligned_average,
     kd_loss,

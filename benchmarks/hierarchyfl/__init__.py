@@ -14,7 +14,15 @@ import statistics
 from typing import Any
 
 from benchmarks.common import decay_rounds
-from benchmarks.runner import Benchmark, Cell, Claim, RunOutput, Sweep, paired_difference
+from benchmarks.runner import (
+    Benchmark,
+    Cell,
+    Claim,
+    RunOutput,
+    Sweep,
+    band_panel,
+    paired_difference,
+)
 
 SEEDS = (0, 1, 2)
 DEPTH = ("1", "2", "3", "4")
@@ -278,7 +286,6 @@ def figures(results: dict, out) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     runs = [r for r in results["runs"] if r["setting"] in CLAIMED]
     settings = [s for s in CLAIMED if any(r["setting"] == s for r in runs)]
@@ -289,24 +296,9 @@ def figures(results: dict, out) -> str:
     for row, setting in zip(axes, settings, strict=True):
         rs = [r for r in runs if r["setting"] == setting]
         for ax, t in zip(row, DEPTH, strict=True):
-            for method in dict.fromkeys(r["method"] for r in rs):
-                mr = [r for r in rs if r["method"] == method]
-                xs = sorted({p["round"] for r in mr for p in r["per_round"] if (p.get("per_tier") or {}).get(t) is not None})
-                arr = 100 * np.array([[next((p["per_tier"][t] for p in r["per_round"]
-                                             if p["round"] == x and (p.get("per_tier") or {}).get(t) is not None), np.nan)
-                                       for x in xs] for r in mr], dtype=float)
-                m, sd = np.nanmean(arr, 0), np.nanstd(arr, 0)
-                (line,) = ax.plot(xs, m, lw=1.3, label=f"{method} (n={len(mr)})")
-                ax.fill_between(xs, m - sd, m + sd, color=line.get_color(), alpha=0.18)
-            if t in bound:
-                ax.axhline(100 * bound[t], ls="--", lw=0.9, color="grey")
-                ax.text(ax.get_xlim()[0], 100 * bound[t], " centralized", fontsize=7, va="bottom", color="grey")
-            ax.set_title(f"{setting}: tier {t} (exit {t})", fontsize=9)
-            ax.set_xlabel("round")
-            ax.set_ylabel("device test accuracy (%)")
-            ax.set_ylim(0, 100)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=6, loc="lower right")
+            band_panel(ax, rs, lambda p, t=t: (p.get("per_tier") or {}).get(t),
+                       {"centralized": bound.get(t)}, f"{setting}: tier {t} (exit {t})", "device test accuracy (%)",
+                       lw=1.3, fontsize=9, legend_size=6)
     fig.suptitle("accuracy per round per depth tier (mean ± sd over seeds)", fontsize=11)
     fig.tight_layout()
     fig.savefig(out / "accuracy_per_tier.png", dpi=100)
@@ -333,7 +325,10 @@ def per_tier(results: dict) -> list[str]:
              "distillation: hierarchyfl − hierarchyfl-labels.", "",
              "| setting | tier | " + " | ".join(methods) + " | bound | gain | headroom | closed | labels | distillation |",
              "|---|---|" + "---|" * (len(methods) + 6)]
-    f = (lambda x: "—" if x is None else f"{100 * x:.1f}")
+
+    def f(x):
+        return "—" if x is None else f"{100 * x:.1f}"
+
     for setting in ("dir0.1", "dir0.5"):
         for t in DEPTH:
             acc = {m: tier_mean(m, setting, t) for m in methods}

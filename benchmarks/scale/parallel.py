@@ -137,7 +137,7 @@ def summarize(measured: dict[str, list[dict]]) -> dict:
     for key, rs in measured.items():
         if key == "sequential":
             continue
-        pairs = list(zip(seqs, rs)) if len(rs) == len(seqs) else [(entry["sequential"], r) for r in rs]
+        pairs = list(zip(seqs, rs, strict=True)) if len(rs) == len(seqs) else [(entry["sequential"], r) for r in rs]
         ratios = [s["wall_seconds"] / r["wall_seconds"] for s, r in pairs]
         phase = [s["device_phase_seconds"] / r["device_phase_seconds"] for s, r in pairs]
         entry[key]["speedup"] = round(statistics.median(ratios), 3)
