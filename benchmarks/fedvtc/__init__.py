@@ -97,9 +97,9 @@ def diagnostics(results: dict) -> str:
     synthetic fine-tune with the oracle's verdict on the averaged ψ it fine-tunes on, ψ every
     round's accuracy and oracle, and the baselines; then how the fine-tune's change follows the
     oracle (Pearson r over the settings' seeds)."""
-    runs = results["runs"]
     import statistics
 
+    runs = results["runs"]
     grid = [r for r in runs if r.get("role") == "grid"]
     by = {(r["setting"], r["method"], r["seed"]): r for r in grid}
 

@@ -132,9 +132,6 @@ def make(quick: bool = False) -> Benchmark:
     def ablation(setting, seed):  # Table II: averaging (HeteroFL) / + ensemble logits / + logits and features
         return [cell("hierarchyfl-logits", setting, seed, options={"ensemble": "logits"})]
 
-    def control(setting, seed):  # not the paper's: the server step with the public labels' CE alone
-        return [cell("hierarchyfl-labels", setting, seed, options={"ensemble": "labels"})]
-
     def width(setting, seed):
         return [cell(m, setting, seed, family="width", name=f"width-{setting}") for m in ("hierarchyfl-width", "heterofl-width")]
 
@@ -143,8 +140,10 @@ def make(quick: bool = False) -> Benchmark:
     for s in claimed:  # the claims' settings first: an interrupted run keeps them
         for seed in seeds:
             cells += [cell("hierarchyfl", s, seed), cell("heterofl", s, seed)]
-    for seed in seeds:
-        cells += ablation("dir0.1", seed) + ([] if quick else control("dir0.1", seed))
+    for seed in seeds:  # the ablation, and (not the paper's) the server step with the public labels' CE alone
+        cells += ablation("dir0.1", seed)
+        if not quick:
+            cells.append(cell("hierarchyfl-labels", "dir0.1", seed, options={"ensemble": "labels"}))
     if not quick:
         for seed in SEEDS:  # the small public set (the benchmark's first runs), a diagnostic
             cells += [cell(m, s + SMALL, seed) for s in CLAIMED for m in ("hierarchyfl", "heterofl")]
@@ -159,10 +158,11 @@ def make(quick: bool = False) -> Benchmark:
     validation = {"validation_samples": 200 if quick else 1000}
     swept = "dir0.1" if quick else "dir0.1" + SMALL
 
-    def sweep(parameter, grid, options, note, default):
+    def sweep(parameter, grid, options, note, default, *, at=swept, start=SWEPT_AT):
+        """``options(v)`` for each value of ``grid`` over ``start``, on ``at``'s validation split."""
         grid = grid[:2] if quick else grid
-        return Sweep(parameter, grid, {v: [cell("hierarchyfl", swept, seed, options={**SWEPT_AT, **options(v)},
-                                                 role="sweep", extra=validation, name="sweep-" + swept)
+        return Sweep(parameter, grid, {v: [cell("hierarchyfl", at, seed, options={**start, **options(v)},
+                                                 role="sweep", extra=validation, name="sweep-" + at)
                                             for seed in sweep_seeds]
                                        for v in grid}, note=note, default=default if default in grid else None)
 
@@ -180,11 +180,9 @@ def make(quick: bool = False) -> Benchmark:
         def recheck(parameter, grid, options, note, default):
             """The same question at the main setting (600 public images, 32 rounds with the decay),
             each value varied from the method's defaults: do they still hold?"""
-            return Sweep(parameter + " (recheck at 600 public images)", grid,
-                         {v: [cell("hierarchyfl", "dir0.1", seed, options=options(v), role="sweep", extra=validation,
-                                   name="sweep-dir0.1") for seed in sweep_seeds] for v in grid},
-                         note=note + "; Dir(0.1) with the paper-sized public set, the other values at the defaults",
-                         default=default)
+            return sweep(parameter + " (recheck at 600 public images)", grid, options,
+                         note + "; Dir(0.1) with the paper-sized public set, the other values at the defaults",
+                         default, at="dir0.1", start={})
 
         sweeps += [
             recheck("hierarchyfl.beta", BETAS, lambda v: {"beta": str(v)}, "weight of the feature terms", 1.0),

@@ -61,10 +61,10 @@ def device_groups(ids: Sequence[str], workers: int, costs: Mapping[str, float] |
     if costs is None:
         return [list(ids[k::workers]) for k in range(workers)]
     load, owner = [0.0] * workers, {}
-    for d in sorted(ids, key=lambda d: (-float(costs[d]), ids.index(d))):
-        k = min(range(workers), key=lambda i: (load[i], i))
-        owner[d] = k
-        load[k] += float(costs[d])
+    for i in sorted(range(len(ids)), key=lambda i: (-float(costs[ids[i]]), i)):
+        k = min(range(workers), key=lambda w: (load[w], w))
+        owner[ids[i]] = k
+        load[k] += float(costs[ids[i]])
     return [[d for d in ids if owner[d] == k] for k in range(workers)]
 
 
