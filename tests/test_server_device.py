@@ -25,7 +25,13 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefl.models import family_tiers
 from edgefl.runtime import simulation
-from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
+from edgefl.runtime.fleet import (
+    SIMULATED_PROFILE,
+    DeviceLauncher,
+    data_spec_for,
+    device_command,
+    start_device,
+)
 from edgefl.runtime.server import ServeOptions, serve
 from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
 from edgefl.transport.mqtt import Topics
@@ -51,9 +57,11 @@ def profile_file(tmp_path):
     return p
 
 
-def spawn(url, fleet, cfg, index, tmp_path, profile_file, *, delay=0.0, suffix="", tier=None):
+def spawn(url, fleet, cfg, index, tmp_path, profile_file, *, delay=0.0, suffix="", tier=None, launcher=None):
     device_id = f"d{index:02d}"
     cmd = device_command(url, fleet, device_id, data_spec_for(cfg, index), profile_file=profile_file, delay=delay, verbose=True, tier=tier)
+    if launcher is not None:
+        return launcher.start(cmd, tmp_path / f"{device_id}{suffix}.log")
     return start_device(cmd, tmp_path / f"{device_id}{suffix}.log")
 
 
@@ -127,7 +135,11 @@ def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monke
         t, box = serve_in_thread(cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}), ServeOptions(broker=broker.url, fleet=fleet, deadline=60))
         # the simulator's tier of each device (as `simulate --transport mqtt` gives them)
         tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
-        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)]) for i in range(3)]
+        # the chunked case's devices are forked from the fork server `simulate --transport mqtt`
+        # uses (they must see the chunk settings set here, after that server may have started)
+        launcher = DeviceLauncher("fork") if chunked else None
+        assert launcher is None or launcher.launch == "fork"
+        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)], launcher=launcher) for i in range(3)]
         t.join(300)
         codes = finish(procs)
     finally:

@@ -61,8 +61,25 @@ CANDIDATES = {
     # so each depth group's union of Dir(0.5) shares covers the classes more evenly
     "decay9-cvae2-30dev": {"clients": 30, "train_samples": 14000, "epochs": 2, "lr": 3e-3, "lr_decay_rounds": (9,),
                            "options": {"cvae_interval": "2"}},
+    # more local training per round: device training is about 5 s of a 10 s MQTT round at the
+    # chosen budget (the rest is start-up, the CVAE and evaluation), so the demo can afford more
+    "decay9-cvae2-3ep": {"train_samples": 14000, "epochs": 3, "lr": 3e-3, "lr_decay_rounds": (9,),
+                         "options": {"cvae_interval": "2"}},
+    "decay9-cvae2-24k-2ep": {"train_samples": 26000, "epochs": 2, "lr": 3e-3, "lr_decay_rounds": (9,),
+                             "options": {"cvae_interval": "2"}},
+    "decay9-cvae2-18k-2ep": {"train_samples": 20000, "epochs": 2, "lr": 3e-3, "lr_decay_rounds": (9,),
+                             "options": {"cvae_interval": "2"}},
+    "decay9-cvae2-18k-3ep": {"train_samples": 20000, "epochs": 3, "lr": 3e-3, "lr_decay_rounds": (9,),
+                             "options": {"cvae_interval": "2"}},
 }
 SEEDS = (0, 1)
+#: The second stage: the budgets that fit the demo's four minutes once device processes are forked
+#: from a preloaded fork server (the MQTT demo at 12k-2ep took 114 s, of which device training is
+#: about 5 s a round), run at two more seeds. A candidate's images change its Dirichlet partition,
+#: and the partition moves a seed's accuracy by several points (12k-2ep: 66 and 73 %), so two seeds
+#: cannot rank budgets a point or two apart; the choice is the best mean over all four.
+FINALISTS = ("decay9-cvae2", "decay9-cvae2-3ep", "decay9-cvae2-18k-2ep", "decay9-cvae2-24k-2ep", "decay9-cvae2-18k-3ep")
+FINAL_SEEDS = (0, 1, 2, 3)
 #: options that are the paper's own knobs (its Table 4 varies the CVAE's interval), not departures
 PAPER_OPTIONS = {"cvae_interval"}
 
@@ -72,7 +89,7 @@ def cells(labels=None) -> list[Cell]:
     for label, settings in CANDIDATES.items():
         if labels and label not in labels:
             continue
-        for seed in SEEDS:
+        for seed in FINAL_SEEDS if label in FINALISTS else SEEDS:
             out.append(Cell(label, "demo-dir0.5-validation", seed, {**BASE, **settings}, "sweep"))
     return out
 
