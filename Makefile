@@ -31,7 +31,7 @@ demo: venv data
 	@rm -rf $(DEMO) && mkdir -p $(DEMO) && date +%s > $(DEMO)/started-at
 	$(VENV)/bin/edgefl simulate --transport mqtt --algorithm velo --dataset fashion-mnist \
 		--clients 20 --rounds 12 --partition dirichlet --alpha 0.5 --lr 0.003 --lr-decay-rounds 9 --option cvae_interval=2 \
-		--train-samples 12000 --test-samples 2000 --eval-every 2 --eval-samples 1000 \
+		--train-samples 18000 --epochs 3 --test-samples 2000 --eval-every 2 --eval-samples 1000 \
 		--seed 0 --out runs --run-name demo \
 		--compare-local --reference-cache benchmarks/demo
 	$(VENV)/bin/edgefl export --run $(DEMO) --all --out $(DEMO)/onnx --quantize int8 --test-samples 2000

@@ -7,7 +7,7 @@ Devices get shard *i* of the partition the simulator would make and tier ``tiers
 results match the in-memory run for the same seed.
 
 Device processes are forked from a fork server that has already imported torch and edgefl
-(:class:`DeviceLauncher`), so a fleet of N processes does not pay N interpreter start-ups and torch
+(:class:`DeviceLauncher`, :mod:`edgefl.runtime.processes`), so a fleet of N processes does not pay N interpreter start-ups and torch
 imports (1.7 s of CPU each, measured): each is still its own OS process running ``edgefl train``
 with its own MQTT connection. Where the fork server is not available (Windows), or with
 ``launch="exec"``, each device is a fresh ``python -m edgefl.cli.main train`` (:func:`start_device`).
@@ -29,6 +29,7 @@ from typing import Any, Literal
 from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import device_model_path
+from edgefl.runtime.processes import has_fork_server, preloaded_context
 from edgefl.runtime.server import ServeOptions, serve
 from edgefl.runtime.setup import DataSpec, device_ids, run_dir_for, run_tiers
 from edgefl.transport.broker import EmbeddedBroker
@@ -93,12 +94,6 @@ def start_device(cmd: Sequence[str], log_path: Path | None = None) -> subprocess
             out.close()
 
 
-#: What the fork server imports once, before it forks device processes: the device's import path, and
-#: torch._dynamo, which torch.optim imports when the first optimizer is made (2.5 s of CPU, measured).
-PRELOAD = ["edgefl.cli.main", "torch", "torch._dynamo", "edgefl.runtime.device", "edgefl.runtime.agent", "edgefl.algorithms",
-           "edgefl.data", "edgefl.models"]
-
-
 def _device_main(argv: list[str], log_path: str | None, environ: dict[str, str]) -> None:
     """A forked device process: ``edgefl <argv>`` with stdout and stderr going to ``log_path``, in
     the environment the launcher had when it started this device (the fork server's own is the
@@ -156,10 +151,7 @@ class DeviceLauncher:
     def __init__(self, launch: Literal["fork", "exec"] = "fork"):
         if launch not in ("fork", "exec"):
             raise ConfigError(f"launch must be 'fork' or 'exec', not {launch!r}")
-        self.ctx = None
-        if launch == "fork" and "forkserver" in multiprocessing.get_all_start_methods():
-            self.ctx = multiprocessing.get_context("forkserver")
-            self.ctx.set_forkserver_preload(PRELOAD)
+        self.ctx = preloaded_context() if launch == "fork" and has_fork_server() else None
 
     @property
     def launch(self) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import struct
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 from edgefl.config import RunConfig
 from edgefl.errors import EdgeflError
+from edgefl.runtime.processes import preloaded_context
 from edgefl.transport.base import Accept, Delivery, answered
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,9 @@ class WorkerPool:
         groups = device_groups(ids, workers, costs)
         workers = len(groups)
         self.threads = threads or max(1, default_workers() // workers)
-        ctx = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools and locks
+        # forked from a fork server that only imported torch (forking this process would copy
+        # torch's thread pools and locks); spawn where there is none
+        ctx = preloaded_context()
         self._conns: list[Connection] = []
         self._procs = []
         self.owner: dict[str, int] = {}
