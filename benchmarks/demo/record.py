@@ -62,7 +62,6 @@ def main() -> None:
         "bytes_down_per_round": summary["bytes_down_per_round"],
         "group_labels": group_labels(args.run),
     }
-    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     groups = results["group_labels"]
     felo_velo = json.loads((HERE.parent / "felo_velo" / "results.json").read_text())
     iid = f"{100 * felo_velo['bounds']['local_iid']:.1f} %"
@@ -71,13 +70,26 @@ def main() -> None:
         f"{groups[t]['rare_classes']} | {', '.join(map(str, groups[t]['class_counts']))} |"
         for t, a in summary["tier_accuracy"].items() if local and t in local["tier_accuracy"]
     )
+    rounds = [json.loads(line) for line in (args.run / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    collect = sum(r.get("collect_seconds", 0) for r in rounds)
+    server = sum(r.get("aggregate_seconds", 0) for r in rounds)
+    total = sum(r.get("round_seconds", 0) for r in rounds)
+    results["round_seconds"] = {"rounds": round(total, 1), "devices_phase": round(collect, 1), "server_step": round(server, 1)}
+    timing = (f"{total:.0f} s in rounds, of which {collect:.0f} s waiting for the devices' replies (training, and the "
+              f"first round's start of the device processes) and {server:.0f} s in the server's step (the CVAE every second "
+              f"round); the rest of the {args.seconds:.0f} s is the start-up, the evaluation, the Local reference from the cache, the "
+              "export with int8 and ONNX Runtime's evaluation")
     m = results["machine_after"]
+    cfg = json.loads((args.run / "config.json").read_text())
+    decay = ", ".join(str(r + 1) for r in cfg.get("lr_decay_rounds") or ()) or "never"
+    options = ", ".join(f"{k}={v}" for k, v in (cfg.get("options") or {}).items()) or "none"
     text = f"""# `make demo`: measured
 
-Velo over MQTT (embedded broker, {results['devices']} device processes, ResNet10/14/18/22/26 at width 0.125,
-{results['devices'] // 5} devices per depth), real Fashion-MNIST (12,000 training images), Dir(0.5), {results['rounds']} rounds
-of 2 local epochs with Adam at lr 3e-3, ×0.1 from round 10, the CVAE trained every second round (the budget chosen on a
-validation split: [tune/](tune/results.md));
+Velo over MQTT (embedded broker, {results['devices']} device processes, ResNet10/14/18/22/26 at width {cfg['width']:g},
+{results['devices'] // 5} devices per depth), real Fashion-MNIST ({cfg['train_samples']:,} training images), Dir({cfg['alpha']:g}),
+{results['rounds']} rounds of {cfg['epochs']} local epochs with Adam at lr {cfg['lr']:g} (batch {cfg['batch_size']}), ×0.1 from
+round {decay}, options {options} (the CVAE trained every second round): the budget chosen on a
+validation split over four seeds ([tune/](tune/results.md));
 then ONNX export with int8 and ONNX Runtime evaluation. Written by `python -m benchmarks.demo.record`
 from `runs/demo`.
 
@@ -99,13 +111,16 @@ from `runs/demo`.
 The weights of one depth are averaged over its {results['devices'] // 5} devices, so each tier's model learns from the
 union of their data. Under Dir(0.5) that union still lacks some classes (the last two columns,
 rebuilt from the run's partition); Felo/Velo's knowledge regularises each device on its own labels
-and does not teach a class its depth group has almost no images of. This label skew is what the
-70 % target runs into: the same models reach {iid} in `benchmarks/felo_velo` when each device's
-data is IID (Local, 800 images per device, 12 rounds), and the paper's own CIFAR-10 numbers fall
-from 76 % (IID) to 57 % (Dir(0.5)).
+and does not teach a class its depth group has almost no images of, so the tiers whose groups miss
+classes stay lowest. For scale: the same models reach {iid} in `benchmarks/felo_velo` when each
+device's data is IID (Local, 800 images per device, 12 rounds), and the paper's own CIFAR-10
+numbers fall from 76 % (IID) to 57 % (Dir(0.5)).
+
+Where the time goes ({results['rounds']} rounds, from `runs/demo/rounds.jsonl`): {timing}.
 
 ![accuracy per round](accuracy.png)
 """
+    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (HERE / "README.md").write_text(text)
     png = args.run / "accuracy.png"
     if png.exists():
