@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from edgefl import __version__
+from edgefl.cli.main import main as entry
 from edgefl.errors import ConfigError
 from edgefl.runtime.fleet import DeviceLauncher
 
@@ -16,7 +17,7 @@ CLI = [sys.executable, "-m", "edgefl.cli.main"]
 
 @pytest.mark.parametrize("launch", ["fork", "exec"])
 def test_a_launched_process_runs_the_cli_into_its_log_with_its_exit_code(tmp_path, launch):
-    launcher = DeviceLauncher(launch)
+    launcher = DeviceLauncher(launch, entry)
     ok = launcher.start([*CLI, "--version"], tmp_path / "ok.log")
     bad = launcher.start([*CLI, "train", "--no-such-option"], tmp_path / "bad.log")
     assert ok.wait(timeout=60) == 0
@@ -26,7 +27,7 @@ def test_a_launched_process_runs_the_cli_into_its_log_with_its_exit_code(tmp_pat
 
 
 def test_forked_processes_see_the_environment_of_when_they_were_started(tmp_path, monkeypatch):
-    launcher = DeviceLauncher("fork")
+    launcher = DeviceLauncher("fork", entry)
     assert launcher.launch == "fork"  # Linux has fork servers
     launcher.start([*CLI, "--version"], tmp_path / "warm.log").wait(timeout=60)  # the fork server is up
     monkeypatch.setenv("EDGEFL_CONFIG", str(tmp_path / "missing.toml"))  # set after it started
@@ -38,3 +39,7 @@ def test_forked_processes_see_the_environment_of_when_they_were_started(tmp_path
 def test_an_unknown_launch_is_refused():
     with pytest.raises(ConfigError, match="fork"):
         DeviceLauncher("thread")
+
+
+def test_without_an_entry_point_devices_are_execd():
+    assert DeviceLauncher("fork").launch == "exec"

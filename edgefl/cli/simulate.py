@@ -154,9 +154,16 @@ def simulate(
                   f"{cfg.rounds} rounds, transport {transport}" + (f", {workers} worker processes" if transport == "memory" and workers != 1 else ""),
                   highlight=False)
     if transport == "mqtt":
+        import functools
+        import runpy
+
         from edgefl.runtime.fleet import simulate_mqtt
 
-        summary = simulate_mqtt(cfg, broker=broker, on_round=on_round)
+        # each device process runs `edgefl train` as `python -m edgefl.cli.main` would (named, not
+        # imported: edgefl.cli.main imports this module)
+        entry = functools.partial(runpy.run_module, "edgefl.cli.main", run_name="__main__", alter_sys=True)
+
+        summary = simulate_mqtt(cfg, broker=broker, on_round=on_round, entry=entry)
     elif transport == "memory":
         if workers < 0:
             raise ConfigError(f"--workers must be >= 0 (got {workers})")

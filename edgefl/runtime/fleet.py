@@ -94,7 +94,7 @@ def start_device(cmd: Sequence[str], log_path: Path | None = None) -> subprocess
             out.close()
 
 
-def _device_main(argv: list[str], log_path: str | None, environ: dict[str, str]) -> None:
+def _device_main(entry: Callable[[], None], argv: list[str], log_path: str | None, environ: dict[str, str]) -> None:
     """A forked device process: ``edgefl <argv>`` with stdout and stderr going to ``log_path``, in
     the environment the launcher had when it started this device (the fork server's own is the
     one it was started with; what torch reads when it is imported, such as OMP_*, stays that)."""
@@ -108,9 +108,7 @@ def _device_main(argv: list[str], log_path: str | None, environ: dict[str, str])
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     sys.argv = ["edgefl", *argv]
-    from edgefl.cli.main import main
-
-    main()
+    entry()
 
 
 class DeviceProcess:
@@ -148,10 +146,13 @@ class DeviceLauncher:
     """Starts ``edgefl train`` device processes, forked from a fork server that imported torch and
     edgefl once (``launch="fork"``, where the platform has one), or exec'd one by one."""
 
-    def __init__(self, launch: Literal["fork", "exec"] = "fork"):
+    def __init__(self, launch: Literal["fork", "exec"] = "fork", entry: Callable[[], None] | None = None):
+        """``entry``: the ``edgefl`` command's entry point (``edgefl.cli.main.main``, which reads
+        ``sys.argv``), given by the CLI layer that owns it; without it every device is exec'd."""
         if launch not in ("fork", "exec"):
             raise ConfigError(f"launch must be 'fork' or 'exec', not {launch!r}")
-        self.ctx = preloaded_context() if launch == "fork" and has_fork_server() else None
+        self.entry = entry
+        self.ctx = preloaded_context() if launch == "fork" and entry is not None and has_fork_server() else None
 
     @property
     def launch(self) -> str:
@@ -163,7 +164,7 @@ class DeviceLauncher:
             return start_device(cmd, log_path)
         argv = list(cmd)[3:]
         log = None if log_path is None else str(log_path)
-        process = self.ctx.Process(target=_device_main, args=(argv, log, {**os.environ, "PYTHONUNBUFFERED": "1"}),
+        process = self.ctx.Process(target=_device_main, args=(self.entry, argv, log, {**os.environ, "PYTHONUNBUFFERED": "1"}),
                                    name="edgefl-device", daemon=False)
         process.start()
         return DeviceProcess(process)
@@ -178,9 +179,11 @@ def simulate_mqtt(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     verbose: bool = False,
     launch: Literal["fork", "exec"] = "fork",
+    entry: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """``cfg``'s run with a broker, this process as the server and one process per device
-    (forked from a fork server, or exec'd: :class:`DeviceLauncher`)."""
+    (forked from a fork server into ``entry``, the CLI's entry point, or exec'd without one:
+    :class:`DeviceLauncher`)."""
     if cfg.validation_samples:
         raise ConfigError("validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the test split")
     embedded = None
@@ -193,7 +196,7 @@ def simulate_mqtt(
     log_dir = run_dir / "device-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     tiers = run_tiers(cfg)
-    launcher = DeviceLauncher(launch)
+    launcher = DeviceLauncher(launch, entry)
     procs: list[DeviceProcess | subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="edgefl-fleet-") as tmp:
         profile_file = Path(tmp) / "profile.json"
