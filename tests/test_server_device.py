@@ -23,7 +23,7 @@ import pytest
 import safetensors.numpy
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgefl.cli.main import main as cli_main
+from edgefl.cli.simulate import device_entry
 from edgefl.models import family_tiers
 from edgefl.runtime import simulation
 from edgefl.runtime.fleet import (
@@ -138,7 +138,7 @@ def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monke
         tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
         # the chunked case's devices are forked from the fork server `simulate --transport mqtt`
         # uses (they must see the chunk settings set here, after that server may have started)
-        launcher = DeviceLauncher("fork", cli_main) if chunked else None
+        launcher = DeviceLauncher(device_entry) if chunked else None
         assert launcher is None or launcher.launch == "fork"
         procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)], launcher=launcher) for i in range(3)]
         t.join(300)

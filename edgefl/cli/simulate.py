@@ -13,6 +13,14 @@ from edgefl.errors import ConfigError
 err = Console(stderr=True)
 
 
+def device_entry() -> None:
+    """What a forked device process runs: the ``edgefl`` command's entry point, which reads
+    ``sys.argv`` (imported when called: edgefl.cli.main imports this module)."""
+    from edgefl.cli.main import main
+
+    main()
+
+
 def _split(value: str | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
 
@@ -154,16 +162,9 @@ def simulate(
                   f"{cfg.rounds} rounds, transport {transport}" + (f", {workers} worker processes" if transport == "memory" and workers != 1 else ""),
                   highlight=False)
     if transport == "mqtt":
-        import functools
-        import runpy
-
         from edgefl.runtime.fleet import simulate_mqtt
 
-        # each device process runs `edgefl train` as `python -m edgefl.cli.main` would (named, not
-        # imported: edgefl.cli.main imports this module)
-        entry = functools.partial(runpy.run_module, "edgefl.cli.main", run_name="__main__", alter_sys=True)
-
-        summary = simulate_mqtt(cfg, broker=broker, on_round=on_round, entry=entry)
+        summary = simulate_mqtt(cfg, broker=broker, on_round=on_round, entry=device_entry)
     elif transport == "memory":
         if workers < 0:
             raise ConfigError(f"--workers must be >= 0 (got {workers})")

@@ -9,8 +9,8 @@ results match the in-memory run for the same seed.
 Device processes are forked from a fork server that has already imported torch and edgefl
 (:class:`DeviceLauncher`, :mod:`edgefl.runtime.processes`), so a fleet of N processes does not pay N interpreter start-ups and torch
 imports (1.7 s of CPU each, measured): each is still its own OS process running ``edgefl train``
-with its own MQTT connection. Where the fork server is not available (Windows), or with
-``launch="exec"``, each device is a fresh ``python -m edgefl.cli.main train`` (:func:`start_device`).
+with its own MQTT connection. Without an entry point to fork into, or where the platform has no
+fork server (Windows), each device is a fresh ``python -m edgefl.cli.main train`` (:func:`start_device`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
@@ -143,16 +143,14 @@ class DeviceProcess:
 
 
 class DeviceLauncher:
-    """Starts ``edgefl train`` device processes, forked from a fork server that imported torch and
-    edgefl once (``launch="fork"``, where the platform has one), or exec'd one by one."""
+    """Starts ``edgefl train`` device processes: forked from a fork server that imported torch and
+    edgefl once, into ``entry`` (the ``edgefl`` command's entry point, which reads ``sys.argv``,
+    given by the CLI layer that owns it); exec'd one by one without an entry point or where the
+    platform has no fork server."""
 
-    def __init__(self, launch: Literal["fork", "exec"] = "fork", entry: Callable[[], None] | None = None):
-        """``entry``: the ``edgefl`` command's entry point (``edgefl.cli.main.main``, which reads
-        ``sys.argv``), given by the CLI layer that owns it; without it every device is exec'd."""
-        if launch not in ("fork", "exec"):
-            raise ConfigError(f"launch must be 'fork' or 'exec', not {launch!r}")
+    def __init__(self, entry: Callable[[], None] | None = None):
         self.entry = entry
-        self.ctx = preloaded_context() if launch == "fork" and entry is not None and has_fork_server() else None
+        self.ctx = preloaded_context() if entry is not None and has_fork_server() else None
 
     @property
     def launch(self) -> str:
@@ -178,7 +176,6 @@ def simulate_mqtt(
     deadline: float = 600.0,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     verbose: bool = False,
-    launch: Literal["fork", "exec"] = "fork",
     entry: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """``cfg``'s run with a broker, this process as the server and one process per device
@@ -196,7 +193,7 @@ def simulate_mqtt(
     log_dir = run_dir / "device-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     tiers = run_tiers(cfg)
-    launcher = DeviceLauncher(launch, entry)
+    launcher = DeviceLauncher(entry)
     procs: list[DeviceProcess | subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="edgefl-fleet-") as tmp:
         profile_file = Path(tmp) / "profile.json"
@@ -215,7 +212,6 @@ def simulate_mqtt(
             summary = serve(full, opts, on_round=on_round)
             summary["broker"] = "embedded amqtt" if embedded else broker
             summary["device_processes"] = len(procs)
-            summary["device_launch"] = launcher.launch
             return summary
         finally:
             for p in procs:
