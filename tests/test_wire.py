@@ -159,6 +159,34 @@ def test_a_deeply_nested_header_is_refused_before_json_parsing():
     assert json_depth(b'{"a": "[[[[\\"{{", "b": [[1]]}') == 3  # brackets inside strings do not count
 
 
+def test_nesting_is_measured_on_the_parsed_header_and_bounded():
+    from edgefl.wire.envelope import nesting
+
+    assert [nesting(v) for v in (1, "[[", [], {"a": [1, {"b": []}]}, [[[[[]]]]])] == [0, 0, 1, 4, 5]
+    header = json.dumps({"t": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}, "__metadata__": {}}).encode()
+    data = struct.pack("<Q", len(header)) + header
+    with pytest.raises(WireError, match="header nests 4 deep"):  # the limit is 3 levels
+        decode(data, Limits(max_depth=3))
+
+
+def test_a_header_is_checked_once_and_each_caller_gets_its_own_metadata():
+    from edgefl.wire import envelope
+    from edgefl.wire.validate import peek
+
+    data = encode(_env())
+    envelope._checked_header.cache_clear()
+    first = peek(data)
+    first.meta["tag"] = "changed by one reader"
+    again = peek(data)
+    assert envelope._checked_header.cache_info().hits == 1  # the second look did not check it again
+    assert again.meta == {"num_samples": 12, "tag": "x"} == decode(data).payload.meta
+    bad = _tamper_header(data, lambda h: h["__metadata__"].update(round="-1"))
+    for _ in range(2):  # a refused header is refused every time, never remembered
+        with pytest.raises(WireError, match="round"):
+            peek(bad)
+    assert envelope._checked_header.cache_info().currsize == 1
+
+
 @pytest.mark.parametrize(
     ("field", "value", "reason"),
     [

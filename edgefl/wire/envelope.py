@@ -5,10 +5,10 @@ routing fields (schema, kind, fleet, round, device, message id, algorithm, tier,
 payload's small scalar metadata as one JSON object, and a CRC-32 checksum.
 
 Nothing that arrives here is ever unpickled, ``torch.load``-ed or ``eval``-ed. Decoding goes, in
-order: the message size; the 8-byte header length (bounded); the header's nesting depth, measured
-on its bytes without parsing (:func:`json_depth`); ``json.loads`` of the header, of which edgefl
-reads only ``__metadata__``; the routing fields and the payload metadata against their pydantic
-models (:mod:`edgefl.wire.schema`); then the ``safetensors`` library itself reads the tensors (it
+order: the message size; the 8-byte header length (bounded); ``json.loads`` of the header (linear;
+a text nested past the interpreter's recursion limit is refused by it), then its nesting depth
+(bounded), of which edgefl reads only ``__metadata__``; the routing fields and the payload metadata
+against their pydantic models (:mod:`edgefl.wire.schema`); then the ``safetensors`` library itself reads the tensors (it
 checks dtypes, shapes and that the byte ranges tile the body); then dtype whitelist, finite
 values, and the checksum. Every failure is a :class:`~edgefl.errors.WireError`.
 
@@ -26,6 +26,7 @@ not match the request it pretends to answer. CRC-32 rather than SHA-256 because 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import secrets
@@ -256,19 +257,46 @@ def json_depth(raw: bytes) -> int:
     return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
 
 
+def nesting(value: Any) -> int:
+    """The nesting depth of a parsed JSON value (0 for a scalar), level by level (no recursion)."""
+    depth, level = 0, [value]
+    while True:
+        containers = [v for v in level if isinstance(v, (dict, list))]
+        if not containers:
+            return depth
+        depth += 1
+        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
+
+
 def _loads(raw: bytes, max_depth: int, what: str) -> Any:
-    depth = json_depth(raw)
+    """``raw`` parsed, refused past ``max_depth`` levels of nesting. ``json.loads`` runs first: it is
+    linear in the bytes and stops a deep text by itself at the interpreter's recursion limit (a
+    RecursionError, refused here like any other defect), so the depth of what it returns is bounded
+    before edgefl reads it; only that refusal measures the text's depth (:func:`json_depth`)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise WireError(f"{what} nests {json_depth(raw)} deep (limit {max_depth})") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise WireError(f"{what} is not JSON: {e}") from None
+    depth = nesting(value)
     if depth > max_depth:
         raise WireError(f"{what} nests {depth} deep (limit {max_depth})")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise WireError(f"{what} is not JSON: {e}") from None
+    return value
+
+
+#: headers up to this size are checked once per distinct header (:func:`_checked_header`)
+HEADER_CACHE_BYTES = 16 * 1024
 
 
 def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], int]:
     """The checked routing header, the checked payload metadata and the number of tensors the
-    header lists, of an envelope; its tensors are not read."""
+    header lists, of an envelope; its tensors are not read.
+
+    A message is looked at by several layers (the transport routes and de-duplicates it, the
+    runtime decodes it, a log line reads its kind), so the check of a header of at most
+    ``HEADER_CACHE_BYTES`` is remembered for the last 256 distinct headers: the same bytes under
+    the same limits give the same result, and a header that fails is never remembered."""
     if len(data) > limits.max_bytes:
         raise WireError(f"message of {len(data)} bytes exceeds the limit of {limits.max_bytes}")
     if len(data) < 8:
@@ -276,7 +304,13 @@ def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], in
     (n,) = struct.unpack("<Q", bytes(data[:8]))
     if n > min(limits.max_header_bytes, len(data) - 8):
         raise WireError(f"header length {n} is out of bounds")
-    header = _loads(bytes(data[8 : 8 + n]), limits.max_depth, "header")
+    raw = bytes(data[8 : 8 + n])
+    header, meta, tensors = (_checked_header if n <= HEADER_CACHE_BYTES else _check_header)(raw, limits)
+    return header, dict(meta), tensors  # the metadata's values are scalars: a copy is the caller's own
+
+
+def _check_header(raw: bytes, limits: Limits) -> tuple[Header, dict[str, Any], int]:
+    header = _loads(raw, limits.max_depth, "header")
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
     tensors = len(header) - ("__metadata__" in header)
@@ -287,9 +321,12 @@ def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], in
         raise WireError("envelope metadata is missing")
     if routing.get("schema") != SCHEMA_VERSION:
         raise WireError(f"schema version {str(routing.get('schema'))[:16]!r} is not supported (want {SCHEMA_VERSION})")
-    checked = validate(Header, routing, "envelope header")
+    checked = validate(Header, routing, "envelope header")  # frozen: safe to hand out again
     meta = _loads(checked.meta.encode(), 1, "payload metadata")
     return checked, check_meta(checked.kind, meta), tensors
+
+
+_checked_header = functools.lru_cache(maxsize=256)(_check_header)
 
 
 def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
