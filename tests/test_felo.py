@@ -337,6 +337,25 @@ def test_cvae_learns_class_conditional_gaussians():
     assert untrained_fit < 0.75
 
 
+def test_cvae_training_is_the_same_at_any_caller_thread_count_and_restores_it():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(3), 40)
+    feats = rng.normal(size=(len(labels), 8)).astype(np.float32) + labels[:, None]
+    threads = torch.get_num_threads()
+    weights = []
+    try:
+        for caller in (2, 1):
+            torch.set_num_threads(caller)
+            torch.manual_seed(0)
+            cvae = CVAE(3, 8, embed_dim=16)
+            train_cvae(cvae, feats, labels, epochs=2, batch_size=20, lr=1e-3, seed=0)
+            assert torch.get_num_threads() == caller  # the caller's count, back after training
+            weights.append({k: v.clone() for k, v in cvae.state_dict().items()})
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # trained at one thread both times
+
+
 def test_velo_server_trains_the_cvae_and_checkpoints_it_as_arrays(tmp_path):
     # Prepare: points around per-class centres
     options = VeloOptions(cvae_epochs=3, warmup_fraction=0.0)
