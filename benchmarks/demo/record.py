@@ -41,6 +41,7 @@ def main() -> None:
     p.add_argument("--run", type=Path, default=ROOT / "runs" / "demo")
     p.add_argument("--seconds", type=float, required=True, help="wall time of the whole `make demo`")
     p.add_argument("--load-before", default="", help="load average before the run (1/5/15 min)")
+    p.add_argument("--machine-note", default="", help="what is known of this machine's speed (a measured comparison)")
     args = p.parse_args()
     summary = json.loads((args.run / "summary.json").read_text())
     local = summary.get("local_reference") or {}
@@ -50,6 +51,7 @@ def main() -> None:
         "wall_seconds": args.seconds,
         "machine_after": machine(),
         "load_before": args.load_before,
+        "machine_note": args.machine_note,
         "mean_accuracy": summary["mean_accuracy"],
         "local_mean_accuracy": local.get("mean_accuracy"),
         "gain_points": None if not local else 100 * (summary["mean_accuracy"] - local["mean_accuracy"]),
@@ -103,7 +105,7 @@ from `runs/demo`.
 - issue 14's targets: whole demo within 4 minutes: **{'met' if args.seconds <= 240 else 'not met'}**; mean accuracy
   of at least 70 %: **{'met' if results['mean_accuracy'] >= 0.70 else 'not met'}**; at least 5 points over Local:
   **{'met' if (results['gain_points'] or 0) >= 5 else 'not met'}**
-
+{f"{chr(10)}The machine: {args.machine_note}{chr(10)}" if args.machine_note else ""}
 | tier | Velo (%) | Local (%) | gain (points) | classes under 2 % of the tier's images | the tier's images per class (0–9) |
 |---|---|---|---|---|---|
 {tiers}
