@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import runpy
+import warnings
 from pathlib import Path
 
 import typer
@@ -14,11 +16,13 @@ err = Console(stderr=True)
 
 
 def device_entry() -> None:
-    """What a forked device process runs: the ``edgefl`` command's entry point, which reads
-    ``sys.argv`` (imported when called: edgefl.cli.main imports this module)."""
-    from edgefl.cli.main import main
-
-    main()
+    """What a forked device process runs: ``edgefl <argv>`` as ``python -m edgefl.cli.main`` runs it,
+    the module named, not imported (edgefl.cli.main imports this module: no import circle). The
+    fork server has that module loaded already; running it again as ``__main__`` is the intent, so
+    runpy's warning about it (which went into every device's log) is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*found in sys\.modules", category=RuntimeWarning)
+        runpy.run_module("edgefl.cli.main", run_name="__main__", alter_sys=True)
 
 
 def _split(value: str | None) -> tuple[str, ...] | None:
