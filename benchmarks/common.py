@@ -29,6 +29,22 @@ def machine() -> dict:
     }
 
 
+def device_class_counts(config: dict) -> dict[str, tuple[str, list[int]]]:
+    """Per device of a run: its tier and its training images per class, rebuilt from the run's
+    configuration (same seed, same partition). Keys of ``config`` that are not run settings (a
+    benchmark's bookkeeping, a saved run's additions) are ignored."""
+    import numpy as np
+
+    from edgefl.config import RunConfig
+    from edgefl.runtime.setup import assemble
+
+    built = assemble(RunConfig.model_validate({k: v for k, v in config.items() if k in RunConfig.model_fields}))
+    classes = built.data.info.num_classes
+    return {device: (built.specs[device].tier,
+                     np.bincount(np.asarray(built.data.train.y[built.data.parts[i]]), minlength=classes).tolist())
+            for i, device in enumerate(built.ids)}
+
+
 def write_json(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")

@@ -149,7 +149,7 @@ def test_tensor_byte_ranges_must_tile_the_body():
 # --- the schema: routing fields, metadata, depth (issue 19) ---------------------------------------
 
 
-def test_a_deeply_nested_header_is_refused_before_json_parsing():
+def test_a_deeply_nested_header_is_refused_with_its_depth():
     from edgefl.wire.envelope import json_depth
 
     deep = b"[" * 100_000 + b"]" * 100_000

@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.common import device_class_counts
 from benchmarks.runner import code_version, machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,16 +24,9 @@ def group_labels(run: Path) -> dict[str, dict]:
     partition), and how many of the 10 classes make up under 2 % of it."""
     import numpy as np
 
-    from edgefl.config import RunConfig
-    from edgefl.runtime.setup import assemble
-
-    saved = json.loads((run / "config.json").read_text())  # the run's config plus what the run added
-    cfg = RunConfig.model_validate({k: v for k, v in saved.items() if k in RunConfig.model_fields})
-    built = assemble(cfg)
     groups: dict[str, np.ndarray] = {}
-    for i, device in enumerate(built.ids):
-        counts = np.bincount(np.asarray(built.data.train.y[built.data.parts[i]]), minlength=built.data.info.num_classes)
-        groups[built.specs[device].tier] = groups.get(built.specs[device].tier, 0) + counts
+    for tier, counts in device_class_counts(json.loads((run / "config.json").read_text())).values():
+        groups[tier] = groups.get(tier, 0) + np.asarray(counts)
     return {t: {"class_counts": c.tolist(), "rare_classes": int((c / c.sum() < 0.02).sum())} for t, c in groups.items()}
 
 

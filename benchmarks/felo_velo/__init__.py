@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.common import decay_rounds
+from benchmarks.common import decay_rounds, device_class_counts
 from benchmarks.runner import Benchmark, Cell, Claim, Sweep, mean_sd
 
 DEPTHS = ("10", "14", "18", "22", "26")
@@ -187,20 +187,11 @@ def diagnostics(results: dict) -> str:
     return "\n".join(lines)
 
 
-def held_classes(config: dict) -> dict[str, int]:
-    """Per device: how many classes make up at least 2 % of its training images, rebuilt from the
-    run's configuration (same seed, same partition)."""
-    import numpy as np
-
-    from edgefl.config import RunConfig
-    from edgefl.runtime.setup import assemble
-
-    built = assemble(RunConfig.model_validate({k: v for k, v in config.items() if k in RunConfig.model_fields}))
-    held = {}
-    for i, device in enumerate(built.ids):
-        counts = np.bincount(np.asarray(built.data.train.y[built.data.parts[i]]), minlength=built.data.info.num_classes)
-        held[device] = int((counts / counts.sum() >= 0.02).sum())
-    return held
+def held_classes(config: dict) -> dict[str, tuple[int, int]]:
+    """Per device: (how many classes make up at least 2 % of its training images, how many classes
+    the data has), rebuilt from the run's configuration (same seed, same partition)."""
+    return {d: (sum(c >= 0.02 * sum(counts) for c in counts), len(counts))
+            for d, (_, counts) in device_class_counts(config).items()}
 
 
 #: held-class bins of the knowledge-only table
@@ -217,21 +208,21 @@ def knowledge_only(runs: list[dict]) -> list[str]:
     split = {"all": [], "some": []}  # felo-ko − fedhe of devices holding every class / not
     for setting in settings:
         seeds = sorted(s for (m, st, s) in by if m == "felo-ko" and st == setting and ("fedhe", st, s) in by)
-        points = []  # (held classes, felo-ko − fedhe, felo − fedhe) per device, in points
+        points = []  # (held classes, classes, felo-ko − fedhe, felo − fedhe) per device, in points
         for seed in seeds:
             ko, he, fe = by[("felo-ko", setting, seed)], by[("fedhe", setting, seed)], by.get(("felo", setting, seed))
             held = held_classes(ko["config"])
-            for d, n in held.items():
-                points.append((n, 100 * (ko["client_accuracy"][d] - he["client_accuracy"][d]),
+            for d, (n, classes) in held.items():
+                points.append((n, classes, 100 * (ko["client_accuracy"][d] - he["client_accuracy"][d]),
                                100 * (fe["client_accuracy"][d] - he["client_accuracy"][d]) if fe else None))
-        for n, gain, _ in points:
-            split["all" if n == 10 else "some"].append(gain)
+        for n, classes, gain, _ in points:
+            split["all" if n == classes else "some"].append(gain)
         for lo, hi in BINS:
             pts = [p for p in points if lo <= p[0] <= hi]
             if not pts:
                 continue
-            fe = [p[2] for p in pts if p[2] is not None]
-            rows.append(f"| {setting} | {lo}–{hi} | {len(pts)} | {statistics.fmean(p[1] for p in pts):+.2f} | "
+            fe = [p[3] for p in pts if p[3] is not None]
+            rows.append(f"| {setting} | {lo}–{hi} | {len(pts)} | {statistics.fmean(p[2] for p in pts):+.2f} | "
                         + (f"{statistics.fmean(fe):+.2f}" if fe else "—") + " |")
     reading = []
     if split["all"] and split["some"]:
