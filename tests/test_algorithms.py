@@ -197,8 +197,10 @@ def test_local_optimizer_is_fused_with_the_per_parameter_loops_update(optimizer)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_make_optimizer_refuses_an_unknown_optimizer_by_name():
+def test_make_optimizer_fuses_parameter_groups_and_refuses_an_unknown_optimizer_by_name():
     from edgefl.algorithms.training import make_optimizer
 
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(3))]}, {"params": [torch.nn.Parameter(torch.ones(2))]}]
+    assert make_optimizer(groups, TrainSettings(optimizer="sgd"), round=0).defaults["fused"] is True
     with pytest.raises(ConfigError, match="unknown optimizer"):
         make_optimizer([torch.nn.Parameter(torch.zeros(3))], TrainSettings(optimizer="rmsprop"), round=0)

@@ -54,7 +54,9 @@ def recalibrate_batch_norm(model: nn.Module, data: ArrayDataset, batch_size: int
 _FUSED_DEVICES = ("cpu", "cuda")
 
 
-def make_optimizer(params: Iterable[nn.Parameter], settings: TrainSettings, round: int) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Iterable[nn.Parameter] | Iterable[dict], settings: TrainSettings, round: int
+) -> torch.optim.Optimizer:
     """The optimizer of ``settings`` at ``round``'s learning rate.
 
     Where every parameter is floating point on a device PyTorch has a fused kernel for, the
@@ -63,13 +65,15 @@ def make_optimizer(params: Iterable[nn.Parameter], settings: TrainSettings, roun
     the narrow models a CPU fleet trains (``benchmarks/scale/optimizer_step``)."""
     params = list(params)
     lr = settings.lr_at(round)
-    fused = bool(params) and all(p.is_floating_point() and p.device.type in _FUSED_DEVICES for p in params)
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+    fused = bool(tensors) and all(
+        t.is_floating_point() and t.device.type in _FUSED_DEVICES for t in tensors
+    )
+    decay, fuse = settings.weight_decay, fused or None
     if settings.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=settings.momentum, weight_decay=settings.weight_decay, fused=fused or None
-        )
+        return torch.optim.SGD(params, lr=lr, momentum=settings.momentum, weight_decay=decay, fused=fuse)
     if settings.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=settings.weight_decay, fused=fused or None)
+        return torch.optim.Adam(params, lr=lr, weight_decay=decay, fused=fuse)
     raise ConfigError(f"unknown optimizer {settings.optimizer!r}; choose sgd or adam")
 
 
