@@ -5,10 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test venv data lint clean pi-check
+.PHONY: demo test venv data lint clean pi-check dist cli-docs
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip uninstall --quiet --yes edgefl 2>/dev/null || true  # a venv from before the rename to edgefl-toolkit
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[all,dev]'
 	@touch $(STAMP)
 
@@ -49,6 +50,16 @@ test: venv data
 # The emulated Raspberry Pi check (root; slow, not part of CI): benchmarks/pi/results.md.
 pi-check: venv
 	bash benchmarks/pi/run.sh
+
+# The sdist and the wheel of edgefl-toolkit, into dist/ (what docs/install-pi-jetson.md copies to a device).
+dist: venv
+	rm -rf dist && $(PY) -m build --outdir dist .
+	@ls -l dist
+
+# The CLI reference (cli/README.md) and shell completions (cli/completion/), generated from the
+# Typer app; tests/test_cli_docs.py fails when they drift from the code.
+cli-docs: venv
+	$(PY) -m edgefl.cli.reference cli
 
 lint: venv
 	$(VENV)/bin/ruff check edgefl tests benchmarks

@@ -32,7 +32,7 @@ class ExitCode(IntEnum):
     BROKER_UNREACHABLE = 4  #: no broker answered within --wait
     AUTH_REFUSED = 5  #: the broker refused the username/password or certificate
     RUN_REJECTED = 6  #: the server rejected this device or its registration
-    MISSING_EXTRA = 7  #: the command needs an install layer that is missing (pip install 'edgefl[train]')
+    MISSING_EXTRA = 7  #: the command needs an install layer that is missing (e.g. [train]: torch)
     INTERRUPTED = 130  #: SIGINT or SIGTERM (128 + SIGINT, the shell's convention)
 
 
@@ -67,6 +67,18 @@ class DataNotFoundError(EdgeflError, FileNotFoundError):
     exit_code = ExitCode.CONFIG
 
 
+#: The distribution's name ("edgefl" on PyPI is an unrelated project).
+DISTRIBUTION = "edgefl-toolkit"
+
+
+def install_hint(extra: str) -> str:
+    """How to add an install layer: the same wheel (or repository) again, with the layer."""
+    from edgefl import __version__
+
+    wheel = f"{DISTRIBUTION.replace('-', '_')}-{__version__}-py3-none-any.whl"
+    return f"pip install './{wheel}[{extra}]' (the wheel you installed, or the repository: docs/install-pi-jetson.md)"
+
+
 class MissingExtraError(EdgeflError):
     """A command needs a module of an install layer (extra) that is not installed."""
 
@@ -74,10 +86,7 @@ class MissingExtraError(EdgeflError):
 
     def __init__(self, module: str, extra: str, what: str = "this command"):
         self.module, self.extra = module, extra
-        super().__init__(
-            f"{what} needs {module}, which is part of the [{extra}] install layer: "
-            f"pip install 'edgefl[{extra}]'"
-        )
+        super().__init__(f"{what} needs {module}, which is part of the [{extra}] install layer: {install_hint(extra)}")
 
 
 class WireError(EdgeflError):

@@ -80,6 +80,11 @@ sync_src() {
   git ls-files -z | grep -zv '^benchmarks/' | xargs -0 -I{} cp --parents {} "$PI_ROOT/opt/edgefl/src/"
 }
 sync_src
+# What a Pi owner installs: the wheel `make dist` builds, copied to the device (docs/install-pi-jetson.md).
+"$HOST_PY" -m build --wheel --outdir "$WORK/dist" . >>"$LOG" 2>&1
+WHEEL_NAME=$(basename "$(ls "$WORK"/dist/edgefl_toolkit-*.whl)")
+cp "$WORK/dist/$WHEEL_NAME" "$PI_ROOT/opt/work/"
+WHEEL=/opt/work/$WHEEL_NAME
 if [ -e /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ]; then
   mkdir -p "$PI_ROOT/opt/data/fashion-mnist" && cp /usr/share/datasets/fashion-mnist/t10k-* /usr/share/datasets/fashion-mnist/train-* "$PI_ROOT/opt/data/fashion-mnist/"
 fi
@@ -92,11 +97,11 @@ sizes() { "$HOST_PY" "$HERE/sizes.py" "$1"; }
 mib() { "$HOST_PY" -c 'import json,sys; print(json.loads(sys.argv[1])["total_mib"])' "$1"; }
 lean_venv() { pi python3 -m venv --without-pip "$1" >>"$LOG" 2>&1; }
 pip_into() { local venv=$1; shift; pi pip3 --python "$venv/bin/python" install --quiet --disable-pip-version-check --no-compile --no-cache-dir "$@" >>"$LOG" 2>&1; }
-say "base layer: python3 -m venv --without-pip + pip3 --python ... install --no-compile edgefl (emulated)"
+say "base layer: python3 -m venv --without-pip + pip3 --python ... install --no-compile $WHEEL_NAME (emulated)"
 rm -rf "$PI_ROOT/opt/base" "$PI_ROOT/opt/plain"
 t=$(now)
 lean_venv /opt/base
-pip_into /opt/base /opt/edgefl/src
+pip_into /opt/base "$WHEEL"
 R[base_install_seconds]=$(since "$t")
 R[base_sizes]=$(sizes "$PI_ROOT/opt/base")
 R[base_venv_mib]=$(mib "${R[base_sizes]}")
@@ -159,7 +164,7 @@ R[infer_png_without_images]=$(tail -3 "$WORK/infer-png-base.txt")
 R[base_after_use_sizes]=$(sizes "$PI_ROOT/opt/base")
 R[base_after_use_mib]=$(mib "${R[base_after_use_sizes]}")
 t=$(now)
-pip_into /opt/base "/opt/edgefl/src[images]"
+pip_into /opt/base "$WHEEL[images]"
 R[images_install_seconds]=$(since "$t")
 R[images_sizes]=$(sizes "$PI_ROOT/opt/base")
 R[images_venv_mib]=$(mib "${R[images_sizes]}")
@@ -168,11 +173,11 @@ R[infer_pi_png]=$(pi /opt/base/bin/edgefl infer /opt/work/host.onnx --dataset im
 say "base+[images]: ${R[images_venv_mib]} MiB; PNG folder on the pi: ${R[infer_pi_png]}"
 
 # --- [train] --------------------------------------------------------------------------------------
-say "[train]: $TORCH_AARCH64 (PyPI's aarch64 CPU build) + edgefl[train] (emulated)"
+say "[train]: $TORCH_AARCH64 (PyPI's aarch64 CPU build) + $WHEEL_NAME[train] (emulated)"
 rm -rf "$PI_ROOT/opt/train"
 t=$(now)
 lean_venv /opt/train
-pip_into /opt/train "$TORCH_AARCH64" "/opt/edgefl/src[train]"
+pip_into /opt/train "$TORCH_AARCH64" "$WHEEL[train]"
 R[train_install_seconds]=$(since "$t")
 R[train_sizes]=$(sizes "$PI_ROOT/opt/train")
 R[train_venv_mib]=$(mib "${R[train_sizes]}")
@@ -196,7 +201,7 @@ done
 # What [train] would download from the default index on aarch64 (resolved, not installed).
 timeout 900 chroot "$PI_ROOT" /usr/bin/env -i QEMU_CPU="$QEMU_CPU" HOME=/root PATH=/usr/bin:/bin PIP_CERT=/etc/ssl/certs/host-ca-bundle.crt \
   pip3 --python /opt/train/bin/python install --dry-run --ignore-installed --quiet --report /opt/work/default-train.json \
-  "/opt/edgefl/src[train]" >>"$LOG" 2>&1 || true
+  "$WHEEL[train]" >>"$LOG" 2>&1 || true
 [ -e "$PI_ROOT/opt/work/default-train.json" ] && R[default_index_train_report]=$(cat "$PI_ROOT/opt/work/default-train.json")
 t=$(now)
 pi /opt/train/bin/edgefl device profile --json --quick > "$WORK/profile-train.json" 2>>"$LOG"

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from edgefl.config import RunConfig
-from edgefl.errors import ConfigError, EdgeflError
+from edgefl.errors import ConfigError, EdgeflError, install_hint
 from edgefl.transport.base import Accept, Delivery, answered
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError("--backend ray needs Ray: pip install 'edgefl[ray]'") from None
+        raise ConfigError(f"--backend ray needs Ray: {install_hint('ray')}") from None
     return ray
 
 

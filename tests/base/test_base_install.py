@@ -50,13 +50,13 @@ def test_train_without_torch_names_the_extra_to_install_and_exits_7():
         port = listener.getsockname()[1]
         result = run_edgefl("train", "--broker", f"mqtt://127.0.0.1:{port}", "--device-id", "pi-1", "--data", "synthetic", "--wait", "5")
     assert result.returncode == 7, result.stderr
-    assert "pip install 'edgefl[train]'" in result.stderr and "Traceback" not in result.stderr
+    assert "[train] install layer: pip install './edgefl_toolkit-" in result.stderr and "whl[train]'" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_simulate_without_the_server_layer_names_an_extra():
     result = run_edgefl("simulate", "--dataset", "synthetic", "--rounds", "1", "--quiet")
     assert result.returncode == 7, result.stderr
-    assert "pip install 'edgefl[" in result.stderr and "Traceback" not in result.stderr
+    assert "install layer: pip install './edgefl_toolkit-" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_infer_on_a_builtin_dataset_needs_no_pillow():
@@ -73,4 +73,4 @@ def test_decoding_image_files_without_pillow_names_the_images_extra_and_exits_7(
     for args in (("--dataset", f"imagefolder:{tmp_path / 'pics'}"), (str(tmp_path / "pics" / "a" / "0.png"),)):
         result = run_edgefl("infer", str(MODEL), *args, block_images=True)
         assert result.returncode == 7, (args, result.stderr)
-        assert "pip install 'edgefl[images]'" in result.stderr and "Traceback" not in result.stderr
+        assert "whl[images]'" in result.stderr and "Traceback" not in result.stderr
