@@ -97,8 +97,16 @@ def _fail(e: EdgeflError) -> None:
     sys.exit(int(e.exit_code))
 
 
+#: The environment variable the shell completion scripts of cli/completion/ set.
+COMPLETE_VAR = "_EDGEFL_COMPLETE"
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
+    if COMPLETE_VAR in os.environ:  # a <Tab> in a shell with cli/completion/ loaded
+        from typer.completion import completion_init
+
+        completion_init()
     try:
         app()  # typer exits 2 on usage errors and 130 on KeyboardInterrupt by itself
     except EdgeflError as e:

@@ -1,0 +1,10 @@
+_edgefl_completion() {
+    local IFS=$'
+'
+    COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \
+                   COMP_CWORD=$COMP_CWORD \
+                   _EDGEFL_COMPLETE=complete_bash $1 ) )
+    return 0
+}
+
+complete -o default -F _edgefl_completion edgefl

@@ -1,0 +1,1 @@
+complete --command edgefl --no-files --arguments "(env _EDGEFL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) edgefl)" --condition "env _EDGEFL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) edgefl"
