@@ -73,9 +73,13 @@ DISTRIBUTION = "edgefl-toolkit"
 
 def install_hint(extra: str) -> str:
     """How to add an install layer: the same wheel (or repository) again, with the layer."""
-    from edgefl import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
-    wheel = f"{DISTRIBUTION.replace('-', '_')}-{__version__}-py3-none-any.whl"
+    try:
+        installed = version(DISTRIBUTION)
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "VERSION"
+    wheel = f"{DISTRIBUTION.replace('-', '_')}-{installed}-py3-none-any.whl"
     return f"pip install './{wheel}[{extra}]' (the wheel you installed, or the repository: docs/install-pi-jetson.md)"
 
 
