@@ -78,3 +78,63 @@ def test_an_unchanged_status_is_published_once_per_heartbeat(tmp_path):
     s.exchange_started("train", 0, ["d00"], timeout=10.0)
     publisher.publish_now(force=False)
     assert len(sent) == 2 and json.loads(sent[-1])["devices"]["d00"]["state"] == "training"
+
+
+def test_the_phase_goes_from_waiting_to_a_terminal_one_with_the_result():
+    from edgefl.runtime.status import display_round, result_of
+
+    s = fleet()
+    s.waiting(1, 3)
+    server = s.snapshot()["server"]
+    assert (server["phase"], server["registered"], server["expected"], server["result"]) == ("waiting", 1, 3, None)
+    assert display_round("train", 0) == 1 and display_round("evaluate", 1) == 1  # the evaluation after round 1
+    s.exchange_started("train", display_round("train", 0), ["d00"], timeout=10.0)
+    assert s.snapshot()["server"]["round"] == 1 and s.snapshot()["server"]["phase"] == "train"
+    s.exchange_started("evaluate", 3, ["d00"], timeout=10.0, final=True)
+    assert s.snapshot()["server"]["final_evaluation"] is True
+    summary = {"mean_accuracy": 0.7, "client_accuracy": {"d00": 0.8, "d01": 0.6}, "measured_by": "mixed",
+               "tier_accuracy": {"w0.25": 0.7}, "accuracy_from_round": {"d01": 2}, "rounds_completed": 3}
+    s.finished({"mean_accuracy": 0.7, "tier_accuracy": {"w0.25": 0.7}}, result_of(summary))
+    server = s.snapshot()["server"]
+    assert server["phase"] == "finished" and server["final_evaluation"] is False
+    assert server["result"] == {"mean_accuracy": 0.7, "devices": 2, "measured_by": "mixed", "tier_accuracy": {"w0.25": 0.7},
+                                "from_last_round": {"d01": 2}, "rounds_completed": 3}
+    s2 = fleet()
+    s2.finished(None, result_of({"mean_accuracy": float("nan"), "client_accuracy": {}}), phase="interrupted")
+    assert s2.snapshot()["server"]["phase"] == "interrupted" and s2.snapshot()["server"]["result"]["mean_accuracy"] is None
+    try:
+        s2.finished(None, phase="done")
+    except ValueError as e:
+        assert "terminal" in str(e)
+    else:
+        raise AssertionError("an unknown terminal phase was accepted")
+
+
+def test_a_server_gone_mid_run_reads_as_stopped_and_a_finished_run_stays_finished():
+    s = fleet()
+    s.epoch = "e1"
+    s.exchange_started("train", 2, ["d00"], timeout=10.0)
+    snap = json.loads(json.dumps(s.snapshot()))
+    live = merge_active(json.loads(json.dumps(snap)), {}, {"state": "online", "epoch": "e1"})
+    assert live["server"]["phase"] == "train" and live["server"]["connection"] == "online"
+    will = merge_active(json.loads(json.dumps(snap)), {}, {"state": "offline", "epoch": "e1", "phase": "stopped"})
+    assert will["server"]["phase"] == "stopped"
+    other_run = merge_active(json.loads(json.dumps(snap)), {}, {"state": "offline", "epoch": "e0", "phase": "stopped"})
+    assert other_run["server"]["phase"] == "train"  # an earlier server's will says nothing of this run
+    s.finished(None)
+    done = merge_active(json.loads(json.dumps(s.snapshot())), {}, {"state": "offline", "epoch": "e1", "phase": "finished"})
+    assert done["server"]["phase"] == "finished"
+
+
+def test_fleet_status_shows_waiting_and_the_result_in_words(capsys):
+    from edgefl.cli.fleet import render, result_line
+
+    s = fleet()
+    s.waiting(2, 6)
+    render(json.loads(json.dumps(s.snapshot())))
+    assert "waiting for devices: 2 of 6 registered" in capsys.readouterr().out
+    s.finished(None, {"mean_accuracy": 0.713, "devices": 3, "measured_by": "server-final", "rounds_completed": 3})
+    render(json.loads(json.dumps(s.snapshot())))
+    text = capsys.readouterr().out
+    assert "finished" in text and "result: 71.3% mean accuracy over 3 devices (final evaluation)" in text
+    assert "nan" not in result_line({"mean_accuracy": None, "devices": 0, "rounds_completed": 2})

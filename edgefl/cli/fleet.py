@@ -36,6 +36,16 @@ def _bytes(n: int | None) -> str:
     return str(n)
 
 
+def result_line(result: dict[str, Any]) -> str:
+    """The run's result in words: 'result: 71.3% mean accuracy over 3 devices (final evaluation)'."""
+    acc = result.get("mean_accuracy")
+    how = {"server-final": "final evaluation", "last-round": "each device's last per-round evaluation",
+           "mixed": "final evaluation; " + ", ".join(f"{d} from round {r}" for d, r in sorted((result.get("from_last_round") or {}).items()))}
+    if acc is None:
+        return f"result: not measured (no device answered an evaluation in {result.get('rounds_completed', 0)} rounds)"
+    return f"result: {100 * acc:.1f}% mean accuracy over {result.get('devices')} devices ({how.get(result.get('measured_by'), result.get('measured_by'))})"
+
+
 def render(status: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -45,9 +55,19 @@ def render(status: dict[str, Any]) -> None:
     deadline = s.get("deadline")
     closes = f", closes in {max(0.0, deadline - now):.0f}s" if deadline else ""
     conn = f" (server {s['connection']})" if s.get("connection") else ""
+    phase = s.get("phase")
+    if phase == "waiting":
+        where = f"waiting for devices: {s.get('registered', 0)} of {s.get('expected', '?')} registered"
+    elif phase in ("finished", "interrupted", "stopped"):
+        where = f"{phase} after round {s.get('round') or 0} of {s.get('rounds')}"
+    else:
+        what = "final evaluation" if s.get("final_evaluation") else phase
+        where = f"{what} round {s.get('round')} of {s.get('rounds')}{closes}"
     out.print(f"fleet [bold]{status.get('fleet')}[/] run {s.get('run')} ({s.get('algorithm')}): "
-              f"{s.get('phase')} round {s.get('round')} of {s.get('rounds')}{closes}{conn}; status as of {_ago(now, time.time())}",
-              highlight=False)
+              f"{where}{conn}; status as of {_ago(now, time.time())}", highlight=False)
+    result = s.get("result")
+    if isinstance(result, dict):
+        out.print(result_line(result), highlight=False)
     table = Table(show_edge=False, pad_edge=False)
     for col in ("device", "state", "tier", "model", "profile", "registered", "last seen", "last round", "up", "down", "model version"):
         table.add_column(col)

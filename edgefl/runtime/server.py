@@ -50,7 +50,7 @@ from edgefl.runtime.setup import (
     server_public,
     train_settings,
 )
-from edgefl.runtime.status import FleetStatus, ObservedTransport, StatusPublisher
+from edgefl.runtime.status import FleetStatus, ObservedTransport, StatusPublisher, result_of
 from edgefl.transport.base import Encoded
 from edgefl.transport.broker import DEVICE_ID
 from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport
@@ -217,6 +217,8 @@ def serve(
     status = FleetStatus(opts.fleet, run_name=run_dir.name, algorithm=cfg.algorithm, rounds=cfg.rounds, deadline=opts.deadline,
                          gone_after=opts.gone_after)
     status.replied, status.last_seen = transport.replied, transport.last_seen.get
+    status.epoch = transport.epoch
+    status.waiting(0, cfg.min_devices)
     status.connection = lambda device_id: transport.status.get(device_id, "unknown")
 
     def on_register(device_id: str, data: bytes) -> bytes | None:
@@ -224,6 +226,7 @@ def serve(
         spec = registry.assigned.get(device_id)
         if answer is not None and spec is not None:
             status.registered(device_id, spec.tier, spec.name, registry.profiles.get(device_id, {}))
+            status.waiting(len(registry.ready), cfg.min_devices)
         return answer
 
     transport.on_register = on_register
@@ -232,6 +235,7 @@ def serve(
     if on_started:
         on_started(transport)
     log.info("server %s of fleet %s is up on %s; waiting for %d devices", transport.epoch, opts.fleet, address, cfg.min_devices)
+    ended = "stopped"  # what the retained server status says when this process leaves
     try:
         registry.wait_ready(cfg.min_devices, opts.wait_for_devices)
         fleet: dict[str, DeviceRecord] = {}
@@ -289,7 +293,6 @@ def serve(
             }
         )
         final = loop.run()
-        status.finished(final)
         transport.announce_end()
         summary = run_summary(
             cfg, final, rounds, {d: r.spec.tier for d, r in ctx.fleet.items()},
@@ -297,9 +300,12 @@ def serve(
             wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
         )
         finish_run(recorder, summary)
+        status.finished(final, result_of(summary))
+        ended = "finished"
         if on_done:
             on_done(server)
         return summary
     finally:
         publisher.stop()
+        transport.left_as(ended)
         transport.close()

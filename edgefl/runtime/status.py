@@ -10,6 +10,16 @@ The server feeds :class:`FleetStatus` from registrations, the round loop's excha
 and writes ``status.json`` in the run directory. ``edgefl fleet status`` and ``edgefl dashboard``
 read either.
 
+The run's ``phase`` (``server.phase``): ``waiting`` (for devices: ``registered`` of ``expected``
+ready), ``train``, ``evaluate`` (per round and the final one, ``final_evaluation`` true), ``finish``,
+then one of the terminal phases: ``finished`` (a clean end), ``interrupted`` (Ctrl-C: what the
+completed rounds produced is written) or ``stopped`` (the server went away mid-run: its Last Will
+on ``server/status``, folded in by :func:`merge_active`). Once known, ``server.result`` holds the
+run's result: ``{"mean_accuracy", "devices", "measured_by", "tier_accuracy", "from_last_round",
+"rounds_completed"}``; ``measured_by`` is ``server-final`` (every device answered the final
+evaluation), ``last-round`` (none did: each device's last per-round evaluation stands in) or
+``mixed``. Rounds are numbered from 1 everywhere (``server.round``, ``last_round``, ``history``).
+
 A device's state: ``training`` while a training request to it is open; ``late`` once an open
 request's deadline passed, after it missed its last request, or when its connection was lost
 (its Last Will) less than ``gone_after`` seconds ago (devices reconnect by themselves); ``gone``
@@ -32,6 +42,8 @@ from edgefl.wire.validate import peek
 log = logging.getLogger(__name__)
 
 STATES = ("training", "idle", "late", "gone")
+PHASES = ("waiting", "train", "evaluate", "finish", "finished", "interrupted", "stopped")
+TERMINAL = ("finished", "interrupted", "stopped")
 #: The profile fields shown (the rest stays in the run's config).
 PROFILE_SUMMARY = ("name", "arch", "cores", "ram_total_mb", "accelerator")
 HISTORY = 200  # rounds of accuracy and bytes kept in the status message
@@ -52,8 +64,12 @@ class FleetStatus:
         self.gone_after = gone_after if gone_after is not None else (deadline or 60.0)
         self.offline_since: dict[str, float] = {}
         self.devices: dict[str, dict[str, Any]] = {}
-        self.phase = "waiting"  # waiting for devices, train, evaluate, finish, done
-        self.round: int | None = None
+        self.phase = "waiting"  # one of PHASES
+        self.round: int | None = None  # from 1: the round training, or the rounds an evaluation follows
+        self.final_evaluation = False
+        self.registered_count, self.expected = 0, 0  # ready devices, and how many the run waits for
+        self.result: dict[str, Any] | None = None
+        self.epoch = ""
         self.exchange_deadline: float | None = None  # wall-clock time the open exchange closes
         self.open: dict[str, str] = {}  # device → kind of its open request
         self.replied: Callable[[str], bool] = lambda device_id: False
@@ -78,9 +94,18 @@ class FleetStatus:
             d.update(tier=tier, model=model, profile=profile_summary(profile), misses=0)
             self.version += 1
 
-    def exchange_started(self, kind: str, round: int, device_ids: list[str], timeout: float | None) -> None:
+    def waiting(self, registered: int, expected: int) -> None:
+        """Before the first round: ``registered`` of the ``expected`` devices are ready."""
+        with self.lock:
+            if (registered, expected) != (self.registered_count, self.expected):
+                self.registered_count, self.expected = registered, expected
+                self.version += 1
+
+    def exchange_started(self, kind: str, round: int, device_ids: list[str], timeout: float | None, final: bool = False) -> None:
+        """``round`` numbered from 1 (:func:`display_round`)."""
         with self.lock:
             self.phase = kind if kind in ("evaluate", "finish") else "train"
+            self.final_evaluation = final and kind == "evaluate"
             self.round = round
             self.exchange_deadline = None if timeout is None else time.time() + timeout
             self.open = dict.fromkeys(device_ids, kind)
@@ -119,12 +144,19 @@ class FleetStatus:
             self.history = (self.history + [_finite(entry)])[-HISTORY:]
             self.version += 1
 
-    def finished(self, final: Mapping[str, Any] | None = None) -> None:
+    def finished(self, final: Mapping[str, Any] | None = None, result: Mapping[str, Any] | None = None,
+                 phase: str = "finished") -> None:
+        """The run is over (``phase``: ``finished`` or ``interrupted``); ``final`` is the final
+        evaluation (None when the run ended before it), ``result`` the run's result."""
+        if phase not in TERMINAL:
+            raise ValueError(f"phase {phase!r} is not a terminal phase ({', '.join(TERMINAL)})")
         with self.lock:
-            self.phase, self.open, self.exchange_deadline = "done", {}, None
+            self.phase, self.open, self.exchange_deadline, self.final_evaluation = phase, {}, None, False
             if final:
                 self.history.append(_finite({"round": "final", "mean_accuracy": final.get("mean_accuracy"),
                                              "tier_accuracy": final.get("tier_accuracy", {})}))
+            if result is not None:
+                self.result = _finite(dict(result))
             self.version += 1
 
     # -- output ---------------------------------------------------------------------------------
@@ -160,12 +192,32 @@ class FleetStatus:
                 "server": {
                     "run": self.run_name, "algorithm": self.algorithm, "rounds": self.rounds, "phase": self.phase,
                     "round": self.round, "deadline": self.exchange_deadline, "round_timeout": self.deadline,
-                    "started_at": self.started_at,
+                    "started_at": self.started_at, "epoch": self.epoch, "final_evaluation": self.final_evaluation,
+                    "registered": self.registered_count, "expected": self.expected, "result": self.result,
                 },
                 "devices": devices,
                 "tier_accuracy": dict(last_eval["tier_accuracy"]) if last_eval else {},
                 "history": list(self.history),
             }
+
+
+def result_of(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's result as the status shows it, from a run summary."""
+    return _finite({
+        "mean_accuracy": summary.get("mean_accuracy"),
+        "devices": len(summary.get("client_accuracy") or {}),
+        "measured_by": summary.get("measured_by", "server-final"),
+        "tier_accuracy": dict(summary.get("tier_accuracy") or {}),
+        "from_last_round": dict(summary.get("accuracy_from_round") or {}),
+        "rounds_completed": summary.get("rounds_completed", summary.get("rounds")),
+    })
+
+
+def display_round(kind: str, wire_round: int) -> int:
+    """The round a human reads (from 1) for an exchange's wire round: a training request carries
+    the method's round index (from 0); an evaluation or finish request the number of rounds
+    completed before it (so the evaluation after round 1 is round 1)."""
+    return wire_round + 1 if kind == "train" else wire_round
 
 
 def _finite(entry: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +227,8 @@ def _finite(entry: dict[str, Any]) -> dict[str, Any]:
             return None
         if isinstance(v, dict):
             return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
         return v
 
     return {k: clean(v) for k, v in entry.items()}
@@ -187,15 +241,15 @@ class ObservedTransport:
         self.inner, self.status = inner, status
 
     def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
-        kind, rnd = "train", -1
+        kind, rnd, final = "train", 0, False
         for data in messages.values():
             try:
                 r = peek(data)
-                kind, rnd = r.kind, r.round
+                kind, rnd, final = r.kind, display_round(r.kind, r.round), r.meta.get("split") == "test"
             except Exception:  # noqa: BLE001 - the transport reports what it cannot send
                 pass
             break
-        self.status.exchange_started(kind, rnd, sorted(messages), timeout)
+        self.status.exchange_started(kind, rnd, sorted(messages), timeout, final=final)
         out = self.inner.request(messages, timeout=timeout, accept=accept)
         self.status.exchange_done(kind, rnd, out, {d: len(m) for d, m in messages.items()})
         return out
@@ -382,5 +436,10 @@ def merge_active(status: dict[str, Any], active: Mapping[str, Mapping[str, Any]]
         if report.get("error"):
             entry["model_error"] = report["error"]
     if isinstance(server, dict):
-        status.setdefault("server", {})["connection"] = server.get("state")
+        s = status.setdefault("server", {})
+        s["connection"] = server.get("state")
+        same_run = not s.get("epoch") or not server.get("epoch") or s.get("epoch") == server.get("epoch")
+        if server.get("state") == "offline" and same_run and s.get("phase") not in TERMINAL:
+            # the server left mid-run (its Last Will says "stopped"), or its last status got lost
+            s["phase"] = server.get("phase") if server.get("phase") in TERMINAL else "stopped"
     return status

@@ -90,7 +90,8 @@ class MqttServerTransport(Endpoint):
     ):
         topics = Topics(fleet)
         self.epoch = epoch or uuid.uuid4().hex[:12]
-        will = json.dumps({"state": "offline", "epoch": self.epoch}).encode()
+        # a server that vanishes mid-run leaves "stopped"; a clean exit says how the run ended (left_as)
+        will = json.dumps({"state": "offline", "epoch": self.epoch, "phase": "stopped"}).encode()
         super().__init__(address, f"edgefl-{fleet}-server", topics, limits=limits, will=(topics.server_status, will), chunks=chunks)
         self.fleet = fleet
         self.on_register = on_register
@@ -104,6 +105,7 @@ class MqttServerTransport(Endpoint):
         self.pending: dict[str, _Pending] = {}
         self.seen_replies: OrderedDict[str, None] = OrderedDict()
         self.status: dict[str, str] = {}
+        self.status_at: dict[str, float] = {}  # device → wall-clock time its status last changed
         self.last_seen: dict[str, float] = {}  # device → wall-clock time of its last message
         self.stats = ExchangeStats()
         # the longest recent wait for a request's first acknowledgement (decays ×0.9 per one seen):
@@ -263,6 +265,16 @@ class MqttServerTransport(Endpoint):
         self.checker.shutdown(wait=False, cancel_futures=True)
         super().stop(graceful)
 
+    def left_as(self, phase: str) -> None:
+        """Before a clean exit: the retained server status says the server is gone and how its
+        run ended (``finished`` or ``interrupted``); a clean disconnect sends no Last Will."""
+        data = json.dumps({"state": "offline", "epoch": self.epoch, "phase": phase}).encode()
+        info = self.client.publish(self.topics.server_status, data, qos=1, retain=True)
+        try:
+            info.wait_for_publish(5)
+        except (RuntimeError, ValueError):
+            pass
+
     def announce_end(self) -> None:
         """Tell every device (retained, so also those reconnecting later) that the run is over."""
         env = Envelope("finish", 0, "*", fleet=self.fleet, payload=Payload({}, {"run_over": True, "epoch": self.epoch}))
@@ -287,6 +299,7 @@ class MqttServerTransport(Endpoint):
         if leaf == "status":
             with self.lock:
                 self.status[device_id] = data.decode("utf-8", "replace")[:32] or "unknown"
+                self.status_at[device_id] = time.time()
             return
         try:
             r = peek(data, self.limits)
