@@ -53,7 +53,7 @@ pi-check: venv
 
 # The sdist and the wheel of edgefl-toolkit, into dist/ (what docs/install-pi-jetson.md copies to a device).
 dist: venv
-	rm -rf dist && $(PY) -m build --outdir dist .
+	rm -rf dist build && $(PY) -m build --outdir dist .
 	@ls -l dist
 
 # The CLI reference (cli/README.md) and shell completions (cli/completion/), generated from the

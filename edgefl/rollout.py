@@ -32,6 +32,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -262,10 +263,12 @@ def _connect(address, client_id: str, fleet: str, on_message=None, subscribe: tu
 
 
 def run_agent(address, fleet: str, device_id: str, store: ModelStore, *, max_bytes: int = 256 * 1024 * 1024,
-              stop: threading.Event | None = None) -> None:
-    """Serve model commands for ``device_id`` until ``stop`` is set (or interrupted)."""
+              stop: threading.Event | None = None, say: Callable[[str], None] | None = None) -> None:
+    """Serve model commands for ``device_id`` until ``stop`` is set (or interrupted). Every install,
+    rollback and refusal is one line through ``say`` (default: the log at INFO)."""
     from edgefl.transport.mqtt import Topics
 
+    say = say or (lambda line: log.info("device %s: %s", device_id, line))
     topics = Topics(fleet)
     stop = stop or threading.Event()
     report_topic = topics.device(device_id, "active")
@@ -281,20 +284,24 @@ def run_agent(address, fleet: str, device_id: str, store: ModelStore, *, max_byt
             command, model = decode_command(data, max_bytes)
             if command.device_id != device_id or command.fleet != fleet:
                 raise RolloutError(f"a model command for {command.device_id!r} in fleet {command.fleet!r}")
-            before = store.active()
+            before = (store.active() or {}).get("version")
             store.apply(command, model)
-            after = store.active()
-            if before != after:
-                log.info("device %s: active model is now %s", device_id, after["version"])
+            after = (store.active() or {}).get("version")
+            if command.action == "rollback":
+                say(f"rolled back from {before} to {after}" if before != after else f"rollback: {after} stays active")
+            elif before != after:
+                say(f"installed {after} ({command.format or 'onnx'}, {command.size} bytes, sha256 {command.digest[:12]}…; "
+                    f"previous: {before})")
+            else:
+                say(f"{after} is already active")
             publish_report()
         except (RolloutError, ConfigError) as e:
-            log.warning("device %s: refused a model command: %s", device_id, e)
+            say(f"refused a model command: {e} (active: {(store.active() or {}).get('version')})")
             publish_report(str(e))
 
     conn = _connect(address, f"edgefl-{fleet}-{device_id}-agent", fleet, on_message, (topics.device(device_id, "model"),))
     conn.on_connected = publish_report
     conn.start()
-    log.info("device %s: model agent serving %s (active: %s)", device_id, store.dir, (store.active() or {}).get("version"))
     try:
         while not stop.wait(0.5):
             pass

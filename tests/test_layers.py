@@ -12,7 +12,7 @@ ROOT = Path(edgefl.__file__).parent
 
 #: What each part of the library may import (besides itself). Everything else is a layering error.
 ALLOWED = {
-    "cli": {"retry", "edgefl", "rollout", "dashboard", "runtime", "algorithms", "transport", "wire", "profiling", "export", "inference", "models", "data", "report", "config", "errors"},
+    "cli": {"names", "retry", "edgefl", "rollout", "dashboard", "runtime", "algorithms", "transport", "wire", "profiling", "export", "inference", "models", "data", "report", "config", "errors"},
     "runtime": {"retry", "algorithms", "transport", "wire", "profiling", "export", "models", "data", "report", "config", "errors"},
     "algorithms": {"wire", "models", "data", "errors"},
     "transport": {"retry", "wire", "errors"},
@@ -26,6 +26,7 @@ ALLOWED = {
     "rollout": {"retry", "inference", "transport", "wire", "errors"},  # model rollout to devices, beside runtime
     "dashboard": {"runtime", "errors"},  # a web page over the fleet status, beside the CLI
     "config": {"errors"},
+    "names": {"errors"},  # the registries' names, known without importing them (no torch)
     "errors": set(),
     "retry": {"errors"},  # backoff helper, usable from any layer
     "edgefl": {"errors"},  # the package's own __init__

@@ -1,16 +1,86 @@
-"""Helpers shared by command modules (so that no command module imports another)."""
+"""What command modules share (so that no command module imports another): the broker and TLS
+options, defined once, and small parsing helpers."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgefl.errors import ConfigError
+from edgefl.names import ALGORITHMS, DATASETS, MODEL_FAMILIES, listing
+
+# --- options every command that talks to the broker takes -------------------------------------
+Broker = Annotated[str, typer.Option("--broker", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port].")]
+Fleet = Annotated[str, typer.Option("--fleet", envvar="EDGEFL_FLEET", help="Fleet name (topics edgefl/<fleet>/...).")]
+Username = Annotated[str, typer.Option("--username", envvar="EDGEFL_USERNAME", help="MQTT username (default: from the URL).")]
+Password = Annotated[str, typer.Option("--password", envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"], help="MQTT password (prefer --password-file).")]
+PasswordFile = Annotated[Path, typer.Option("--password-file", envvar="EDGEFL_PASSWORD_FILE", help="File holding the MQTT password (e.g. systemd's $CREDENTIALS_DIRECTORY/password).")]
+CaFile = Annotated[str, typer.Option("--ca-file", envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://).")]
+CertFile = Annotated[str, typer.Option("--cert-file", envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate (edgefl broker add-device --certs).")]
+KeyFile = Annotated[str, typer.Option("--key-file", envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key.")]
+DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+
+# --- the registries' choices, for --help (edgefl.names: known without importing torch) --------
+ALGORITHM_HELP = f"Method: {listing(ALGORITHMS)}; default fedavg."
+MODEL_HELP = f"Model family: {listing(MODEL_FAMILIES)} (default: the method's)."
+DATASET_HELP = f"Dataset: {listing(d for d in DATASETS if d != 'imagefolder')}, or imagefolder:DIR."
+
+
+def read_password(password: str | None, password_file: Path | str | None) -> str | None:
+    """The password given, else the first line of ``password_file``; unreadable: exit 3."""
+    if password or not password_file:
+        return password
+    try:
+        return Path(password_file).read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read the password file {password_file} (--password-file): {e.strerror or e}") from None
+
+
+def connection_address(broker: str, username: str | None, password: str | None, ca_file: str | None,
+                       cert_file: str | None, key_file: str | None, password_file: Path | str | None = None):
+    from edgefl.transport.mqtt import BrokerAddress
+
+    password = read_password(password, password_file)
+    return BrokerAddress.parse(broker).with_credentials(username, password).with_tls(ca_file, cert_file, key_file)
+
+
+def split_list(value: str | None) -> tuple[str, ...] | None:
+    """``"a, b"`` → ``("a", "b")``; None stays None."""
+    return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    """``["k=v", ...]`` → ``{"k": "v"}`` (``--option``)."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} {item!r} must look like key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def check_run_names(explicit: dict) -> None:
+    """Unknown algorithm, model or dataset names, and invalid values, before torch is imported:
+    a mistake is reported at once, not after seconds of imports. (The method's defaults, merged
+    later, set no value these checks depend on.)"""
+    from edgefl.config import resolve_config
+    from edgefl.names import check_algorithm, check_dataset, check_model
+
+    check_algorithm(explicit.get("algorithm", "fedavg"))
+    if explicit.get("model") is not None:
+        check_model(explicit["model"])
+    if explicit.get("dataset") is not None:
+        check_dataset(explicit["dataset"])
+    resolve_config(explicit)
 
 
 def load_profile(path: Path | None) -> dict | None:
     if path is None:
         return None
-    from edgefl.errors import ConfigError
-
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -18,3 +88,29 @@ def load_profile(path: Path | None) -> dict | None:
     if not isinstance(data, dict):
         raise ConfigError(f"profile {path} is not a JSON object")
     return data
+
+
+def serve_models(address, fleet: str, device_id: str, models_dir: str | None, input_shape: str | None, say) -> None:
+    """Be the device's model agent (``edgefl device agent``, ``edgefl train --models-dir``) until stopped."""
+    import signal
+    import threading
+
+    from edgefl.rollout import ModelStore, run_agent
+    from edgefl.rollout import models_dir as resolve_models_dir
+    from edgefl.transport.broker import check_device_id
+
+    check_device_id(device_id)
+    shape = None
+    if input_shape:
+        try:
+            shape = [int(v) for v in input_shape.split(",")]
+        except ValueError:
+            raise ConfigError(f"--input-shape {input_shape!r}: give C,H,W, e.g. 1,28,28") from None
+    store = ModelStore(resolve_models_dir(models_dir), expected_input_shape=shape)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    say(f"model agent of {device_id} in fleet {fleet}: {store.dir} (active: {(store.active() or {}).get('version')})")
+    try:
+        run_agent(address, fleet, device_id, store, stop=stop)
+    except KeyboardInterrupt:
+        pass

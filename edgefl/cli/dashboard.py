@@ -7,18 +7,32 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from edgefl.cli.common import (
+    DEFAULT_BROKER,
+    Broker,
+    CaFile,
+    CertFile,
+    Fleet,
+    KeyFile,
+    Password,
+    PasswordFile,
+    Username,
+    connection_address,
+)
+
 err = Console(stderr=True)
 
 
 def dashboard(
-    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
-    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name."),
+    broker: Broker = DEFAULT_BROKER,
+    fleet: Fleet = "default",
     run: Path = typer.Option(None, "--run", help="Follow RUN/status.json instead of the broker."),
-    username: str = typer.Option(None, envvar="EDGEFL_USERNAME", help="MQTT username (an operator account)."),
-    password: str = typer.Option(None, envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"], help="MQTT password."),
-    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate."),
-    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate."),
-    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+    username: Username = None,
+    password: Password = None,
+    password_file: PasswordFile = None,
+    ca_file: CaFile = None,
+    cert_file: CertFile = None,
+    key_file: KeyFile = None,
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8080, help="Port (0: a free one)."),
     web_password: str = typer.Option(None, "--web-password", envvar="EDGEFL_DASHBOARD_PASSWORD",
@@ -41,10 +55,9 @@ def dashboard(
 
         feed = None
     else:
-        from edgefl.cli.fleet import connection_address
         from edgefl.runtime.status import StatusFeed
 
-        feed = StatusFeed(connection_address(broker, username, password, ca_file, cert_file, key_file), fleet).start()
+        feed = StatusFeed(connection_address(broker, username, password, ca_file, cert_file, key_file, password_file), fleet).start()
         source = feed.latest
     try:
         run_dashboard(source, host=host, port=port, password=web_password,

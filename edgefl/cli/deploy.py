@@ -9,6 +9,19 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from edgefl.cli.common import (
+    DEFAULT_BROKER,
+    Broker,
+    CaFile,
+    CertFile,
+    Fleet,
+    KeyFile,
+    Password,
+    PasswordFile,
+    Username,
+    connection_address,
+)
+
 err = Console(stderr=True)
 
 
@@ -35,17 +48,17 @@ def deploy(
     version: str = typer.Option(None, "--version", help="Version name (default: the run or file name and the time)."),
     rollback: bool = typer.Option(False, "--rollback", help="Return the devices to their previous version."),
     wait: float = typer.Option(30.0, help="Seconds to wait for the devices' reports (0: do not wait)."),
-    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
-    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name."),
-    username: str = typer.Option(None, envvar="EDGEFL_USERNAME", help="MQTT username (an operator account)."),
-    password: str = typer.Option(None, envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"], help="MQTT password."),
-    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate."),
-    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate."),
-    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+    broker: Broker = DEFAULT_BROKER,
+    fleet: Fleet = "default",
+    username: Username = None,
+    password: Password = None,
+    password_file: PasswordFile = None,
+    ca_file: CaFile = None,
+    cert_file: CertFile = None,
+    key_file: KeyFile = None,
     as_json: bool = typer.Option(False, "--json", help="Print the devices' reports as JSON."),
 ) -> None:
     """Publish each device its model (versioned, with a SHA-256 digest); devices check, install and report."""
-    from edgefl.cli.fleet import connection_address
     from edgefl.errors import ConfigError
     from edgefl.rollout import deploy_command, encode_command, publish_commands, rollback_command
 
@@ -92,7 +105,7 @@ def deploy(
             messages[d] = encode_command(command, data)
             expect[d] = name
             err.print(f"{d}: {path} ({chosen}, {len(data)} bytes) as version {name}", highlight=False)
-    address = connection_address(broker, username, password, ca_file, cert_file, key_file)
+    address = connection_address(broker, username, password, ca_file, cert_file, key_file, password_file)
     reports = publish_commands(address, fleet, messages, wait=wait, expect=expect)
     if as_json:
         typer.echo(json.dumps(reports, sort_keys=True))

@@ -10,14 +10,21 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from edgefl.cli.common import (
+    DEFAULT_BROKER,
+    Broker,
+    CaFile,
+    CertFile,
+    Fleet,
+    KeyFile,
+    Password,
+    PasswordFile,
+    Username,
+    connection_address,
+)
+
 app = typer.Typer(help="Look at a running fleet.", no_args_is_help=True)
 out = Console()
-
-
-def connection_address(broker: str, username: str | None, password: str | None, ca_file: str | None, cert_file: str | None, key_file: str | None):
-    from edgefl.transport.mqtt import BrokerAddress
-
-    return BrokerAddress.parse(broker).with_credentials(username, password).with_tls(ca_file, cert_file, key_file)
 
 
 def _ago(t: float | None, now: float) -> str:
@@ -94,14 +101,15 @@ def render(status: dict[str, Any]) -> None:
 
 @app.command("status")
 def status(
-    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
-    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name."),
+    broker: Broker = DEFAULT_BROKER,
+    fleet: Fleet = "default",
     run: Path = typer.Option(None, "--run", help="Read RUN/status.json instead of the broker."),
-    username: str = typer.Option(None, envvar="EDGEFL_USERNAME", help="MQTT username (an operator account)."),
-    password: str = typer.Option(None, envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"], help="MQTT password."),
-    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate."),
-    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate."),
-    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+    username: Username = None,
+    password: Password = None,
+    password_file: PasswordFile = None,
+    ca_file: CaFile = None,
+    cert_file: CertFile = None,
+    key_file: KeyFile = None,
     timeout: float = typer.Option(5.0, help="Seconds to wait for the retained status."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
@@ -112,7 +120,7 @@ def status(
     if run is not None:
         data = read_status_from_run(run)
     else:
-        data = read_status_from_broker(connection_address(broker, username, password, ca_file, cert_file, key_file), fleet, timeout)
+        data = read_status_from_broker(connection_address(broker, username, password, ca_file, cert_file, key_file, password_file), fleet, timeout)
     if as_json:
         typer.echo(json.dumps(data, sort_keys=True))
         return

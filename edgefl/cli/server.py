@@ -8,7 +8,24 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from edgefl.cli.simulate import _pairs, _split
+from edgefl.cli.common import (
+    ALGORITHM_HELP,
+    DATASET_HELP,
+    DEFAULT_BROKER,
+    MODEL_HELP,
+    Broker,
+    CaFile,
+    CertFile,
+    Fleet,
+    KeyFile,
+    Password,
+    PasswordFile,
+    Username,
+    check_run_names,
+    parse_pairs,
+    read_password,
+    split_list,
+)
 
 app = typer.Typer(help="Run a fleet's server over MQTT.", no_args_is_help=True)
 err = Console(stderr=True)
@@ -16,9 +33,9 @@ err = Console(stderr=True)
 
 @app.command("start")
 def start(
-    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
-    fleet: str = typer.Option("default", help="Fleet name (topics edgefl/<fleet>/...)."),
-    algorithm: str = typer.Option(None, "--algorithm", "-a", help="Method; default fedavg."),
+    broker: Broker = DEFAULT_BROKER,
+    fleet: Fleet = "default",
+    algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
     option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
     rounds: int = typer.Option(None, help="Training rounds."),
     min_devices: int = typer.Option(None, help="Ready devices to wait for before the first round (start threshold only)."),
@@ -27,10 +44,10 @@ def start(
     deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
     gone_after: float = typer.Option(None, help="Fleet status: seconds without a connection before a device shows as gone (default: the deadline)."),
     checkpoint_dir: Path = typer.Option(None, help="Checkpoint after every round; resume from here."),
-    dataset: str = typer.Option(None, help="The task's dataset (input shape, classes; public share)."),
+    dataset: str = typer.Option(None, help="The task's dataset (input shape, classes; public share). " + DATASET_HELP),
     data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
     train_samples: int = typer.Option(None, help="Training-set subsample the devices' shards come from."),
-    model: str = typer.Option(None, help="Model family."),
+    model: str = typer.Option(None, help=MODEL_HELP),
     tiers: str = typer.Option(None, help="Comma-separated tiers the policy may assign."),
     width: float = typer.Option(None, help="Channel width multiplier."),
     feature_dim: int = typer.Option(None, help="Common feature dimension."),
@@ -46,30 +63,36 @@ def start(
     config: Path = typer.Option(None, "--config", help="TOML file with run settings."),
     wait: float = typer.Option(None, help="Give up if min-devices are not ready after this many seconds."),
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
-    username: str = typer.Option(None, help="MQTT username (default: from the URL)."),
-    password: str = typer.Option(None, envvar="EDGEFL_MQTT_PASSWORD", help="MQTT password."),
-    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://)."),
-    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate (edgefl broker add-device --certs)."),
-    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+    username: Username = None,
+    password: Password = None,
+    password_file: PasswordFile = None,
+    ca_file: CaFile = None,
+    cert_file: CertFile = None,
+    key_file: KeyFile = None,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
 ) -> None:
     """Wait for devices, then run the rounds; devices may join later, late ones are recorded."""
-    from edgefl.algorithms import get_algorithm
-    from edgefl.config import load_toml, resolve_config
-    from edgefl.runtime.server import ServeOptions, serve
+    from edgefl.config import load_toml
 
     explicit = load_toml(config) if config else {}
     flags = {
         "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "min_fit": min_fit, "fraction": fraction,
         "dataset": dataset, "data_dir": data_dir, "train_samples": train_samples, "model": model,
-        "tiers": _split(tiers), "width": width, "feature_dim": feature_dim, "epochs": epochs,
+        "tiers": split_list(tiers), "width": width, "feature_dim": feature_dim, "epochs": epochs,
         "steps": steps, "batch_size": batch_size, "optimizer": optimizer, "lr": lr,
         "eval_every": eval_every, "seed": seed, "out_dir": str(out) if out else None, "run_name": run_name,
     }
     explicit.update({k: v for k, v in flags.items() if v is not None})
     if option:
-        explicit["options"] = {**explicit.get("options", {}), **_pairs(option, "option")}
+        explicit["options"] = {**explicit.get("options", {}), **parse_pairs(option, "option")}
     explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1))
+    check_run_names(explicit)  # names and values, before torch is imported
+    password = read_password(password, password_file)
+
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import resolve_config
+    from edgefl.runtime.server import ServeOptions, serve
+
     algo = get_algorithm(explicit.get("algorithm", "fedavg"))
     cfg = resolve_config(explicit, dict(algo.defaults))
     opts = ServeOptions(

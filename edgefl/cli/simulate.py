@@ -10,6 +10,14 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from edgefl.cli.common import (
+    ALGORITHM_HELP,
+    DATASET_HELP,
+    MODEL_HELP,
+    check_run_names,
+    parse_pairs,
+    split_list,
+)
 from edgefl.errors import ConfigError
 
 err = Console(stderr=True)
@@ -25,10 +33,6 @@ def device_entry() -> None:
         runpy.run_module("edgefl.cli.main", run_name="__main__", alter_sys=True)
 
 
-def _split(value: str | None) -> tuple[str, ...] | None:
-    return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
-
-
 def _rounds(value: str | None) -> tuple[int, ...] | None:
     if value is None:
         return None
@@ -40,20 +44,10 @@ def _rounds(value: str | None) -> tuple[int, ...] | None:
         raise typer.BadParameter(f"--lr-decay-rounds {value!r}: give rounds as integers, e.g. 5,8") from None
 
 
-def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{what} {item!r} must look like key=value")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def simulate(
-    algorithm: str = typer.Option(None, "--algorithm", "-a", help="Method (see README); default fedavg."),
+    algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
     option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
-    dataset: str = typer.Option(None, help="fashion-mnist, mnist, cifar10, cifar100, cinic10, imagefolder:DIR, synthetic."),
+    dataset: str = typer.Option(None, help=DATASET_HELP),
     data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
     partition: str = typer.Option(None, help="iid, dirichlet or shards."),
     alpha: float = typer.Option(None, help="Dirichlet concentration (> 0)."),
@@ -69,7 +63,7 @@ def simulate(
     optimizer: str = typer.Option(None, help="sgd or adam."),
     lr: float = typer.Option(None, help="Learning rate."),
     lr_decay_rounds: str = typer.Option(None, "--lr-decay-rounds", help="Comma-separated rounds (from 0) at which the lr is multiplied by 0.1 (a MultiStepLR; 'none' for no decay)."),
-    model: str = typer.Option(None, help="Model family (resnet, cnn, hierarchy-depth, hierarchy-width, …)."),
+    model: str = typer.Option(None, help=MODEL_HELP),
     tiers: str = typer.Option(None, help="Comma-separated tiers of the family, assigned round-robin to devices."),
     fleet_file: Path = typer.Option(None, "--fleet-file", help="Fleet file (devices/*.yaml): device profiles; each device's tier by the tier policy."),
     width: float = typer.Option(None, help="Channel width multiplier (CPU-sized runs: 0.25)."),
@@ -94,11 +88,7 @@ def simulate(
     reference_cache: Path = typer.Option(None, "--reference-cache", help="Directory caching reference runs by configuration."),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
-    from edgefl.algorithms import get_algorithm
-    from edgefl.config import load_toml, resolve_config
-    from edgefl.data import dataset_info
-    from edgefl.models import family_tiers
-    from edgefl.runtime.simulation import simulate as run_simulation
+    from edgefl.config import load_toml
 
     explicit = load_toml(config) if config else {}
     flags = {
@@ -120,7 +110,7 @@ def simulate(
         "lr": lr,
         "lr_decay_rounds": _rounds(lr_decay_rounds),
         "model": model,
-        "tiers": _split(tiers),
+        "tiers": split_list(tiers),
         "fleet_file": str(fleet_file) if fleet_file else None,
         "width": width,
         "feature_dim": feature_dim,
@@ -135,11 +125,21 @@ def simulate(
     }
     explicit.update({k: v for k, v in flags.items() if v is not None})
     if option:
-        explicit["options"] = {**explicit.get("options", {}), **_pairs(option, "option")}
+        explicit["options"] = {**explicit.get("options", {}), **parse_pairs(option, "option")}
     if explicit.get("fleet_file") and "clients" not in explicit:  # the fleet file names the devices
         from edgefl.profiling import load_fleet
 
         explicit["clients"] = len(load_fleet(explicit["fleet_file"]))
+    check_run_names(explicit)  # names and values, before torch is imported
+    if transport not in ("memory", "mqtt"):
+        raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
+
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import resolve_config
+    from edgefl.data import dataset_info
+    from edgefl.models import family_tiers
+    from edgefl.runtime.simulation import simulate as run_simulation
+
     algo = get_algorithm(explicit.get("algorithm", "fedavg"))
     cfg = resolve_config(explicit, dict(algo.defaults))
     # fail on unknown names before any progress is drawn

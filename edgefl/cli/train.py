@@ -26,8 +26,22 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from edgefl.cli.common import load_profile
+from edgefl.cli.common import (
+    DEFAULT_BROKER,
+    Broker,
+    CaFile,
+    CertFile,
+    Fleet,
+    KeyFile,
+    Password,
+    PasswordFile,
+    Username,
+    connection_address,
+    load_profile,
+    serve_models,
+)
 from edgefl.errors import ConfigError
+from edgefl.names import check_dataset
 
 err = Console(stderr=True)
 
@@ -56,7 +70,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return {key.replace("-", "_"): value for key, value in data.items()}
 
 
-def resolve(values: dict[str, Any], sources: dict[str, str], config: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+#: Settings a run cannot do without: the option, its environment variable, its key in the file.
+REQUIRED = {"device_id": ("--device-id", "EDGEFL_DEVICE_ID"), "data": ("--data", None)}
+
+
+def merge(values: dict[str, Any], sources: dict[str, str], config: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
     """Options > environment > file > defaults. ``sources`` says where each value came from
     ("option", "env", "default"); file values fill those that came from defaults."""
     resolved, origin = dict(values), dict(sources)
@@ -70,9 +88,22 @@ def resolve(values: dict[str, Any], sources: dict[str, str], config: Path | None
         except OSError as e:
             raise ConfigError(f"cannot read the password file {resolved['password_file']}: {e.strerror or e}") from None
         origin["password"] = f"password file {resolved['password_file']}"
-    missing = [f"--{k.replace('_', '-')}" for k in ("device_id", "data") if not resolved.get(k)]
+    return resolved, origin
+
+
+def require(resolved: dict[str, Any]) -> None:
+    """Exit 3 naming each required setting that is missing, and every way to give it."""
+    missing = []
+    for key, (option, env) in REQUIRED.items():
+        if not resolved.get(key):
+            missing.append(f"{option} (or {env}, or {key} = ... in the --config file)" if env else f"{option} (or {key} = ... in the --config file)")
     if missing:
-        raise ConfigError(f"edgefl train needs {' and '.join(missing)} (an option, EDGEFL_DEVICE_ID for the id, or the --config file)")
+        raise ConfigError(f"edgefl train needs {' and '.join(missing)}")
+
+
+def resolve(values: dict[str, Any], sources: dict[str, str], config: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+    resolved, origin = merge(values, sources, config)
+    require(resolved)
     return resolved, origin
 
 
@@ -93,18 +124,18 @@ def _source(ctx: typer.Context, name: str) -> str:
 
 def train(
     ctx: typer.Context,
-    broker: str = typer.Option("mqtt://127.0.0.1:1883", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."),
-    fleet: str = typer.Option("default", envvar="EDGEFL_FLEET", help="Fleet name (topics edgefl/<fleet>/...)."),
+    broker: Broker = DEFAULT_BROKER,
+    fleet: Fleet = "default",
     device_id: str = typer.Option(None, "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."),
     data: str = typer.Option(None, help="Dataset[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]."),
     tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
     profile: Path = typer.Option(None, help="Profile JSON (edgefl device profile --json); default: measure this machine."),
-    username: str = typer.Option(None, envvar="EDGEFL_USERNAME", help="MQTT username (default: from the URL)."),
-    password: str = typer.Option(None, envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"], help="MQTT password (prefer --password-file)."),
-    password_file: Path = typer.Option(None, "--password-file", envvar="EDGEFL_PASSWORD_FILE", help="File holding the MQTT password (e.g. systemd's $CREDENTIALS_DIRECTORY/password)."),
-    ca_file: str = typer.Option(None, envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://)."),
-    cert_file: str = typer.Option(None, envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate (edgefl broker add-device --certs)."),
-    key_file: str = typer.Option(None, envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+    username: Username = None,
+    password: Password = None,
+    password_file: PasswordFile = None,
+    ca_file: CaFile = None,
+    cert_file: CertFile = None,
+    key_file: KeyFile = None,
     config: Path = typer.Option(None, "--config", envvar="EDGEFL_CONFIG", help="TOML file of settings (options and environment variables win over it)."),
     wait: float = typer.Option(None, "--wait", help="Seconds to wait for an unreachable broker before exiting with code 4 (default: forever)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved settings and where each came from, then exit."),
@@ -127,16 +158,14 @@ def train(
     }  # fmt: skip
     sources = {key: _source(ctx, key) for key in values}
     if print_config:
-        try:
-            resolved, origin = resolve(values, sources, config)
-        except ConfigError as e:  # show what there is, then fail as the run would
-            err.print(f"[yellow]incomplete:[/] {e}", highlight=False, soft_wrap=True)
-            resolved, origin = values, sources
+        resolved, origin = merge(values, sources, config)
         for key in sorted(resolved):
             shown = "***" if key == SECRET and resolved[key] else resolved[key]
             typer.echo(f"{key} = {json.dumps(shown if shown is None or isinstance(shown, int | float | bool) else str(shown))}  # {origin.get(key, 'default')}")
+        require(resolved)  # shown what there is; a missing setting fails as the run would (exit 3)
         return
     resolved, _ = resolve(values, sources, config)
+    check_dataset(str(resolved["data"]))  # an unknown dataset fails here, before the broker and torch
 
     def say(line: str) -> None:
         typer.echo(f"[{resolved['device_id']}] {line}")
@@ -172,8 +201,5 @@ def train(
     served = run_device(opts)
     say(f"done: served {served} requests")
     if resolved["models_dir"]:  # the run is over: receive the deployed model (edgefl deploy) until stopped
-        from edgefl.cli.device import agent
-
-        agent(broker=opts.broker, fleet=opts.fleet, device_id=opts.device_id, models_dir=resolved["models_dir"],
-              input_shape=None, username=opts.username, password=opts.password, ca_file=opts.ca_file,
-              cert_file=opts.cert_file, key_file=opts.key_file)
+        address = connection_address(opts.broker, opts.username, opts.password, opts.ca_file, opts.cert_file, opts.key_file)
+        serve_models(address, opts.fleet, opts.device_id, resolved["models_dir"], None, say)

@@ -441,11 +441,14 @@ def register_once(
     username: str | None = None,
     password: str | None = None,
     timeout: float = 60.0,
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
 ) -> dict[str, Any]:
     """Register (not ready) and return the server's assignment (the ``assign`` envelope's meta:
     spec, algorithm, rounds, epoch …); the device is not added to a run. Needs no torch."""
     check_device_id(device_id)
-    address = BrokerAddress.parse(broker).with_credentials(username, password)
+    address = BrokerAddress.parse(broker).with_credentials(username, password).with_tls(ca_file, cert_file, key_file)
     endpoint = MqttDeviceEndpoint(address, fleet, device_id, client_id=f"edgefl-{fleet}-{device_id}-register", will=False)
     profile = profile if profile is not None else measure_profile(device_id)
     meta: dict[str, Any] = {"profile": json.dumps(profile, sort_keys=True), "ready": False}
