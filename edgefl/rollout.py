@@ -39,7 +39,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from edgefl.errors import ConfigError, EdgeflError
+from edgefl.errors import ConfigError, EdgeflError, WireError
+from edgefl.wire.validate import parse_active
 
 log = logging.getLogger(__name__)
 
@@ -336,11 +337,12 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
 
     def on_message(topic: str, data: bytes) -> None:
         where = topics.parse_device(topic)
-        try:
-            report = json.loads(data) if data else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        if where is None or not data:
             return
-        if where is None or not isinstance(report, dict):
+        try:
+            report = parse_active(data)  # a device's report: bounded, closed schema
+        except WireError as e:
+            log.warning("ignoring a malformed model report from %s: %s", where[0], e)
             return
         reports[where[0]] = report
         if float(report.get("time", 0)) >= started:

@@ -5,6 +5,7 @@ allocation."""
 import os
 import random
 import struct
+import time
 import tracemalloc
 import zlib
 
@@ -17,6 +18,7 @@ from edgefl.transport.chunks import (
     COMPLETE,
     HEADER,
     MAGIC,
+    PIECE_OVERHEAD,
     PROGRESS,
     REFUSED,
     ChunkHeader,
@@ -187,7 +189,7 @@ def test_hostile_chunk_headers_are_refused_before_anything_is_allocated(chunk, r
     assert r.stats.rejected == 1 and r.partial_bytes == 0 and not r.partial
 
 
-def test_the_reassembly_budget_is_checked_before_allocation_and_a_real_message_is_kept():
+def test_memory_is_taken_as_bytes_arrive_and_a_real_message_is_kept():
     s = settings(chunk_size=1000, max_chunk_size=1000, max_partial_bytes=50_000)
     r = Reassembler(s, max_bytes=MAX)
     data = payload(30_000)
@@ -195,17 +197,91 @@ def test_the_reassembly_budget_is_checked_before_allocation_and_a_real_message_i
     assert r.add("a", real[0])[0] is None
     tracemalloc.start()
     try:
-        # another sender claims 40 kB: within the message limit, beyond what is left of the budget
-        with pytest.raises(WireError, match="no room"):
-            r.add("b", forged(mid=b"\1" * 16, count=40, total=40_000, chunk_size=1000, body=b"y" * 1000))
+        # another sender claims the largest message: it costs what it carries, not what it claims
+        r.add("b", forged(mid=b"\1" * 16, count=MAX // 1000 + 1, total=MAX, chunk_size=1000, body=b"y" * 1000))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 64 * 1024
+    assert peak < 64 * 1024 and r.held["b"] == 1000 + PIECE_OVERHEAD
     message = None
     for c in real[1:]:
         message, _ = r.add("a", c)
     assert message == data
+
+
+def test_a_sender_over_its_share_is_refused_while_others_keep_their_room():
+    s = settings(chunk_size=1000, max_chunk_size=1000, max_partial_bytes=10_000, max_sender_bytes=4_000)
+    r = Reassembler(s, max_bytes=MAX)
+    hog = split(payload(9_000), b"\3" * 16, 1000)
+    for c in hog[:3]:
+        r.add("hog", c)
+    with pytest.raises(WireError, match="its share is 4000"):
+        r.add("hog", hog[3])
+    assert r.stats.over_share == 1 and r.held["hog"] == 3 * (1000 + PIECE_OVERHEAD)
+    data = payload(3_000)
+    message = None
+    for c in split(data, MID, 1000):
+        message, _ = r.add("honest", c)
+    assert message == data
+
+
+def test_a_full_budget_is_shared_the_largest_holder_gives_way():
+    s = settings(chunk_size=1000, max_chunk_size=1000, max_partial_bytes=7_000, max_sender_bytes=7_000)
+    r = Reassembler(s, max_bytes=MAX)
+    hogs = [split(payload(8_000), bytes([k]) * 16, 1000) for k in range(2)]
+    for chunks in hogs:  # two partials of 2 chunks each: 4,512 bytes held
+        for c in chunks[:2]:
+            r.add("hog", c)
+    data = payload(3_000)
+    message = None
+    for c in split(data, MID, 1000):  # needs 3,384 more: the hog's oldest partial is evicted
+        message, _ = r.add("honest", c)
+    assert message == data and r.stats.evicted == 1 and len(r.partial["hog"]) == 1
+    # a sender holding more than the others may not evict them to grow further
+    r.add("small", split(payload(2_000), b"\7" * 16, 1000)[0])
+    with pytest.raises(WireError, match="no room"):
+        for c in hogs[1][2:]:
+            r.add("hog", c)
+    assert "small" in r.partial and r.partial_bytes <= 7_000
+
+
+def test_forged_first_chunks_claiming_the_maximum_from_two_accounts_leave_a_third_device_its_room():
+    """Issue 36's chunk test, at the real defaults (256 MiB messages, 1 MiB chunks, 1 GiB budget)."""
+    limit = 256 * 1024 * 1024
+    s = ChunkSettings()
+    r = Reassembler(s, max_bytes=limit)
+    size = s.chunk_size
+    count = limit // size
+    rss = _rss()
+    for k, sender in enumerate(["mallory", "mallory", "trudy", "trudy"]):
+        r.add(sender, forged(mid=bytes([k]) * 16, count=count, total=limit, chunk_size=size, body=bytes([k]) * size))
+    grew = _rss() - rss
+    assert grew < 50 * 1024 * 1024, grew
+    data = payload(5 * size + 123)
+    message = None
+    for c in split(data, MID, size):
+        message, ack = r.add("honest", c)
+    assert message == data and parse_ack(ack)[3] == COMPLETE
+    assert r.stats.rejected == 0 and set(r.partial) == {"mallory", "trudy"}
+    r.close()
+
+
+def _rss() -> int:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_partials_expire_on_a_timer_without_new_traffic():
+    r = Reassembler(settings(idle_after=0.2), max_bytes=MAX)
+    r.add("gone", split(payload(300), MID, 100)[0])
+    end = time.monotonic() + 30
+    while r.partial and time.monotonic() < end:
+        time.sleep(0.02)
+    assert not r.partial and r.partial_bytes == 0 and r.stats.evicted == 1
+    r.close()
+    assert not r.thread.is_alive()
 
 
 def test_an_inconsistent_chunk_is_refused_and_never_displaces_the_real_message():
@@ -247,7 +323,7 @@ def test_each_sender_holds_a_bounded_number_of_partial_messages_and_others_are_u
     r.add("b", other[0])
     for k in range(5):  # sender a starts five messages; it keeps the last two
         r.add("a", split(payload(300), bytes([k]) * 16, 100)[0])
-    assert len(r.partial["a"]) == 2 and r.stats.evicted == 3 and r.partial_bytes == 3 * 300
+    assert len(r.partial["a"]) == 2 and r.stats.evicted == 3 and r.partial_bytes == 3 * (100 + PIECE_OVERHEAD)
     message = None
     for c in other[1:]:
         message, _ = r.add("b", c)
@@ -255,17 +331,18 @@ def test_each_sender_holds_a_bounded_number_of_partial_messages_and_others_are_u
     assert r.drop_idle(-1) == 2 and r.partial_bytes == 0
 
 
-def test_a_reassembly_whose_sender_vanished_is_dropped_by_later_traffic():
+def test_a_reassembly_whose_sender_vanished_is_dropped_when_idle():
     clock = Clock()
-    r = Reassembler(settings(idle_after=100.0), max_bytes=MAX, clock=clock)
+    r = Reassembler(settings(idle_after=100.0), max_bytes=MAX, clock=clock, timer=False)
     live = split(payload(300), b"\x02" * 16, 100)
     r.add("gone", split(payload(300), b"\x01" * 16, 100)[0])
     clock.t = 50.0
     r.add("live", live[0])
-    assert r.partial_bytes == 600  # 50 s idle: kept
+    assert r.drop_idle(100.0) == 0 and r.partial_bytes == 2 * (100 + PIECE_OVERHEAD)  # 50 s idle: kept
     clock.t = 120.0
     r.add("live", live[1])
-    assert set(r.partial) == {"live"} and r.partial_bytes == 300 and r.stats.evicted == 1
+    assert r.drop_idle(100.0) == 1
+    assert set(r.partial) == {"live"} and r.partial_bytes == 2 * (100 + PIECE_OVERHEAD) and r.stats.evicted == 1
 
 
 def test_malformed_acks_are_refused():

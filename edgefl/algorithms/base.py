@@ -176,7 +176,13 @@ class DeviceHalf:
 
 
 class ServerHalf:
-    """Base of every server half."""
+    """Base of every server half.
+
+    ``count_arrays``: the uplink arrays that are per-class sample counts a device claims (knowledge
+    methods weigh classes by them); the round loop clips each, like ``num_samples``, to the weight
+    bound before :meth:`aggregate` sees them (:mod:`edgefl.runtime.claims`)."""
+
+    count_arrays: tuple[str, ...] = ()
 
     def __init__(self, ctx: ServerContext, options: Any):
         self.ctx = ctx

@@ -54,7 +54,7 @@ from edgefl.retry import Backoff, retry
 from edgefl.runtime.setup import DataSpec
 from edgefl.transport.broker import check_device_id
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
-from edgefl.wire import Envelope, Limits, Payload, decode, encode
+from edgefl.wire import Envelope, Limits, Payload, decode, encode, new_nonce
 from edgefl.wire.validate import Routing, peek
 
 if TYPE_CHECKING:  # torch-backed; imported when a model is built (registration needs no torch)
@@ -217,6 +217,7 @@ class DeviceRuntime:
         self.assignment: Assignment | None = None
         self.agent: DeviceAgent | None = None
         self.num_samples = 0
+        self.incarnation = new_nonce()[:16]  # this process's registration epoch: its declared size is fixed within it
         self.server_epoch: str | None = None
         self.registered_epoch: str | None = None  # the epoch whose server accepted us
         self.next_register = 0.0
@@ -231,7 +232,8 @@ class DeviceRuntime:
 
     # -- registration --
     def _register(self) -> None:
-        meta: dict[str, Any] = {"profile": json.dumps(self.profile, sort_keys=True), "ready": self.agent is not None}
+        meta: dict[str, Any] = {"profile": json.dumps(self.profile, sort_keys=True), "ready": self.agent is not None,
+                                "incarnation": self.incarnation}
         if self.opts.tier:
             meta["tier"] = self.opts.tier
         if self.agent is not None:

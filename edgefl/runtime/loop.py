@@ -25,6 +25,7 @@ import safetensors.numpy
 
 from edgefl.algorithms.base import ServerContext, ServerHalf
 from edgefl.errors import EdgeflError
+from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, bound_uplinks
 from edgefl.transport.base import Transport
 from edgefl.wire import Envelope, Payload, new_nonce
 from edgefl.wire.schema import Expectation
@@ -60,6 +61,7 @@ class LoopSettings:
     eval_split: str = "quick"  # per-round evaluation split; the final one uses "test"
     checkpoint_dir: Path | None = None
     stop_when_all_fail: bool = True  # a round where every device failed is a bug in a simulation
+    weight_ratio: float = DEFAULT_WEIGHT_RATIO  # device-supplied weights ≤ this × median declared size (0: off)
 
 
 class RoundLoop:
@@ -174,7 +176,9 @@ class RoundLoop:
             first = next(iter(ex.failed.values()), "unknown")
             raise EdgeflError(f"round {round}: all {len(selected)} devices failed (first: {first})")
         t1 = time.perf_counter()
-        server_metrics = self.server.aggregate(round, {d: r.payload for d, r in ex.replies.items()})
+        uplinks, clipped = bound_uplinks(round, {d: r.payload for d, r in ex.replies.items()}, self.ctx.fleet,
+                                         self.settings.weight_ratio, self.server.count_arrays)
+        server_metrics = self.server.aggregate(round, uplinks)
         t2 = time.perf_counter()
         metas = {d: r.payload.meta for d, r in ex.replies.items()}
         record: dict[str, Any] = {
@@ -184,6 +188,7 @@ class RoundLoop:
             "completed": sorted(ex.replies),
             "failed": ex.failed,
             "rejected": ex.rejected,
+            "clipped": clipped,  # device-supplied weights above the bound: {device: {field: [claimed, used]}}
             "bytes_down": ex.bytes_down,
             "bytes_up": ex.bytes_up,
             "bytes_down_total": sum(ex.bytes_down.values()),

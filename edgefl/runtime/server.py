@@ -24,7 +24,6 @@ the new server epoch and keep their models when the assignment is unchanged).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -40,6 +39,7 @@ from edgefl.errors import EdgeflError, RunRejectedError, TransportError, WireErr
 from edgefl.models import ModelSpec
 from edgefl.report import RunRecorder
 from edgefl.report.recorder import finish_run, run_summary
+from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, label_summary
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.setup import (
     model_spec,
@@ -55,6 +55,7 @@ from edgefl.transport.base import Encoded
 from edgefl.transport.broker import DEVICE_ID
 from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport
 from edgefl.wire import Envelope, Limits, Payload, decode, encode
+from edgefl.wire.validate import parse_profile
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class ServeOptions:
     key_file: str | None = None
     gone_after: float | None = None  # fleet status: seconds without a connection before a device is "gone" (None: deadline)
     memory_fraction: float = 0.5  # tier policy: share of a device's available memory training may use
+    max_weight_ratio: float = DEFAULT_WEIGHT_RATIO  # no device weighs more than this × the median declared size (0: off)
 
 
 class Registry:
@@ -90,6 +92,7 @@ class Registry:
         self.profiles: dict[str, dict[str, Any]] = {}
         self.ready: dict[str, DeviceRecord] = {}
         self.joined: set[str] = set()  # ready devices already in the loop's fleet
+        self.incarnations: dict[str, str] = {}  # device → the registration epoch its size was declared in
         self.rejected = 0
 
     def choose_tier(self, device_id: str, requested: str | None, profile: dict[str, Any]) -> str:
@@ -125,34 +128,49 @@ class Registry:
                 model_cost(self.spec_for(tier))
 
     def handle(self, device_id: str, data: bytes) -> bytes | None:
-        """A registration message → the assignment to send back (None: ignore)."""
+        """A registration message → the assignment to send back (None: ignore).
+
+        The message is decoded with the envelope's bounded machinery (its metadata against the
+        closed :class:`~edgefl.wire.schema.RegisterMeta`, the profile by
+        :func:`~edgefl.wire.validate.parse_profile`); any defect is a WireError, logged and counted
+        in :attr:`rejected`. A ready device's data size is declared once per registration epoch
+        (its ``incarnation``, new each time its process starts): a different count in the same
+        epoch is refused and the declared one kept; in a new epoch it is taken and logged with
+        the old and new values (the loop's weight bound still clips what it may weigh)."""
         try:
             if not DEVICE_ID.match(device_id):
-                raise WireError(f"invalid device id {device_id!r}")
+                raise WireError(f"invalid device id {device_id[:80]!r}")
             env = decode(data, REGISTER_LIMITS)
+            if env.kind != "register" or env.device_id != device_id:
+                raise WireError(f"a {env.kind!r} message for {env.device_id!r} on {device_id!r}'s registration topic")
             meta = env.payload.meta
             epoch = meta.get("epoch")
             if epoch is not None and epoch != self.epoch:
                 log.info("ignoring a registration of %s for an earlier server (%s)", device_id, epoch)
                 return None
-            profile = json.loads(str(meta.get("profile", "{}")))
-            if not isinstance(profile, dict):
-                raise WireError("the profile is not a JSON object")
+            profile = parse_profile(meta.get("profile", "{}"))
             requested = str(meta["tier"]) if meta.get("tier") else None
+            ready = bool(meta.get("ready", False))
+            incarnation = str(meta.get("incarnation") or "")
             with self.lock:
                 spec = self.assigned.get(device_id)
+                before = self.ready.get(device_id)
+                if ready and before is not None and before.num_samples != meta["num_samples"]:
+                    if not incarnation or self.incarnations.get(device_id) == incarnation:
+                        raise WireError(f"device {device_id} re-declared {meta['num_samples']} samples without a new registration epoch "
+                                        f"(declared {before.num_samples}); the declared size stands")
+                    log.warning("device %s re-registered (registration epoch %s) declaring %d samples, was %d",
+                                device_id, incarnation or "-", meta["num_samples"], before.num_samples)
             if spec is None or (requested and requested != spec.tier):
                 spec = self.spec_for(self.choose_tier(device_id, requested, profile))
-            ready = bool(meta.get("ready", False))
             with self.lock:
                 self.assigned[device_id] = spec
                 self.profiles[device_id] = profile
                 if ready:
-                    num_samples = int(meta.get("num_samples", 0))
-                    if num_samples < 1:
-                        raise WireError("a ready device must report num_samples >= 1")
+                    num_samples = int(meta["num_samples"])  # present: RegisterMeta requires it of a ready device
                     if device_id not in self.ready:
                         log.info("device %s is ready: %s, %d samples", device_id, spec.name, num_samples)
+                    self.incarnations[device_id] = incarnation
                     self.ready[device_id] = DeviceRecord(spec=spec, num_samples=num_samples, profile=profile)
                     self.lock.notify_all()
         except RunRejectedError as e:  # a valid request the run cannot serve: tell the device why
@@ -160,7 +178,7 @@ class Registry:
                 self.rejected += 1
             log.warning("rejected a registration from %s: %s", device_id, e)
             return encode(Envelope("assign", 0, device_id, fleet=self.opts.fleet, payload=Payload({}, {"rejected": str(e), "epoch": self.epoch})))
-        except (WireError, ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
+        except WireError as e:
             with self.lock:
                 self.rejected += 1
             log.warning("rejected a registration from %s: %s", device_id, e)
@@ -251,6 +269,7 @@ def serve(
             eval_every=cfg.eval_every,
             checkpoint_dir=opts.checkpoint_dir,
             stop_when_all_fail=False,  # a real fleet can be all offline for a round
+            weight_ratio=opts.max_weight_ratio,
         )
         resuming = opts.checkpoint_dir is not None and (Path(opts.checkpoint_dir) / "progress.json").exists()
         previous = (run_dir / "rounds.jsonl").read_text() if resuming and (run_dir / "rounds.jsonl").exists() else ""
@@ -299,7 +318,7 @@ def serve(
             transport="mqtt", resumed_at_round=loop.start_round, registrations_rejected=registry.rejected,
             wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
         )
-        finish_run(recorder, summary)
+        finish_run(recorder, label_summary(summary))
         status.finished(final, result_of(summary))
         ended = "finished"
         if on_done:

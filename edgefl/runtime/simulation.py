@@ -16,6 +16,7 @@ from edgefl.export.checkpoint import save_device_models
 from edgefl.report import RunRecorder
 from edgefl.report.recorder import finish_run, run_summary
 from edgefl.runtime.agent import DeviceAgent
+from edgefl.runtime.claims import label_summary
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.setup import (  # noqa: F401  (re-exported: the library's older import path)
     assemble,
@@ -129,7 +130,7 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
         cfg, final, rounds, {d: s.tier for d, s in specs.items()},
         test_samples=len(test), wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
     )
-    finish_run(recorder, summary, plots=plots)
+    finish_run(recorder, label_summary(summary), plots=plots)
     if on_done:
         on_done(server)
     return summary

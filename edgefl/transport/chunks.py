@@ -22,13 +22,18 @@ of it at the measured acknowledgement rate, and doubles with each consecutive st
 still queued behind others is never re-sent because a fixed clock ran out.
 
 **Receiving** (:class:`Reassembler`): every field of a chunk's header is checked before anything is
-allocated (total within ``max_bytes``, chunk size within ``max_chunk_size``, count equal to
-``ceil(total / chunk size)``, index below count, the data's length and CRC-32); a sender has at most
-``max_partial_per_sender`` messages in reassembly and all senders together at most
-``max_partial_bytes``; a chunk that disagrees with its message's first chunk is refused. A complete
-message must match the whole-message CRC-32, and is then handed to the caller, who decodes and
-checks it exactly as an unchunked envelope. Every refusal is a :class:`~edgefl.errors.WireError`,
-counted, and leaves the other reassemblies untouched.
+kept (total within ``max_bytes``, chunk size within ``max_chunk_size``, count equal to
+``ceil(total / chunk size)``, index below count, the data's length and CRC-32). Memory is taken as
+bytes arrive, never at the size a first chunk claims: each chunk held is charged its data plus
+:data:`PIECE_OVERHEAD`. A sender has at most ``max_partial_per_sender`` messages in reassembly and
+at most its share of the budget (``max_sender_bytes``, default one whole message); all senders
+together at most ``max_partial_bytes``, and when that is full a sender below the largest holder
+evicts that holder's oldest partial, so a sender over its share is refused while the others keep
+their room. A timer thread drops partials untouched for ``idle_after`` seconds, with or without
+traffic. A chunk that disagrees with its message's first chunk is refused. A complete message must
+match the whole-message CRC-32, and is then handed to the caller, who decodes and checks it exactly
+as an unchunked envelope. Every refusal is a :class:`~edgefl.errors.WireError`, counted, and leaves
+the other reassemblies untouched.
 """
 
 from __future__ import annotations
@@ -72,9 +77,10 @@ class ChunkSettings:
     # receiving
     max_chunk_size: int = 16 * 1024 * 1024
     max_partial_per_sender: int = 2
-    max_partial_bytes: int = 1024 * 1024 * 1024
+    max_partial_bytes: int = 1024 * 1024 * 1024  # all senders together
+    max_sender_bytes: int | None = None  # one sender's share (None: one whole message of the receiver's max_bytes)
     remember_completed: int = 4096
-    idle_after: float = 300.0  # a reassembly untouched this long is dropped (a live sender re-sends within max_stall)
+    idle_after: float = 120.0  # a reassembly untouched this long is dropped (a live sender re-sends within max_stall)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ChunkSettings:
@@ -185,12 +191,17 @@ def parse_ack(data: bytes) -> tuple[bytes, int, int, int]:
 # --- receiving ------------------------------------------------------------------------------------
 
 
+#: what the reassembly budget charges for each chunk held besides its data (its object and index)
+PIECE_OVERHEAD = 128
+
+
 @dataclass
 class _Partial:
+    """A message being reassembled: only the chunks that arrived are held (never the claimed size)."""
+
     header: ChunkHeader
-    buffer: bytearray
-    have: bytearray  # one flag per chunk
-    received: int = 0
+    pieces: dict[int, bytes] = field(default_factory=dict)
+    held: int = 0  # bytes charged to the budget: each piece's data plus PIECE_OVERHEAD
     next: int = 0  # every chunk below has arrived
     touched: float = 0.0
 
@@ -200,7 +211,7 @@ class _Partial:
             i = self.next + 1 + k
             if i >= self.header.count:
                 break
-            if self.have[i]:
+            if i in self.pieces:
                 bits |= 1 << k
         return bits
 
@@ -212,6 +223,7 @@ class ReassemblyStats:
     completed: int = 0
     rejected: int = 0
     evicted: int = 0
+    over_share: int = 0  # chunks refused because their sender held its share of the budget
 
 
 class Reassembler:
@@ -222,16 +234,29 @@ class Reassembler:
     and checks. A refused chunk raises :class:`WireError` (counted in :attr:`stats`); a refused
     *message* (it fails its whole checksum) raises :class:`ChunkRefused`, whose ``ack`` tells the
     sender to give it up.
+
+    Memory is taken as bytes arrive: a first chunk claiming 256 MiB costs what it carries. Each
+    sender may hold at most ``max_sender_bytes`` (default: one whole message, ``max_bytes``), all
+    senders together ``max_partial_bytes``; when that is full, a sender holding less makes room by
+    evicting the oldest partial of the sender holding the most (while that one holds more than it
+    would), so a sender over its share is refused while the others keep their room. Partials
+    untouched for ``idle_after`` seconds are dropped by a timer thread that runs without traffic
+    (:meth:`close` stops it).
     """
 
-    def __init__(self, settings: ChunkSettings = ChunkSettings(), *, max_bytes: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, settings: ChunkSettings = ChunkSettings(), *, max_bytes: int, clock: Callable[[], float] = time.monotonic,
+                 timer: bool = True):
         self.settings, self.max_bytes, self.clock = settings, max_bytes, clock
+        self.sender_share = settings.max_sender_bytes or max_bytes + PIECE_OVERHEAD * math.ceil(max_bytes / settings.chunk_size)
         self.partial: dict[str, OrderedDict[bytes, _Partial]] = {}
+        self.held: dict[str, int] = {}  # sender → bytes it holds in partials
         self.completed: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self.partial_bytes = 0
         self.stats = ReassemblyStats()
-        self.lock = threading.Lock()
-        self.swept = clock()
+        self.lock = threading.Condition()
+        self.use_timer = timer
+        self.thread: threading.Thread | None = None
+        self.closed = False
 
     def add(self, sender: str, data: bytes) -> tuple[bytes | None, bytes | None]:
         with self.lock:
@@ -244,51 +269,72 @@ class Reassembler:
     def _add(self, sender: str, data: bytes) -> tuple[bytes | None, bytes | None]:
         s = self.settings
         h, body = parse_chunk(data, max_bytes=self.max_bytes, max_chunk_size=s.max_chunk_size)
-        if self.clock() - self.swept > s.idle_after / 4:  # senders that vanished mid-message
-            self.swept = self.clock()
-            self._drop_idle(s.idle_after)
         self.stats.chunks += 1
         if (sender, h.message_id) in self.completed:
             self.stats.duplicates += 1
             return None, pack_ack(h.message_id, h.count, 0, COMPLETE)
-        mine = self.partial.setdefault(sender, OrderedDict())
-        p = mine.get(h.message_id)
-        if p is None:
-            if len(mine) >= s.max_partial_per_sender:
-                # the sender moved on (a sender has one message in flight per peer): its oldest
-                # unfinished message goes; the sender's own progress timer re-sends it if it still cares
-                _, old = mine.popitem(last=False)
-                self.partial_bytes -= old.header.total
-                self.stats.evicted += 1
-            if self.partial_bytes + h.total > s.max_partial_bytes:
-                raise WireError(f"no room to reassemble {h.total} bytes ({self.partial_bytes} of {s.max_partial_bytes} in use)")
-            p = _Partial(h, bytearray(h.total), bytearray(h.count))
-            mine[h.message_id] = p
-            self.partial_bytes += h.total
-        elif (p.header.count, p.header.total, p.header.chunk_size, p.header.crc) != (h.count, h.total, h.chunk_size, h.crc):
+        mine = self.partial.get(sender)
+        p = mine.get(h.message_id) if mine is not None else None
+        if p is not None and (p.header.count, p.header.total, p.header.chunk_size, p.header.crc) != (h.count, h.total, h.chunk_size, h.crc):
             raise WireError(f"chunk {h.index} disagrees with its message's header (count, size or checksum)")
-        p.touched = self.clock()
-        if p.have[h.index]:
+        if p is not None and h.index in p.pieces:
             self.stats.duplicates += 1
-        else:
-            start, end = h.span()
-            p.buffer[start:end] = body
-            p.have[h.index] = 1
-            p.received += 1
-            while p.next < h.count and p.have[p.next]:
-                p.next += 1
-        if p.received < h.count:
+            p.touched = self.clock()
             return None, pack_ack(h.message_id, p.next, p.bitmap(), PROGRESS)
-        del mine[h.message_id]
-        if not mine:
-            del self.partial[sender]
-        self.partial_bytes -= h.total
-        if zlib.crc32(p.buffer) != h.crc:
+        if p is None and mine is not None and len(mine) >= s.max_partial_per_sender:
+            # the sender moved on (a sender has one message in flight per peer): its oldest
+            # unfinished message goes; the sender's own progress timer re-sends it if it still cares
+            self._evict(sender, next(iter(mine)))
+        cost = len(body) + PIECE_OVERHEAD
+        self._make_room(sender, cost)
+        if p is None:
+            mine = self.partial.setdefault(sender, OrderedDict())
+            p = mine[h.message_id] = _Partial(h)
+            self._ensure_timer()
+        p.touched = self.clock()
+        p.pieces[h.index] = bytes(body)
+        p.held += cost
+        self.held[sender] = self.held.get(sender, 0) + cost
+        self.partial_bytes += cost
+        while p.next < h.count and p.next in p.pieces:
+            p.next += 1
+        if len(p.pieces) < h.count:
+            return None, pack_ack(h.message_id, p.next, p.bitmap(), PROGRESS)
+        self._evict(sender, h.message_id, counted=False)
+        message = b"".join(p.pieces[i] for i in range(h.count))
+        p.pieces.clear()
+        if zlib.crc32(message) != h.crc:
             # every chunk passed its own checksum: the sender's header lies about the whole
             raise ChunkRefused(f"reassembled message of {h.total} bytes fails its checksum", pack_ack(h.message_id, 0, 0, REFUSED))
         self._remember(sender, h.message_id)
         self.stats.completed += 1
-        return bytes(p.buffer), pack_ack(h.message_id, h.count, 0, COMPLETE)
+        return message, pack_ack(h.message_id, h.count, 0, COMPLETE)
+
+    def _make_room(self, sender: str, cost: int) -> None:
+        """Refuse a sender over its share; when the whole budget is full, evict the partials of the
+        sender holding the most while it holds more than this one would."""
+        s = self.settings
+        mine = self.held.get(sender, 0)
+        if mine + cost > self.sender_share:
+            self.stats.over_share += 1
+            raise WireError(f"sender holds {mine} bytes in reassembly; its share is {self.sender_share}")
+        while self.partial_bytes + cost > s.max_partial_bytes:
+            others = [(held, other) for other, held in self.held.items() if other != sender]
+            held, top = max(others, default=(0, ""))
+            if held <= mine + cost:
+                raise WireError(f"no room to reassemble {cost} more bytes ({self.partial_bytes} of {s.max_partial_bytes} in use)")
+            self._evict(top, next(iter(self.partial[top])))
+
+    def _evict(self, sender: str, message_id: bytes, counted: bool = True) -> None:
+        mine = self.partial[sender]
+        p = mine.pop(message_id)
+        self.partial_bytes -= p.held
+        self.held[sender] -= p.held
+        if not mine:
+            del self.partial[sender]
+            del self.held[sender]
+        if counted:
+            self.stats.evicted += 1
 
     def _remember(self, sender: str, message_id: bytes) -> None:
         self.completed[(sender, message_id)] = None
@@ -303,14 +349,31 @@ class Reassembler:
     def _drop_idle(self, older_than: float) -> int:
         now, dropped = self.clock(), 0
         for sender in list(self.partial):
-            mine = self.partial[sender]
-            for mid in [m for m, p in mine.items() if now - p.touched > older_than]:
-                self.partial_bytes -= mine.pop(mid).header.total
+            for mid in [m for m, p in self.partial[sender].items() if now - p.touched > older_than]:
+                self._evict(sender, mid)
                 dropped += 1
-                self.stats.evicted += 1
-            if not mine:
-                del self.partial[sender]
         return dropped
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(5)
+
+    def _ensure_timer(self) -> None:
+        if self.use_timer and self.thread is None and not self.closed:
+            self.thread = threading.Thread(target=self._sweep, name="edgefl-reassembly", daemon=True)
+            self.thread.start()
+
+    def _sweep(self) -> None:
+        """The expiry timer: every quarter of ``idle_after``, with or without traffic."""
+        every = max(0.05, self.settings.idle_after / 4)
+        with self.lock:
+            while not self.closed:
+                self.lock.wait(every)
+                if not self.closed:
+                    self._drop_idle(self.settings.idle_after)
 
 
 # --- sending --------------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ payload's small scalar metadata as one JSON object, and a CRC-32 checksum.
 
 Nothing that arrives here is ever unpickled, ``torch.load``-ed or ``eval``-ed. Decoding goes, in
 order: the message size; the 8-byte header length (bounded); ``json.loads`` of the header (linear;
-a text nested past the interpreter's recursion limit is refused by it), then its nesting depth
-(bounded), of which edgefl reads only ``__metadata__``; the routing fields and the payload metadata
-against their pydantic models (:mod:`edgefl.wire.schema`); then the ``safetensors`` library itself reads the tensors (it
+a text nested past the interpreter's recursion limit is refused by it, with no second pass over
+the text), then its nesting depth (bounded), of which edgefl reads only ``__metadata__``
+(:func:`parse_json`, the one JSON reader for whatever a device sends); the routing fields and
+the payload metadata against their pydantic models (:mod:`edgefl.wire.schema`); then the ``safetensors`` library itself reads the tensors (it
 checks dtypes, shapes and that the byte ranges tile the body); then dtype whitelist, finite
 values, and the checksum. Every failure is a :class:`~edgefl.errors.WireError`.
 
@@ -238,25 +239,6 @@ def checked_size(env: Envelope, limits: Limits = Limits()) -> tuple[Envelope, in
     return dataclasses.replace(env, payload=Payload(arrays=views, meta=meta)), size
 
 
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of objects and arrays in JSON text, found without parsing it: one
-    linear pass over the bytes (strings skipped, escapes honoured). Bounding it first keeps a
-    header of ten thousand ``[`` from reaching ``json.loads``'s recursion."""
-    b = np.frombuffer(raw, np.uint8)
-    if b.size == 0:
-        return 0
-    idx = np.arange(b.size)
-    backslash = b == 0x5C
-    last_plain = np.maximum.accumulate(np.where(backslash, -1, idx))
-    run = np.zeros(b.size, np.int64)
-    run[1:] = idx[:-1] - last_plain[:-1]  # backslashes right before each byte
-    quote = (b == 0x22) & (run % 2 == 0)
-    inside = (np.cumsum(quote) % 2).astype(bool)
-    opens = ((b == 0x7B) | (b == 0x5B)) & ~inside
-    closes = ((b == 0x7D) | (b == 0x5D)) & ~inside
-    return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
-
-
 def nesting(value: Any) -> int:
     """The nesting depth of a parsed JSON value (0 for a scalar), level by level (no recursion)."""
     depth, level = 0, [value]
@@ -268,17 +250,21 @@ def nesting(value: Any) -> int:
         level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
 
 
-def _loads(raw: bytes, max_depth: int, what: str) -> Any:
-    """``raw`` parsed, refused past ``max_depth`` levels of nesting. ``json.loads`` runs first: it is
-    linear in the bytes and stops a deep text by itself at the interpreter's recursion limit (a
-    RecursionError, refused here like any other defect), so the depth of what it returns is bounded
-    before edgefl reads it; only that refusal measures the text's depth (:func:`json_depth`)."""
+def parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) -> Any:
+    """``raw`` parsed as JSON, every bound checked in time linear in its bytes: its size first,
+    then ``json.loads`` (linear; it stops a deep text by itself at the interpreter's recursion
+    limit, a RecursionError refused here like any other defect, with no second pass over the text
+    to measure how deep it went), then the nesting of what it returned (a walk of the parsed value,
+    bounded by its size). Every failure is a WireError. The one JSON reader for whatever a device
+    sends: envelope headers and metadata, registration profiles, model reports."""
+    if len(raw) > max_bytes:
+        raise WireError(f"{what} of {len(raw)} bytes exceeds the limit of {max_bytes}")
     try:
         value = json.loads(raw)
     except RecursionError:
-        raise WireError(f"{what} nests {json_depth(raw)} deep (limit {max_depth})") from None
+        raise WireError(f"{what} nests deeper than the parser's recursion limit (limit {max_depth})") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise WireError(f"{what} is not JSON: {e}") from None
+        raise WireError(f"{what} is not JSON: {str(e)[:200]}") from None
     depth = nesting(value)
     if depth > max_depth:
         raise WireError(f"{what} nests {depth} deep (limit {max_depth})")
@@ -310,7 +296,7 @@ def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], in
 
 
 def _check_header(raw: bytes, limits: Limits) -> tuple[Header, dict[str, Any], int]:
-    header = _loads(raw, limits.max_depth, "header")
+    header = parse_json(raw, max_bytes=limits.max_header_bytes, max_depth=limits.max_depth, what="header")
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
     tensors = len(header) - ("__metadata__" in header)
@@ -322,7 +308,7 @@ def _check_header(raw: bytes, limits: Limits) -> tuple[Header, dict[str, Any], i
     if routing.get("schema") != SCHEMA_VERSION:
         raise WireError(f"schema version {str(routing.get('schema'))[:16]!r} is not supported (want {SCHEMA_VERSION})")
     checked = validate(Header, routing, "envelope header")  # frozen: safe to hand out again
-    meta = _loads(checked.meta.encode(), 1, "payload metadata")
+    meta = parse_json(checked.meta, max_bytes=64 * 1024, max_depth=1, what="payload metadata")
     return checked, check_meta(checked.kind, meta), tensors
 
 

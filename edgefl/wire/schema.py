@@ -51,6 +51,7 @@ MAX_SAMPLES = 10**9
 MAX_ABS_METRIC = 1e12
 MAX_META_FIELDS = 64
 MAX_META_STRING = 16 * 1024
+MAX_PROFILE_BYTES = 16 * 1024
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 DeviceName = Annotated[str, StringConstraints(pattern=r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,63})$")]
@@ -137,7 +138,69 @@ class EvaluateMeta(Meta):
     split: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,32}$")] | None = None
 
 
-META_MODELS: dict[str, type[Meta]] = {"update": UpdateMeta, "metrics": MetricsMeta, "error": ErrorMeta, "evaluate": EvaluateMeta}
+class RegisterMeta(Meta):
+    """A device's registration: closed (an unknown field is refused), every field bounded. The
+    profile is JSON text, parsed apart by :func:`edgefl.wire.validate.parse_profile`."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    profile: Annotated[str, StringConstraints(max_length=MAX_PROFILE_BYTES)] = "{}"
+    ready: bool = False
+    tier: Tier | None = None
+    num_samples: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
+    epoch: Token | None = None  # the server epoch the device registers with
+    incarnation: Token | None = None  # the device process's registration epoch (a new one per start)
+
+    @model_validator(mode="after")
+    def _ready_declares(self) -> RegisterMeta:
+        if self.ready and self.num_samples is None:
+            raise ValueError("a ready device must declare num_samples")
+        return self
+
+
+class ProfileModel(BaseModel):
+    """A device profile as it arrives: a flat object of at most 32 bounded scalars (its meaning is
+    :class:`edgefl.profiling.DeviceProfile`'s to check)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError("the profile must be a JSON object")
+        if len(data) > 32:
+            raise ValueError(f"{len(data)} profile fields (limit 32)")
+        for key, value in data.items():
+            if len(key) > 64:
+                raise ValueError("a profile field name is longer than 64 characters")
+            if value is not None:
+                _bounded(key, value)
+                if isinstance(value, str) and len(value) > 1024:
+                    raise ValueError(f"{key} is a string of {len(value)} characters (limit 1024)")
+        return data
+
+
+class ActiveReport(BaseModel):
+    """What a device's model agent publishes on ``devices/<id>/active`` (:mod:`edgefl.rollout`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    version: Annotated[str, StringConstraints(max_length=128)] | None = None
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,128}$")] | None = None
+    tier: Annotated[str, StringConstraints(max_length=64)] | None = None
+    format: Literal["fp32", "int8", ""] | None = None
+    previous: Annotated[list[Annotated[str, StringConstraints(max_length=128)] | None], Field(max_length=16)] = []
+    time: Annotated[float, Field(ge=0.0, le=1e11)] = 0.0
+    error: Annotated[str, StringConstraints(max_length=4096)] | None = None
+
+
+#: What a device publishes, retained, on ``devices/<id>/status`` (its Last Will says "offline").
+DEVICE_STATES = frozenset({"online", "offline"})
+
+META_MODELS: dict[str, type[Meta]] = {
+    "update": UpdateMeta, "metrics": MetricsMeta, "error": ErrorMeta, "evaluate": EvaluateMeta, "register": RegisterMeta,
+}
 
 
 def validate(model: type[BaseModel], data: Any, what: str) -> BaseModel:

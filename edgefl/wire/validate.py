@@ -7,15 +7,30 @@
   (:class:`~edgefl.wire.schema.Expectation`): same device, fleet, round, tier, run and nonce, the
   same algorithm, the kind the request asks for (or ``error``), the arrays the method declares
   (dtype and shape per key), and no more samples than the device declared it holds.
+- :func:`parse_profile`, :func:`parse_status` and :func:`parse_active`: what else a device sends
+  (its registration's profile, its retained status word, its model agent's report), held to the
+  envelope's standard: bounded size and depth, a closed schema, WireError and nothing else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from edgefl.errors import WireError
-from edgefl.wire.envelope import Envelope, Limits, read_header
-from edgefl.wire.schema import REPLY_KINDS, Expectation, check_arrays
+from edgefl.wire.envelope import Envelope, Limits, parse_json, read_header
+from edgefl.wire.schema import (
+    DEVICE_STATES,
+    MAX_PROFILE_BYTES,
+    REPLY_KINDS,
+    ActiveReport,
+    Expectation,
+    ProfileModel,
+    check_arrays,
+    validate,
+)
+
+MAX_ACTIVE_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -80,3 +95,30 @@ def check_reply(reply: Envelope, want: Expectation) -> None:
         n = reply.payload.meta["num_samples"]  # present: the update schema requires it
         if want.max_samples and n > want.max_samples:
             raise WireError(f"uplink claims {n} samples; the device declared {want.max_samples}")
+
+
+# --- what else a device sends: registration profiles, status words, model reports -----------------
+
+
+def parse_profile(text: str) -> dict[str, Any]:
+    """A registration's profile (JSON text, already bounded by :class:`RegisterMeta`): a flat
+    object of bounded scalars, parsed by the wire's one JSON reader. Raises WireError only."""
+    value = parse_json(text, max_bytes=MAX_PROFILE_BYTES, max_depth=1, what="device profile")
+    validate(ProfileModel, value, "device profile")
+    return value
+
+
+def parse_status(data: bytes) -> str:
+    """A device's retained status word (``online`` / ``offline``). Raises WireError only."""
+    if len(data) > 16:
+        raise WireError(f"a device status of {len(data)} bytes (limit 16)")
+    word = data.decode("ascii", "replace")
+    if word not in DEVICE_STATES:
+        raise WireError(f"a device status {word[:16]!r} is not one of {sorted(DEVICE_STATES)}")
+    return word
+
+
+def parse_active(data: bytes) -> dict[str, Any]:
+    """A model agent's report on ``devices/<id>/active``, checked against :class:`ActiveReport`."""
+    value = parse_json(data, max_bytes=MAX_ACTIVE_BYTES, max_depth=2, what="model report")
+    return validate(ActiveReport, value, "model report").model_dump(exclude_none=True)

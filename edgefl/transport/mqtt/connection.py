@@ -216,6 +216,10 @@ class Endpoint:
     def on_chunk_rejected(self, topic: str, reason: str) -> None:
         """A chunk (or chunk ack) on ``topic`` was refused."""
 
+    def accept_retained(self, topic: str) -> bool:
+        """Whether a message the broker kept (retained, delivered on subscribing) is read at all."""
+        return True
+
     def start(self, wait: float | None = 30.0) -> Endpoint:
         props = None
         if self.protocol == mqtt.MQTTv5:
@@ -233,6 +237,7 @@ class Endpoint:
 
     def stop(self, graceful: bool = True) -> None:
         self.chunker.stop()
+        self.reassembly.close()
         try:
             if graceful:
                 self.client.disconnect()
@@ -298,6 +303,8 @@ class Endpoint:
 
     def _on_message_safe(self, client, userdata, msg):
         try:
+            if msg.retain and not self.accept_retained(msg.topic):
+                return
             if is_chunk(msg.payload) or is_ack(msg.payload):
                 self._on_chunk(msg.topic, msg.payload)
                 return

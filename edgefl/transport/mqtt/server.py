@@ -23,7 +23,7 @@ from edgefl.transport.mqtt.connection import BrokerAddress, Endpoint
 from edgefl.transport.mqtt.reliable import ack_envelope, retry_delay
 from edgefl.transport.mqtt.topics import Topics
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
-from edgefl.wire.validate import Routing, peek
+from edgefl.wire.validate import Routing, parse_status, peek
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,8 @@ class MqttServerTransport(Endpoint):
         self.status_at: dict[str, float] = {}  # device → wall-clock time its status last changed
         self.last_seen: dict[str, float] = {}  # device → wall-clock time of its last message
         self.stats = ExchangeStats()
+        self.retained_from: set[str] = set()  # devices whose retained uplinks were ignored (logged once each)
+        self.retained_ignored = 0
         # the longest recent wait for a request's first acknowledgement (decays ×0.9 per one seen):
         # a request is first re-sent after no less than twice it, so a fleet that acknowledges
         # slowly (a busy broker, loaded devices) is not re-sent to while its requests still queue
@@ -258,6 +260,21 @@ class MqttServerTransport(Endpoint):
         env = Envelope("ack", rnd, "*", fleet=self.fleet, payload=Payload({}, {"closed": kind, "epoch": self.epoch}))
         self.publish(self.topics.broadcast, encode(env), qos=0)  # an ack: a lost one costs a re-send
 
+    def accept_retained(self, topic: str) -> bool:
+        """A device's uplinks and registrations are never retained: one the broker kept from before
+        this server subscribed is ignored (and logged once per device). Its status is retained by
+        design (the Last Will)."""
+        where = self.topics.parse_device(topic)
+        if where is None or where[1] not in ("up", "register"):
+            return True
+        with self.lock:
+            self.retained_ignored += 1
+            first = where[0] not in self.retained_from
+            self.retained_from.add(where[0])
+        if first:
+            log.warning("ignoring retained messages on device %s's %s topic (a device's uplinks are never retained)", where[0], where[1])
+        return False
+
     def close(self) -> None:
         self.stop()
 
@@ -297,8 +314,13 @@ class MqttServerTransport(Endpoint):
         device_id, leaf = where
         self.last_seen[device_id] = time.time()
         if leaf == "status":
+            try:
+                state = parse_status(data)
+            except WireError as e:
+                self._count_rejected(device_id, str(e))
+                raise
             with self.lock:
-                self.status[device_id] = data.decode("utf-8", "replace")[:32] or "unknown"
+                self.status[device_id] = state
                 self.status_at[device_id] = time.time()
             return
         try:

@@ -1,0 +1,200 @@
+"""Hostile devices, round two (issue 36): every message kind a device sends is held to the
+envelope's standard, declared sizes are fixed and every device-supplied weight is bounded."""
+
+import json
+import logging
+import struct
+
+import numpy as np
+import pytest
+
+from edgefl.algorithms.base import DeviceRecord
+from edgefl.errors import WireError
+from edgefl.models import ModelSpec
+from edgefl.runtime.claims import SOURCES, bound_uplinks, label_summary, weight_bound
+from edgefl.wire import Envelope, Payload, decode, encode
+from edgefl.wire.validate import parse_active, parse_profile, parse_status
+from tests.conftest import tiny_config
+
+PROFILE = {"name": "d", "arch": "x86_64", "cpu_model": "cpu", "cores": 2, "ram_total_mb": 4096, "ram_available_mb": 2048}
+
+
+def registry(tmp_path):
+    from edgefl.data import dataset_info
+    from edgefl.runtime.server import Registry, ServeOptions
+    from edgefl.runtime.setup import model_spec
+
+    cfg = tiny_config(tmp_path)
+    info = dataset_info(cfg.dataset)
+    return Registry(cfg, lambda tier: model_spec(cfg, tier, info), "epoch1", 0.0, ServeOptions(broker="mqtt://127.0.0.1:1"))
+
+
+def register(device_id="d0", **meta):
+    return encode(Envelope("register", 0, device_id, payload=Payload({}, {"profile": json.dumps(PROFILE), **meta})))
+
+
+def raw_register(device_id: str, meta: dict) -> bytes:
+    """A registration as an attacker writes it: metadata the encoder itself would refuse."""
+    from tests.wire_fuzz import _header, write
+
+    header, _ = _header(register(device_id))
+    return write({**header["__metadata__"], "meta": json.dumps(meta)}, {})
+
+
+# --- every message kind, one standard -----------------------------------------------------------
+
+
+def test_a_registration_with_a_16000_deep_profile_is_refused_and_counted_and_the_registry_goes_on(tmp_path, caplog):
+    reg = registry(tmp_path)
+    assert reg.handle("d0", register(profile="[" * 16000)) is None
+    assert reg.rejected == 1
+    assert "device profile nests deeper" in caplog.text
+    answer = reg.handle("d0", register(ready=True, num_samples=100, incarnation="a"))  # it keeps serving
+    assert decode(answer).kind == "assign" and reg.ready["d0"].num_samples == 100 and reg.rejected == 1
+
+
+@pytest.mark.parametrize(
+    "meta, reason",
+    [
+        ({"ready": True}, "must declare num_samples"),
+        ({"ready": True, "num_samples": 10**12}, "num_samples"),
+        ({"ready": True, "num_samples": 5.5}, "num_samples"),
+        ({"ready": "yes", "num_samples": 5}, "ready"),
+        ({"profile": json.dumps({"a": [1]})}, "nests 2 deep"),
+        ({"profile": json.dumps({f"k{i}": i for i in range(40)})}, "40 profile fields"),
+        ({"profile": json.dumps({"a": "x" * 2000})}, "limit 1024"),
+        ({"profile": "x" * 20000}, "profile"),
+        ({"unknown": 1}, "unknown"),
+        ({"tier": "no spaces allowed"}, "tier"),
+    ],
+)
+def test_registrations_out_of_schema_are_refused_with_the_wire_error(tmp_path, caplog, meta, reason):
+    reg = registry(tmp_path)
+    assert reg.handle("d0", raw_register("d0", {"profile": "{}", **meta})) is None
+    assert reg.rejected == 1 and not reg.ready
+    assert reason in caplog.text
+
+
+def test_a_4_mib_deep_header_is_refused_without_a_second_pass():
+    deep = b"[" * (4 * 1024 * 1024 - 16)
+    data = struct.pack("<Q", len(deep)) + deep
+    with pytest.raises(WireError, match="deeper than the parser's recursion limit"):
+        decode(data)
+
+
+def test_status_and_model_reports_are_held_to_a_schema():
+    assert parse_status(b"online") == "online" and parse_status(b"offline") == "offline"
+    for bad in (b"", b"ONLINE", b"online\0", b"x" * 100, b"\xff\xfe"):
+        with pytest.raises(WireError):
+            parse_status(bad)
+    good = {"version": "v2", "digest": "ab" * 32, "tier": "t", "format": "int8", "previous": ["v1"], "time": 1.7e9}
+    assert parse_active(json.dumps(good).encode()) == good
+    for bad in ({"version": "v", "extra": 1}, {"time": float("nan")}, {"previous": ["v"] * 100}, {"format": "zip"}, [1], "[" * 5000):
+        with pytest.raises(WireError):
+            parse_active((bad if isinstance(bad, str) else json.dumps(bad)).encode())
+
+
+def test_profiles_are_flat_and_bounded():
+    assert parse_profile(json.dumps(PROFILE)) == PROFILE
+    for bad in ("[]", '{"a": {"b": 1}}', '{"a": 1e400}', "nope"):
+        with pytest.raises(WireError):
+            parse_profile(bad)
+
+
+# --- declared once, bounded always -----------------------------------------------------------------
+
+
+def test_a_declared_size_is_fixed_within_a_registration_epoch_and_logged_when_a_new_one_changes_it(tmp_path, caplog):
+    reg = registry(tmp_path)
+    reg.handle("d0", register(ready=True, num_samples=500, incarnation="first"))
+    assert reg.handle("d0", register(ready=True, num_samples=10**9, incarnation="first")) is None  # same epoch: refused
+    assert reg.ready["d0"].num_samples == 500 and reg.rejected == 1
+    assert "re-declared 1000000000 samples without a new registration epoch (declared 500)" in caplog.text
+    assert reg.handle("d0", register(ready=True, num_samples=10**9)) is None  # no epoch named: not a new one
+    assert reg.ready["d0"].num_samples == 500 and reg.rejected == 2
+    with caplog.at_level(logging.WARNING):
+        reg.handle("d0", register(ready=True, num_samples=800, incarnation="second"))  # a restarted device
+    assert reg.ready["d0"].num_samples == 800
+    assert "declaring 800 samples, was 500" in caplog.text
+
+
+def _fleet(sizes):
+    spec = ModelSpec("cnn", "2", 10, (1, 28, 28))
+    return {f"d{i}": DeviceRecord(spec=spec, num_samples=n) for i, n in enumerate(sizes)}
+
+
+def test_every_device_supplied_weight_is_clipped_to_the_bound(caplog):
+    fleet = _fleet([100, 120, 140, 10**9])
+    assert weight_bound(fleet, 10.0) == 10.0 * 130
+    ups = {
+        "d0": Payload({"count": np.array([50, 50], np.int64)}, {"num_samples": 100}),
+        "d3": Payload({"count": np.array([10**9, 3], np.int64), "w": np.ones(2, np.float32)}, {"num_samples": 10**9}),
+    }
+    out, clipped = bound_uplinks(4, ups, fleet, 10.0, ("count",))
+    assert out["d0"] is ups["d0"]  # honest: untouched
+    assert out["d3"].meta["num_samples"] == 1300
+    assert out["d3"].arrays["count"].tolist() == [1300, 3] and out["d3"].arrays["count"].dtype == np.int64
+    assert clipped == {"d3": {"num_samples": [1e9, 1300.0], "count": [1e9, 1300.0]}}
+    assert "device d3 claimed num_samples = 1e+09; clipped to 1300" in caplog.text
+    # a per-class count is also held to the device's own declared size; 0 turns the bound off
+    small = {"d0": Payload({"count": np.array([90.0, 500.0], np.float32)}, {"num_samples": 100})}
+    assert bound_uplinks(0, small, fleet, 10.0, ("count",))[0]["d0"].arrays["count"].tolist() == [90.0, 100.0]
+    assert bound_uplinks(0, ups, fleet, 0.0, ("count",)) == (ups, {})
+
+
+def test_summaries_say_which_figures_are_measured_and_which_are_claimed():
+    s = label_summary({"mean_accuracy": 0.5, "bytes_up_per_round": [1], "wall_seconds": 2.0})
+    assert s["sources"] == {"server_measured": ["bytes_up_per_round", "wall_seconds"], "device_reported": ["mean_accuracy"]}
+    assert not set(SOURCES["server_measured"]) & set(SOURCES["device_reported"])
+
+
+# --- no retained uplinks ---------------------------------------------------------------------------
+
+
+def wait_until(predicate, timeout=30.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_retained_uplink_published_before_the_server_starts_is_ignored(tmp_path, caplog):
+    import os
+
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
+    from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport, Topics
+
+    if mosquitto_binary() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("mosquitto is not installed (CI must install it)")
+        pytest.skip("mosquitto is not installed")
+    topics = Topics("lab")
+    with MosquittoBroker(port=0, workdir=tmp_path / "mosq") as broker:
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mallory", protocol=mqtt.MQTTv5)
+        c.connect("127.0.0.1", broker.port)
+        c.loop_start()
+        reg = encode(Envelope("register", 0, "mallory", fleet="lab", payload=Payload({}, {"profile": "{}"})))
+        up = encode(Envelope("update", 0, "mallory", fleet="lab", payload=Payload({}, {"num_samples": 10**9})))
+        for leaf, data in (("register", reg), ("up", up), ("status", b"online")):
+            c.publish(topics.device("mallory", leaf), data, qos=1, retain=True).wait_for_publish(10)
+        c.loop_stop()
+        c.disconnect()
+        registrations = []
+        server = MqttServerTransport(BrokerAddress.parse(f"mqtt://127.0.0.1:{broker.port}"), "lab",
+                                     on_register=lambda d, data: registrations.append(d))
+        server.start()
+        try:
+            assert wait_until(lambda: server.retained_ignored == 2 and server.status.get("mallory") == "online")
+        finally:
+            server.close()
+    assert registrations == []  # the retained registration never reached the registry
+    assert server.stats.bytes_up == {}
+    lines = [r for r in caplog.records if "ignoring retained messages" in r.getMessage()]
+    assert len(lines) == 1 and "mallory" in lines[0].getMessage()  # once per device
