@@ -43,6 +43,7 @@ def start(
     fraction: float = typer.Option(None, help="Share of devices sampled each round."),
     deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
     gone_after: float = typer.Option(None, help="Fleet status: seconds without a connection before a device shows as gone (default: the deadline)."),
+    max_weight_ratio: float = typer.Option(10.0, min=0.0, help="No device's aggregation weight (num_samples, per-class counts) above this × the fleet's median declared size; 0: off."),
     checkpoint_dir: Path = typer.Option(None, help="Checkpoint after every round; resume from here."),
     dataset: str = typer.Option(None, help="The task's dataset (input shape, classes; public share). " + DATASET_HELP),
     data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
@@ -99,10 +100,11 @@ def start(
         broker=broker, fleet=fleet, deadline=deadline, checkpoint_dir=checkpoint_dir,
         wait_for_devices=wait, max_bytes=max_bytes, username=username, password=password,
         ca_file=ca_file, cert_file=cert_file, key_file=key_file, gone_after=gone_after,
+        max_weight_ratio=max_weight_ratio,
     )
 
     def on_round(r: dict) -> None:
-        acc = f" acc {100 * r['eval']['mean_accuracy']:.1f}%" if "eval" in r else ""
+        acc = f" acc {100 * r['eval']['mean_accuracy']:.1f}% (device-reported)" if "eval" in r else ""
         err.print(f"round {r['round']}: {len(r['completed'])}/{len(r['selected'])} devices{acc}"
                   + (f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""))
 

@@ -198,6 +198,10 @@ class FleetStatus:
                 "devices": devices,
                 "tier_accuracy": dict(last_eval["tier_accuracy"]) if last_eval else {},
                 "history": list(self.history),
+                # accuracies are the devices' claims (each on its own test data); bytes, states and
+                # times are what the server saw itself
+                "sources": {"device_reported": ["tier_accuracy", "history.mean_accuracy", "history.tier_accuracy"],
+                            "server_measured": ["devices", "server", "history.bytes_up", "history.bytes_down", "history.completed", "history.failed"]},
             }
 
 
