@@ -94,3 +94,28 @@ def test_schema_built_envelopes_decode_into_schema_valid_messages_or_raise_wire_
     assert wire_fuzz._routing_problem(env) is None
     (n,) = struct.unpack("<Q", data[:8])
     assert env.payload.meta == json.loads(json.loads(data[8 : 8 + n])["__metadata__"]["meta"])
+
+
+# --- everything else a device sends (issue 36) -------------------------------------------------------
+
+
+def test_device_messages_of_every_kind_are_refused_with_wire_errors_or_meet_their_schema(tmp_path):
+    import logging
+
+    from tests import device_fuzz
+
+    kinds = device_fuzz.kinds(tmp_path)
+    for kind in kinds:  # unmutated, each seed passes its receiver and the oracle
+        for seed in kind.seeds:
+            assert kind.oracle(kind.check(seed)) is None, kind.name
+    logging.disable(logging.CRITICAL)
+    try:
+        tally = device_fuzz.fuzz(kinds, 3000, seed=2)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert tally.cases == 3000
+    assert tally.count("exception") == 0, tally.problems
+    assert tally.count("violation") == 0, tally.problems
+    for kind in device_fuzz.KINDS:  # every kind is both refused and accepted somewhere
+        assert tally.outcomes[(kind, "rejected")] > 0 and tally.outcomes[(kind, "accepted")] > 0, kind
+    assert set(tally.worst) == set(device_fuzz.KINDS)

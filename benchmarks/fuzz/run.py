@@ -1,12 +1,15 @@
 """The long fuzz run: ≥ 100,000 mutations of real captured messages of every method's uplink
-and downlink kinds, through the receivers' own decode and check paths (tests/wire_fuzz.py).
+and downlink kinds, through the receivers' own decode and check paths (tests/wire_fuzz.py), and
+≥ 100,000 of everything else a device sends (issue 36, tests/device_fuzz.py): registrations,
+status words, model reports, metrics replies, chunk headers and chunk acks, each timed.
 
-Done when (issue 19): 0 exceptions other than the wire's error and 0 accepted messages that
-violate the schema. Counts per method, direction, kind and outcome, and per mutation operator,
-go to results.json / results.md next to this file.
+Done when (issues 19 and 36): 0 exceptions other than the wire's error and 0 accepted messages
+that violate the schema. Counts per method, direction, kind and outcome, and per mutation
+operator, and the worst time per byte of each device message kind, go to results.json /
+results.md next to this file.
 
-    nice -n 10 python -m benchmarks.fuzz.run                 # 13 methods, 104,000 cases (single core)
-    python -m benchmarks.fuzz.run --cases 2000 --methods fedavg   # smoke test
+    nice -n 10 python -m benchmarks.fuzz.run                 # 13 methods, 104,000 + 102,000 cases (single core)
+    python -m benchmarks.fuzz.run --cases 2000 --device-cases 1200 --methods fedavg   # smoke test
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks.common import machine, write_json  # noqa: E402
 from edgefl.algorithms import algorithm_names  # noqa: E402
-from tests import wire_fuzz  # noqa: E402
+from tests import device_fuzz, wire_fuzz  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=104_000)
     ap.add_argument("--methods", default=",".join(algorithm_names()))
+    ap.add_argument("--device-cases", type=int, default=102_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args(argv)
@@ -42,6 +46,20 @@ def main(argv: list[str] | None = None) -> None:
     t1 = time.perf_counter()
     tally = wire_fuzz.fuzz(cases, args.cases, seed=args.seed)
     t2 = time.perf_counter()
+    import logging
+    import tempfile
+
+    logging.disable(logging.CRITICAL)  # every refused registration logs a warning
+    with tempfile.TemporaryDirectory() as tmp:
+        dev = device_fuzz.fuzz(device_fuzz.kinds(Path(tmp)), args.device_cases, seed=args.seed)
+    t3 = time.perf_counter()
+    dev_totals = {o: dev.count(o) for o in ("rejected", "accepted", "exception", "violation")}
+    dev_kinds = {}
+    for (kind, outcome), n in sorted(dev.outcomes.items()):
+        dev_kinds.setdefault(kind, {})[outcome] = n
+    dev_ops = {}
+    for (kind, op, outcome), n in sorted(dev.operators.items()):
+        dev_ops.setdefault(f"{kind} {op}", {})[outcome] = n
     command = "python -m benchmarks.fuzz.run " + " ".join(sys.argv[1:] if argv is None else argv)
     totals = {o: tally.count(o) for o in ("rejected", "accepted", "exception", "violation")}
     per_kind = {}
@@ -54,6 +72,10 @@ def main(argv: list[str] | None = None) -> None:
         "command": command, "machine": machine(), "cases": tally.cases, "totals": totals,
         "message_kinds": len(cases), "capture_seconds": t1 - t0, "fuzz_seconds": t2 - t1,
         "per_kind": per_kind, "per_operator": per_op, "problems": tally.problems,
+        "device_messages": {
+            "cases": dev.cases, "totals": dev_totals, "fuzz_seconds": t3 - t2, "per_kind": dev_kinds, "per_operator": dev_ops,
+            "worst_time_per_byte": dev.worst, "problems": dev.problems,
+        },
     })
     lines = [
         "# Wire fuzzing: mutations of real messages through the receivers' checks",
@@ -79,8 +101,35 @@ def main(argv: list[str] | None = None) -> None:
     ]
     if tally.problems:
         lines += ["", "First problems:", "", *[f"- {p}" for p in tally.problems]]
+    lines += [
+        "",
+        "## Everything else a device sends (issue 36)",
+        "",
+        f"{dev.cases:,} cases over registrations, status words, model reports, metrics replies, chunk headers and chunk acks "
+        f"(tests/device_fuzz.py, through `Registry.handle`, `parse_status`, `parse_active`, `decode` + `check_reply`, "
+        f"`Reassembler.add`, `ChunkSender.on_ack`); {t3 - t2:.0f} s on one core.",
+        "",
+        f"**Totals: rejected {dev_totals['rejected']:,}; accepted and schema-valid {dev_totals['accepted']:,}; "
+        f"other exceptions {dev_totals['exception']}; accepted but violating the schema {dev_totals['violation']}.**",
+        "",
+        "| kind | rejected | accepted | exception | violation | worst µs per byte (bytes, operator) | slowest case ms (bytes, operator) |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | {v.get('violation', 0)} | "
+          f"{1e6 * dev.worst[k]['seconds_per_byte']:.2f} ({dev.worst[k]['bytes']:,}, {dev.worst[k].get('operator')}) | "
+          f"{1e3 * dev.worst[k]['max_seconds']:.1f} ({dev.worst[k]['max_seconds_bytes']:,}, {dev.worst[k].get('max_seconds_operator')}) |"
+          for k, v in dev_kinds.items()],
+        "",
+        "Times are wall-clock on a shared machine (load above): the worst per byte is the smallest messages'"
+        " fixed cost plus any scheduling pause; the slowest case bounds a single message.",
+        "",
+        "| kind and mutation | rejected | accepted | exception | violation |",
+        "|---|---|---|---|---|",
+        *[f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | {v.get('violation', 0)} |" for k, v in dev_ops.items()],
+    ]
+    if dev.problems:
+        lines += ["", "First problems:", "", *[f"- {p}" for p in dev.problems]]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
-    print(json.dumps(totals))
+    print(json.dumps({"envelopes": totals, "device_messages": dev_totals}))
 
 
 if __name__ == "__main__":
