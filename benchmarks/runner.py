@@ -212,6 +212,15 @@ for _method in ("felo", "velo"):  # the classifier trained on the server's class
     ADDED_OPTIONS[_method]["server_feature_ce"] = 0.0
 
 
+#: Run settings added to RunConfig after cells were cached, each with the value that reproduces the
+#: computation from before it existed: keyed only when a cell resolves to another value (as
+#: ADDED_OPTIONS). Entries are never removed.
+ADDED_SETTINGS: dict[str, Any] = {
+    # the server optimizer (issue 39): plain averaging
+    "server_opt": "fedavg", "server_opt_lr": None, "server_opt_betas": [0.9, 0.99], "server_opt_eps": 1e-3,
+}
+
+
 def resolved_run(cell: Cell) -> dict[str, Any]:
     """The run configuration ``simulate`` will use (output and thread settings aside), with the
     method's options resolved."""
@@ -224,6 +233,7 @@ def resolved_run(cell: Cell) -> dict[str, Any]:
         cfg = resolve_config(cell.full_config(), dict(algorithm.defaults))
         options = algorithm.parse_options(cfg.options)
         run = cfg.model_dump(mode="json", exclude={"out_dir", "run_name", "threads", "options"})
+        run = {k: v for k, v in run.items() if not (k in ADDED_SETTINGS and v == ADDED_SETTINGS[k])}
         added = ADDED_OPTIONS.get(cfg.algorithm, {})
         run["options"] = {k: v for k, v in dataclasses.asdict(options).items() if not (k in added and v == added[k])}
         _RESOLVED[blob] = run

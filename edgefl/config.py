@@ -67,6 +67,12 @@ class RunConfig(BaseModel):
     lr_gamma: float = 0.1
     eval_every: int = 1
     timeout: float | None = None
+    # the server optimizer over averaged weights (edgefl.algorithms.server_opt; Reddi et al. 2021):
+    # fedavg = plain averaging; lr None = the optimizer's default η
+    server_opt: Literal["fedavg", "fedavgm", "fedadagrad", "fedyogi", "fedadam"] = "fedavg"
+    server_opt_lr: float | None = None
+    server_opt_betas: tuple[float, float] = (0.9, 0.99)
+    server_opt_eps: float = 1e-3
 
     # run
     seed: int = 0
@@ -102,11 +108,25 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be > 0 (got {v})")
         return v
 
-    @field_validator("steps", "train_samples", "test_samples", "validation_samples", "feature_dim", "threads", "timeout", "min_fit")
+    @field_validator("steps", "train_samples", "test_samples", "validation_samples", "feature_dim", "threads", "timeout", "min_fit", "server_opt_lr")
     @classmethod
     def _optional_positive(cls, v, info):
         if v is not None and v <= 0:
             raise ValueError(f"{info.field_name} must be > 0 (got {v})")
+        return v
+
+    @field_validator("server_opt_betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"server_opt_betas must each be in [0, 1) (got {v})")
+        return v
+
+    @field_validator("server_opt_eps")
+    @classmethod
+    def _eps(cls, v: float) -> float:
+        if not 0 < v < float("inf"):
+            raise ValueError(f"server_opt_eps must be a finite number > 0 (got {v})")
         return v
 
     @field_validator("public_fraction")

@@ -113,10 +113,29 @@ def memory_run(cfg):
     return box["state"], models, summary
 
 
-#: every method at its default model family, and HierarchyFL's other tier family (width tiers)
+def server_opt_cases() -> list:
+    """The server optimizers (issue 39): every one on FedAvg, and FedAdam on every other method
+    whose declaration says its server averages weights (Felo/Velo with two devices of one
+    architecture, so that an average exists to step)."""
+    from edgefl.algorithms import get_algorithm
+
+    def averages(name: str) -> bool:
+        algorithm = get_algorithm(name)
+        return algorithm.needs_for(algorithm.parse_options({})).averages_weights
+
+    same_arch = {"felo": {"tiers": ("10", "14")}, "velo": {"tiers": ("10", "14")}}
+    out = [pytest.param("fedavg", {"server_opt": o}, id=f"fedavg-{o}") for o in ("fedavgm", "fedadagrad", "fedyogi", "fedadam")]
+    out += [pytest.param(m, {"server_opt": "fedadam", **same_arch.get(m, {})}, id=f"{m}-fedadam") for m in METHODS if m != "fedavg" and averages(m)]
+    return out
+
+
+SERVER_OPT_CASES = server_opt_cases()
+
+#: every method at its default model family, HierarchyFL's other tier family (width tiers), and
+#: the server optimizers
 CASES = [pytest.param(m, {}, id=m) for m in METHODS] + [
     pytest.param("hierarchyfl", {"model": "hierarchy-width", "tiers": ("1/8", "1/2", "1")}, id="hierarchyfl-width"),
-]
+] + SERVER_OPT_CASES
 
 
 @pytest.mark.slow
@@ -228,13 +247,15 @@ def run_loop(cfg, checkpoint_dir=None, stop_after_round=None):
     return loop.server.state_dict(), {d: model_arrays(h.model) for d, h in halves.items()}, final
 
 
-@pytest.mark.parametrize("name", METHODS)
-def test_checkpoint_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, name):
-    cfg = conformance_config(tmp_path, name)
+@pytest.mark.parametrize(("name", "extra"), [pytest.param(m, {}, id=m) for m in METHODS] + SERVER_OPT_CASES)
+def test_checkpoint_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, name, extra):
+    cfg = conformance_config(tmp_path, name, **extra)
     # Execute
     expected_state, expected_models, expected = run_loop(cfg)
     state, models, final = run_loop(cfg, checkpoint_dir=tmp_path / "ck", stop_after_round=0)
     # Assert
+    if "server_opt" in extra:  # the optimizer stepped, and its moments are server state that resumes
+        assert any(k.startswith("opt|") for k in expected_state), sorted(expected_state)[:5]
     assert_states_equal(state, expected_state, "server state")
     for d in expected_models:
         assert_states_equal(models[d], expected_models[d], f"model of {d}")

@@ -24,6 +24,7 @@ from edgefl.algorithms.base import (
     get_algorithm,
     register,
 )
+from edgefl.algorithms.server_opt import ServerOptimizer, ServerOptSettings
 
 __all__ = [
     "Algorithm",
@@ -33,6 +34,8 @@ __all__ = [
     "MethodNeeds",
     "ServerContext",
     "ServerHalf",
+    "ServerOptSettings",
+    "ServerOptimizer",
     "TrainSettings",
     "algorithm_names",
     "get_algorithm",

@@ -20,6 +20,10 @@ Server half (one object per run):
                                              the uplinks that arrived are passed; a missing device
                                              is never an error here.
     ``state_dict()/load_state_dict()``       arrays only, so checkpoints need no pickle.
+    ``server_opt``                           the run's server optimizer: a method that averages
+                                             weights passes the average through
+                                             ``server_opt.step`` and keeps its state in its own
+                                             checkpoint (declared as ``averages_weights``).
     ``expected_uplink(device_id)``           ``{array name: ArraySpec(dtype, shape)}``: every array
                                              an update of that device carries, checked before
                                              aggregate (edgefl.wire.validate.check_reply); an
@@ -48,6 +52,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from edgefl.algorithms.server_opt import ServerOptimizer, ServerOptSettings
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError, UnknownNameError
 from edgefl.models import ModelSpec, build_model
@@ -121,6 +126,9 @@ class ServerContext:
     public: ArrayDataset | None = None  # server-held data (HierarchyFL's labelled 1%, FedHeNN's pool)
     closing_rounds: int = 0  # rounds after training (the method's declared needs)
     finish_trains: bool = False  # the final exchange changes the devices' models (the method's declared needs)
+    #: The server optimizer that turns averaged weights into the new ones (``--server-opt``); only
+    #: methods that declare ``averages_weights`` are given another than plain averaging.
+    server_opt: ServerOptSettings = field(default_factory=ServerOptSettings)
     #: The round in progress (or the closing exchange's round), set by the round loop before it
     #: selects devices: round state lives here, not on the method object.
     round: int = 0
@@ -187,6 +195,9 @@ class ServerHalf:
     def __init__(self, ctx: ServerContext, options: Any):
         self.ctx = ctx
         self.options = options
+        #: the one server step of a method that averages weights (:mod:`edgefl.algorithms.server_opt`);
+        #: its state belongs in the method's ``state_dict``
+        self.server_opt = ServerOptimizer(ctx.server_opt)
 
     def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
         ids = sorted(device_ids)
@@ -248,6 +259,10 @@ class MethodNeeds:
     #: skips; a method that trains in its finish keeps the last training round's evaluation, so a
     #: run's curve shows the models before the finish and the final evaluation after it.
     finish_trains: bool = False
+    #: Whether the server averages model weights (over the fleet, a tier's sub-models or an
+    #: architecture) and hands the average to its ``server_opt`` step: only then may a run choose
+    #: a server optimizer other than plain averaging (``--server-opt``).
+    averages_weights: bool = False
 
     def __post_init__(self):
         if not 0 <= self.public_share < 1:

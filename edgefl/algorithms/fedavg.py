@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from edgefl.algorithms.aggregate import Defences, clip_update, defences_of, robust_average
-from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
+from edgefl.algorithms.base import Algorithm, DeviceHalf, MethodNeeds, ServerHalf, register
 from edgefl.algorithms.training import train_local
 from edgefl.models import build_model
 from edgefl.wire import ArraySpec, Payload, arrays_to_state, spec_of, state_to_arrays
@@ -51,6 +51,7 @@ class GlobalModelServer(ServerHalf):
             torch.manual_seed(ctx.seed)
             model = build_model(spec)
         self.weights: dict[str, np.ndarray] = state_to_arrays(model.state_dict(), WEIGHTS)
+        self.trainable = frozenset(WEIGHTS + name for name, _ in model.named_parameters())
 
     def downlink(self, round: int, device_id: str) -> Payload:
         return Payload(dict(self.weights))
@@ -62,11 +63,11 @@ class GlobalModelServer(ServerHalf):
         items = [({k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)}, float(p.meta["num_samples"])) for p in uplinks.values()]
         if d.clip_norm > 0:
             items = [(clip_update(a, self.weights, d.clip_norm), w) for a, w in items]
-        self.weights = robust_average(items, d.aggregator, d.trim)
+        self.weights = self.server_opt.step("global", self.weights, robust_average(items, d.aggregator, d.trim), self.trainable)
         return {}
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return dict(self.weights)
+        return {**self.weights, **self.server_opt.state_dict()}
 
     def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
         """Every weight of the global model, in its dtype and shape."""
@@ -74,6 +75,7 @@ class GlobalModelServer(ServerHalf):
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.weights = {k: np.array(v) for k, v in arrays.items() if k.startswith(WEIGHTS)}
+        self.server_opt.load_state_dict(arrays)
 
 
 PAPER_DEFAULTS = {"model": "cnn", "tiers": ("2",), "optimizer": "sgd", "lr": 0.05, "batch_size": 32, "epochs": 1}
@@ -86,5 +88,6 @@ register(
         server=GlobalModelServer,
         options=Defences,
         defaults=PAPER_DEFAULTS,
+        needs=MethodNeeds(averages_weights=True),
     )
 )

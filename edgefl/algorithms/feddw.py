@@ -46,7 +46,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edgefl.algorithms.base import Algorithm, register
+from edgefl.algorithms.base import Algorithm, MethodNeeds, register
 from edgefl.algorithms.fedavg import WEIGHTS, GlobalModelDevice, GlobalModelServer
 from edgefl.algorithms.fedprox import FedProxDevice
 from edgefl.wire import ArraySpec, Payload, array_spec
@@ -256,6 +256,7 @@ register(
         server=FedDWServer,
         options=FedDWOptions,
         defaults=PAPER_DEFAULTS,
+        needs=MethodNeeds(averages_weights=True),
     )
 )
 
@@ -267,5 +268,6 @@ register(
         server=FedDWServer,
         options=FedProxDWOptions,
         defaults=PAPER_DEFAULTS,
+        needs=MethodNeeds(averages_weights=True),
     )
 )

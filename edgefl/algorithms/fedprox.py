@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from edgefl.algorithms.aggregate import Defences
-from edgefl.algorithms.base import Algorithm, register
+from edgefl.algorithms.base import Algorithm, MethodNeeds, register
 from edgefl.algorithms.fedavg import PAPER_DEFAULTS, GlobalModelDevice, GlobalModelServer
 from edgefl.wire import Payload
 
@@ -46,5 +46,6 @@ register(
         server=GlobalModelServer,
         options=FedProxOptions,
         defaults=PAPER_DEFAULTS,
+        needs=MethodNeeds(averages_weights=True),
     )
 )

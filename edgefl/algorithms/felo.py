@@ -75,7 +75,7 @@ from edgefl.algorithms.aggregate import (
     robust_average,
     robust_stack,
 )
-from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
+from edgefl.algorithms.base import Algorithm, DeviceHalf, MethodNeeds, ServerHalf, register
 from edgefl.algorithms.cvae import (
     CVAE,
     EMBED_DIM,
@@ -435,6 +435,7 @@ class KnowledgeServer(ServerHalf):
         c = ctx.num_classes
         self.logits = ClassHistory(c, c, options.history)
         self.weights: dict[str, dict[str, np.ndarray]] = {}  # architecture name → averaged weights
+        self.trainable: dict[str, frozenset[str]] = {}  # architecture name → its parameters' names
         self.feature_dim: int | None = None
         self._checked: set[ModelSpec] = set()
         self.features: ClassHistory | None = None
@@ -466,6 +467,7 @@ class KnowledgeServer(ServerHalf):
             if key in self.weights:
                 raise ConfigError(f"two different architectures of the fleet share the name {key}")
             self.weights[key] = state_to_arrays(model.state_dict(), WEIGHTS)
+            self.trainable[key] = frozenset(WEIGHTS + name for name, _ in model.named_parameters())
         self._checked.add(spec)
         return key
 
@@ -559,7 +561,8 @@ class KnowledgeServer(ServerHalf):
                 items = [({k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)}, float(p.meta["num_samples"])) for p in members]
                 if defences.clip_norm > 0:
                     items = [(clip_update(a, self.weights[key], defences.clip_norm), w) for a, w in items]
-                self.weights[key] = robust_average(items, defences.aggregator, defences.trim)
+                averaged = robust_average(items, defences.aggregator, defences.trim)
+                self.weights[key] = self.server_opt.step(key, self.weights[key], averaged, self.trainable[key])
             metrics["architectures_averaged"] = float(len(groups))
         return metrics
 
@@ -572,6 +575,7 @@ class KnowledgeServer(ServerHalf):
             out.update(self.features.state("feat/"))
         for key, arrays in self.weights.items():
             out.update({f"arch|{key}|{name}": v for name, v in arrays.items()})
+        out.update(self.server_opt.state_dict())
         return out
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -585,6 +589,7 @@ class KnowledgeServer(ServerHalf):
                 _, key, name = k.split("|", 2)
                 weights.setdefault(key, {})[name] = np.array(v)
         self.weights.update(weights)
+        self.server_opt.load_state_dict(arrays)
 
 
 class VeloServer(KnowledgeServer):
@@ -707,6 +712,13 @@ PAPER_DEFAULTS = {
     "fraction": 1.0,
 }
 
+
+
+def shares_weights(options: FedHeOptions) -> MethodNeeds:
+    """Felo and Velo average the weights within each architecture unless ``average_weights=false``."""
+    return MethodNeeds(averages_weights=options.shares_weights)
+
+
 register(
     Algorithm(
         name="felo",
@@ -715,6 +727,7 @@ register(
         server=KnowledgeServer,
         options=FeloOptions,
         defaults=PAPER_DEFAULTS,
+        needs=shares_weights,
     )
 )
 register(
@@ -725,6 +738,7 @@ register(
         server=VeloServer,
         options=VeloOptions,
         defaults=PAPER_DEFAULTS,
+        needs=shares_weights,
     )
 )
 register(

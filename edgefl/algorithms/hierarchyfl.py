@@ -314,6 +314,7 @@ class HeteroFLServer(ServerHalf):
         with torch.random.fork_rng():
             torch.manual_seed(ctx.seed)
             self.model = build_model(self.spec)
+        self.trainable = frozenset(name for name, _ in self.model.named_parameters())
         self._downlinks: dict[ModelSpec, dict[str, np.ndarray]] = {}
 
     def _check_spec(self, spec: ModelSpec) -> None:
@@ -373,6 +374,9 @@ class HeteroFLServer(ServerHalf):
             )
 
         new, coverage = aligned_average(state, ((v, weight(d)) for d, v in use.items()))
+        if use:  # the run's server optimizer turns the aligned average into the step (an element
+            # no device held has a zero pseudo-gradient; the moments still carry it)
+            new = self.server_opt.step("global", state, new, self.trainable)
         self.model.load_state_dict(
             {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in new.items()}
         )
@@ -388,10 +392,11 @@ class HeteroFLServer(ServerHalf):
 
     # checkpoints --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
-        return state_to_arrays(self.model.state_dict(), WEIGHTS)
+        return {**state_to_arrays(self.model.state_dict(), WEIGHTS), **self.server_opt.state_dict()}
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.model.load_state_dict(arrays_to_state(arrays, WEIGHTS), strict=True)
+        self.server_opt.load_state_dict(arrays)
         self._downlinks.clear()
 
 
@@ -634,7 +639,7 @@ register(
         server=HierarchyFLServer,
         options=HierarchyFLOptions,
         defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(public_share=0.01, public_use="labelled"),
+        needs=MethodNeeds(public_share=0.01, public_use="labelled", averages_weights=True),
     )
 )
 
@@ -646,5 +651,6 @@ register(
         server=HeteroFLServer,
         options=HeteroFLOptions,
         defaults=PAPER_DEFAULTS,
+        needs=MethodNeeds(averages_weights=True),
     )
 )

@@ -23,6 +23,12 @@ CertFile = Annotated[str, typer.Option("--cert-file", envvar="EDGEFL_CERT_FILE",
 KeyFile = Annotated[str, typer.Option("--key-file", envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key.")]
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 
+# --- the server optimizer (simulate and server start) ---------------------------------------------
+ServerOpt = Annotated[str, typer.Option("--server-opt", help="Server optimizer over the averaged weights: fedavg (plain averaging), fedavgm, fedadagrad, fedyogi or fedadam (Reddi et al. 2021).")]
+ServerOptLr = Annotated[float, typer.Option("--server-opt-lr", help="Server learning rate eta (default: the optimizer's, see docs/simulation.md).")]
+ServerOptBetas = Annotated[str, typer.Option("--server-opt-betas", help="beta1,beta2 (default 0.9,0.99; FedAvgM's momentum is beta1).")]
+ServerOptEps = Annotated[float, typer.Option("--server-opt-eps", help="tau, the adaptive optimizers' epsilon (default 1e-3).")]
+
 # --- the registries' choices, for --help (edgefl.names: known without importing torch) --------
 ALGORITHM_HELP = f"Method: {listing(ALGORITHMS)}; default fedavg."
 MODEL_HELP = f"Model family: {listing(MODEL_FAMILIES)} (default: the method's)."
@@ -50,6 +56,17 @@ def connection_address(broker: str, username: str | None, password: str | None, 
 def split_list(value: str | None) -> tuple[str, ...] | None:
     """``"a, b"`` → ``("a", "b")``; None stays None."""
     return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def parse_betas(value: str | None) -> tuple[float, float] | None:
+    """``--server-opt-betas 0.9,0.99``: two numbers (their ranges are the run configuration's check)."""
+    if value is None:
+        return None
+    try:
+        b1, b2 = (float(v) for v in value.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--server-opt-betas {value!r}: give two numbers, e.g. 0.9,0.99") from None
+    return b1, b2
 
 
 def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:

@@ -47,6 +47,7 @@ from edgefl.runtime.setup import (
     run_dir_for,
     run_tiers,
     server_context,
+    server_optimizer,
     server_public,
     train_settings,
 )
@@ -220,6 +221,7 @@ def serve(
     """Run a federated job over MQTT; returns the same summary as ``simulate``."""
     t_start = time.perf_counter()
     method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
+    server_optimizer(cfg, method)  # a server optimizer the method cannot take: refused before devices wait
     info = dataset_info(cfg.dataset)
     public = server_public(cfg, method)  # carved exactly as every device carves it
 

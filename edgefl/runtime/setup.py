@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         DeviceRecord,
         MethodNeeds,
         ServerContext,
+        ServerOptSettings,
         TrainSettings,
     )
     from edgefl.config import RunConfig
@@ -395,7 +396,36 @@ def server_context(
         public=public,
         closing_rounds=method.needs.closing_rounds,
         finish_trains=method.needs.finish_trains,
+        server_opt=server_optimizer(cfg, method),
     )
+
+
+def server_optimizer(cfg: RunConfig, method: Method) -> ServerOptSettings:
+    """The run's server optimizer; refused for a method that declares no averaged weights."""
+    from edgefl.algorithms import ServerOptSettings
+
+    settings = ServerOptSettings(
+        cfg.server_opt, cfg.server_opt_lr, cfg.server_opt_betas[0], cfg.server_opt_betas[1], cfg.server_opt_eps
+    )
+    if not settings.averages_only and not method.needs.averages_weights:
+        raise ConfigError(
+            f"--server-opt {cfg.server_opt}: {method.name} with these options averages no model weights, "
+            "so there is nothing for a server optimizer to step (methods that do: "
+            f"{', '.join(weight_methods())})"
+        )
+    return settings
+
+
+def weight_methods() -> list[str]:
+    """The registered methods whose server averages weights with their default options."""
+    from edgefl.algorithms import algorithm_names, get_algorithm
+
+    out = []
+    for name in algorithm_names():
+        algorithm = get_algorithm(name)
+        if algorithm.needs_for(algorithm.parse_options({})).averages_weights:
+            out.append(name)
+    return out
 
 
 @dataclass
@@ -435,6 +465,7 @@ class RunAssembly:
 def assemble(cfg: RunConfig) -> RunAssembly:
     """``cfg``'s whole run: the method, the data and its partition, each device's model spec."""
     method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
+    server_optimizer(cfg, method)  # refused before any data are loaded
     fleet_file = None
     if cfg.fleet_file:  # device profiles whose tiers the tier policy chooses
         from edgefl.profiling import read_fleet
