@@ -7,10 +7,10 @@ import threading
 from pathlib import Path
 
 import typer
-from rich.console import Console
+
+from edgefl.report.console import err
 
 app = typer.Typer(help="MQTT brokers: run the embedded one; manage Mosquitto device credentials.", no_args_is_help=True)
-err = Console(stderr=True)
 
 
 @app.command("start")

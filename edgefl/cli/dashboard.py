@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from edgefl.cli.common import (
     DEFAULT_BROKER,
@@ -19,8 +18,7 @@ from edgefl.cli.common import (
     Username,
     connection_address,
 )
-
-err = Console(stderr=True)
+from edgefl.report.console import err
 
 
 def dashboard(

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from edgefl.cli.common import (
     DEFAULT_BROKER,
@@ -21,8 +20,7 @@ from edgefl.cli.common import (
     Username,
     connection_address,
 )
-
-err = Console(stderr=True)
+from edgefl.report.console import err
 
 
 def _pick_file(onnx_dir: Path, device_id: str, fmt: str, profile: dict) -> tuple[Path, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from edgefl.cli.common import (
@@ -26,11 +25,11 @@ from edgefl.cli.common import (
     load_profile,
     serve_models,
 )
+from edgefl.report.console import out
 
 app = typer.Typer(
     help="Commands run on a device: profile it, register it with a server.", no_args_is_help=True
 )
-out = Console()
 
 
 @app.command("profile")

@@ -6,11 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from edgefl.errors import ConfigError
-
-err = Console(stderr=True)
+from edgefl.report.console import Feedback, err
 
 
 def export(
@@ -44,7 +42,9 @@ def export(
         "tolerance": tolerance,
     }
     if run is not None:
-        results = export_run(run, out, device=device, tier=tier, all_devices=all_devices, data_dir=data_dir, **options)
+        with Feedback(err, quiet=as_json) as feedback:
+            results = export_run(run, out, device=device, tier=tier, all_devices=all_devices, data_dir=data_dir,
+                                 on_progress=feedback.progress_hook, **options)
     else:
         if device is not None or tier is not None or all_devices:
             raise ConfigError("--device/--tier/--all choose models of a --run, not of a --checkpoint")

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from edgefl.cli.common import (
     DEFAULT_BROKER,
@@ -22,9 +21,9 @@ from edgefl.cli.common import (
     Username,
     connection_address,
 )
+from edgefl.report.console import out
 
 app = typer.Typer(help="Look at a running fleet.", no_args_is_help=True)
-out = Console()
 
 
 def _ago(t: float | None, now: float) -> str:

@@ -10,11 +10,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from edgefl.errors import ConfigError
-
-err = Console(stderr=True)
+from edgefl.report.console import err
 
 
 def infer(

@@ -22,7 +22,6 @@ import sys
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
-from rich.console import Console
 
 from edgefl import __version__
 from edgefl.cli import broker as broker_cmd
@@ -36,6 +35,7 @@ from edgefl.cli import server as server_cmd
 from edgefl.cli import simulate as simulate_cmd
 from edgefl.cli import train as train_cmd
 from edgefl.errors import EdgeflError, ExitCode, missing_extra
+from edgefl.report.console import err
 
 app = typer.Typer(
     name="edgefl",
@@ -44,7 +44,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err = Console(stderr=True)
 
 
 def _version(value: bool) -> None:
@@ -59,10 +58,10 @@ def root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
-    from rich.logging import RichHandler
+    from edgefl.report.console import log_handler
 
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=err, show_path=False)])
+    logging.basicConfig(level=level, format="%(message)s", handlers=[log_handler(err)])
     if not debug:
         # the embedded broker logs every refused MQTT 5 probe as a warning, and every client that
         # closes its connection ("No data to decode MQTT packet fixed header") as an ERROR: in a

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from edgefl.cli.common import (
     ALGORITHM_HELP,
@@ -31,9 +30,9 @@ from edgefl.cli.common import (
     read_password,
     split_list,
 )
+from edgefl.report.console import Feedback, err
 
 app = typer.Typer(help="Run a fleet's server over MQTT.", no_args_is_help=True)
-err = Console(stderr=True)
 
 
 @app.command("start")
@@ -113,12 +112,15 @@ def start(
         max_weight_ratio=max_weight_ratio,
     )
 
+    feedback = Feedback(err, rounds=cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds, quiet=as_json)
+
     def on_round(r: dict) -> None:
         acc = f" acc {100 * r['eval']['mean_accuracy']:.1f}% (device-reported)" if "eval" in r else ""
-        err.print(f"round {r['round']}: {len(r['completed'])}/{len(r['selected'])} devices{acc}"
-                  + (f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""))
+        feedback.round_done(f"round {r['round']}: {len(r['completed'])}/{len(r['selected'])} devices{acc}"
+                            + (f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""))
 
-    summary = serve(cfg, opts, on_round=None if as_json else on_round)
+    with feedback:
+        summary = serve(cfg, opts, on_round=on_round, on_progress=feedback.progress_hook)
     if as_json:
         typer.echo(json.dumps(summary))
         return

@@ -8,7 +8,6 @@ import warnings
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from edgefl.cli.common import (
     ALGORITHM_HELP,
@@ -24,8 +23,7 @@ from edgefl.cli.common import (
     split_list,
 )
 from edgefl.errors import ConfigError
-
-err = Console(stderr=True)
+from edgefl.report.console import Feedback, err
 
 
 def device_entry() -> None:
@@ -86,7 +84,7 @@ def simulate(
     run_name: str = typer.Option(None, help="Name of the run directory (default: timestamp-algorithm-dataset-seed)."),
     config: Path = typer.Option(None, "--config", help="TOML file with any of these settings."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars and no line per round: the result and errors only."),
     transport: str = typer.Option("memory", help="memory, or mqtt: a broker, this process as server, one process per device."),
     workers: int = typer.Option(1, "--workers", "-w", help="In memory: train the devices in this many worker processes (0: one per core); results match the sequential run's."),
     threads: int = typer.Option(None, help="Torch threads per process (with --workers: per worker; default: the cores shared out)."),
@@ -161,10 +159,10 @@ def simulate(
 
     total = cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds
 
+    feedback = Feedback(err, rounds=total, quiet=quiet)
+
     def on_round(r: dict) -> None:
         """One line per round: what a healthy run looks like at a glance."""
-        if quiet:
-            return
         done = len(r["completed"])
         line = f"round {r['round'] + 1:>3}/{total}  devices {done}/{len(r['selected'])}"
         if "eval" in r:
@@ -172,33 +170,34 @@ def simulate(
         line += f"  up {r['bytes_up_total'] / 1e6:7.3f} MB  down {r['bytes_down_total'] / 1e6:7.3f} MB  {r['round_seconds']:5.1f} s"
         if r["failed"]:
             line += f"  [yellow]failed: {', '.join(sorted(r['failed']))}[/]"
-        err.print(line, highlight=False)
+        feedback.round_done(line)
 
     if not quiet:
         err.print(f"[bold]{cfg.algorithm}[/] on {cfg.dataset}: {cfg.clients} devices, tiers {', '.join(cfg.tiers or family_tiers(cfg.model))}, "
                   f"{cfg.rounds} rounds, transport {transport}" + (f", {workers} worker processes" if transport == "memory" and workers != 1 else ""),
                   highlight=False)
-    if transport == "mqtt":
-        from edgefl.runtime.fleet import simulate_mqtt
-
-        summary = simulate_mqtt(cfg, broker=broker, on_round=on_round, entry=device_entry)
-    elif transport == "memory":
-        if workers < 0:
-            raise ConfigError(f"--workers must be >= 0 (got {workers})")
-        if workers == 0:
-            from edgefl.runtime.parallel import default_workers
-
-            workers = default_workers()
-        summary = run_simulation(cfg, on_round=on_round, workers=workers, backend=backend, ray_address=ray_address)
-    else:
+    if transport not in ("memory", "mqtt"):
         raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
-    if compare_local:
-        from edgefl.report.recorder import attach_reference
-        from edgefl.runtime.reference import local_reference
+    if workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (got {workers})")
+    with feedback:
+        if transport == "mqtt":
+            from edgefl.runtime.fleet import simulate_mqtt
 
-        if not quiet:
-            err.print("Local reference (the same devices without federation)…", highlight=False)
-        attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, "local", reference_cache))
+            summary = simulate_mqtt(cfg, broker=broker, on_round=on_round, on_progress=feedback.progress_hook, entry=device_entry)
+        else:
+            if workers == 0:
+                from edgefl.runtime.parallel import default_workers
+
+                workers = default_workers()
+            summary = run_simulation(cfg, on_round=on_round, workers=workers, backend=backend, ray_address=ray_address,
+                                     on_progress=feedback.progress_hook)
+        if compare_local:
+            from edgefl.report.recorder import attach_reference
+            from edgefl.runtime.reference import local_reference
+
+            feedback.line("Local reference (the same devices without federation)…")
+            attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, "local", reference_cache))
 
     if as_json:
         typer.echo(json.dumps(summary))

@@ -19,12 +19,12 @@ then environment variables, then a TOML file (``--config``, or ``EDGEFL_CONFIG``
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from edgefl.cli.common import (
     DEFAULT_BROKER,
@@ -42,8 +42,7 @@ from edgefl.cli.common import (
 )
 from edgefl.errors import ConfigError
 from edgefl.names import check_dataset
-
-err = Console(stderr=True)
+from edgefl.report.console import Feedback, out
 
 #: Settings a TOML file may hold, and the option each one sets.
 FILE_KEYS = (
@@ -167,9 +166,19 @@ def train(
     resolved, _ = resolve(values, sources, config)
     check_dataset(str(resolved["data"]))  # an unknown dataset fails here, before the broker and torch
 
+    feedback = Feedback(out, what="rounds trained")
+    served_rounds = re.compile(r"registered with server .*, (\d+) rounds$")
+
     def say(line: str) -> None:
-        typer.echo(f"[{resolved['device_id']}] {line}")
-        sys.stdout.flush()  # journald and pipes see each line as it happens
+        if not feedback.bars:
+            typer.echo(f"[{resolved['device_id']}] {line}")
+            sys.stdout.flush()  # journald and pipes see each line as it happens
+            return
+        feedback.line(f"[{resolved['device_id']}] {line}", markup=False)
+        if (m := served_rounds.match(line)) is not None:  # a terminal: a bar of the run's rounds
+            feedback.start_rounds(int(m.group(1)))
+        elif line.startswith("round ") and " | loss " in line:
+            feedback.round_done()
 
     wait_s = resolved["wait"]
     # said before the runtime (paho, numpy) is imported: a service's first line comes at once
@@ -198,7 +207,8 @@ def train(
         say=say,
         announced=True,
     )
-    served = run_device(opts)
+    with feedback:
+        served = run_device(opts)
     say(f"done: served {served} requests")
     if resolved["models_dir"]:  # the run is over: receive the deployed model (edgefl deploy) until stopped
         address = connection_address(opts.broker, opts.username, opts.password, opts.ca_file, opts.cert_file, opts.key_file)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,14 +156,18 @@ def export_run(
     tier: str | None = None,
     all_devices: bool = False,
     data_dir: str | None = None,
+    on_progress: Callable[..., None] | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
-    """Export the chosen devices' models of a run; `options` go to `export_one`."""
+    """Export the chosen devices' models of a run; `options` go to `export_one`.
+    ``on_progress("export", None, done, total, names=[device])`` before each model and at the end."""
     config, tiers = run_devices(run_dir)
     ids = choose_devices(tiers, device=device, tier=tier, all_devices=all_devices)
     data = _Data(config.get("dataset", ""), data_dir or config.get("data_dir"), int(config.get("seed", 0)))
     results = []
-    for device_id, path in zip(ids, _out_paths(Path(out), ids), strict=True):
+    for i, (device_id, path) in enumerate(zip(ids, _out_paths(Path(out), ids), strict=True)):
+        if on_progress is not None:
+            on_progress("export", None, i, len(ids), names=[device_id])
         model = load_device_model(run_dir, device_id)
         meta = {
             "edgefl.device_id": device_id,
@@ -172,6 +177,8 @@ def export_run(
         }
         log.info("exporting %s (%s) to %s", device_id, model.spec.name, path)
         results.append({"device_id": device_id, **export_one(model, path, data, metadata=meta, **options)})
+    if on_progress is not None:
+        on_progress("export", None, len(ids), len(ids))
     return results
 
 

@@ -175,6 +175,7 @@ def simulate_mqtt(
     fleet: str | None = None,
     deadline: float = 600.0,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[..., None] | None = None,
     verbose: bool = False,
     entry: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
@@ -209,7 +210,7 @@ def simulate_mqtt(
                 procs.append(launcher.start(cmd, log_dir / f"{device_id}.log"))
             opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline, wait_for_devices=max(120.0, 20.0 * cfg.clients))
             full = cfg.model_copy(update={"min_devices": cfg.clients})
-            summary = serve(full, opts, on_round=on_round)
+            summary = serve(full, opts, on_round=on_round, on_progress=on_progress)
             summary["broker"] = "embedded amqtt" if embedded else broker
             summary["device_processes"] = len(procs)
             return summary

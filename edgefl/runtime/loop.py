@@ -74,12 +74,17 @@ class RoundLoop:
         *,
         on_round: Callable[[dict[str, Any]], None] | None = None,
         before_round: Callable[[int], None] | None = None,
+        on_progress: Callable[..., None] | None = None,
     ):
         self.server, self.ctx, self.transport, self.settings = server, ctx, transport, settings
         self.on_round = on_round or (lambda record: None)
         # called before each round and before the closing exchanges: a deployment's server
         # adds devices that registered meanwhile to ctx.fleet here (never during an exchange)
         self.before_round = before_round or (lambda round: None)
+        # on_progress(stage, round, done, total): an exchange has replies from ``done`` of its
+        # ``total`` devices (stage: train, evaluate, finish or final; round: the training round,
+        # counted from 1, or None for the closing exchanges). Called on the transport's threads.
+        self.on_progress = on_progress or (lambda *a, **kw: None)
         self.total_rounds = settings.rounds + ctx.closing_rounds  # the method's declared needs
         self.start_round = self._resume()
         # device → the round whose evaluation downlink it absorbed last, with no local work since:
@@ -88,7 +93,7 @@ class RoundLoop:
         self._holds_downlink: dict[str, int] = {}
 
     # -- one exchange ---------------------------------------------------------------------------
-    def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str) -> Exchange:
+    def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str, stage: str | None = None) -> Exchange:
         out = Exchange()
         messages, wants = {}, {}
         for device_id, payload in payloads.items():
@@ -114,8 +119,14 @@ class RoundLoop:
         def accept(device_id: str, reply: Envelope) -> Envelope:
             """Check a (decoded) reply; a WireError refuses it (the transport keeps waiting)."""
             check_reply(reply, wants[device_id])
+            answered.add(device_id)
+            self.on_progress(stage, shown, len(answered), len(messages))
             return reply
 
+        stage = stage or kind
+        shown = None if stage in ("finish", "final") else self.ctx.round + 1
+        answered: set[str] = set()
+        self.on_progress(stage, shown, 0, len(messages))
         deliveries = self.transport.request(messages, timeout=self.settings.timeout, accept=accept)
         for device_id in payloads:
             d = deliveries.get(device_id)
@@ -138,12 +149,12 @@ class RoundLoop:
         return out
 
     # -- evaluation -----------------------------------------------------------------------------
-    def evaluate(self, round: int, split: str, with_downlink: bool) -> dict[str, Any]:
+    def evaluate(self, round: int, split: str, with_downlink: bool, stage: str = "evaluate") -> dict[str, Any]:
         payloads = {}
         for device_id in sorted(self.ctx.fleet):
             p = self.server.downlink(round, device_id) if with_downlink else Payload()
             payloads[device_id] = Payload(p.arrays, {**p.meta, "split": split})
-        ex = self.exchange("evaluate", round, payloads, expect="metrics")
+        ex = self.exchange("evaluate", round, payloads, expect="metrics", stage=stage)
         if with_downlink:
             self._holds_downlink.update(dict.fromkeys(ex.replies, round))
         acc = {d: float(r.payload.meta["accuracy"]) for d, r in ex.replies.items()}
@@ -233,7 +244,7 @@ class RoundLoop:
         self.ctx.round = end
         payloads = {d: self.server.downlink(end, d) for d in sorted(self.ctx.fleet)}
         finished = self.exchange("finish", end, payloads, expect="done")
-        final = self.evaluate(end, "test", with_downlink=False)
+        final = self.evaluate(end, "test", with_downlink=False, stage="final")
         final.pop("bytes_down"), final.pop("bytes_up")
         final["finish_failed"] = finished.failed
         final["finish_bytes_down"] = sum(finished.bytes_down.values())

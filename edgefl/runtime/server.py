@@ -189,17 +189,23 @@ class Registry:
         a = Assignment(spec, self.cfg.algorithm, dict(self.cfg.options), self.settings, self.cfg.rounds, self.cfg.seed, self.public_fraction, self.epoch, ready)
         return encode(Envelope("assign", 0, device_id, fleet=self.opts.fleet, tier=spec.tier, payload=Payload({}, a.to_meta())))
 
-    def wait_ready(self, n: int, timeout: float | None) -> None:
+    def wait_ready(self, n: int, timeout: float | None, on_progress: Callable[..., None] | None = None) -> None:
         end = None if timeout is None else time.monotonic() + timeout
         last_log = 0.0
+        shown: list[str] | None = None
         with self.lock:
             while len(self.ready) < n:
+                if on_progress is not None and sorted(self.ready) != shown:
+                    shown = sorted(self.ready)
+                    on_progress("register", None, len(shown), n, names=shown)
                 if end is not None and time.monotonic() > end:
                     raise TransportError(f"only {len(self.ready)} of {n} devices registered within {timeout:g} s")
                 if time.monotonic() - last_log > 10:
                     log.info("waiting for devices: %d of %d ready", len(self.ready), n)
                     last_log = time.monotonic()
                 self.lock.wait(0.5)
+            if on_progress is not None:
+                on_progress("register", None, len(self.ready), n, names=sorted(self.ready))
 
     def apply(self, fleet: dict[str, DeviceRecord]) -> None:
         """Add devices that became ready (or re-registered) to the loop's live fleet."""
@@ -217,8 +223,11 @@ def serve(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     on_started: Callable[[MqttServerTransport], None] | None = None,
     on_done: Callable[[ServerHalf], None] | None = None,
+    on_progress: Callable[..., None] | None = None,
 ) -> dict[str, Any]:
-    """Run a federated job over MQTT; returns the same summary as ``simulate``."""
+    """Run a federated job over MQTT; returns the same summary as ``simulate``. ``on_progress``
+    follows the registration ("register": ready devices of ``min_devices``, with their names)
+    and each exchange (:class:`~edgefl.runtime.loop.RoundLoop`)."""
     t_start = time.perf_counter()
     method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     server_optimizer(cfg, method)  # a server optimizer the method cannot take: refused before devices wait
@@ -257,7 +266,7 @@ def serve(
     log.info("server %s of fleet %s is up on %s; waiting for %d devices", transport.epoch, opts.fleet, address, cfg.min_devices)
     ended = "stopped"  # what the retained server status says when this process leaves
     try:
-        registry.wait_ready(cfg.min_devices, opts.wait_for_devices)
+        registry.wait_ready(cfg.min_devices, opts.wait_for_devices, on_progress)
         fleet: dict[str, DeviceRecord] = {}
         registry.apply(fleet)
         ctx = server_context(cfg, method, info.num_classes, fleet, public, settings=registry.settings)
@@ -299,7 +308,7 @@ def serve(
             if on_round:
                 on_round(r)
 
-        loop = RoundLoop(server, ctx, Encoded(ObservedTransport(transport, status), limits), settings, on_round=record, before_round=lambda r: registry.apply(ctx.fleet))
+        loop = RoundLoop(server, ctx, Encoded(ObservedTransport(transport, status), limits), settings, on_round=record, before_round=lambda r: registry.apply(ctx.fleet), on_progress=on_progress)
         if loop.start_round:
             log.info("resuming at round %d from %s", loop.start_round, opts.checkpoint_dir)
         recorder.write_config(

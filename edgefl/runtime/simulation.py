@@ -42,6 +42,7 @@ def simulate(
     workers: int = 1,
     backend: str = "processes",
     ray_address: str | None = None,
+    on_progress: Callable[..., None] | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and (``plots``) plots to the
     run dir. ``on_done`` is given the server half when the run is over (as ``serve`` does).
@@ -49,7 +50,8 @@ def simulate(
     ``workers`` > 1 trains the devices in that many worker processes (:mod:`edgefl.runtime.parallel`),
     each with ``cfg.threads`` torch threads (default: the cores shared out); ``backend="ray"`` in
     that many Ray actors (:mod:`edgefl.runtime.ray_pool`; ``ray_address`` joins an existing
-    cluster). The results are those of the sequential run at the same threads per device."""
+    cluster). The results are those of the sequential run at the same threads per device.
+    ``on_progress`` follows each exchange (:class:`~edgefl.runtime.loop.RoundLoop`)."""
     t_start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -80,12 +82,12 @@ def simulate(
             transport.connect(d, agent.handle)
         samples = {d: len(h.ctx.train_data) for d, h in halves.items()}
     try:
-        return _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start)
+        return _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start, on_progress)
     finally:
         transport.close()
 
 
-def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start) -> dict[str, Any]:
+def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start, on_progress=None) -> dict[str, Any]:
     specs, test = run.specs, run.data.evals["test"]
     fleet = {d: DeviceRecord(spec=specs[d], num_samples=samples[d]) for d in run.ids}
 
@@ -119,6 +121,7 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
         transport,
         LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=cfg.eval_every, timeout=cfg.timeout),
         on_round=record,
+        on_progress=on_progress,
     )
     final = loop.run()
     # Each device's final model, for `edgefl export` (safetensors with the spec in its metadata).

@@ -1,0 +1,152 @@
+"""What the commands tell an operator while they work: plain, whole lines through a pipe; progress
+bars on a terminal that leave ``--json`` alone; ``server start`` naming the devices that registered."""
+
+import io
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+from rich.console import Console
+
+from edgefl.report.console import Feedback, make_console
+
+#: A short real run: every line it prints is longer than 80 columns once the run name is long.
+RUN = ["simulate", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--train-samples", "600", "--test-samples", "200",
+       "--eval-samples", "100", "--steps", "3", "--batch-size", "16", "--width", "0.25"]
+
+
+def edgefl(*args):
+    return [sys.executable, "-m", "edgefl.cli.main", *args]
+
+
+def test_piped_output_keeps_every_line_whole(tmp_path):
+    # Prepare: a run directory whose path alone is wider than a default 80-column console
+    name = "a-run-name-long-enough-that-its-path-does-not-fit-in-eighty-columns-" + "x" * 30
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    # Execute: stderr is a pipe
+    done = subprocess.run(edgefl(*RUN, "--out", str(tmp_path), "--run-name", name), capture_output=True, text=True, timeout=300, env=env)
+    # Assert: one line per round, the results line whole, no escape codes
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    rounds = [line for line in lines if line.startswith("round")]
+    assert len(rounds) == 2, lines
+    for line in rounds:
+        assert re.fullmatch(r"round +\d+/2 +devices 3/3 .*up +[\d.]+ MB +down +[\d.]+ MB +[\d.]+ s", line), line
+    assert f"results: {tmp_path / name}" in lines
+    assert "final evaluation: 3 devices" in lines  # the final evaluation is announced, not silent
+    assert "\x1b[" not in done.stderr
+    assert max(len(line) for line in lines) > 80  # the test would have caught a wrap
+
+
+def test_progress_bars_on_a_terminal_leave_the_json_on_stdout_alone(tmp_path):
+    # Prepare: stderr is a terminal (a pty), stdout a pipe
+    master, slave = pty.openpty()
+    shown = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
+    # Execute
+    proc = subprocess.Popen(edgefl(*RUN, "--out", str(tmp_path), "--run-name", "tty", "--json"), stdout=subprocess.PIPE,
+                            stderr=slave, env=env)
+    os.close(slave)
+    out, _ = proc.communicate(timeout=300)
+    reader.join(10)
+    os.close(master)
+    # Assert: stdout is one JSON document; the terminal got bars (rich's bar glyphs and counts)
+    assert proc.returncode == 0, shown.decode(errors="replace")[-2000:]
+    summary = json.loads(out)
+    assert summary["rounds"] == 2 and 0.0 <= summary["mean_accuracy"] <= 1.0
+    text = shown.decode(errors="replace")
+    assert "━" in text and "round 1: training" in text and "final evaluation" in text
+    assert "rounds" in text and "/2" in text
+
+
+def test_plain_feedback_names_the_registered_devices_once_per_change():
+    # Prepare: a console that is not a terminal
+    buf = io.StringIO()
+    console = Console(file=buf, width=40, soft_wrap=True)
+    # Execute
+    with Feedback(console, rounds=3) as fb:
+        fb.progress_hook("register", None, 0, 6)
+        fb.progress_hook("register", None, 2, 6, names=["pi-02", "pi-01"])
+        fb.progress_hook("register", None, 2, 6, names=["pi-01", "pi-02"])  # nothing new: no line
+        fb.progress_hook("train", 1, 0, 6)  # per-exchange progress is for terminals only
+        fb.progress_hook("train", 1, 3, 6)
+        fb.round_done("round 1 done, a line much longer than the forty columns of this console")
+        fb.progress_hook("final", None, 0, 6)
+        fb.progress_hook("final", None, 6, 6)
+    # Assert
+    assert buf.getvalue().splitlines() == [
+        "waiting for devices: 0 of 6 registered",
+        "waiting for devices: 2 of 6 registered: pi-01, pi-02",
+        "round 1 done, a line much longer than the forty columns of this console",
+        "final evaluation: 6 devices",
+    ]
+
+
+def test_quiet_feedback_prints_only_what_is_asked_always():
+    buf = io.StringIO()
+    with Feedback(Console(file=buf), quiet=True) as fb:
+        fb.progress_hook("register", None, 1, 2, names=["a"])
+        fb.round_done("round 1")
+        fb.line("the result", always=True)
+    assert buf.getvalue() == "the result\n"
+
+
+def test_a_console_that_is_not_a_terminal_never_wraps(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = make_console(stderr=True)  # pytest captures stderr: not a terminal
+    assert not console.is_terminal and console.soft_wrap and console.width >= 200
+
+
+@pytest.mark.slow
+def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
+    from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
+    from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
+    from tests.conftest import tiny_config
+
+    if mosquitto_binary() is None:
+        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
+    # Prepare: a broker, a server waiting for 2 devices, and one device
+    broker = MosquittoBroker(port=0).start()
+    url = f"mqtt://127.0.0.1:{broker.port}"
+    server = subprocess.Popen(edgefl("server", "start", "--broker", url, "--fleet", "fb", "--rounds", "1", "--min-devices", "2",
+                                     "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "2",
+                                     "--out", str(tmp_path / "runs"), "--run-name", "wait"),
+                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    cfg = tiny_config(tmp_path, clients=2)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(SIMULATED_PROFILE))
+    device = start_device(device_command(url, "fb", "pi-01", data_spec_for(cfg, 0), profile_file=profile), tmp_path / "pi-01.log")
+    lines = []
+    try:
+        # Execute: read the server's lines until it names the device (or ends)
+        for line in server.stderr:
+            lines.append(line.rstrip("\n"))
+            if "pi-01" in line:
+                break
+    finally:
+        device.terminate()
+        server.terminate()
+        server.wait(30)
+        device.wait(30)
+        broker.stop()
+    # Assert: before any device, then with the device's name
+    assert lines[0] == "waiting for devices: 0 of 2 registered", lines
+    assert lines[-1] == "waiting for devices: 1 of 2 registered: pi-01", lines
