@@ -24,7 +24,7 @@ ALLOWED = {
     "data": {"errors"},
     "report": {"errors"},  # at the side: it gets plain records, never the objects that made them
     "rollout": {"retry", "inference", "transport", "wire", "errors"},  # model rollout to devices, beside runtime
-    "dashboard": {"runtime", "errors"},  # a web page over the fleet status, beside the CLI
+    "dashboard": {"runtime", "report", "errors"},  # a web page over the fleet status (and its metrics), beside the CLI
     "config": {"errors"},
     "names": {"errors"},  # the registries' names, known without importing them (no torch)
     "errors": set(),

@@ -75,7 +75,7 @@ def render(status: dict[str, Any]) -> None:
     if isinstance(result, dict):
         out.print(result_line(result), highlight=False)
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("device", "state", "tier", "model", "profile", "registered", "last seen", "last round", "up", "down", "model version"):
+    for col in ("device", "state", "tier", "model", "profile", "registered", "last seen", "last round", "up", "down", "model version", "last error"):
         table.add_column(col)
     colour = {"training": "green", "idle": "cyan", "late": "yellow", "gone": "red"}
     for device_id, d in sorted(status.get("devices", {}).items()):
@@ -90,12 +90,12 @@ def render(status: dict[str, Any]) -> None:
         table.add_row(escape(device_id), f"[{colour.get(state, 'white')}]{escape(str(state))}[/]", escape(str(d.get("tier") or "-")),
                       escape(str(d.get("model") or "-")), escape(profile or "-"), _ago(d.get("registered_at"), now), _ago(d.get("last_seen"), now),
                       "-" if d.get("last_round") is None else str(d["last_round"]), _bytes(d.get("bytes_up")), _bytes(d.get("bytes_down")),
-                      escape(version))
+                      escape(version), escape(str(d.get("last_error") or "-")))
     out.print(table)
     acc = status.get("tier_accuracy") or {}
     if acc:
-        out.print("accuracy per tier (last evaluation): " + ", ".join(f"{t} {100 * a:.1f}%" for t, a in sorted(acc.items()) if a is not None),
-                  highlight=False)
+        out.print("last evaluation: " + ", ".join(f"tier {t} {100 * a:.1f}%" for t, a in sorted(acc.items(), key=lambda x: (len(x[0]), x[0]))
+                                                  if a is not None), highlight=False)
 
 
 @app.command("status")

@@ -78,6 +78,9 @@ def start(
     ca_file: CaFile = None,
     cert_file: CertFile = None,
     key_file: KeyFile = None,
+    metrics_port: int = typer.Option(None, "--metrics-port", envvar="EDGEFL_METRICS_PORT",
+                                     help="Serve Prometheus metrics of the fleet on this port (/metrics)."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics listen on (loopback by default)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
 ) -> None:
     """Wait for devices, then run the rounds; devices may join later, late ones are recorded."""
@@ -110,6 +113,7 @@ def start(
         wait_for_devices=wait, max_bytes=max_bytes, username=username, password=password,
         ca_file=ca_file, cert_file=cert_file, key_file=key_file, gone_after=gone_after,
         max_weight_ratio=max_weight_ratio,
+        metrics_port=metrics_port, metrics_host=metrics_host,
     )
 
     feedback = Feedback(err, rounds=cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds, quiet=as_json)
@@ -119,6 +123,8 @@ def start(
         feedback.round_done(f"round {r['round']}: {len(r['completed'])}/{len(r['selected'])} devices{acc}"
                             + (f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""))
 
+    if metrics_port is not None:
+        feedback.line(f"metrics: http://{metrics_host}:{metrics_port}/metrics")
     with feedback:
         summary = serve(cfg, opts, on_round=on_round, on_progress=feedback.progress_hook)
     if as_json:

@@ -35,7 +35,7 @@ from typing import Any
 from edgefl.algorithms import DeviceRecord, ServerHalf
 from edgefl.config import RunConfig
 from edgefl.data import dataset_info
-from edgefl.errors import EdgeflError, RunRejectedError, TransportError, WireError
+from edgefl.errors import ConfigError, EdgeflError, RunRejectedError, TransportError, WireError
 from edgefl.models import ModelSpec
 from edgefl.report import RunRecorder
 from edgefl.report.recorder import finish_run, run_summary
@@ -79,6 +79,8 @@ class ServeOptions:
     gone_after: float | None = None  # fleet status: seconds without a connection before a device is "gone" (None: deadline)
     memory_fraction: float = 0.5  # tier policy: share of a device's available memory training may use
     max_weight_ratio: float = DEFAULT_WEIGHT_RATIO  # no device weighs more than this × the median declared size (0: off)
+    metrics_port: int | None = None  # serve the fleet status as Prometheus metrics on this port (edgefl.report.metrics)
+    metrics_host: str = "127.0.0.1"
 
 
 class Registry:
@@ -261,6 +263,16 @@ def serve(
     transport.on_register = on_register
     transport.start()
     publisher = StatusPublisher(status, transport.publish_fleet_status, run_dir).start()
+    metrics = None
+    if opts.metrics_port is not None:
+        from edgefl.report.metrics import serve_metrics
+
+        try:
+            metrics, _ = serve_metrics(status.snapshot, opts.metrics_port, opts.metrics_host)
+        except OSError as e:
+            publisher.stop()
+            transport.close()
+            raise ConfigError(f"cannot serve metrics on {opts.metrics_host}:{opts.metrics_port}: {e.strerror or e}") from None
     if on_started:
         on_started(transport)
     log.info("server %s of fleet %s is up on %s; waiting for %d devices", transport.epoch, opts.fleet, address, cfg.min_devices)
@@ -336,6 +348,9 @@ def serve(
             on_done(server)
         return summary
     finally:
+        if metrics is not None:
+            metrics.shutdown()
+            metrics.server_close()
         publisher.stop()
         transport.left_as(ended)
         transport.close()

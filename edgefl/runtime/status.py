@@ -117,14 +117,20 @@ class FleetStatus:
                 d = self._device(device_id)
                 d["bytes_down"] += sizes.get(device_id, 0)
                 d["rejected"] += len(delivery.rejected)  # invalid replies refused (issue 19)
+                if delivery.rejected:
+                    d["last_error"] = f"round {round} {kind}: refused an invalid reply ({str(delivery.rejected[0])[:200]})"
                 if delivery.reply is not None:
                     d["bytes_up"] += len(delivery.reply)
                     d["misses"] = 0
+                    error = _reply_error(delivery.reply)
+                    if error is not None:
+                        d["last_error"] = f"round {round} {kind}: {error}"
                     if kind == "train":
                         d["last_round"] = round
                         d["rounds_completed"] += 1
                 else:
                     d["misses"] += 1
+                    d["last_error"] = f"round {round} {kind}: {delivery.error or 'no reply'}"
             self.open = {}
             self.exchange_deadline = None
             self.version += 1
@@ -139,6 +145,12 @@ class FleetStatus:
             "bytes_down": record.get("bytes_down_total", 0),
             "mean_accuracy": ev.get("mean_accuracy"),
             "tier_accuracy": ev.get("tier_accuracy", {}),
+            # why traffic alternates (the dashboard says so): an evaluated round also sends the
+            # evaluation's downlinks, after which the next training downlinks are not re-sent;
+            # a CVAE round is one where the server trained its CVAE (Velo)
+            "evaluated": bool(ev),
+            "downlinks_not_resent": len(record.get("downlinks_not_resent", [])),
+            "cvae": "cvae_loss" in (record.get("server") or {}),
         }
         with self.lock:
             self.history = (self.history + [_finite(entry)])[-HISTORY:]
@@ -222,6 +234,17 @@ def display_round(kind: str, wire_round: int) -> int:
     the method's round index (from 0); an evaluation or finish request the number of rounds
     completed before it (so the evaluation after round 1 is round 1)."""
     return wire_round + 1 if kind == "train" else wire_round
+
+
+def _reply_error(data: bytes) -> str | None:
+    """The reason of an error reply (a device that could not do what was asked), else None."""
+    try:
+        routing = peek(data)
+    except Exception:  # noqa: BLE001 - an unreadable reply was refused already
+        return None
+    if routing.kind != "error":
+        return None
+    return str((routing.meta or {}).get("reason", "device error"))[:200]
 
 
 def _finite(entry: dict[str, Any]) -> dict[str, Any]:
