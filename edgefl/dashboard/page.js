@@ -90,7 +90,7 @@ function renderRun(s, now) {
   document.getElementById("detail").textContent = detail;
   document.getElementById("run-name").textContent = srv.run || "-";
   document.getElementById("algorithm").textContent = srv.algorithm || "-";
-  document.getElementById("round").textContent = round === null ? "-" : String(round);
+  document.getElementById("round").textContent = round === null || phase === "waiting" ? "-" : String(round);
   document.getElementById("rounds").textContent = num(srv.rounds) ? String(srv.rounds) : "-";
   const res = resultOf(s);
   const out = document.getElementById("result");
@@ -165,7 +165,8 @@ function axes(svg, {x0, x1, ymax, fmt, xlabel, ylabel, extraX}) {
     svg.appendChild(svgEl("text", {x: L - 6, y: sy(v) + 4, "text-anchor": "end"}, fmt(v)));
   }
   const xstep = Math.max(1, Math.ceil((x1 - x0 + 1) / 12));
-  for (let r = x0; r <= x1; r += xstep) {
+  const xlast = extraX ? extraX.at - 1 : x1;  // a labelled extra tick (the final evaluation) replaces the last number
+  for (let r = x0; r <= xlast; r += xstep) {
     svg.appendChild(svgEl("line", {x1: sx(r), x2: sx(r), y1: H - B, y2: H - B + 4, stroke: "#8c959f"}));
     svg.appendChild(svgEl("text", {x: sx(r), y: H - B + 16, "text-anchor": "middle", class: "x-tick"}, String(r)));
   }
@@ -190,11 +191,12 @@ function renderAccuracy(s) {
   const evals = hist.filter(h => num(h.mean_accuracy) || Object.values(h.tier_accuracy || {}).some(num));
   const rounds = hist.map(h => h.round);
   const last = rounds.length ? Math.max(...rounds) : 1;
-  const finalX = final ? Math.max(last + 1, num(srv.rounds) ? srv.rounds : 0) : null;
+  const finalX = final ? last + 1 : null;  // just after the last round
   const x0 = rounds.length ? Math.min(...rounds) : 1;
-  const x1 = Math.max(finalX ?? last, num(srv.rounds) && srv.rounds ? srv.rounds : last, x0 + 1);
+  const x1 = finalX ?? Math.max(last, num(srv.rounds) && srv.rounds ? srv.rounds : last, x0 + 1);
   const svg = document.getElementById("accuracy");
-  const ax = axes(svg, {x0, x1, ymax: 1, fmt: v => `${Math.round(100 * v)}`, xlabel: "round", ylabel: "accuracy (%)"});
+  const ax = axes(svg, {x0, x1, ymax: 1, fmt: v => `${Math.round(100 * v)}`, xlabel: "round", ylabel: "accuracy (%)",
+                        extraX: finalX !== null ? {at: finalX, label: "final"} : null});
   const tiers = new Set();
   for (const h of evals.concat(final ? [final] : [])) for (const t of Object.keys(h.tier_accuracy || {})) tiers.add(t);
   const items = [];
@@ -228,30 +230,35 @@ function renderBytes(s) {
   const rounds = hist.map(h => h.round);
   const x0 = rounds.length ? Math.min(...rounds) : 1, x1 = Math.max(rounds.length ? Math.max(...rounds) : 1, x0 + 1);
   const mb = n => (n || 0) / 1e6;
-  const top = Math.max(0.001, ...hist.map(h => Math.max(mb(h.bytes_up), mb(h.bytes_down))));
+  const top = Math.max(...hist.map(h => Math.max(mb(h.bytes_up), mb(h.bytes_down))), 0) || 1;
   const ymax = niceStep(top, 5) * Math.ceil(top / niceStep(top, 5));
   const svg = document.getElementById("bytes");
-  const fmt = v => (ymax >= 10 ? v.toFixed(0) : ymax >= 1 ? v.toFixed(1) : v.toFixed(ymax >= 0.1 ? 2 : 3));
+  const decimals = Math.max(0, -Math.floor(Math.log10(niceStep(ymax, 5)) + 1e-9));
+  const fmt = v => v.toFixed(decimals);
   const ax = axes(svg, {x0, x1, ymax, fmt, xlabel: "round", ylabel: "MB per round (10⁶ bytes)"});
   const items = [];
   const half = hist.length > 1 ? (ax.sx(x0 + 1) - ax.sx(x0)) / 2 : 10;
   const evaluated = hist.filter(h => h.evaluated);
-  for (const h of evaluated)
-    svg.appendChild(svgEl("rect", {x: ax.sx(h.round) - half, y: ax.T, width: 2 * half, height: ax.H - ax.T - ax.B, fill: "#8250df", "fill-opacity": 0.08, class: "eval-round"}));
+  const alternating = evaluated.length > 0 && evaluated.length < hist.length;
+  for (const h of alternating ? evaluated : []) {  // a band one round wide, inside the plot
+    const left = Math.max(ax.L, ax.sx(h.round) - half), right = Math.min(ax.W - ax.R, ax.sx(h.round) + half);
+    svg.appendChild(svgEl("rect", {x: left, y: ax.T, width: right - left, height: ax.H - ax.T - ax.B, fill: "#8250df", "fill-opacity": 0.08, class: "eval-round"}));
+  }
   const cvae = hist.filter(h => h.cvae);
   for (const h of cvae)
     svg.appendChild(svgEl("path", {d: `M${ax.sx(h.round)} ${ax.H - ax.B - 9} L${ax.sx(h.round) + 5} ${ax.H - ax.B} L${ax.sx(h.round) - 5} ${ax.H - ax.B} Z`, fill: "#953800", class: "cvae-round"}));
   polyline(svg, hist.map(h => [ax.sx(h.round), ax.sy(mb(h.bytes_up))]), COLORS[0]);
   polyline(svg, hist.map(h => [ax.sx(h.round), ax.sy(mb(h.bytes_down))]), COLORS[3]);
   items.push({label: "uplink (devices → server)", color: COLORS[0]}, {label: "downlink (server → devices)", color: COLORS[3]});
-  if (evaluated.length && evaluated.length < hist.length) items.push({label: "evaluation round", color: "#8250df", marker: "band"});
+  if (alternating) items.push({label: "evaluation round", color: "#8250df", marker: "band"});
   if (cvae.length) items.push({label: "CVAE round", color: "#953800", marker: "tick"});
+  if (!hist.length) svg.appendChild(svgEl("text", {x: ax.L + 12, y: ax.T + 20}, "no round yet"));
   legend("bytes-legend", items);
   const notes = [];
-  if (evaluated.length && evaluated.length < hist.length && hist.some(h => h.downlinks_not_resent))
+  if (alternating && hist.some(h => h.downlinks_not_resent))
     notes.push("An evaluation round's downlink counts the evaluation's models too; the next round's training downlink is then not re-sent " +
                "(the devices hold it), so traffic alternates.");
-  if (cvae.length) notes.push("CVAE round: the server trained its CVAE; the synthetic features it generates go down with the next downlinks.");
+  if (cvae.length) notes.push("CVAE round: a round in which the server trained its CVAE (Velo).");
   document.getElementById("bytes-note").textContent = notes.join(" ");
 }
 

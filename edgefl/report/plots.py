@@ -66,6 +66,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     bx = [r["round"] + 1 for r in rounds]
     ax.plot(bx, [r["bytes_up_total"] / 1e6 for r in rounds], marker="o", ms=2.5, label="uplink (devices → server)")
     ax.plot(bx, [r["bytes_down_total"] / 1e6 for r in rounds], marker="o", ms=2.5, label="downlink (server → devices)")
+    noted = _explain_alternation(ax, fig, rounds, bx)
     ax.set_title(f"{name}: traffic per round, all devices (evaluation included)", fontsize=10)
     ax.set_xlabel("round")
     ax.set_ylabel("MB per round (10⁶ bytes)")
@@ -73,8 +74,29 @@ def plot_run(run_dir: Path) -> list[Path]:
     ax.set_xlim(left=0.5)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1) if noted else None)
     out.append(run_dir / "bytes.png")
     fig.savefig(out[-1], dpi=120)
     plt.close(fig)
     return out
+
+
+def _explain_alternation(ax, fig, rounds: list[dict], xs: list[int]) -> bool:
+    """Say why traffic alternates between rounds: evaluated rounds also send the evaluation's
+    downlinks, after which the next round's training downlinks are not re-sent (the devices hold
+    them); Velo's CVAE rounds (the server trained its CVAE) are marked too. True when a note
+    was written under the axes."""
+    noted = False
+    evaluated = [x for x, r in zip(xs, rounds, strict=True) if "eval" in r]
+    if evaluated and len(evaluated) < len(rounds):
+        for i, x in enumerate(evaluated):
+            ax.axvspan(x - 0.5, x + 0.5, color="#8250df", alpha=0.08, lw=0, label="evaluation round" if i == 0 else None)
+        if any(r.get("downlinks_not_resent") for r in rounds):
+            fig.text(0.01, 0.01, "An evaluation round's downlink counts the evaluation's models too; the next round's training "
+                     "downlink is then not re-sent (the devices hold it).", fontsize=6.5, color="#59636e")
+            noted = True
+    cvae = [x for x, r in zip(xs, rounds, strict=True) if "cvae_loss" in (r.get("server") or {})]
+    if cvae:
+        ax.plot(cvae, [0] * len(cvae), ls="none", marker="^", ms=7, color="#953800", clip_on=False, zorder=5,
+                label="CVAE round (the server trained its CVAE)")
+    return noted
