@@ -67,6 +67,9 @@ function renderRun(s, now) {
   } else if (phase === "train") {
     state = `Training round ${round ?? "-"}${of}`;
     detail = closes;
+  } else if (phase === "evaluate" && srv.final_evaluation) {
+    state = "Final evaluation";
+    detail = closes || "the devices are evaluated on the test split";
   } else if (phase === "evaluate") {
     state = `Evaluating round ${round ?? "-"}${of}`;
     detail = closes;
