@@ -128,6 +128,6 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
     assert metrics["gone"][("edgefl_bytes_total", (("direction", "up"),))] > 0
     if os.environ.get("EDGEFL_UPDATE_SCREENSHOTS"):
         DOCS.mkdir(parents=True, exist_ok=True)
-        for name, path in shots.items():
+        for path in shots.values():
             shutil.copy(path, DOCS / path.name)
     assert sorted(shots) == ["finished", "gone", "training", "waiting"]

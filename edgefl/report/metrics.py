@@ -63,14 +63,14 @@ class StatusCollector:
                                ("edgefl_devices_expected", "expected", "Devices the server waits for before the first round.")):
             if isinstance(server.get(key), (int, float)):
                 yield GaugeMetricFamily(name, doc, value=float(server[key]))
-        tiers = GaugeMetricFamily("edgefl_accuracy", "Accuracy per tier at the last evaluation (0-1).", labels=["tier"])
+        tiers = GaugeMetricFamily("edgefl_accuracy", "Accuracy per tier at the last evaluation (device-reported, 0-1).", labels=["tier"])
         for tier, acc in sorted((snap.get("tier_accuracy") or {}).items()):
             if isinstance(acc, (int, float)):
                 tiers.add_metric([str(tier)], float(acc))
         yield tiers
         last = next((h for h in reversed(snap.get("history") or []) if isinstance(h.get("mean_accuracy"), (int, float))), None)
         if last is not None:
-            yield GaugeMetricFamily("edgefl_mean_accuracy", "Mean accuracy over devices at the last evaluation (0-1).",
+            yield GaugeMetricFamily("edgefl_mean_accuracy", "Mean accuracy over devices at the last evaluation (device-reported, 0-1).",
                                     value=float(last["mean_accuracy"]))
         result = snap.get("result") or server.get("result") or {}
         if isinstance(result.get("mean_accuracy"), (int, float)):
