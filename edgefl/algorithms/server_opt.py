@@ -16,8 +16,9 @@ average to :meth:`ServerOptimizer.step` instead of installing it. With the round
 element-wise, with m = 0 and v = τ² before the first step (the paper's v₋₁ ≥ τ²) and no bias
 correction (the paper has none; Flower's FedAdam adds Adam's and starts v at 0). The paper's
 defaults: β₁ = 0.9, β₂ = 0.99, τ = 1e-3; FedAvgM's momentum is β₁ (0.9) at η = 1. The server lr η
-of each optimizer is chosen on a validation split over the paper's grid 10^{-3, -2.5, …, 0}
-(``benchmarks/server_opt``); :data:`DEFAULT_LR` holds the chosen values.
+of each optimizer is chosen on a validation split over the paper's half-decade grid 10^{-3, -2.5, …}
+(written 0.00316, 0.01, 0.0316, …; ``benchmarks/server_opt``); :data:`DEFAULT_LR` holds the chosen
+values.
 
 Only trainable parameters take the step; buffers (BatchNorm's running statistics and counters) are
 not gradients and keep the plain average. Each method names its parameters (``trainable``).
@@ -36,10 +37,9 @@ import numpy as np
 
 Name = Literal["fedavg", "fedavgm", "fedadagrad", "fedyogi", "fedadam"]
 NAMES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadagrad", "fedyogi", "fedadam")
-ADAPTIVE = frozenset({"fedadagrad", "fedyogi", "fedadam"})
 #: Server lr η per optimizer when none is given: chosen by benchmarks/server_opt on a validation
 #: split over the paper's grid (small CNN, Fashion-MNIST, Dir(0.5), 10 devices).
-DEFAULT_LR: dict[str, float] = {"fedavg": 1.0, "fedavgm": 1.0, "fedadagrad": 10**-1.5, "fedyogi": 10**-2, "fedadam": 10**-2}
+DEFAULT_LR: dict[str, float] = {"fedavg": 1.0, "fedavgm": 1.0, "fedadagrad": 0.0316, "fedyogi": 0.01, "fedadam": 0.01}
 PREFIX = "opt|"
 
 
