@@ -190,3 +190,22 @@ def test_the_reference_is_local_when_recorded_else_the_run_itself(tmp_path):
     assert reference_from_run(tmp_path / "b")["label"] == "run b"
     assert reference_from_run(tmp_path / "b", local_only=True) is None
     assert reference_from_run(tmp_path / "missing") is None
+
+
+def test_the_grafana_dashboard_queries_only_metrics_that_exist():
+    # Prepare: every sample name the collector exposes for a finished run
+    import re
+    from pathlib import Path
+
+    from edgefl.report.metrics import StatusCollector
+
+    snap = snapshot("finished")
+    snap["server"]["result"] = {"mean_accuracy": 0.6, "devices": 2}
+    snap["server"]["registered"], snap["server"]["expected"] = 3, 3
+    exposed = {sample.name for family in StatusCollector(lambda: snap).collect() for sample in family.samples}
+    # Execute: the names the example dashboard queries
+    board = json.loads((Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json").read_text())
+    queried = {name for panel in board["panels"] for t in panel["targets"] for name in re.findall(r"edgefl_[a-z_]+", t["expr"])}
+    # Assert
+    assert queried and queried <= exposed, queried - exposed
+    assert {"edgefl_devices", "edgefl_accuracy", "edgefl_bytes_total", "edgefl_refused_messages_total", "edgefl_round"} <= queried

@@ -108,6 +108,7 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
                 page.wait_for_selector("#run[data-phase=finished]", timeout=300_000)
                 page.wait_for_selector("#result >> text=/Result: [0-9.]+ % mean accuracy/")
                 assert page.locator("#accuracy path.final").count() >= 1
+                assert page.get_attribute("tr[data-device=d02]", "data-state") == "gone"  # killed: lost, not left
                 shot("finished")
             finally:
                 browser.close()

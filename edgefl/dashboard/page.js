@@ -114,14 +114,19 @@ function renderDevices(s, now) {
   const body = document.getElementById("devices");
   body.replaceChildren();
   const counts = {};
+  const over = TERMINAL.has(phaseOf(s));
   for (const [id, d] of Object.entries(s.devices || {}).sort()) {
     const p = d.profile || {};
-    counts[d.state || "?"] = (counts[d.state || "?"] || 0) + 1;
-    const tr = el("tr", {"data-device": id, "data-state": d.state || ""});
+    // after the run, a device that trained the last round and then disconnected with nothing
+    // wrong left when the run was over; it is not lost
+    const last = num((s.server || {}).round) ? s.server.round : (s.server || {}).rounds;
+    const state = over && d.state === "gone" && !d.last_error && num(d.last_round) && d.last_round >= last ? "left" : d.state;
+    counts[state || "?"] = (counts[state || "?"] || 0) + 1;
+    const tr = el("tr", {"data-device": id, "data-state": state || ""});
     const version = (d.model_version || "-") + (d.model_error ? " (a deploy was refused)" : "");
     const error = d.last_error || d.model_error || "";
     const cells = [
-      [id], [d.state || "-", "state"], [d.tier !== null && d.tier !== undefined ? tierName(d.tier) : "-"], [d.model || "-"], [version],
+      [id], [state || "-", "state"], [d.tier !== null && d.tier !== undefined ? tierName(d.tier) : "-"], [d.model || "-"], [version],
       [num(d.last_round) ? String(d.last_round) : "-"], [ago(d.last_seen, now)], [error || "-", error ? "error" : ""],
       [bytes(d.bytes_up)], [bytes(d.bytes_down)], [[p.name, p.arch, p.cores && `${p.cores} cores`].filter(Boolean).join(", ") || "-"],
     ];
