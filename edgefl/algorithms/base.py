@@ -56,6 +56,7 @@ from edgefl.algorithms.server_opt import ServerOptimizer, ServerOptSettings
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError, UnknownNameError
 from edgefl.models import ModelSpec, build_model
+from edgefl.privacy import Release
 from edgefl.wire import ArraySpec, Payload, spec_of, state_to_arrays
 
 
@@ -182,6 +183,18 @@ class DeviceHalf:
     def finish(self, round: int, payload: Payload) -> None:
         self.receive(round, payload)
 
+    @classmethod
+    def privacy_release(cls, options: Any) -> Release | None:
+        """What this half's uplink reveals (:class:`edgefl.privacy.Release`): which arrays are
+        weights clipped as a whole and which are per-class statistics of its samples. None (the
+        default): undeclared, and differential privacy refuses the method."""
+        return None
+
+    def sample_vectors(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each sample's row of every per-class statistic the uplink carries ({block: [B, d]},
+        the blocks of ``privacy_release(options).stats``), computed in eval mode."""
+        raise NotImplementedError(f"{type(self).__name__} sends no per-class statistics")
+
 
 class ServerHalf:
     """Base of every server half.
@@ -217,6 +230,10 @@ class ServerHalf:
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:  # noqa: B027
         pass
+
+    def round_report(self) -> dict[str, Any]:
+        """Entries the round loop adds to each round's record (the privacy ledger's ``privacy``)."""
+        return {}
 
     def expected_uplink(self, device_id: str) -> Mapping[str, ArraySpec] | None:
         """The arrays (name → dtype and shape; a None axis = any length) an uplink of

@@ -14,6 +14,7 @@ from edgefl.algorithms.aggregate import Defences, clip_update, defences_of, robu
 from edgefl.algorithms.base import Algorithm, DeviceHalf, MethodNeeds, ServerHalf, register
 from edgefl.algorithms.training import train_local
 from edgefl.models import build_model
+from edgefl.privacy import Release
 from edgefl.wire import ArraySpec, Payload, arrays_to_state, spec_of, state_to_arrays
 
 WEIGHTS = "w/"
@@ -30,6 +31,11 @@ class GlobalModelDevice(DeviceHalf):
     def expected_downlink(self) -> dict[str, ArraySpec]:
         """The global model's weights, in this model's dtypes and shapes."""
         return self.weight_specs(WEIGHTS)
+
+    @classmethod
+    def privacy_release(cls, options) -> Release:
+        """The trained weights, clipped as one update from the weights received."""
+        return Release(whole=(WEIGHTS,))
 
     def loss_fn(self, round: int):
         """The local objective; None = plain cross-entropy. Subclasses add their terms."""

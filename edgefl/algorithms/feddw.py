@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from edgefl.algorithms.base import Algorithm, MethodNeeds, register
 from edgefl.algorithms.fedavg import WEIGHTS, GlobalModelDevice, GlobalModelServer
 from edgefl.algorithms.fedprox import FedProxDevice
+from edgefl.privacy import ClassStats, Release
 from edgefl.wire import ArraySpec, Payload, array_spec
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,14 @@ class FedDWDevice(GlobalModelDevice):
             if sl.shape != (c, c):
                 raise ValueError(f"soft-label matrix has shape {sl.shape}, expected {(c, c)}")
             self.sl = torch.from_numpy(sl.copy())
+
+    @classmethod
+    def privacy_release(cls, options) -> Release:
+        """FedAvg's weights, and per-class sums of each sample's soft label with the counts."""
+        return Release(whole=(WEIGHTS,), stats=ClassStats((SL_SUMS,), reduce="sum", counts=SL_COUNTS))
+
+    def sample_vectors(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {SL_SUMS: torch.softmax(self.model(x) / self.options.temperature, dim=1)}
 
     def loss_fn(self, round: int):
         base = super().loss_fn(round) or (lambda x, y: F.cross_entropy(self.model(x), y))

@@ -61,6 +61,7 @@ from edgefl.algorithms.training import train_local
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
 from edgefl.models import build_model
+from edgefl.privacy import Release
 from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, state_to_arrays
 
 RAD_X, RAD_IDX, KBAR = "rad/x", "rad/idx", "rad/kbar"
@@ -201,6 +202,14 @@ class FedHeNNDevice(DeviceHalf):
             return ce + eta * (1.0 - target.cka(z))
 
         return loss
+
+    @classmethod
+    def privacy_release(cls, options) -> Release:
+        """The weights (variant homo), else the representation matrix of the public images,
+        clipped as one vector (it depends on the device's data through the trained weights)."""
+        if options.variant == "homo":
+            return Release(whole=(WEIGHTS,))
+        return Release(whole=(Z,), reference="zero")
 
     def fit(self, round: int) -> Payload:
         o: FedHeNNOptions = self.options

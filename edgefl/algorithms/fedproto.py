@@ -39,6 +39,7 @@ from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
 from edgefl.algorithms.training import train_local
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
+from edgefl.privacy import ClassStats, Release
 from edgefl.wire import ArraySpec, Payload, array_spec
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,14 @@ class FedProtoDevice(DeviceHalf):
         for c, v in unpack_prototypes(payload.arrays, self.ctx.num_classes, self.protos.shape[1]).items():
             self.protos[c] = torch.tensor(np.asarray(v), dtype=torch.float32)
             self.known[c] = True
+
+    @classmethod
+    def privacy_release(cls, options) -> Release:
+        """Per-class mean features of the classes it reports (no counts travel)."""
+        return Release(stats=ClassStats((PROTO,), reduce="mean", classes=PROTO_CLASSES))
+
+    def sample_vectors(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {PROTO: self.model.features(x)}
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = self.model.features(x)

@@ -111,6 +111,8 @@ from torch import nn
 from edgefl.algorithms.aggregate import weighted_average
 from edgefl.algorithms.base import Algorithm, DeviceHalf, MethodNeeds, register
 from edgefl.algorithms.fedproto import (
+    PROTO,
+    PROTO_CLASSES,
     PROTOTYPE_DEFAULTS,
     PrototypeServer,
     PrototypeTable,
@@ -122,6 +124,7 @@ from edgefl.algorithms.fedproto import (
 from edgefl.algorithms.training import local_batches, make_optimizer
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.models import ModelSpec
+from edgefl.privacy import ClassStats, Release
 from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, state_to_arrays
 
 log = logging.getLogger(__name__)
@@ -385,6 +388,15 @@ class FedVTCDevice(DeviceHalf):
         if self.psi is None:
             raise EdgeflError("fedvtc: no decoder yet — the server's downlink carries its seed (vtc_seed)")
         return self.psi
+
+    @classmethod
+    def privacy_release(cls, options) -> Release:
+        return Release(
+            stats=ClassStats((PROTO,), reduce="mean", classes=PROTO_CLASSES),
+            unprotected=(SIGMA, PSI),
+            reason="are trained parameters sent beside the prototypes (σ every round, the decoder ψ after training); "
+            "no mechanism here bounds them yet",
+        )
 
     # local work
     def fit(self, round: int) -> Payload:

@@ -88,6 +88,7 @@ from edgefl.algorithms.cvae import (
 from edgefl.algorithms.training import recalibrate_batch_norm, train_local
 from edgefl.errors import ConfigError, WireError
 from edgefl.models import ModelSpec, build_model
+from edgefl.privacy import ClassStats, Release
 from edgefl.wire import (
     ArraySpec,
     Payload,
@@ -317,6 +318,21 @@ class KnowledgeDevice(DeviceHalf):
             if feat.shape != (c, d):
                 raise WireError(f"server features of shape {feat.shape}; this model needs ({c}, {d})")
             self.server_feat = torch.tensor(feat, dtype=torch.float32)
+
+    @classmethod
+    def privacy_release(cls, options) -> Release:
+        """Per-class mean logits (and features) with counts; the architecture's weights when the
+        options share them. Velo's feature points are single samples' features (or a batch's):
+        no per-class bound covers them."""
+        blocks = ("logit", "feat") if options.features else ("logit",)
+        stats = ClassStats(blocks, reduce="mean", counts="count")
+        if options.points:
+            return Release(stats=stats, unprotected=("point", "point_label"), reason="are features of single samples (or of a minibatch)")
+        return Release(whole=(WEIGHTS,) if options.shares_weights else (), stats=stats)
+
+    def sample_vectors(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        s = self.model.features(x)
+        return {"logit": self.model.classify(s), "feat": s}
 
     def distills(self, round: int) -> bool:
         return round >= self.options.warmup_rounds(self.ctx.rounds) and self.known is not None

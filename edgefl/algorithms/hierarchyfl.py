@@ -123,6 +123,7 @@ from edgefl.algorithms.base import (
 from edgefl.algorithms.training import recalibrate_batch_norm, train_local
 from edgefl.errors import ConfigError
 from edgefl.models import ModelSpec, build_model, family_tiers
+from edgefl.privacy import Release
 from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, state_to_arrays
 
 log = logging.getLogger(__name__)
@@ -278,6 +279,11 @@ class SubModelDevice(DeviceHalf):
             # evaluates and keeps with (and where its running statistics start the round)
             if self.options.bn_stats == "recalibrate":
                 recalibrate_batch_norm(self.model, self.ctx.train_data)
+
+    @classmethod
+    def privacy_release(cls, options) -> Release:
+        """The sub-model's weight deltas, clipped as one update (they are distances already)."""
+        return Release(whole=(DELTAS,), reference="zero")
 
     def fit(self, round: int) -> Payload:
         if self.anchor is None:  # never received a model: train from the own init, deltas from it

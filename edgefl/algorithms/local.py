@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from edgefl.algorithms.base import Algorithm, DeviceHalf, NoOptions, ServerHalf, register
 from edgefl.algorithms.training import train_local
+from edgefl.privacy import Release
 from edgefl.wire import Payload
 
 
 class LocalDevice(DeviceHalf):
+    @classmethod
+    def privacy_release(cls, options) -> Release:
+        return Release()  # no arrays leave the device
+
     def fit(self, round: int) -> Payload:
         stats = train_local(self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round))
         return Payload({}, {"num_samples": len(self.ctx.train_data), **stats})

@@ -93,6 +93,11 @@ def simulate(
     broker: str = typer.Option(None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."),
     compare_local: bool = typer.Option(False, "--compare-local", help="Also report Local (the same devices without federation), run in memory or read from --reference-cache."),
     reference_cache: Path = typer.Option(None, "--reference-cache", help="Directory caching reference runs by configuration."),
+    dp: str = typer.Option(None, "--dp", help="Differential privacy: local (devices noise their uplinks) or central (the server noises the average of clipped updates); docs/privacy.md."),
+    target_epsilon: float = typer.Option(None, "--target-epsilon", help="With --dp: each device's privacy budget ε; a device that spent it trains no more."),
+    delta: float = typer.Option(None, "--delta", help="With --dp: δ of the (ε, δ) guarantee (default 1e-5)."),
+    clip: float = typer.Option(None, "--clip", help="With --dp: the clip bound C (an update's L2 norm; a sample's statistics vector's). Default 1."),
+    noise_multiplier: float = typer.Option(None, "--noise-multiplier", help="With --dp: noise std / sensitivity (default: the least that keeps the budget over all rounds)."),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
     from edgefl.config import load_toml
@@ -137,6 +142,9 @@ def simulate(
     explicit.update({k: v for k, v in flags.items() if v is not None})
     if option:
         explicit["options"] = {**explicit.get("options", {}), **parse_pairs(option, "option")}
+    privacy = {"dp": dp, "dp_target_epsilon": target_epsilon, "dp_delta": delta, "dp_clip": clip, "dp_noise_multiplier": noise_multiplier}
+    if any(v is not None for v in privacy.values()):  # the dp options every method takes (docs/privacy.md)
+        explicit["options"] = {**explicit.get("options", {}), **{k: str(v) for k, v in privacy.items() if v is not None}}
     if explicit.get("fleet_file") and "clients" not in explicit:  # the fleet file names the devices
         from edgefl.profiling import load_fleet
 
@@ -157,7 +165,9 @@ def simulate(
     dataset_info(cfg.dataset)
     family_tiers(cfg.model)
 
-    total = cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds
+    from edgefl.runtime.setup import resolve_method
+
+    total = cfg.rounds + resolve_method(cfg.algorithm, cfg.options).needs.closing_rounds
 
     feedback = Feedback(err, rounds=total, quiet=quiet)
 
@@ -170,6 +180,9 @@ def simulate(
         line += f"  up {r['bytes_up_total'] / 1e6:7.3f} MB  down {r['bytes_down_total'] / 1e6:7.3f} MB  {r['round_seconds']:5.1f} s"
         if r["failed"]:
             line += f"  [yellow]failed: {', '.join(sorted(r['failed']))}[/]"
+        if "privacy" in r:  # ε spent so far, per device
+            eps = r["privacy"]["epsilon"]
+            line += "\n      ε " + "  ".join(f"{d} {e:.2f}" for d, e in eps.items()) + f"  (target {r['privacy']['target_epsilon']:g})"
         feedback.round_done(line)
 
     if not quiet:

@@ -97,6 +97,8 @@ def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], t
         "accuracy_per_round": [
             {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r
         ],
+        # ε per device at the end (a run with differential privacy: its last round's ledger)
+        **({"privacy": rounds[-1]["privacy"]} if rounds and "privacy" in rounds[-1] else {}),
         **extra,
         "wall_seconds": wall_seconds,
         "run_dir": str(run_dir),

@@ -216,6 +216,7 @@ class RoundLoop:
             "collect_seconds": t1 - t0,
             "aggregate_seconds": t2 - t1,
             "server": server_metrics,
+            **self.server.round_report(),  # e.g. the privacy ledger: ε per device so far
         }
         # Training rounds are evaluated every eval_every rounds, except the run's last one, whose
         # evaluation is the final one (after the finish exchange), unless the finish trains.

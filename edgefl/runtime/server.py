@@ -42,6 +42,7 @@ from edgefl.report.recorder import finish_run, run_summary
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, label_summary
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.setup import (
+    build_server,
     model_spec,
     resolve_method,
     run_dir_for,
@@ -282,7 +283,7 @@ def serve(
         fleet: dict[str, DeviceRecord] = {}
         registry.apply(fleet)
         ctx = server_context(cfg, method, info.num_classes, fleet, public, settings=registry.settings)
-        server = method.algorithm.server(ctx, method.options)
+        server = build_server(method, ctx)
         settings = LoopSettings(
             rounds=cfg.rounds,
             fleet=opts.fleet,

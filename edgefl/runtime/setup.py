@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgefl.errors import ConfigError
+from edgefl.privacy import PrivacySettings, Release, split_privacy_options
 
 if TYPE_CHECKING:
     from edgefl.algorithms import (
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         DeviceRecord,
         MethodNeeds,
         ServerContext,
+        ServerHalf,
         ServerOptSettings,
         TrainSettings,
     )
@@ -100,13 +102,20 @@ class Method:
     algorithm: Algorithm
     options: Any
     needs: MethodNeeds
+    #: Differential privacy (the ``dp*`` options every method takes; off by default).
+    privacy: PrivacySettings = PrivacySettings()
 
     @property
     def name(self) -> str:
         return self.algorithm.name
 
     def options_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.options)
+        return {**dataclasses.asdict(self.options), **self.privacy.as_options()}
+
+    @property
+    def release(self) -> Release | None:
+        """What the method's devices send, as its device half declares it for these options."""
+        return self.algorithm.device.privacy_release(self.options)
 
 
 def resolve_method(name: str, raw_options: dict[str, Any], public_share: float | None = None) -> Method:
@@ -115,13 +124,19 @@ def resolve_method(name: str, raw_options: dict[str, Any], public_share: float |
     from edgefl.algorithms import get_algorithm
 
     algorithm = get_algorithm(name)
-    options = algorithm.parse_options(raw_options)
+    own, privacy = split_privacy_options(raw_options)
+    options = algorithm.parse_options(own)
     needs = algorithm.needs_for(options)
     if public_share is not None and public_share != needs.public_share:
         if needs.devices_hold_public and public_share <= 0:
             raise ConfigError(f"{name} with these options has devices hold the public pool: public_fraction must be > 0")
         needs = dataclasses.replace(needs, public_share=public_share)
-    return Method(algorithm, options, needs)
+    method = Method(algorithm, options, needs, privacy)
+    if privacy.on:
+        from edgefl.privacy.seam import check_release
+
+        check_release(name, method.release, privacy)
+    return method
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -367,7 +382,22 @@ def build_device(
             )
         public = data.public
     ctx = DeviceContext(device_id, spec, data.shard(shard), settings, derive_seed(run_seed, device_id), rounds, public=public)
-    return method.algorithm.device(ctx, method.options)
+    half = method.algorithm.device(ctx, method.options)
+    if method.privacy.on_device:  # local DP: the device protects its uplink itself
+        from edgefl.privacy.seam import PrivateDevice
+
+        half = PrivateDevice(half, method.privacy, method.release, rounds + method.needs.closing_rounds)
+    return half
+
+
+def build_server(method: Method, ctx: ServerContext) -> ServerHalf:
+    """The method's server half, with the privacy ledger (and central DP) when the run asks."""
+    server = method.algorithm.server(ctx, method.options)
+    if method.privacy.on:
+        from edgefl.privacy.seam import PrivateServer
+
+        server = PrivateServer(server, method.privacy, method.release, ctx.rounds + ctx.closing_rounds)
+    return server
 
 
 def server_public(cfg: RunConfig, method: Method) -> ArrayDataset | None:

@@ -20,6 +20,7 @@ from edgefl.runtime.claims import label_summary
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.setup import (  # noqa: F401  (re-exported: the library's older import path)
     assemble,
+    build_server,
     derive_seed,
     device_ids,
     fleet_specs,
@@ -92,7 +93,7 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
     fleet = {d: DeviceRecord(spec=specs[d], num_samples=samples[d]) for d in run.ids}
 
     server_ctx = run.server_context(fleet)
-    server = run.algorithm.server(server_ctx, run.options)
+    server = build_server(run.method, server_ctx)
     public = run.data.public
     fleet_file = run.fleet_file
     ids = run.ids

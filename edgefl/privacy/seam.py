@@ -1,0 +1,230 @@
+"""The one seam between differential privacy and the methods: wrappers around a device half and a
+server half, built by the run assembly when a run's options ask for privacy (``-o dp=local``).
+
+:class:`PrivateDevice` (``dp=local``): the device's uplink is rebuilt by the mechanisms of its
+method's :class:`~edgefl.privacy.declare.Release` before it leaves the device; metadata computed
+on private data (training loss …) is dropped; a device whose budget is spent refuses to train.
+
+:class:`PrivateServer`: selects only devices with budget left for one more round, records ε per
+device in every round record (``privacy``), and with ``dp=central`` clips each device's update,
+averages them with equal weights and adds Gaussian noise to the new global model (DP-FedAvg;
+adaptive clipping as Andrew et al., 2021).
+
+Both delegate everything else to the method's half, whose code does not change.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from edgefl.errors import ConfigError, EdgeflError
+from edgefl.privacy.accountant import Ledger, adaptive_update_noise, calibrate_noise
+from edgefl.privacy.declare import PrivacySettings, Release
+from edgefl.privacy.mechanisms import (
+    class_sums,
+    clip_whole,
+    private_class_stats,
+    private_whole,
+    update_norm,
+    whole_names,
+)
+from edgefl.wire import Payload
+
+log = logging.getLogger(__name__)
+
+#: Seed stream of a device's privacy noise (apart from its training streams).
+NOISE_STREAM = 7_777
+#: Adaptive clipping's learning rate η_C (geometric update; Andrew et al.'s default).
+CLIP_LR = 0.2
+
+
+class PrivacyBudgetSpent(EdgeflError):
+    """A device asked to release more than its privacy budget allows."""
+
+
+def check_release(method: str, release: Release | None, settings: PrivacySettings) -> Release:
+    """The method's declaration, if these settings can protect what it sends (else ConfigError)."""
+    if release is None:
+        raise ConfigError(f"{method} does not declare what its uplink reveals (privacy_release): it cannot run with dp")
+    if release.unprotected:
+        raise ConfigError(f"{method} cannot run with dp: {', '.join(release.unprotected)} {release.reason}")
+    if settings.mode == "central" and (release.stats is not None or not release.whole or release.reference != "received"):
+        raise ConfigError(
+            f"dp=central protects the weights of one global model that the server averages; {method}'s uplink is not that "
+            "(use dp=local)"
+        )
+    return release
+
+
+def noise_multiplier_for(settings: PrivacySettings, release: Release, rounds: int) -> float:
+    """The given noise multiplier, or the smallest that keeps a device that takes part in every
+    one of ``rounds`` rounds within the budget."""
+    if settings.noise_multiplier is not None:
+        return settings.noise_multiplier
+    return calibrate_noise(settings.target_epsilon, settings.delta, max(rounds * release.parts, 1))
+
+
+class PrivateDevice:
+    """A device half whose uplink is protected on the device (``dp=local``)."""
+
+    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int):
+        self.inner, self.settings, self.release = inner, settings, release
+        self.noise_multiplier = noise_multiplier_for(settings, release, rounds)
+        self.ledger = Ledger(self.noise_multiplier, settings.delta, settings.target_epsilon)
+        self.received: dict[str, np.ndarray] = {}
+
+    def __getattr__(self, name: str) -> Any:  # model, ctx, expected_downlink, … are the method's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def receive(self, round: int, payload: Payload) -> None:
+        if payload.arrays:  # the clip's reference: the server's state, independent of this device's data
+            self.received = {k: np.array(v) for k, v in payload.arrays.items()}
+        self.inner.receive(round, payload)
+
+    def finish(self, round: int, payload: Payload) -> None:
+        self.inner.finish(round, payload)
+
+    def fit(self, round: int) -> Payload:
+        me = self.inner.ctx.device_id
+        parts = self.release.parts
+        if not self.ledger.can_spend(me, parts):
+            raise PrivacyBudgetSpent(
+                f"privacy budget spent: ε = {self.ledger.epsilon(me):.3f} of {self.settings.target_epsilon:g} "
+                f"(one more round would make it {self.ledger.epsilon(me, parts):.3f})"
+            )
+        up = self.inner.fit(round)
+        arrays = self.protect(up.arrays, round)
+        epsilon = self.ledger.spend(me, parts)
+        return Payload(arrays, {"num_samples": up.meta["num_samples"], "dp_epsilon": epsilon})
+
+    def protect(self, arrays: Mapping[str, np.ndarray], round: int) -> dict[str, np.ndarray]:
+        """The uplink arrays as the mechanisms release them. An array the declaration does not
+        cover is an error: it would leave the device unprotected."""
+        release, s, ctx = self.release, self.settings, self.inner.ctx
+        loose = sorted(k for k in arrays if not release.covers(k))
+        if loose:
+            raise EdgeflError(f"uplink arrays {', '.join(loose)} are not covered by the method's privacy declaration")
+        rng = np.random.default_rng([ctx.seed, round, NOISE_STREAM])
+        out = dict(arrays)
+        if release.whole:
+            out = private_whole(out, release, self.received, s.clip, self.noise_multiplier, rng)
+        if release.stats is not None:
+            sums, counts = class_sums(
+                self.inner.sample_vectors, self.inner.model, ctx.train_data, release.stats, ctx.num_classes, s.clip
+            )
+            dtypes = {k: np.asarray(arrays[k]).dtype for k in release.stat_arrays() if k in arrays}
+            out.update(private_class_stats(sums, counts, release.stats, s.clip, self.noise_multiplier, rng, dtypes))
+        return out
+
+
+class PrivateServer:
+    """A server half with a privacy ledger per device, and central DP when ``dp=central``."""
+
+    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int):
+        self.inner, self.settings, self.release = inner, settings, release
+        self.noise_multiplier = noise_multiplier_for(settings, release, rounds)
+        self.ledger = Ledger(self.noise_multiplier, settings.delta, settings.target_epsilon)
+        self.clip = settings.clip
+        self.update_noise = self.noise_multiplier  # z_Δ: the update's share with adaptive clipping
+        self.count_std = 0.0
+        if settings.mode == "central":
+            options = inner.options
+            if getattr(options, "aggregator", "mean") != "mean":
+                raise ConfigError("dp=central calibrates its noise to a mean of clipped updates: use aggregator=mean")
+            server_opt = getattr(inner.ctx, "server_opt", None)
+            if server_opt is not None and not server_opt.averages_only:
+                raise ConfigError(
+                    f"dp=central adds its noise to the plain average of clipped updates; --server-opt {server_opt.name} "
+                    "would transform it after the noise is calibrated (not supported: use the default server step)"
+                )
+            if settings.adaptive_quantile:
+                ctx = inner.ctx
+                expected = max(ctx.min_fit, math.ceil(ctx.fraction * len(ctx.fleet)))
+                # Andrew et al.'s σ_b = expected/20, raised where a small fleet would leave no
+                # noise for the update (their Thm. 1 needs 2σ_b > z)
+                self.count_std = max(expected / 20, self.noise_multiplier)
+                self.update_noise = adaptive_update_noise(self.noise_multiplier, self.count_std)
+
+    def __getattr__(self, name: str) -> Any:  # downlink, expected_uplink, ctx, options, … are the method's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
+        parts = self.release.parts
+        eligible = [d for d in device_ids if self.ledger.can_spend(d, parts)]
+        if len(eligible) < len(device_ids):
+            log.info("round %d: %d devices have spent their privacy budget", round, len(device_ids) - len(eligible))
+        if not eligible:
+            return []
+        selected = self.inner.select(round, eligible, rng)
+        for d in selected:  # counted when asked: an upper bound on what the device spends
+            self.ledger.spend(d, parts)
+        return selected
+
+    def aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+        if self.settings.mode != "central" or not uplinks:
+            return self.inner.aggregate(round, uplinks)
+        return self.central_aggregate(round, uplinks)
+
+    def central_aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+        release = self.release
+        reference = {k: v for k, v in self.inner.state_dict().items() if release.in_whole(k)}
+        clipped, within = {}, 0
+        for d, p in uplinks.items():
+            missing = [k for k in whole_names(p.arrays, release) if k not in reference]
+            if missing:
+                raise ConfigError(f"dp=central: the server holds no {missing[0]!r} to clip {d}'s update against")
+            within += update_norm(p.arrays, release, reference) <= self.clip
+            arrays = clip_whole(p.arrays, release, reference, self.clip)
+            arrays = {k: np.asarray(v).astype(np.asarray(p.arrays[k]).dtype) for k, v in arrays.items()}
+            clipped[d] = Payload(arrays, {**p.meta, "num_samples": 1})  # equal weights: sensitivity C
+        metrics = dict(self.inner.aggregate(round, clipped))
+        n = len(uplinks)
+        rng = self.inner.ctx.rng(round, stream=NOISE_STREAM)
+        state = dict(self.inner.state_dict())
+        std = self.update_noise * self.clip / n  # N(0, (z_Δ·C)²) on the sum, divided by n
+        for k in whole_names(state, release):
+            state[k] = (np.asarray(state[k], np.float64) + rng.normal(0.0, std, np.shape(state[k]))).astype(np.asarray(state[k]).dtype)
+        self.inner.load_state_dict(state)
+        metrics["dp_clip"] = self.clip
+        if self.settings.adaptive_quantile:
+            share = (within + rng.normal(0.0, self.count_std)) / n
+            self.clip *= math.exp(-CLIP_LR * (share - self.settings.adaptive_quantile))
+            metrics["dp_unclipped_share"] = float(share)
+        return metrics
+
+    def round_report(self) -> dict[str, Any]:
+        s = self.settings
+        parts = self.release.parts
+        ids = sorted(self.inner.ctx.fleet)
+        return {
+            "privacy": {
+                "mode": s.mode,
+                "target_epsilon": s.target_epsilon,
+                "delta": s.delta,
+                "noise_multiplier": self.noise_multiplier,
+                "clip": self.clip,
+                "epsilon": {d: self.ledger.epsilon(d) for d in ids},
+                "budget_spent": [d for d in ids if not self.ledger.can_spend(d, parts)],
+            }
+        }
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        out = dict(self.inner.state_dict())
+        out.update({f"dp/count/{d}": np.asarray(c, np.int64) for d, c in self.ledger.counts.items()})
+        out["dp/clip"] = np.asarray(self.clip, np.float64)
+        return out
+
+    def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.ledger.counts = {k.removeprefix("dp/count/"): int(v) for k, v in arrays.items() if k.startswith("dp/count/")}
+        if "dp/clip" in arrays:
+            self.clip = float(arrays["dp/clip"])
+        self.inner.load_state_dict({k: v for k, v in arrays.items() if not k.startswith("dp/")})
