@@ -454,3 +454,93 @@ def test_every_tier_exports_to_onnx(tmp_path, spec):
     with torch.no_grad():
         scale = max(1.0, float(model(images.float()).abs().max()))
     assert report.max_abs_diff <= DEFAULT_TOLERANCE * scale
+
+
+# --- privacy: what each method's uplink reveals ----------------------------------------------------
+
+
+def private_config(tmp_path: Path, name: str, clip: float = 1.0):
+    options = {**SMALL_WORK.get(name, {}), "dp": "local", "dp_target_epsilon": "8", "dp_delta": "1e-5", "dp_clip": str(clip)}
+    settings = {"clients": 3, "rounds": 2, "steps": 2, "batch_size": 8, "test_samples": 100, "fraction": 1.0, "threads": 1}
+    return tiny_config(tmp_path, algorithm=name, options=options, **settings)
+
+
+def release_of(name: str):
+    _, run, *_ = parties(name)
+    return run.algorithm.device.privacy_release(run.options)
+
+
+PROTECTABLE = [m for m in METHODS if release_of(m) is not None and not release_of(m).unprotected]
+WITH_STATISTICS = [m for m in PROTECTABLE if release_of(m).stats is not None]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_declares_every_array_its_uplink_carries(name):
+    # Prepare: the method's declaration and its devices' real uplinks of round 0
+    release = release_of(name)
+    _, replies = round_zero(name)
+    # Assert: a declaration, naming every array sent; what it cannot protect, dp refuses by name
+    assert release is not None, f"{name} does not declare what its uplink reveals"
+    for d, reply in replies.items():
+        assert [k for k in reply.payload.arrays if not release.declares(k)] == [], d
+    if release.unprotected:
+        from edgefl.errors import ConfigError
+        from edgefl.runtime.setup import resolve_method
+
+        with pytest.raises(ConfigError, match=release.unprotected[0]):
+            resolve_method(name, {**SMALL_WORK.get(name, {}), "dp": "local", "dp_target_epsilon": "8"})
+
+
+@pytest.mark.parametrize("name", PROTECTABLE)
+def test_a_private_round_passes_the_servers_checks_and_records_epsilon(tmp_path, name):
+    # Prepare: the method's fleet with local DP (the devices' halves wrapped by the run assembly)
+    from edgefl.runtime.setup import build_server
+
+    cfg = private_config(tmp_path, name)
+    run, transport, halves, fleet = memory_fleet(cfg)
+    ctx = run.server_context(fleet)
+    loop = RoundLoop(build_server(run.method, ctx), ctx, transport, LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=0))
+    # Execute
+    record = loop.run_round(0)
+    # Assert: every protected uplink passed the method's own uplink checks; ε spent per device,
+    # within the budget; what was computed on private data is not sent
+    assert record["completed"] == run.ids, record["failed"]
+    eps = record["privacy"]["epsilon"]
+    if release_of(name).parts:
+        assert all(0 < eps[d] <= 8.0 for d in run.ids), eps
+    else:  # nothing leaves the device (Local): nothing spent
+        assert all(eps[d] == 0 for d in run.ids), eps
+    assert all(set(m) <= {"dp_epsilon", "train_seconds"} for m in record["device_metrics"].values()), record["device_metrics"]
+    assert record["train_loss"] == {}
+
+
+@pytest.mark.parametrize("name", WITH_STATISTICS)
+def test_one_adversarial_sample_moves_the_statistics_by_at_most_the_declared_sensitivity(name):
+    # Prepare: a device's data, and a neighbour where one sample is replaced by an extreme image
+    # of another class (its features and logits far beyond any clip)
+    from edgefl.data import ArrayDataset
+    from edgefl.privacy import SENSITIVITY
+    from edgefl.privacy.mechanisms import class_sums
+
+    _, run, _, halves, _ = parties(name)
+    half = halves[run.ids[0]]
+    release, clip = release_of(name), 0.1  # below any softmax vector's norm (≥ 1/√C)
+    data = half.ctx.train_data
+    x, y = data.x.clone(), data.y.clone()
+    x[0] = 255 - x[0]
+    x[0, ..., : x.shape[-1] // 2] = 255
+    y[0] = (int(y[0]) + 1) % half.ctx.num_classes
+    neighbour = ArrayDataset(x, y, data.info)
+    # Execute
+    sums, counts = class_sums(half.sample_vectors, half.model, data, release.stats, half.ctx.num_classes, clip)
+    sums2, counts2 = class_sums(half.sample_vectors, half.model, neighbour, release.stats, half.ctx.num_classes, clip)
+    # Assert: the sums (over every block) and the counts, scaled by the clip, move by at most the
+    # declared sensitivity; the unclipped vectors of the sample do exceed the clip
+    moved = sum(float(np.sum((sums[b] - sums2[b]) ** 2)) for b in release.stats.blocks) / clip**2
+    moved += float(np.sum((counts - counts2) ** 2))
+    assert moved**0.5 <= SENSITIVITY * (1 + 1e-9)
+    with torch.no_grad():
+        half.model.eval()
+        first, _ = next(iter(neighbour.batches(1, shuffle=False)))
+        raw = half.sample_vectors(first)
+    assert sum(float(v.double().pow(2).sum()) for v in raw.values()) ** 0.5 > clip

@@ -87,7 +87,11 @@ class Release:
         return int(bool(self.whole)) + int(self.stats is not None)
 
     def in_whole(self, name: str) -> bool:
-        return any(name == w or (w.endswith("/") and name.startswith(w)) for w in self.whole)
+        return _named(name, self.whole)
+
+    def declares(self, name: str) -> bool:
+        """Whether the declaration names uplink array ``name`` (protected or not)."""
+        return self.covers(name) or _named(name, self.unprotected)
 
     def stat_arrays(self) -> set[str]:
         if self.stats is None:
@@ -98,6 +102,11 @@ class Release:
     def covers(self, name: str) -> bool:
         """Whether a mechanism of this declaration protects uplink array ``name``."""
         return self.in_whole(name) or name in self.stat_arrays()
+
+
+def _named(name: str, names: tuple[str, ...]) -> bool:
+    """``name`` is one of ``names`` or under one of its prefixes (a name ending in ``/``)."""
+    return any(name == n or (n.endswith("/") and name.startswith(n)) for n in names)
 
 
 Mode = Literal["off", "local", "central"]
