@@ -292,3 +292,26 @@ def test_adaptive_clipping_moves_the_clip_toward_the_update_norms():
         ups = {f"d{i}": Payload({"w/a": w + np.float32(n / math.sqrt(50_000))}, {"num_samples": 1}) for i, n in enumerate(norms)}
         server.aggregate(r, ups)
     assert 0.02 < server.clip < 0.3  # from 1.0 toward the median norm, 0.055
+
+
+def test_fleet_status_shows_the_epsilon_each_device_has_spent(capsys):
+    # Prepare: a fleet status fed one round record of a private run
+    import json
+
+    from edgefl.cli.fleet import render
+    from edgefl.runtime.status import FleetStatus
+
+    s = FleetStatus("lab", run_name="r", algorithm="felo", rounds=3)
+    for d in ("d00", "d01"):
+        s.registered(d, "10", "resnet10", {})
+    record = {"round": 0, "completed": ["d00"], "privacy": {"mode": "local", "target_epsilon": 8.0, "delta": 1e-5,
+                                                           "epsilon": {"d00": 3.25, "d01": 0.0}}}
+    # Execute
+    s.round_recorded(record)
+    snapshot = json.loads(json.dumps(s.snapshot()))
+    render(snapshot)
+    # Assert: ε per device in the snapshot and on the screen, with the budget
+    assert snapshot["devices"]["d00"]["epsilon"] == 3.25
+    assert snapshot["server"]["privacy"] == {"mode": "local", "target_epsilon": 8.0, "delta": 1e-5}
+    text = capsys.readouterr().out
+    assert "budget ε 8.0 at δ 1e-05" in text and "3.25" in text and "ε spent" in text

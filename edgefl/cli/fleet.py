@@ -74,9 +74,14 @@ def render(status: dict[str, Any]) -> None:
     result = s.get("result")
     if isinstance(result, dict):
         out.print(result_line(result), highlight=False)
+    privacy = s.get("privacy")
+    if isinstance(privacy, dict):
+        out.print(f"differential privacy {privacy.get('mode')}: budget ε {privacy.get('target_epsilon')} at δ {privacy.get('delta')} per device", highlight=False)
     table = Table(show_edge=False, pad_edge=False)
     for col in ("device", "state", "tier", "model", "profile", "registered", "last seen", "last round", "up", "down", "model version", "last error"):
         table.add_column(col)
+    if isinstance(privacy, dict):
+        table.add_column("ε spent")
     colour = {"training": "green", "idle": "cyan", "late": "yellow", "gone": "red"}
     for device_id, d in sorted(status.get("devices", {}).items()):
         p = d.get("profile") or {}
@@ -87,10 +92,14 @@ def render(status: dict[str, Any]) -> None:
         if d.get("model_error"):
             version += f" (refused: {d['model_error']})"
         # profiles and refusal reasons come from devices: shown as text, never as markup
-        table.add_row(escape(device_id), f"[{colour.get(state, 'white')}]{escape(str(state))}[/]", escape(str(d.get("tier") or "-")),
-                      escape(str(d.get("model") or "-")), escape(profile or "-"), _ago(d.get("registered_at"), now), _ago(d.get("last_seen"), now),
-                      "-" if d.get("last_round") is None else str(d["last_round"]), _bytes(d.get("bytes_up")), _bytes(d.get("bytes_down")),
-                      escape(version), escape(str(d.get("last_error") or "-")))
+        cells = [escape(device_id), f"[{colour.get(state, 'white')}]{escape(str(state))}[/]", escape(str(d.get("tier") or "-")),
+                 escape(str(d.get("model") or "-")), escape(profile or "-"), _ago(d.get("registered_at"), now), _ago(d.get("last_seen"), now),
+                 "-" if d.get("last_round") is None else str(d["last_round"]), _bytes(d.get("bytes_up")), _bytes(d.get("bytes_down")),
+                 escape(version), escape(str(d.get("last_error") or "-"))]
+        if isinstance(privacy, dict):
+            eps = d.get("epsilon")
+            cells.append(f"{eps:.2f}" if isinstance(eps, (int, float)) else "-")
+        table.add_row(*cells)
     out.print(table)
     acc = status.get("tier_accuracy") or {}
     if acc:

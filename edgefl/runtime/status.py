@@ -76,6 +76,7 @@ class FleetStatus:
         self.connection: Callable[[str], str] = lambda device_id: "unknown"
         self.last_seen: Callable[[str], float | None] = lambda device_id: None
         self.history: list[dict[str, Any]] = []
+        self.privacy: dict[str, Any] | None = None  # a run with differential privacy: mode, budget, δ
         self.started_at = time.time()
         self.version = 0  # bumped on every change; the publisher skips unchanged snapshots
 
@@ -152,8 +153,13 @@ class FleetStatus:
             "downlinks_not_resent": len(record.get("downlinks_not_resent", [])),
             "cvae": "cvae_loss" in (record.get("server") or {}),
         }
+        privacy = record.get("privacy")
         with self.lock:
             self.history = (self.history + [_finite(entry)])[-HISTORY:]
+            if privacy:  # differential privacy: ε spent so far per device (the server's ledger)
+                for device_id, epsilon in privacy.get("epsilon", {}).items():
+                    self._device(device_id)["epsilon"] = epsilon
+                self.privacy = {k: privacy.get(k) for k in ("mode", "target_epsilon", "delta")}
             self.version += 1
 
     def finished(self, final: Mapping[str, Any] | None = None, result: Mapping[str, Any] | None = None,
@@ -206,6 +212,7 @@ class FleetStatus:
                     "round": self.round, "deadline": self.exchange_deadline, "round_timeout": self.deadline,
                     "started_at": self.started_at, "epoch": self.epoch, "final_evaluation": self.final_evaluation,
                     "registered": self.registered_count, "expected": self.expected, "result": self.result,
+                    **({"privacy": dict(self.privacy)} if self.privacy else {}),
                 },
                 "devices": devices,
                 "tier_accuracy": dict(last_eval["tier_accuracy"]) if last_eval else {},
