@@ -138,6 +138,7 @@ EXTRA_OF_MODULE = {
     "matplotlib": "server",
     "cryptography": "server",
     "aiohttp": "server",
+    "dp_accounting": "privacy",
 }
 
 

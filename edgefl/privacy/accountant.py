@@ -13,13 +13,10 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from edgefl.errors import ConfigError
+import dp_accounting  # the [privacy] install layer (edgefl.errors.EXTRA_OF_MODULE names it)
+from dp_accounting import rdp
 
-try:
-    import dp_accounting
-    from dp_accounting import rdp
-except ImportError as e:  # pragma: no cover - the install says which extra
-    raise ConfigError("differential privacy needs the dp-accounting library: pip install 'edgefl[privacy]'") from e
+from edgefl.errors import ConfigError
 
 
 @lru_cache(maxsize=4096)
