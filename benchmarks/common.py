@@ -39,9 +39,8 @@ def device_class_counts(config: dict) -> dict[str, tuple[str, list[int]]]:
     from edgefl.runtime.setup import assemble
 
     built = assemble(RunConfig.model_validate({k: v for k, v in config.items() if k in RunConfig.model_fields}))
-    classes = built.data.info.num_classes
-    return {device: (built.specs[device].tier,
-                     np.bincount(np.asarray(built.data.train.y[built.data.parts[i]]), minlength=classes).tolist())
+    # a device's shard (the partition indexes the pool left after the server's public carve-out)
+    return {device: (built.specs[device].tier, np.asarray(built.data.shard(i).class_counts()).tolist())
             for i, device in enumerate(built.ids)}
 
 

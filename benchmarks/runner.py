@@ -8,12 +8,20 @@ and hands it to :func:`main`. The runner does the rest:
 - runs the cells in parallel worker processes (up to the core count), each cell on one torch
   thread so the machine is never oversubscribed and a cell gives the same numbers whichever
   worker runs it, alone or beside others;
-- caches every finished cell as ``<benchmark>/cells/<key>.json``, the key a hash of the cell's
-  full configuration, so an interrupted benchmark resumes and a finished one is only re-reported;
+- caches every finished cell as ``<benchmark>/cells/<key>-<code hash>.json``: the key a hash of the
+  cell's full configuration, the code hash one of the code the cell runs
+  (:mod:`benchmarks.provenance`), so an interrupted benchmark resumes, a finished one is only
+  re-reported and a code change never reuses a cell; it refuses to run a cell from code that
+  differs from its commit unless asked for a draft (``--draft``);
 - evaluates the claims in code (paired by seed; mean difference, sd of the differences, sign per
-  seed; a strict claim holds when the mean exceeds 2 sd and every seed agrees, a weak one when the
-  mean is above −1 sd) and reads a claim only where every compared method has converged (the
-  last-quarter slope of its mean curve over the seeds below 0.5 points per 10 % of rounds);
+  seed) in one vocabulary: **reproduced** (mean beyond 2 sd, every seed agreeing), **not
+  reproduced** (with the measured numbers), **reversed** (significantly the other way), **not
+  comparable** (with the reason: too few seeds, not converged — the last-quarter slope of a
+  method's mean curve over the seeds at or above 0.5 points per 10 % of rounds —, collapsed runs,
+  failed bounds). Non-inferiority rows ("not worse than": mean above −1 sd) are their own kind and
+  never count as a paper's claim;
+- applies the sanity gates of :mod:`benchmarks.gates` (bounds, collapsed runs) and marks claims over
+  cells produced before the benchmark's committed ``declared.json`` (its main settings);
 - adds to each run's record what the benchmark's ``record_extras`` hook computes from the finished
   run (a metric the toolkit does not report itself, e.g. accuracy on each device's local split),
   and derives runs from runs (``derived``, e.g. :func:`paired_difference`) so a claim can compare
@@ -22,7 +30,10 @@ and hands it to :func:`main`. The runner does the rest:
   figures) and the figures, and regenerates ``benchmarks/README.md``.
 
 ``--quick`` runs the benchmark's small profile (a few minutes) into ``runs/bench-quick/<name>``,
-never over the committed results.
+never over the committed results. ``--cells A,B --setting S --seeds 101,102,103 --out DIR`` is the
+reviewer's check: those methods' cells of one setting with seeds of the reviewer's choosing, run
+into DIR (cells, temporary files and ``check.json``), with progress per round and the verdict of
+every claim between the chosen methods in that setting.
 """
 
 from __future__ import annotations
@@ -35,7 +46,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import gates, provenance
 from benchmarks.common import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +65,15 @@ BENCHMARKS = Path(__file__).resolve().parent
 SLOPE_LIMIT = 0.5
 #: Bumped when a cell's record format changes (part of every cache key).
 RECORD_VERSION = 1
+#: What a claim is. Counted as the paper's claims: "paper" (the claim as the paper makes it) and
+#: "control" (decides whether a gain is the method's: a claim, BENCHMARKS.md). "implied": every
+#: method against Local and FedAvg, a row the paper implies; "not worse": a non-inferiority row;
+#: "construction": true by construction (shown, nothing to reproduce); "diagnostic": a measured
+#: explanation.
+KINDS = {"paper": "the paper's claim", "control": "control (counted as a claim)", "implied": "implied by the paper",
+         "not worse": "not worse than", "construction": "true by construction", "diagnostic": "diagnostic"}
+COUNTED = ("paper", "control")
+VERDICTS = ("reproduced", "not reproduced", "reversed", "not comparable")
 
 
 # -- declarations ---------------------------------------------------------------------------------
@@ -102,9 +122,20 @@ class Claim:
     metric_a: str | None = None
     metric_b: str | None = None
     note: str = ""
-    #: not one of the paper's claims but a measured explanation of one (another setting, a control):
-    #: evaluated the same way, shown in a table of its own and left out of the claims' count
-    diagnostic: bool = False
+    #: one of :data:`KINDS`; "paper", "control" and "implied" are strict (> or <), "not worse" weak (≥ or ≤)
+    kind: str = "paper"
+    #: the paper's own number for the claim (its table, dataset and setting), shown beside the verdict
+    paper: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"claim {self.id}: kind {self.kind!r} is not one of {sorted(KINDS)}")
+        op = self.parse()[1]
+        if self.kind in ("paper", "control", "implied") and op not in (">", "<"):
+            raise ValueError(f"claim {self.id}: a claim of improvement is strict (> or <); "
+                             f"a non-inferiority check is kind='not worse'")
+        if self.kind == "not worse" and op not in ("≥", "≤"):
+            raise ValueError(f"claim {self.id}: a 'not worse' row reads ≥ or ≤")
 
     def parse(self) -> tuple[str, str, str]:
         for op in ("≥", "≤", ">=", "<=", ">", "<"):
@@ -163,6 +194,8 @@ class Benchmark:
     #: figures beyond the runner's own: gets results.json's content and the results directory, writes its
     #: files there and returns the markdown that shows them (under the page's Figures)
     figures: Callable[[dict, Path], str] | None = None
+    #: the paper the claims come from (benchmarks/README.md's line "claims reproduced: k of n")
+    paper: str = ""
 
     def all_cells(self) -> list[Cell]:
         cells = [c for s in self.sweeps for v in s.grid for c in s.cells[v]]
@@ -248,6 +281,7 @@ def _worker_init() -> None:
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)  # a configuration's relative paths (FedVTC's oracle) name files of the repository
     parent = os.getppid()
 
     def orphaned() -> None:  # a killed benchmark must not leave its cells running
@@ -258,8 +292,11 @@ def _worker_init() -> None:
     threading.Thread(target=orphaned, daemon=True).start()
 
 
-def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras: str | None = None) -> dict[str, Any]:
-    """Run one cell in this process and return its record (what results.json keeps per run)."""
+def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras: str | None = None,
+             tmp_root: str | None = None, progress: bool = False, draft: bool = False) -> dict[str, Any]:
+    """Run one cell in this process and return its record (what results.json keeps per run);
+    its run directory lives under ``tmp_root`` (the system's temporary folder by default) while it
+    runs; ``progress`` prints a line per round."""
     import torch
 
     from edgefl.algorithms import get_algorithm
@@ -269,15 +306,25 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras:
 
     torch.set_num_threads(1)
     cfg_dict = cell.full_config()
-    with tempfile.TemporaryDirectory(prefix="edgefl-bench-") as tmp:
+    if tmp_root is not None:
+        Path(tmp_root).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="edgefl-bench-", dir=tmp_root) as tmp:
         explicit = {**cfg_dict, "out_dir": tmp, "run_name": "run", "threads": 1}
         cfg = resolve_config(explicit, dict(get_algorithm(explicit.get("algorithm", "fedavg")).defaults))
         t0 = time.perf_counter()
         server: list[Any] = []
-        summary = simulate(cfg, plots=False, on_done=server.append)
+
+        def on_round(r: dict[str, Any]) -> None:
+            acc = (r.get("eval") or {}).get("mean_accuracy")
+            print(f"  {cell.label} round {r.get('round', 0) + 1}/{cfg.rounds}" + (f": {100 * acc:.2f} %" if acc is not None else "")
+                  + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+        summary = simulate(cfg, on_round if progress else None, plots=False, on_done=server.append)
         wall = time.perf_counter() - t0
         rounds = read_rounds(Path(tmp) / "run")
         record = make_record(cell, resolved_run(cell), summary, rounds, wall, keep_server_metrics)
+        record.update(code=provenance.code_version(record_extras), code_hash=provenance.code_hash(record_extras),
+                      draft=draft, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **predictions(cfg, Path(tmp) / "run"))
         if record_extras:
             extras = dict(load_hook(record_extras)(RunOutput(cell, cfg, Path(tmp) / "run", summary, rounds, server[0] if server else None)))
             clash = sorted(set(extras) & set(record))
@@ -322,8 +369,34 @@ def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], w
         "wall_seconds": wall,
         "config": cell.full_config(),
         "resolved_config": resolved,
-        "code": code_version(),
     }
+
+
+def predictions(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    """What the collapse gate reads (:mod:`benchmarks.gates`): per device, its training images per
+    class (``client_class_counts``) and how often its final model predicts each class on the test
+    set (``client_predictions``); ``{}`` where the run saved no device models (a single device)."""
+    import torch
+
+    from edgefl.export.checkpoint import load_device_model
+    from edgefl.runtime.setup import assemble
+
+    built = assemble(cfg)
+    data = built.data
+    if data.parts is None:
+        return {}
+    counts, preds = {}, {}
+    test = data.evals["test"]
+    for i, device in enumerate(built.ids):
+        counts[device] = [int(x) for x in data.shard(i).class_counts()]
+        try:
+            model = load_device_model(run_dir, device)
+        except Exception:  # noqa: BLE001 - a run without saved models: only the class counts
+            continue
+        with torch.no_grad():
+            p = torch.cat([model(x).argmax(1) for x, _ in test.batches(1000, shuffle=False)])
+        preds[device] = torch.bincount(p, minlength=data.info.num_classes).tolist()
+    return {"client_class_counts": counts, **({"client_predictions": preds} if preds else {})}
 
 
 def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None:
@@ -344,41 +417,56 @@ def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None
     return slope * 0.1 * total_rounds
 
 
-_CODE: str | None = None
-
-
-def code_version() -> str:
-    global _CODE
-    if _CODE is None:
-        try:
-            head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-            dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "edgefl", "benchmarks"], capture_output=True, text=True).stdout.strip()
-            _CODE = head + ("+dirty" if dirty else "")
-        except (OSError, subprocess.CalledProcessError):
-            _CODE = "unknown"
-    return _CODE
+class DirtyCode(RuntimeError):
+    """Cells would run from code that differs from its commit (``--draft`` allows it)."""
 
 
 class Cache:
-    """Finished cells as JSON files named by their key. With ``record_extras`` a record made
-    without that hook is a miss (it lacks the metrics the claims name)."""
+    """Finished cells as JSON files named ``<key>-<code hash>.json`` (:mod:`benchmarks.provenance`).
 
-    def __init__(self, directory: Path, record_extras: str | None = None):
+    :meth:`get` (what a run reuses) answers only a record of the same configuration *and* code,
+    never a draft unless the cache is a draft's; :meth:`find` (what a report reads) also answers
+    one from other code, newest first, and last a record cached before code hashes existed
+    (``<key>.json``, pre-provenance), each marked so on the page. With ``record_extras`` a record
+    made without that hook is a miss (it lacks the metrics the claims name)."""
+
+    def __init__(self, directory: Path, record_extras: str | None = None, *, code_hash: str | None = None,
+                 draft: bool = False):
         self.dir = Path(directory)
         self.record_extras = record_extras
+        self.code_hash = code_hash or provenance.code_hash(record_extras)
+        self.draft = draft
 
     def path(self, cell: Cell) -> Path:
-        return self.dir / f"{cell.key}.json"
+        return self.dir / f"{cell.key}-{self.code_hash}.json"
+
+    def _load(self, cell: Cell, path: Path) -> dict | None:
+        record = json.loads(path.read_text())
+        if record.get("extras_from") != self.record_extras:
+            return None
+        # the same configuration run for another label (a sweep value that is also a grid cell)
+        return {**record, "method": cell.method, "setting": cell.setting, "role": cell.role}
 
     def get(self, cell: Cell) -> dict | None:
         p = self.path(cell)
         if not p.exists():
             return None
-        record = json.loads(p.read_text())
-        if record.get("extras_from") != self.record_extras:
+        record = self._load(cell, p)
+        if record is not None and record.get("draft") and not self.draft:
             return None
-        # the same configuration run for another label (a sweep value that is also a grid cell)
-        return {**record, "method": cell.method, "setting": cell.setting, "role": cell.role}
+        return record
+
+    def find(self, cell: Cell) -> dict | None:
+        hit = self.get(cell)
+        if hit is not None:
+            return hit
+        others = [self._load(cell, p) for p in self.dir.glob(f"{cell.key}-*.json")]
+        others = sorted((r for r in others if r is not None and (self.draft or not r.get("draft"))),
+                        key=lambda r: r.get("finished_at", ""), reverse=True)
+        if others:
+            return others[0]
+        legacy = self.dir / f"{cell.key}.json"
+        return self._load(cell, legacy) if legacy.exists() else None
 
     def put(self, cell: Cell, record: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -388,8 +476,11 @@ class Cache:
 
 
 def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_metrics: Sequence[str] = (),
-              log: Callable[[str], None] = lambda m: print(m, flush=True)) -> list[dict]:
-    """Every cell's record, running the ones not in the cache (``workers`` processes at a time)."""
+              log: Callable[[str], None] = lambda m: print(m, flush=True), tmp_root: Path | None = None,
+              progress: bool = False) -> list[dict]:
+    """Every cell's record, running the ones not in the cache (``workers`` processes at a time).
+    Refuses (:class:`DirtyCode`) to run a cell from code that differs from its commit unless the
+    cache is a draft's; run directories live under ``tmp_root`` while their cell runs."""
     records: dict[Cell, dict] = {}
     todo, waiting = [], {}  # one run per key: cells that spell one configuration differently share it
     for cell in cells:
@@ -402,18 +493,28 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
             todo.append(cell)
             waiting[cell.key] = [cell]
     log(f"{len(cells)} cells: {len(records)} cached, {len(todo)} to run on {workers} worker(s)")
+    version = provenance.code_version(cache.record_extras)
+    if todo and provenance.is_dirty(version) and not cache.draft:
+        raise DirtyCode(f"{len(todo)} cells would run from code at {version}: the edgefl package or the benchmark's "
+                        "module differs from the commit. Commit first, or ask for a draft (--draft), whose cells are "
+                        "marked and never reused by a run that is not a draft")
     if todo:
         t0 = time.perf_counter()
         import multiprocessing as mp
 
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
-            pending = {pool.submit(run_cell, c, tuple(keep_server_metrics), cache.record_extras): c for c in todo}
+            tmp = None if tmp_root is None else str(tmp_root)
+            pending = {pool.submit(run_cell, c, tuple(keep_server_metrics), cache.record_extras, tmp, progress, cache.draft): c
+                       for c in todo}
             done_count = 0
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     cell = pending.pop(fut)
                     record = fut.result()  # a failing cell stops the benchmark: it is a bug
+                    if record.get("code_hash") != cache.code_hash:
+                        raise RuntimeError(f"{cell.label}: the code changed while the benchmark ran (hash "
+                                           f"{record.get('code_hash')} against {cache.code_hash} at the start)")
                     cache.put(cell, record)
                     for same in waiting[cell.key]:
                         records[same] = cache.get(same)
@@ -469,34 +570,50 @@ def paired_difference(runs: Iterable[Mapping[str, Any]], a: str, b: str, setting
     return out
 
 
-def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def statistic(op: str, diffs: Sequence[float]) -> tuple[str, float, float]:
+    """(what the paired differences alone say, mean, sd): for > and <, "reproduced" (mean beyond
+    2 sd the claimed way, every seed agreeing), "reversed" (the same, the other way) or "not
+    reproduced"; for ≥ and ≤ (a "not worse" row), "not worse" (mean above −1 sd; below +1 sd for
+    ≤) or "worse"."""
+    mean = statistics.fmean(diffs)
+    sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    sign = 1 if op in (">", "≥") else -1
+    m, ds = sign * mean, [sign * d for d in diffs]
+    if op in ("≥", "≤"):
+        return ("not worse" if (m > -sd if sd > 0 else m >= 0) else "worse"), mean, sd
+    if m > 2 * sd and all(d > 0 for d in ds):
+        return "reproduced", mean, sd
+    if m < -2 * sd and all(d < 0 for d in ds):
+        return "reversed", mean, sd
+    return "not reproduced", mean, sd
+
+
+def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]], *, collapsed: Mapping[str, Sequence[str]] | None = None,
+                   gate_failures: Sequence[str] = ()) -> dict[str, Any]:
+    """A claim's verdict (:data:`VERDICTS`; "not worse" / "worse" for a "not worse" row) with its
+    ``reason``: the measured numbers where it is not reproduced, why where it is not comparable
+    (no runs, a metric missing, fewer than 3 seeds, not converged, collapsed runs — ``collapsed``
+    maps :func:`benchmarks.gates.run_id` to reasons —, a failed gate). ``statistic`` is what the
+    paired differences alone say."""
     a, op, b = claim.parse()
     metric_a, metric_b = claim.metric_a or claim.metric, claim.metric_b or claim.metric
+    runs = list(runs)
     by = {(r["method"], r["setting"], r["seed"]): r for r in runs if r.get("role", "grid") == "grid"}
     seeds = sorted({s for (m, st, s) in by if m == a and st == claim.setting} & {s for (m, st, s) in by if m == b and st == claim.setting})
     out = {
         "id": claim.id, "statement": claim.statement, "a": a, "b": b, "op": op, "setting": claim.setting,
         "metric": claim.metric, "metric_a": metric_a, "metric_b": metric_b, "seeds": seeds, "note": claim.note,
-        **({"diagnostic": True} if claim.diagnostic else {}),
+        "kind": claim.kind, "paper": claim.paper,
     }
+    empty = {"mean_diff": None, "sd": None, "signs": [], "converged": False, "holds": False, "statistic": None}
     if not seeds:
-        return {**out, "mean_diff": None, "sd": None, "signs": [], "converged": False, "holds": False, "verdict": "no runs"}
+        return {**out, **empty, "verdict": "not comparable", "reason": "no runs"}
     try:
         diffs = [metric_value(by[(a, claim.setting, s)], metric_a) - metric_value(by[(b, claim.setting, s)], metric_b) for s in seeds]
     except MetricMissing as e:
-        return {**out, "mean_diff": None, "sd": None, "signs": [], "converged": False, "holds": False,
-                "verdict": "metric missing", "missing": str(e.args[0])}
-    mean = statistics.fmean(diffs)
-    sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+        return {**out, **empty, "verdict": "not comparable", "reason": f"metric missing: {e.args[0]}", "missing": str(e.args[0])}
+    stat, mean, sd = statistic(op, diffs)
     signs = [int(math.copysign(1, d)) if d != 0 else 0 for d in diffs]
-    if op == ">":
-        stat = mean > 2 * sd and all(d > 0 for d in diffs)
-    elif op == "<":
-        stat = mean < -2 * sd and all(d < 0 for d in diffs)
-    elif op == "≥":
-        stat = mean > -sd if sd > 0 else mean >= 0
-    else:  # ≤
-        stat = mean < sd if sd > 0 else mean <= 0
     per_method = {m: [by[(m, claim.setting, s)].get("slope") for s in seeds] for m in dict.fromkeys((a, b))}
     slopes = [x for xs in per_method.values() for x in xs]
     # A method's slope is that of its mean curve over the seeds (the mean of the runs' slopes): the
@@ -506,14 +623,39 @@ def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]]) -> dict[str,
     # crosses it by chance in runs that have converged; the mean over seeds averages that noise out.
     method_slopes = [None if None in xs else statistics.fmean(xs) for xs in per_method.values()]
     converged = all(x is not None and abs(x) < SLOPE_LIMIT for x in method_slopes)
-    enough = len(seeds) >= 3
-    holds = stat and converged and enough
-    verdict = "holds" if holds else "does not hold" if converged and enough else \
-        ("not converged" if enough else "too few seeds")
-    return {**out, "mean_diff": mean, "sd": sd, "diffs": diffs, "signs": signs, "statistic_holds": stat,
-            "converged": converged, "method_slope": max((abs(x) for x in method_slopes if x is not None), default=None),
+    # collapsed runs among the compared ones (a derived run's are its sources')
+    fallen = []
+    for s in seeds:
+        for m in dict.fromkeys((a, b)):
+            r = by[(m, claim.setting, s)]
+            sources = [(x, r["derived_from"][2]) for x in r["derived_from"][:2]] if r.get("derived_from") else [(m, claim.setting)]
+            for src_m, src_s in sources:
+                why = (collapsed or {}).get(f"{src_m}|{src_s}|{s}")
+                if why:
+                    fallen.append(f"{src_m} seed {s} ({'; '.join(why)})")
+    fallen = list(dict.fromkeys(fallen))
+    scale = metric_scale(metric_a)
+    unit = " points" if scale == 100 else ""
+    measured = (f"{scale * mean:+.2f} ± {scale * sd:.2f}{unit} (mean ± sd of {len(diffs)} paired differences), "
+                f"{sum(1 for x in signs if x == (1 if op in ('>', '≥') else -1))} of {len(signs)} seeds the claimed way")
+    why = []  # every reason the runs cannot answer, most basic first
+    if gate_failures:
+        why.append("the benchmark fails its sanity gates: " + "; ".join(gate_failures))
+    if fallen:
+        why.append("collapsed runs: " + "; ".join(fallen))
+    if len(seeds) < 3:
+        why.append(f"{len(seeds)} seed(s), the protocol reads ≥ 3")
+    if not converged:
+        worst = max((abs(x) for x in method_slopes if x is not None), default=None)
+        why.append("not converged: method slope " + ("unknown" if worst is None else f"{worst:.2f}")
+                   + f" ≥ {SLOPE_LIMIT} points per 10 % of rounds")
+    verdict = "not comparable" if why else stat
+    reason = " | ".join(why) + f" (the numbers alone: {stat}; {measured})" if why else measured
+    return {**out, "mean_diff": mean, "sd": sd, "diffs": diffs, "signs": signs, "statistic": stat,
+            "converged": converged, "collapsed_runs": fallen,
+            "method_slope": max((abs(x) for x in method_slopes if x is not None), default=None),
             "max_abs_slope": max((abs(x) for x in slopes if x is not None), default=None),
-            "holds": holds, "verdict": verdict}
+            "holds": verdict in ("reproduced", "not worse"), "verdict": verdict, "reason": reason}
 
 
 def evaluate_sweep(sweep: Sweep, records: Mapping[Cell, Mapping[str, Any]]) -> dict[str, Any]:
@@ -561,25 +703,59 @@ def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
 
 
 def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before: dict, machine_after: dict,
-                  command: str) -> dict[str, Any]:
+                  command: str, *, bench_dir: Path | None = None) -> dict[str, Any]:
+    """results.json's content: the runs, the gates, the claims with their verdicts and provenance."""
     grid_runs = [records[c] for c in bench.cells]
     derived = bench.derived(grid_runs) if bench.derived is not None else []
-    bounds = {}
-    for name, cells in bench.bounds.items():
-        bounds[name] = mean_sd([records[c]["final_accuracy"] for c in cells])[0]
+    bound_runs = {name: [records[c] for c in cells] for name, cells in bench.bounds.items()}
+    bounds = {name: mean_sd([r["final_accuracy"] for r in rs])[0] for name, rs in bound_runs.items()}
+    gate = gates.evaluate(bound_runs, grid_runs)
+    claims = [evaluate_claim(c, grid_runs + derived, collapsed=gate["collapsed"], gate_failures=gate["failures"])
+              for c in bench.claims]
+    sweep_runs = [records[c] for s in bench.sweeps for v in s.grid for c in s.cells[v]]
+    current = provenance.code_hash(bench.record_extras)
+    every = list({id(r): r for r in grid_runs + [r for rs in bound_runs.values() for r in rs] + sweep_runs}.values())
+    commits: dict[str, int] = {}
+    status: dict[str, int] = {}
+    for r in every:
+        commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
+        p = provenance.cell_provenance(r, current)
+        status[p] = status.get(p, 0) + 1
+    decl = provenance.declaration(bench_dir if bench_dir is not None else BENCHMARKS / bench.name)
+    code_of = {(r["method"], r["setting"], r["seed"]): r.get("code", "unknown") for r in grid_runs}
+    for c in claims:
+        cells = []
+        for s in c["seeds"]:
+            for m in dict.fromkeys((c["a"], c["b"])):
+                d = next((x for x in derived if (x["method"], x["setting"], x["seed"]) == (m, c["setting"], s)), None)
+                cells += [(x, d["derived_from"][2], s) for x in d["derived_from"][:2]] if d else [(m, c["setting"], s)]
+        c["commits"] = sorted({code_of.get(k, "unknown") for k in cells})
+        c["counted"] = c["kind"] in COUNTED
+        if decl is not None:
+            declared = "main" if c["setting"] in decl.get("main", []) else \
+                "alternative" if c["setting"] in decl.get("alternatives", []) else "undeclared"
+            c["declared"] = declared
+            c["counted"] = c["counted"] and declared == "main"
+            at = decl.get("declared_at")
+            c["before_declaration"] = at is None or any(provenance.contains(x, at) is not True for x in c["commits"])
     return {
         "benchmark": bench.name,
         "title": bench.title,
-        "code": code_version(),
+        "paper": bench.paper,
+        "code": provenance.code_version(bench.record_extras),
+        "code_hash": current,
         "command": command,
         "machine": {"before": machine_before, "after": machine_after},
         "bounds": bounds,
-        "bound_runs": {name: [records[c] for c in cells] for name, cells in bench.bounds.items()},
+        "bound_runs": bound_runs,
+        "gates": gate,
+        "provenance": {"commits": commits, "cells": status,
+                       "declaration": None if decl is None else {k: decl.get(k) for k in ("main", "alternatives", "declared_at", "note")}},
         "runs": grid_runs,
         "derived_runs": derived,
-        "claims": [evaluate_claim(c, grid_runs + derived) for c in bench.claims],
+        "claims": claims,
         "sweeps": [evaluate_sweep(s, records) for s in bench.sweeps],
-        "sweep_runs": [records[c] for s in bench.sweeps for v in s.grid for c in s.cells[v]],
+        "sweep_runs": sweep_runs,
     }
 
 
@@ -592,22 +768,6 @@ def pct(x: float | None, sd: float | None = None) -> str:
 def metric_scale(metric: str) -> int:
     """Accuracies (fractions) are shown in points; other metrics (bytes, seconds) as they are."""
     return 100 if "accuracy" in metric or metric.startswith("per_tier") or "agreement" in metric else 1
-
-
-def claims_table(claims: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["| claim | setting | metric | mean diff (points for accuracies) | sd | signs per seed | method slope | largest run slope | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for c in claims:
-        scale = metric_scale(c["metric_a"])
-        md = "—" if c["mean_diff"] is None else f"{scale * c['mean_diff']:+.2f}"
-        sd = "—" if c["sd"] is None else f"{scale * c['sd']:.2f}"
-        signs = " ".join("+" if s > 0 else "−" if s < 0 else "0" for s in c["signs"])
-        slope = "—" if c.get("method_slope") is None else f"{c['method_slope']:.2f}"
-        run_slope = "—" if c.get("max_abs_slope") is None else f"{c['max_abs_slope']:.2f}"
-        verdict = {"holds": "**holds**", "does not hold": "**does not hold**"}.get(c["verdict"], c["verdict"])
-        metric = c["metric"] if c["metric_a"] == c["metric_b"] else f"{c['metric_a']} vs {c['metric_b']}"
-        lines.append(f"| `{c['statement']}` | {c['setting']} | {metric} | {md} | {sd} | {signs} | {slope} | {run_slope} | {verdict} |")
-    return lines
 
 
 def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -712,156 +872,135 @@ def plot_results(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
 
 
 def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str = "") -> str:
-    claims = [c for c in results["claims"] if not c.get("diagnostic")]
-    diagnostic = [c for c in results["claims"] if c.get("diagnostic")]
-    held = sum(c["holds"] for c in claims)
-    m0, m1 = results["machine"]["before"], results["machine"]["after"]
-    lines = [f"# {bench.title}", "",
-             f"Claims: **{held} of {len(claims)} hold** (evaluated by `benchmarks/runner.py` from the runs in "
-             "`results.json`; a strict claim holds when the mean paired difference exceeds 2 sd and every seed agrees, "
-             f"a weak one when it is above −1 sd; a claim is read only where every compared method's last-quarter slope "
-             f"(its mean curve over the seeds) is below {SLOPE_LIMIT} points per 10 % of rounds, with ≥ 3 seeds; the "
-             "largest single run's slope is shown beside it).", ""]
-    lines += claims_table(claims) + [""]
-    if diagnostic:
-        lines += [f"Diagnostic claims (not the paper's: other settings and controls that explain the claims above, "
-                  f"evaluated the same way; {sum(c['holds'] for c in diagnostic)} of {len(diagnostic)} hold):", ""]
-        lines += claims_table(diagnostic) + [""]
-    missing = [c for c in results["claims"] if c["verdict"] == "metric missing"]
-    if missing:
-        lines += ["Metric missing (the toolkit does not produce it yet): "
-                  + "; ".join(f"`{c['statement']}` [{c['setting']}]: {c.get('missing', '')}" for c in missing), ""]
-    lines += ["## Setting", "", bench.description.strip(), "",
-              f"Command: `{results['command']}`  ", f"Code: `{results['code']}`  ",
-              f"Machine: {m0.get('cores')} cores, load (1/5/15 min) {m0.get('loadavg_1_5_15')} at the start ({m0.get('date')}), "
-              f"{m1.get('loadavg_1_5_15')} at the end ({m1.get('date')}). Cells run one torch thread each, "
-              "one cell per core; wall times are per cell and rough on a shared machine.", ""]
-    if results["bounds"]:
-        lines += ["## Bounds", ""]
-        for name in bench.bounds:
-            rs = results["bound_runs"][name]
-            a, s = mean_sd([r["final_accuracy"] for r in rs])
-            desc = ", ".join(sorted({f"{r['method']} in {r['setting']}" for r in rs}))
-            lines.append(f"- **{name}**: {pct(a, s)} % ({desc}; {len(rs)} run(s))")
-        lines.append("")
-    lines += ["## Runs (test set; mean ± sd over seeds)", ""] + runs_table(results["runs"])
-    if results.get("derived_runs"):
-        lines += ["## Paired differences (derived from the runs above, paired by seed)", "",
-                  "| difference | setting | from | seeds | final acc (points) | per tier (points) |", "|---|---|---|---|---|---|"]
-        derived = results["derived_runs"]
-        for key in dict.fromkeys((r["method"], r["setting"]) for r in derived):
-            rs = [r for r in derived if (r["method"], r["setting"]) == key]
-            a, b, setting = rs[0]["derived_from"]
-            tiers = list(dict.fromkeys(t for r in rs for t in r["per_tier"]))
-            per_tier = ", ".join(f"{t}: {pct(*mean_sd([r['per_tier'].get(t) for r in rs]))}" for t in tiers)
-            lines.append(f"| {key[0]} | {key[1]} | {a} − {b} in {setting} | {len(rs)} | "
-                         f"{pct(*mean_sd([r.get('final_accuracy') for r in rs]))} | {per_tier} |")
-        lines.append("")
-    if results["sweeps"]:
-        lines += ["## Sweeps (validation split carved from the training data; the test set is never used)", ""]
-        for s in results["sweeps"]:
-            vals = ", ".join(f"{v}: {pct(a, sd)}" for v, a, sd in zip(s["grid"], s["validation_accuracy"], s["validation_sd"], strict=True))
-            chosen = f"chosen **{s['chosen']}**" if s["chosen"] is not None else f"metric missing ({s.get('missing', '')})"
-            if s.get("kept_default"):
-                chosen += f" (the default: the best, {s['best']}, is within the noise of it)"
-            lines.append(f"- **{s['parameter']}** by `{s['metric']}` (seeds {s['seeds']}): {vals} → {chosen}. {s['note']}")
-        lines.append("")
-    if bench.diagnostics is not None:
-        lines += [bench.diagnostics(results).strip(), ""]
-    lines += ["## Figures", "", "![accuracy per round](accuracy.png)", "", "![accuracy vs bytes](accuracy_bytes.png)", ""]
-    if figures.strip():
-        lines += [figures.strip(), ""]
-    return "\n".join(lines)
+    """results.md (:mod:`benchmarks.pages`)."""
+    from benchmarks.pages import results_markdown as page
 
-
-def _metric_label(metric_a: str, metric_b: str) -> str:
-    unit = " (points)" if metric_scale(metric_a) == 100 else ""
-    return (f"`{metric_a}`" if metric_a == metric_b else f"`{metric_a}` vs `{metric_b}`") + unit
+    return page(bench, results, figures)
 
 
 def write_readme_index() -> Path:
-    """benchmarks/README.md: every benchmark's claims with their verdicts, from committed results."""
-    lines = ["# Benchmarks", "",
-             "Generated by `benchmarks/runner.py` from the committed `results.json` files; the protocol is "
-             "`../shared/specs/BENCHMARKS.md` (one runner, converged runs with centralized and Local bounds, "
-             "≥ 3 seeds, claims evaluated by code, committed sweeps). Rerun a benchmark with "
-             "`.venv/bin/python -m benchmarks.<name>` (add `--quick` for a few-minute smoke profile).", "",
-             "| benchmark | claim | setting | metric | verdict | mean diff | seeds |", "|---|---|---|---|---|---|---|"]
-    others, declared = [], []
-    for d in sorted(p for p in BENCHMARKS.iterdir() if p.is_dir() and not p.name.startswith("_")):
-        f = d / "results.json"
-        data = json.loads(f.read_text()) if f.exists() else {}
-        if "claims" not in data or not isinstance(data.get("runs"), list) or not data["runs"] or "final_accuracy" not in data["runs"][0]:
-            main_py = d / "__main__.py"
-            (declared if main_py.exists() and "benchmarks.runner" in main_py.read_text() else others).append(d.name)
-            continue
-        for c in data["claims"]:
-            md = "—" if c["mean_diff"] is None else f"{metric_scale(c['metric_a']) * c['mean_diff']:+.2f}"
-            kind = " (diagnostic)" if c.get("diagnostic") else ""
-            lines.append(f"| [{d.name}]({d.name}/results.md) | `{c['statement']}`{kind} | {c['setting']} | "
-                         f"{_metric_label(c['metric_a'], c['metric_b'])} | {c['verdict']} | {md} | {len(c['seeds'])} |")
-    for name in declared:  # their claims, as declared, until a full run commits results
-        for c in importlib.import_module(f"benchmarks.{name}").make(False).claims:
-            lines.append(f"| [{name}]({name}/__init__.py) | `{c.statement}` | {c.setting} | "
-                         f"{_metric_label(c.metric_a or c.metric, c.metric_b or c.metric)} | not yet run | — | — |")
-    if declared:
-        lines += ["", "Declared on the runner but not yet run under the protocol (no committed results; earlier, "
-                  "pre-protocol results, where there were any, are under the benchmark's `previous/`): "
-                  + ", ".join(f"[{n}]({n}/__init__.py) (`python -m benchmarks.{n}`)" for n in declared) + "."]
-    if others:
-        lines += ["", "Not under the protocol (timing, transport and demo measurements; their own pages describe "
-                  "what they measured and how): " + ", ".join(f"[{n}]({n}/)" for n in others) + "."]
-    out = BENCHMARKS / "README.md"
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    """benchmarks/README.md (:mod:`benchmarks.pages`)."""
+    from benchmarks.pages import write_readme_index as index
+
+    return index()
+
+
+def reviewer_cells(bench: Benchmark, methods: Sequence[str], setting: str, seeds: Sequence[int]) -> list[Cell]:
+    """The reviewer's check: the grid cells of ``methods`` in ``setting``, each with ``seeds``
+    instead of the benchmark's (the same configuration otherwise)."""
+    grid = [c for c in bench.cells if c.setting == setting]
+    if not grid:
+        raise SystemExit(f"setting {setting!r} is not in {bench.name}'s grid; its settings: "
+                         + ", ".join(dict.fromkeys(c.setting for c in bench.cells)))
+    cells = []
+    for method in methods:
+        template = next((c for c in grid if c.method == method), None)
+        if template is None:
+            raise SystemExit(f"method {method!r} has no cell in {setting}; there: " + ", ".join(dict.fromkeys(c.method for c in grid)))
+        cells += [Cell(method, setting, seed, template.config, template.role) for seed in seeds]
+    return cells
+
+
+def check(bench: Benchmark, methods: Sequence[str], setting: str, seeds: Sequence[int], out: Path, *, workers: int,
+          draft: bool = False) -> dict[str, Any]:
+    """Run the reviewer's cells into ``out`` (``out/cells``, temporary files under ``out/tmp``) and
+    evaluate every claim of the benchmark between the chosen methods in that setting over them
+    (collapse gates included; the bounds are not rerun). Writes ``out/check.json``; prints the verdicts."""
+    cells = reviewer_cells(bench, methods, setting, seeds)
+    cache = Cache(out / "cells", bench.record_extras, draft=draft)
+    runs = run_cells(cells, cache, workers=workers, keep_server_metrics=bench.keep_server_metrics,
+                     tmp_root=out / "tmp", progress=True)
+    claims = [c for c in bench.claims if c.setting == setting and set(c.parse()[::2]) <= set(methods)]
+    gate = gates.evaluate({}, runs)
+    verdicts = [evaluate_claim(c, runs, collapsed=gate["collapsed"]) for c in claims]
+    result = {"benchmark": bench.name, "setting": setting, "methods": list(methods), "seeds": list(seeds),
+              "code": provenance.code_version(bench.record_extras), "code_hash": cache.code_hash, "gates": gate,
+              "claims": verdicts, "runs": [{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "code")} for r in runs]}
+    (out / "check.json").write_text(json.dumps(_clean(result), indent=1) + "\n")
+    for r in runs:
+        print(f"{r['method']:>20} seed {r['seed']}: {100 * r['final_accuracy']:.2f} %")
+    if not verdicts:
+        print(f"no claim of {bench.name} compares only {', '.join(methods)} in {setting}")
+    for c in verdicts:
+        print(f"{c['verdict']:>15}: {c['statement']} [{c['setting']}] ({KINDS[c['kind']]}): {c['reason']}")
+    print(f"check: {out / 'check.json'}")
+    return result
 
 
 # -- entry point ----------------------------------------------------------------------------------
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """``python -m benchmarks.<name> [--quick] [--workers N] [--report-only] [--only ROLE]``."""
+    """``python -m benchmarks.<name> [--quick] [--workers N] [--report-only] [--only ROLE] [--draft]
+    [--cells A,B --setting S --seeds 1,2,3] [--out DIR]``."""
     p = argparse.ArgumentParser(description="Run a benchmark declared for benchmarks/runner.py.")
     p.add_argument("--quick", action="store_true", help="the small profile, into runs/bench-quick/<name>")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel cells (default: cores)")
     p.add_argument("--report-only", action="store_true", help="rewrite results from cached cells; run nothing")
     p.add_argument("--only", choices=("sweep", "bound", "grid"), help="run only these cells (the rest must be cached to report)")
     p.add_argument("--out", type=Path, help="results directory (default: the benchmark's folder)")
+    p.add_argument("--draft", action="store_true",
+                   help="allow cells to run from code that differs from its commit (marked draft, never reused otherwise)")
+    p.add_argument("--cells", type=_csv, help="the reviewer's check: these methods (comma-separated) of one --setting")
+    p.add_argument("--setting", help="the reviewer's check: the setting of --cells")
+    p.add_argument("--seeds", type=lambda t: [int(x) for x in _csv(t)], help="the reviewer's check: seeds, comma-separated")
     args = p.parse_args(argv)
     bench = make(args.quick)
-    out = args.out or (ROOT / "runs" / "bench-quick" / bench.name if args.quick else BENCHMARKS / bench.name)
+    if args.cells or args.setting or args.seeds:
+        if not (args.cells and args.setting and args.seeds):
+            p.error("the reviewer's check needs --cells, --setting and --seeds together")
+        out = (args.out or ROOT / "runs" / "check" / bench.name).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        if out == (BENCHMARKS / bench.name).resolve():
+            p.error("the reviewer's check writes into a folder of its own, not the committed results")
+        try:
+            return check(bench, args.cells, args.setting, args.seeds, out, workers=max(1, args.workers), draft=args.draft)
+        except DirtyCode as e:
+            raise SystemExit(str(e)) from None
+    out = (args.out or (ROOT / "runs" / "bench-quick" / bench.name if args.quick else BENCHMARKS / bench.name)).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cache = Cache(out / "cells", bench.record_extras)
+    cache = Cache(out / "cells", bench.record_extras, draft=args.draft)
     command = bench.command or f"python -m benchmarks.{bench.name}" + (" --quick" if args.quick else "")
     before = machine()
     cells = bench.all_cells()
     if args.only:
         cells = [c for c in cells if c.role == args.only]
+    every = bench.all_cells()
     if args.report_only:
-        missing = [c for c in cells if cache.get(c) is None]
-        if missing:
-            print(f"{len(missing)} cells are not cached yet (e.g. {missing[0].label}); reporting what exists is not possible")
-            return {}
+        records = {c: cache.find(c) for c in every}
     else:
         if bench.prepare is not None and any(cache.get(c) is None for c in cells):
             bench.prepare()
-        run_cells(cells, cache, workers=max(1, args.workers), keep_server_metrics=bench.keep_server_metrics)
-    every = bench.all_cells()
-    records = {c: cache.get(c) for c in every}
+        try:
+            run_cells(cells, cache, workers=max(1, args.workers), keep_server_metrics=bench.keep_server_metrics,
+                      tmp_root=out / "tmp")
+        except DirtyCode as e:
+            raise SystemExit(str(e)) from None
+        records = {c: cache.get(c) for c in every}
     missing = [c for c, r in records.items() if r is None]
     if missing:
-        print(f"{len(missing)} cells still to run; results not written")
+        print(f"{len(missing)} cells are not cached yet (e.g. {missing[0].label}); results not written")
         return {}
-    results = build_results(bench, records, before, machine(), command)
+    results = build_results(bench, records, before, machine(), command, bench_dir=BENCHMARKS / bench.name)
     if args.report_only and (out / "results.json").exists():
-        # a report rewritten from cached cells: the machine and code are those of the run that made them
+        # a report rewritten from cached cells: the machine is that of the run that made them
         previous = json.loads((out / "results.json").read_text())
-        results["machine"], results["code"] = previous.get("machine", results["machine"]), previous.get("code", results["code"])
+        results["machine"] = previous.get("machine", results["machine"])
     (out / "results.json").write_text(json.dumps(_clean(results), indent=1) + "\n")
     plot_results(results, out)
     figures = bench.figures(results, out) if bench.figures is not None else ""
     (out / "results.md").write_text(results_markdown(bench, results, figures))
     if not args.quick and args.out is None:
         write_readme_index()
+    k, n = sum(c["verdict"] == "reproduced" for c in results["claims"] if c.get("counted")), sum(1 for c in results["claims"] if c.get("counted"))
     for c in results["claims"]:
-        print(f"{c['verdict']:>14}: {c['statement']} [{c['setting']}]")
+        print(f"{c['verdict']:>15}: {c['statement']} [{c['setting']}] ({KINDS[c['kind']]})")
+    for f in results["gates"]["failures"]:
+        print(f"SANITY GATE FAILS: {f}")
+    if results["gates"]["collapsed"]:
+        print(f"COLLAPSED RUNS: {len(results['gates']['collapsed'])} (listed in results.md)")
+    print(f"claims reproduced: {k} of {n}")
     print(f"results: {out / 'results.md'}")
     return results

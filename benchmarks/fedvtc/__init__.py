@@ -46,6 +46,14 @@ DECODER_BASE = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.0}
 PAPER_DECODER = {"proto_rc_weight": "0", "psi_bn": "average"}
 
 
+#: The row a reader must see: FedVTC ends below Local at Dir(1) (issue 37). What is measured about it
+#: is on the page ("What the claims turn on"): FedVTC's accuracy before its fine-tune against FedProto
+#: after the same rounds of real data, and fedvtc-tc0 (f_k without L_tc).
+LOCAL_NOTE = ("FedVTC ends below Local here; the cause measured so far is in 'What the claims turn on' below (before "
+              "its fine-tune FedVTC is already below FedProto after the same real-data rounds, and training f_k without "
+              "L_tc, fedvtc-tc0, narrows that gap); not fixed")
+
+
 def extras(run: RunOutput) -> dict[str, Any]:
     """``accuracy_before_finetune``: the evaluation after the last training round (before the
     closing round and the fine-tune; on the same images as the final one, since the profile's
@@ -346,16 +354,29 @@ def make(quick: bool = False) -> Benchmark:
               note="validation accuracy after the fine-tune; seed 0 in each setting"),
     ]
     claims = []
-    for s in settings:
+    for s in settings:  # the paper's numbers: MNIST (Table 1, Dir 0.1 / Dir 1.0), the nearest to Fashion-MNIST
+        i = 0 if s == "dir0.1" else 1
         claims += [
-            Claim(f"fedvtc-gt-fedproto-{s}", "fedvtc > fedproto", s),
+            Claim(f"fedvtc-gt-fedproto-{s}", "fedvtc > fedproto", s,
+                  paper=("+3.2 (88.7 vs 85.5, CCVR the best baseline)", "+3.3 (90.1 vs 86.8, FedTGP the best baseline)")[i]
+                  + "; FedProto below the best baseline"),
             Claim(f"finetune-raises-{s}", "fedvtc > fedvtc", s, metric_a="final_accuracy",
-                  metric_b="accuracy_before_finetune", note="after vs before the synthetic fine-tune, same devices"),
-            Claim(f"ldm-helps-{s}", "fedvtc ≥ fedvtc-le", s, note="L_e + λ·L_dm against L_e only"),
-            Claim(f"oneshot-fewer-bytes-{s}", "fedvtc < fedvtc-psi-round", s, metric="bytes_per_device",
-                  note="one-shot ψ against ψ every round: bytes per device over the whole run"),
-            Claim(f"oneshot-accuracy-{s}", "fedvtc ≥ fedvtc-psi-round", s, note="… at equal or better accuracy"),
+                  metric_b="accuracy_before_finetune", note="after vs before the synthetic fine-tune, same devices",
+                  paper="abstract: the fine-tune 'significantly' increases generalization (no number)"),
+            Claim(f"ldm-helps-{s}", "fedvtc > fedvtc-le", s, note="L_e + λ·L_dm against L_e only",
+                  paper=("+1.5 (88.7 vs 87.2, ablation)", "+0.2 (90.1 vs 89.9, ablation)")[i]),
+            Claim(f"oneshot-fewer-bytes-{s}", "fedvtc < fedvtc-psi-round", s, metric="bytes_per_device", kind="construction",
+                  note="one ψ upload against one per round: true by construction",
+                  paper="0.70 vs 5.63 GB (MNIST)"),
+            Claim(f"oneshot-accuracy-{s}", "fedvtc ≥ fedvtc-psi-round", s, kind="not worse",
+                  note="the paper's own per-round ψ is better by the paper's numbers",
+                  paper=("−1.0 (88.7 vs 89.7)", "−2.2 (90.1 vs 92.3)")[i]),
+            Claim(f"ldm-not-worse-{s}", "fedvtc ≥ fedvtc-le", s, kind="not worse"),
         ]
+        # every method against Local: what federating adds over a device alone
+        claims += [Claim(f"{m}-gt-local-{s}", f"{m} > local", s, kind="implied",
+                         note=LOCAL_NOTE if (m, s) == ("fedvtc", "dir1") else "")
+                   for m in ("fedvtc", "fedvtc-le", "fedvtc-psi-round", "fedproto")]
     fleet = "5 devices (one per tier), 1,500 training images, 4 rounds, Dir(1) only, S = 100, 𝒯 = 1" if quick else \
         "10 devices (two per tier), 6,000 training images (about 600 per device), R = 24 rounds, S = 500, 𝒯 = 5"
     return Benchmark(
@@ -397,4 +418,5 @@ device's own model for its own ψ_k, in the closing round.
         figures=figures,
         diagnostics=diagnostics,
         command="python -m benchmarks.fedvtc" + (" --quick" if quick else ""),
+        paper="FedVTC (Niu, Dong & Qin, variational transposed convolution)",
     )

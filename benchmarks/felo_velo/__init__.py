@@ -102,18 +102,37 @@ def make(quick: bool = False) -> Benchmark:
         for algorithm in ("fedhe", "felo")
     ]
     claims = []
-    for setting in settings:
+    for setting in settings:  # the paper's CIFAR-10 numbers (ALGORITHMS.md): its non-IID is Dir(0.5)
+        num = {"iid": "IID", "dir0.5": "non-IID"}.get(setting)
         claims += [
-            Claim(f"velo-ge-felo-{setting}", "velo ≥ felo", setting),
-            Claim(f"felo-gt-fedhe-{setting}", "felo > fedhe", setting),
-            Claim(f"fedhe-ge-local-{setting}", "fedhe ≥ local", setting),
-            Claim(f"velo-ko-ge-felo-ko-{setting}", "velo-ko ≥ felo-ko", setting,
-                  note="knowledge only (no weights travel)"),
-            Claim(f"felo-ko-gt-fedhe-{setting}", "felo-ko > fedhe", setting, note="knowledge only"),
+            Claim(f"velo-gt-felo-{setting}", "velo > felo", setting,
+                  paper={"iid": "+0.23 (76.33 vs 76.10, CIFAR-10 IID)",
+                         "dir0.5": "+0.29 (57.17 vs 56.88, CIFAR-10 non-IID)"}.get(setting, "— (not run by the paper)")),
+            Claim(f"felo-gt-fedhe-{setting}", "felo > fedhe", setting,
+                  paper="main-setting baselines in figures only" + ("; extreme non-IID +13.66 (52.63 vs 38.97)" if num != "IID" else
+                                                                     "; extreme IID: FedHe not reported")),
+            Claim(f"velo-gt-fedhe-{setting}", "velo > fedhe", setting,
+                  paper="main-setting baselines in figures only" + ("; extreme non-IID +17.95 (56.92 vs 38.97)" if num != "IID" else
+                                                                     "; extreme IID: FedHe not reported")),
+            Claim(f"velo-ko-gt-felo-ko-{setting}", "velo-ko > felo-ko", setting,
+                  note="knowledge only (no weights travel): the paper's extreme setting, every architecture unique",
+                  paper={"iid": "+3.68 (74.13 vs 70.45, extreme C10 IID)"}.get(setting, "+4.29 (56.92 vs 52.63, extreme C10 non-IID)")),
+            Claim(f"felo-ko-gt-fedhe-{setting}", "felo-ko > fedhe", setting, note="knowledge only",
+                  paper="+13.66 (52.63 vs 38.97, extreme C10 non-IID)" if setting != "iid" else "extreme C10 IID: FedHe not reported"),
+            # non-inferiority rows (the benchmark's earlier reading; never counted)
+            Claim(f"velo-ge-felo-{setting}", "velo ≥ felo", setting, kind="not worse"),
+            Claim(f"velo-ko-ge-felo-ko-{setting}", "velo-ko ≥ felo-ko", setting, kind="not worse"),
         ]
-    claims += [
-        Claim("homo-felo-ge-fedavg", "felo ≥ fedavg", "homo-dir0.5"),
-        Claim("homo-velo-ge-fedavg", "velo ≥ fedavg", "homo-dir0.5"),
+        # every method against Local (the lower bound every federated method must clear)
+        claims += [Claim(f"{m}-gt-local-{setting}", f"{m} > local", setting, kind="implied")
+                   for m in ("fedhe", "felo", "velo", "felo-ko", "velo-ko")]
+        claims.append(Claim(f"fedhe-ge-local-{setting}", "fedhe ≥ local", setting, kind="not worse"))
+    claims += [  # the homogeneous table: ResNet18 everywhere, CIFAR-10 non-IID (Dir(0.5))
+        Claim("homo-felo-gt-fedavg", "felo > fedavg", "homo-dir0.5", paper="+1.13 (60.36 vs 59.23, C10 non-IID; IID −0.13)"),
+        Claim("homo-velo-gt-fedavg", "velo > fedavg", "homo-dir0.5", paper="+1.65 (60.88 vs 59.23, C10 non-IID; IID +0.50)"),
+        Claim("homo-velo-gt-felo", "velo > felo", "homo-dir0.5", paper="+0.52 (60.88 vs 60.36, C10 non-IID)"),
+        Claim("homo-felo-ge-fedavg", "felo ≥ fedavg", "homo-dir0.5", kind="not worse"),
+        Claim("homo-velo-ge-fedavg", "velo ≥ fedavg", "homo-dir0.5", kind="not worse"),
     ]
     grid = "5 devices (one per depth), 1,500 training images, 4 rounds" if quick else \
         "10 devices (two per depth), 8,000 training images (about 800 per device), 12 rounds"
@@ -142,6 +161,7 @@ envelopes per device and round (evaluation downlinks included).
         keep_server_metrics=("cvae_fit", "cvae_fit_real", "cvae_spread", "cvae_loss", "architectures_averaged"),
         diagnostics=diagnostics,
         command="python -m benchmarks.felo_velo" + (" --quick" if quick else ""),
+        paper="Felo / Velo (Chan & Ngai, Exploiting Features and Logits in Heterogeneous FL)",
     )
 
 

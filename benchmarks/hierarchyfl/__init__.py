@@ -36,7 +36,7 @@ LONG = {"rounds": ROUNDS, "lr_decay_rounds": decay_rounds(ROUNDS)}
 #: server step, 600 more held out as its check split, carved from 7,200 images so that the devices
 #: keep 6,000. Both methods lose the same carve-out.
 PAPER_PUBLIC = {"train_samples": 7200, "public_fraction": 1 / 6}
-#: The diagnostic with the benchmark's first public set, 2 % of 6,000 images: 60 for the server step
+#: The second reading of the public set (a main setting, counted), the benchmark's first: 2 % of 6,000 images: 60 for the server step
 #: (the paper's 1 % of *these* devices' data), 60 for the check. Its cells ran 20 rounds (32 at Dir(0.5)).
 SMALL = "-public60"
 SMALL_PUBLIC = {"train_samples": 6000, "public_fraction": 0.02}
@@ -48,7 +48,20 @@ SETTINGS = {
     "dir0.5" + SMALL: {"partition": "dirichlet", "alpha": 0.5, **SMALL_PUBLIC, **LONG},
     "iid" + SMALL: {"partition": "iid", **SMALL_PUBLIC},
 }
-CLAIMED = ("dir0.1", "dir0.5", "iid")  # the claims' settings (IID the reference)
+CLAIMED = ("dir0.1", "dir0.5", "iid")  # the claims' settings
+#: Table I, CIFAR-10, HierarchyFL − HeteroFL (the paper reports HeteroFL for Models 1 and 4 only)
+PAPER_TABLE = {
+    ("dir0.1", "1"): "+20.03 (69.43 vs 49.40, CIFAR-10 α 0.1, Model 1)",
+    ("dir0.1", "2"): "— (HeteroFL not reported; HierarchyFL 76.91)",
+    ("dir0.1", "3"): "— (HeteroFL not reported; HierarchyFL 83.18)",
+    ("dir0.1", "4"): "+7.57 (82.90 vs 75.33, CIFAR-10 α 0.1, Model 4)",
+    ("dir0.5", "1"): "+6.30 (81.33 vs 75.03, CIFAR-10 α 0.5, Model 1)",
+    ("dir0.5", "2"): "— (HeteroFL not reported; HierarchyFL 84.25)",
+    ("dir0.5", "3"): "— (HeteroFL not reported; HierarchyFL 86.86)",
+    ("dir0.5", "4"): "−0.83 (86.92 vs 87.75, CIFAR-10 α 0.5, Model 4)",
+    ("iid", "1"): "+0.55 (86.41 vs 85.86, CIFAR-10 IID, Model 1)",
+    ("iid", "4"): "+0.41 (89.62 vs 89.21, CIFAR-10 IID, Model 4)",
+}
 BETAS = (0.0, 0.1, 1.0, 10.0)
 TEMPERATURES = (1.0, 3.0)
 SERVER_LRS = (0.005, 0.05)
@@ -145,7 +158,7 @@ def make(quick: bool = False) -> Benchmark:
         if not quick:
             cells.append(cell("hierarchyfl-labels", "dir0.1", seed, options={"ensemble": "labels"}))
     if not quick:
-        for seed in SEEDS:  # the small public set (the benchmark's first runs), a diagnostic
+        for seed in SEEDS:  # the small public set (the benchmark's first runs), the second reading
             cells += [cell(m, s + SMALL, seed) for s in CLAIMED for m in ("hierarchyfl", "heterofl")]
             cells += ablation("dir0.1" + SMALL, seed) + width("dir0.1" + SMALL, seed)
         for seed in SEEDS:
@@ -189,33 +202,45 @@ def make(quick: bool = False) -> Benchmark:
             recheck("hierarchyfl.temperature", TEMPERATURES, lambda v: {"temperature": str(v)}, "T of the logit distillation", 1.0),
             recheck("hierarchyfl.server_lr", SERVER_LRS, lambda v: {"server_lr": str(v)}, "the server step's lr (no momentum)", 0.05),
         ]
-    claims = [Claim(f"hierarchyfl-gt-heterofl-{s}-tier{t}", "hierarchyfl > heterofl", s, metric=f"per_tier.{t}")
-              for s in ("dir0.1", "dir0.5") if s in claimed for t in DEPTH]
-    claims += [Claim(f"gain-smallest-tier-vs-{t}", "gain > gain", GAIN, metric_a="per_tier.1", metric_b=f"per_tier.{t}",
-                     note=f"HierarchyFL − HeteroFL at Dir(0.1): tier 1 against tier {t}") for t in DEPTH[1:]]
-    claims += [
-        Claim("ablation-logits-gt-averaging", "hierarchyfl-logits > heterofl", "dir0.1",
-              note="Table II: + ensemble logits against averaging only (mean over tiers)"),
-        Claim("ablation-features-ge-logits", "hierarchyfl ≥ hierarchyfl-logits", "dir0.1",
-              note="Table II: + logits and features against + logits"),
-    ]
-    if not quick:
+    # Both readings of the paper's public set are main settings, side by side and both counted (issue
+    # 37): 600 images (1 % of Fashion-MNIST's 60,000, the paper's absolute size) and 60 images
+    # (1 % of these devices' 6,000, the paper's ratio; "-public60").
+    readings = ("",) if quick else ("", SMALL)
+    claims = []
+    for r in readings:
+        for s in ("dir0.1", "dir0.5", "iid"):
+            if s not in claimed:
+                continue
+            for t in DEPTH:
+                number = PAPER_TABLE.get((s, t))
+                if number is None:
+                    continue
+                if number.startswith("−"):  # the paper's own table has HierarchyFL below HeteroFL here
+                    claims.append(Claim(f"hierarchyfl-ge-heterofl-{s}{r}-tier{t}", "hierarchyfl ≥ heterofl", s + r,
+                                        metric=f"per_tier.{t}", kind="not worse", paper=number))
+                else:
+                    claims.append(Claim(f"hierarchyfl-gt-heterofl-{s}{r}-tier{t}", "hierarchyfl > heterofl", s + r,
+                                        metric=f"per_tier.{t}", paper=number))
         claims += [
-            Claim("control-distillation-gt-labels", "hierarchyfl > hierarchyfl-labels", "dir0.1",
-                  note="not the paper's: the distillation against the server step with the public labels' CE alone",
-                  diagnostic=True),
-            Claim("width-not-below-heterofl", "hierarchyfl-width ≥ heterofl-width", "width-dir0.1",
-                  note="width tiers: must not fall below HeteroFL (≥: mean above −1 sd, stricter than the issue's 2 sd)"),
+            Claim(f"ablation-logits-gt-averaging{r}", "hierarchyfl-logits > heterofl", "dir0.1" + r,
+                  note="Table II: + ensemble logits against averaging only (mean over tiers)",
+                  paper="+1.95 (49.04 vs 47.09, CIFAR-100 α 0.1, Model 4)"),
+            Claim(f"ablation-features-gt-logits{r}", "hierarchyfl > hierarchyfl-logits", "dir0.1" + r,
+                  note="Table II: + logits and features against + logits", paper="+3.52 (52.56 vs 49.04, CIFAR-100 α 0.1, Model 4)"),
+            Claim(f"ablation-features-ge-logits{r}", "hierarchyfl ≥ hierarchyfl-logits", "dir0.1" + r, kind="not worse"),
         ]
-        small = "diagnostic, the small public set (60 images for the server step)"
-        claims += [Claim(f"public60-{s}-tier{t}", "hierarchyfl > heterofl", s + SMALL, metric=f"per_tier.{t}", note=small,
-                         diagnostic=True)
-                   for s in ("dir0.1", "dir0.5") for t in DEPTH]
-        claims += [Claim("public60-ablation-logits", "hierarchyfl-logits > heterofl", "dir0.1" + SMALL, note=small, diagnostic=True),
-                   Claim("public60-ablation-features", "hierarchyfl ≥ hierarchyfl-logits", "dir0.1" + SMALL, note=small,
-                         diagnostic=True),
-                   Claim("public60-width-not-below-heterofl", "hierarchyfl-width ≥ heterofl-width", "width-dir0.1" + SMALL,
-                         note=small, diagnostic=True)]
+        if not quick:
+            claims.append(Claim(f"width-not-below-heterofl{r}", "hierarchyfl-width ≥ heterofl-width", "width-dir0.1" + r,
+                                kind="not worse", note="width tiers: must not fall below HeteroFL"))
+    claims += [Claim(f"gain-smallest-tier-vs-{t}", "gain > gain", GAIN, metric_a="per_tier.1", metric_b=f"per_tier.{t}",
+                     note=f"HierarchyFL − HeteroFL at Dir(0.1): tier 1 against tier {t}",
+                     paper="+12.46 (gain +20.03 at Model 1 vs +7.57 at Model 4, CIFAR-10 α 0.1)" if t == "4" else
+                     "HeteroFL not reported for Models 2–3", kind="paper" if t == "4" else "implied")
+               for t in DEPTH[1:]]
+    if not quick:
+        claims.append(Claim("control-distillation-gt-labels", "hierarchyfl > hierarchyfl-labels", "dir0.1", kind="control",
+                            note="the same server step with the public labels' CE alone: what the distillation adds over "
+                                 "the labels HeteroFL never sees (run at 600 public images only)"))
 
     def derived(runs: list[dict]) -> list[dict]:
         return paired_difference(runs, "hierarchyfl", "heterofl", "dir0.1", method="gain", as_setting=GAIN)
@@ -249,9 +274,15 @@ setting's 6,000 device images. Table II's ablation at Dir(0.1): **heterofl** (av
 **hierarchyfl-logits** (+ ensemble logits), **hierarchyfl** (+ logits and features); and a control
 that is not the paper's, **hierarchyfl-labels**: the same server step with the public labels' CE
 alone (no ensemble, no distillation), which tells what the public labels give from what the
-distillation adds. Diagnostic **…{SMALL}** settings: the benchmark's first public set, 2 % of
-6,000 images (60 for the step, 60 for the check; 20 rounds with ×0.1 at rounds {decay[0] + 1} and
-{decay[1] + 1}, 32 at Dir(0.5)), where the claims did not hold; the sweeps that chose the defaults ran there, at the
+distillation adds; it decides whether the gain is the distillation's, so it is counted as a claim.
+**Two readings of the paper's public set, both main settings, side by side and both counted**: 600
+images (1 % of Fashion-MNIST's 60,000, the paper's absolute size; the settings without a suffix) and
+**…{SMALL}**: 1 % of these devices' data, 2 % of 6,000 images (60 for the step, 60 for the check;
+20 rounds with ×0.1 at rounds {decay[0] + 1} and {decay[1] + 1}, 32 at Dir(0.5): the 60-image cells at Dir(0.1) and IID
+ran a shorter budget than the 600-image ones, which a later run must even out). The benchmark first
+ran the 60-image reading, its claims did not hold there, and the main setting became 600 images
+afterwards: choosing between the readings after seeing results is what counting both undoes. The
+labels-only control ran at 600 images only. The sweeps that chose the defaults ran at 60 images, at the
 errata's server lr 0.005 and T = 3, 20 rounds without decay, each varying one of them, and were
 rechecked at the main setting (each value varied from the defaults; "recheck" below). Seeds
 {list(seeds)}.
@@ -274,6 +305,7 @@ before and after the server step is in `distillation` (`check_before_<tier>`,
         diagnostics=diagnostics,
         figures=figures,
         command="python -m benchmarks.hierarchyfl" + (" --quick" if quick else ""),
+        paper="HierarchyFL (Xia et al., hierarchical self-distillation)",
     )
 
 

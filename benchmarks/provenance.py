@@ -1,0 +1,115 @@
+"""Where a benchmark's cells come from (../shared/specs/BENCHMARKS.md, "Sanity gates"; issue 37).
+
+- :func:`code_hash`: a hash of the code a cell runs — every file of the ``edgefl`` package and the
+  benchmark's module that runs inside a cell (its ``record_extras`` hook), as they are on disk. It
+  is part of the cell cache's key (:class:`benchmarks.runner.Cache`), so a code change that leaves a
+  cell's configuration alone never reuses the cell.
+- :func:`code_version`: the commit the cells run at, ``+dirty`` when the files the hash covers
+  differ from that commit; the runner refuses to run a cell from dirty code unless asked for a
+  draft (``--draft``).
+- :func:`declaration`: a benchmark's settings are declared in its committed ``declared.json``
+  (main settings and alternatives); the commit that last changed it is recorded, and a claim over
+  cells produced at a commit that does not contain that declaration is marked.
+
+Cells cached before this module existed carry no code hash: they stay usable for reports, marked
+"code hash unknown (pre-provenance)", and are never reused to run a benchmark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "edgefl"
+PRE_PROVENANCE = "code hash unknown (pre-provenance)"
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
+
+
+def module_files(record_extras: str | None) -> list[Path]:
+    """The source file of the module a cell's ``record_extras`` hook lives in (none without a hook)."""
+    if not record_extras:
+        return []
+    spec = importlib.util.find_spec(record_extras.partition(":")[0])
+    if spec is None or spec.origin is None:
+        raise ValueError(f"record_extras {record_extras!r}: module not found")
+    return [Path(spec.origin).resolve()]
+
+
+def code_files(record_extras: str | None = None) -> list[Path]:
+    """Every file the code hash covers: the ``edgefl`` package's sources and the hook's module."""
+    files = sorted(p for p in PACKAGE.rglob("*") if p.is_file() and p.suffix in (".py", ".json", ".toml")
+                   and "__pycache__" not in p.parts)
+    return files + module_files(record_extras)
+
+
+@cache
+def code_hash(record_extras: str | None = None) -> str:
+    """sha256 (16 hex digits) over the covered files' paths (relative to the repository) and bytes."""
+    h = hashlib.sha256()
+    for path in code_files(record_extras):
+        rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@cache
+def code_version(record_extras: str | None = None) -> str:
+    """``<commit>`` or ``<commit>+dirty`` (the covered files differ from the commit: modified or
+    untracked); ``unknown`` outside a git checkout. Results, caches and figures do not count."""
+    head = _git("rev-parse", "--short", "HEAD")
+    if head is None:
+        return "unknown"
+    paths = ["edgefl"] + [str(p.relative_to(ROOT)) for p in module_files(record_extras) if p.is_relative_to(ROOT)]
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", *paths) or ""
+    dirty = [line for line in status.splitlines() if line[3:].endswith((".py", ".json", ".toml"))
+             and "__pycache__" not in line]
+    return head + ("+dirty" if dirty else "")
+
+
+def is_dirty(version: str) -> bool:
+    return version.endswith("+dirty") or version == "unknown"
+
+
+@cache
+def contains(commit: str, ancestor: str) -> bool | None:
+    """Whether ``commit`` (``+dirty`` ignored) descends from ``ancestor``; None when git cannot tell."""
+    commit = commit.removesuffix("+dirty")
+    done = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", ancestor, commit],
+                          capture_output=True, text=True)
+    return {0: True, 1: False}.get(done.returncode)
+
+
+def declaration(bench_dir: Path) -> dict | None:
+    """``declared.json`` of a benchmark with the commit that last changed it (``declared_at``;
+    None while it is not committed or differs from the commit)."""
+    path = Path(bench_dir) / "declared.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    for key in ("main", "alternatives"):
+        if not isinstance(data.get(key, []), list):
+            raise ValueError(f"{path}: '{key}' must be a list of setting names")
+    rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else None
+    committed = _git("log", "-1", "--format=%h", "--", rel) if rel else None
+    changed = _git("status", "--porcelain", "--", rel) if rel else None
+    data["declared_at"] = committed if committed and not changed else None
+    return data
+
+
+def cell_provenance(record: dict, current_hash: str) -> str:
+    """How a cached cell relates to the code now: ``current``, ``other code`` or pre-provenance."""
+    if not record.get("code_hash"):
+        return PRE_PROVENANCE
+    return "current" if record["code_hash"] == current_hash else "other code"
