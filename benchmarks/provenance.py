@@ -42,9 +42,9 @@ def module_files(record_extras: str | None) -> list[Path]:
     if not record_extras:
         return []
     spec = importlib.util.find_spec(record_extras.partition(":")[0])
-    if spec is None or spec.origin is None:
+    if spec is None:
         raise ValueError(f"record_extras {record_extras!r}: module not found")
-    return [Path(spec.origin).resolve()]
+    return [] if spec.origin is None else [Path(spec.origin).resolve()]  # a namespace package has no file
 
 
 def code_files(record_extras: str | None = None) -> list[Path]:

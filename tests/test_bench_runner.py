@@ -20,26 +20,38 @@ def test_strict_claim_needs_the_mean_above_two_sd_and_every_seed_to_agree():
     # Execute
     c = evaluate_claim(Claim("x", "a > b", "s"), runs)
     # Assert
-    assert c["holds"] and c["verdict"] == "holds"
+    assert c["holds"] and c["verdict"] == "reproduced"
     assert c["mean_diff"] == pytest.approx(0.03) and c["sd"] == pytest.approx(0.01)
     assert c["signs"] == [1, 1, 1] and c["seeds"] == [0, 1, 2]
     # one seed the other way round: a strict claim fails even if the mean is positive
     runs[2] = run("a", 2, 0.79)
     c = evaluate_claim(Claim("x", "a > b", "s"), runs)
-    assert not c["holds"] and c["verdict"] == "does not hold" and c["signs"] == [1, 1, -1]
+    assert not c["holds"] and c["verdict"] == "not reproduced" and c["signs"] == [1, 1, -1]
+    assert "2 of 3 seeds the claimed way" in c["reason"]  # the measured diagnostic beside it
+    # significantly the other way: reversed
+    runs = [run("a", s, 0.80 - d) for s, d in enumerate((0.02, 0.03, 0.04))] + [run("b", s, 0.80) for s in range(3)]
+    c = evaluate_claim(Claim("x", "a > b", "s"), runs)
+    assert c["verdict"] == "reversed" and not c["holds"]
 
 
-def test_weak_claim_holds_above_minus_one_sd_and_mirrors_for_less_than():
-    # differences -1, +1, -0.5 points: mean -0.17, sd 1.04 -> "a >= b" holds, "a > b" does not
+def test_a_not_worse_row_reads_above_minus_one_sd_and_never_as_a_claim_of_improvement():
+    # differences -1, +1, -0.5 points: mean -0.17, sd 1.04 -> "a >= b" is not worse, "a > b" not reproduced
     runs = [run("a", s, 0.5 + d) for s, d in enumerate((-0.01, 0.01, -0.005))] + [run("b", s, 0.5) for s in range(3)]
-    assert evaluate_claim(Claim("x", "a ≥ b", "s"), runs)["holds"]
-    assert evaluate_claim(Claim("x", "a >= b", "s"), runs)["holds"]
-    assert not evaluate_claim(Claim("x", "a > b", "s"), runs)["holds"]
-    assert not evaluate_claim(Claim("x", "a < b", "s"), runs)["holds"]
-    # a clear loss: "a ≥ b" fails, "a < b" holds
+    assert evaluate_claim(Claim("x", "a ≥ b", "s", kind="not worse"), runs)["verdict"] == "not worse"
+    assert evaluate_claim(Claim("x", "a >= b", "s", kind="not worse"), runs)["holds"]
+    assert evaluate_claim(Claim("x", "a > b", "s"), runs)["verdict"] == "not reproduced"
+    assert evaluate_claim(Claim("x", "a < b", "s"), runs)["verdict"] == "not reproduced"
+    # a clear loss: "a ≥ b" is worse, "a < b" reproduced
     runs = [run("a", s, 0.4 - 0.01 * s) for s in range(3)] + [run("b", s, 0.5) for s in range(3)]
-    assert not evaluate_claim(Claim("x", "a ≥ b", "s"), runs)["holds"]
-    assert evaluate_claim(Claim("x", "a < b", "s"), runs)["holds"]
+    assert evaluate_claim(Claim("x", "a ≥ b", "s", kind="not worse"), runs)["verdict"] == "worse"
+    assert evaluate_claim(Claim("x", "a < b", "s"), runs)["verdict"] == "reproduced"
+    # a claim of improvement is strict; a non-inferiority row is weak: the kinds cannot be mixed up
+    with pytest.raises(ValueError, match="strict"):
+        Claim("x", "a ≥ b", "s")
+    with pytest.raises(ValueError, match="not worse"):
+        Claim("x", "a > b", "s", kind="not worse")
+    with pytest.raises(ValueError, match="kind"):
+        Claim("x", "a > b", "s", kind="headline")
 
 
 def test_claims_are_read_only_on_converged_runs_with_three_seeds_and_on_the_named_metric():
@@ -48,13 +60,15 @@ def test_claims_are_read_only_on_converged_runs_with_three_seeds_and_on_the_name
     assert evaluate_claim(Claim("x", "a < b", "s", metric="per_tier.1"), runs)["holds"]
     runs[0]["slope"] = 2.0  # still climbing
     c = evaluate_claim(Claim("x", "a > b", "s"), runs)
-    assert not c["holds"] and c["verdict"] == "not converged" and c["statistic_holds"]
+    assert not c["holds"] and c["verdict"] == "not comparable" and c["statistic"] == "reproduced"
+    assert "not converged" in c["reason"] and "the numbers alone: reproduced" in c["reason"]
     two = [r for r in runs if r["seed"] < 2]
     for r in two:
         r["slope"] = 0.0
     c = evaluate_claim(Claim("x", "a > b", "s"), two)
-    assert not c["holds"] and c["verdict"] == "too few seeds"
-    assert evaluate_claim(Claim("x", "a > b", "other"), runs)["verdict"] == "no runs"
+    assert not c["holds"] and c["verdict"] == "not comparable" and "2 seed(s)" in c["reason"]
+    none = evaluate_claim(Claim("x", "a > b", "other"), runs)
+    assert none["verdict"] == "not comparable" and none["reason"] == "no runs"
     # before vs after of one method: metric_a / metric_b
     same = [run("a", s, 0.9, before=0.7 + 0.01 * s) for s in range(3)]
     c = evaluate_claim(Claim("x", "a > a", "s", metric_a="final_accuracy", metric_b="before"), same)
@@ -73,7 +87,7 @@ def test_convergence_is_read_on_each_methods_mean_slope_over_seeds():
     for r in runs[:3]:
         r["slope"] = 0.6
     c = evaluate_claim(Claim("x", "a > b", "s"), runs)
-    assert not c["converged"] and c["verdict"] == "not converged" and c["method_slope"] == pytest.approx(0.6)
+    assert not c["converged"] and c["verdict"] == "not comparable" and c["method_slope"] == pytest.approx(0.6)
 
 
 def test_last_quarter_slope_is_points_per_tenth_of_the_run():
@@ -94,8 +108,8 @@ def tiny_cell(seed, method="fedavg", algorithm="fedavg"):
 def test_cells_are_cached_by_configuration_and_parallel_cells_equal_serial_ones(tmp_path, monkeypatch):
     # Prepare: two cells, run one worker at a time and two at a time into separate caches
     cells = [tiny_cell(0), tiny_cell(1, method="local", algorithm="local")]
-    serial = run_cells(cells, Cache(tmp_path / "serial"), workers=1, log=lambda m: None)
-    parallel = run_cells(cells, Cache(tmp_path / "parallel"), workers=2, log=lambda m: None)
+    serial = run_cells(cells, Cache(tmp_path / "serial", draft=True), workers=1, log=lambda m: None)
+    parallel = run_cells(cells, Cache(tmp_path / "parallel", draft=True), workers=2, log=lambda m: None)
     # Assert: identical numbers, whichever worker ran a cell
     for s, p in zip(serial, parallel, strict=True):
         assert s["key"] == p["key"]
@@ -104,18 +118,18 @@ def test_cells_are_cached_by_configuration_and_parallel_cells_equal_serial_ones(
     assert len(list((tmp_path / "serial").glob("*.json"))) == 2
     # Execute again: everything comes from the cache, nothing runs
     monkeypatch.setattr(runner, "run_cell", lambda *a, **k: pytest.fail("a cached cell ran again"))
-    again = run_cells(cells, Cache(tmp_path / "serial"), workers=2, log=lambda m: None)
+    again = run_cells(cells, Cache(tmp_path / "serial", draft=True), workers=2, log=lambda m: None)
     assert [r["final_accuracy"] for r in again] == [r["final_accuracy"] for r in serial]
     # a relabelled cell with the same configuration reuses the record under its own label
     relabelled = Cell("renamed", "elsewhere", 0, cells[0].config, role="sweep")
-    hit = Cache(tmp_path / "serial").get(relabelled)
+    hit = Cache(tmp_path / "serial", draft=True).get(relabelled)
     assert hit["method"] == "renamed" and hit["role"] == "sweep" and hit["final_accuracy"] == serial[0]["final_accuracy"]
     # two cells that spell one configuration differently run once and share the record
     monkeypatch.undo()
     spelled = Cell("spelled-out", "synthetic", 0, {**cells[0].config, "options": {}})
     assert spelled.key == cells[0].key and spelled != cells[0]
     logs: list[str] = []
-    both = run_cells([cells[0], spelled], Cache(tmp_path / "dedup"), workers=2, log=logs.append)
+    both = run_cells([cells[0], spelled], Cache(tmp_path / "dedup", draft=True), workers=2, log=logs.append)
     assert "1 to run" in logs[0] and len(list((tmp_path / "dedup").glob("*.json"))) == 1
     assert both[0]["final_accuracy"] == both[1]["final_accuracy"] and both[1]["method"] == "spelled-out"
 
@@ -147,9 +161,9 @@ def test_a_missing_metric_is_reported_as_missing_not_raised():
     c = evaluate_claim(Claim("x", "a > b", "s", metric="oracle"), runs)
     before_after = evaluate_claim(Claim("y", "a > a", "s", metric_a="final_accuracy", metric_b="before"), runs)
     # Assert
-    assert c["verdict"] == "metric missing" and not c["holds"] and c["mean_diff"] is None
-    assert "oracle" in c["missing"]
-    assert before_after["verdict"] == "metric missing" and "before" in before_after["missing"]
+    assert c["verdict"] == "not comparable" and not c["holds"] and c["mean_diff"] is None
+    assert "oracle" in c["missing"] and c["reason"].startswith("metric missing")
+    assert before_after["verdict"] == "not comparable" and "before" in before_after["missing"]
 
 
 def test_a_sweep_or_claim_on_a_missing_metric_still_writes_the_report(tmp_path):
@@ -167,7 +181,7 @@ def test_a_sweep_or_claim_on_a_missing_metric_still_writes_the_report(tmp_path):
     page = runner.results_markdown(bench, results)
     # Assert
     verdicts = {c["id"]: c["verdict"] for c in results["claims"]}
-    assert verdicts == {"ok": "holds", "later": "metric missing"}
+    assert verdicts == {"ok": "reproduced", "later": "not comparable"}
     missing, by_accuracy = results["sweeps"]
     assert missing["chosen"] is None and "oracle" in missing["missing"]
     assert by_accuracy["chosen"] == 0.01 and by_accuracy["validation_accuracy"] == pytest.approx([0.7, 0.6])
@@ -248,17 +262,19 @@ def test_prepare_runs_once_before_cells_that_still_have_to_run(tmp_path):
     def make(quick):
         return runner.Benchmark("t", "T", "tiny", cells, prepare=lambda: calls.append(len(list((tmp_path / "cells").glob("*.json")))))
 
-    runner.main(make, ["--out", str(tmp_path), "--workers", "1"])
+    runner.main(make, ["--out", str(tmp_path), "--workers", "1", "--draft"])
     assert calls == [0]  # before the first cell ran
-    runner.main(make, ["--out", str(tmp_path), "--workers", "1"])
+    runner.main(make, ["--out", str(tmp_path), "--workers", "1", "--draft"])
     ran = json.loads((tmp_path / "results.json").read_text())
-    ran["machine"]["before"]["date"], ran["code"] = "the day the cells ran", "abc1234"
+    ran["machine"]["before"]["date"] = "the day the cells ran"
     (tmp_path / "results.json").write_text(json.dumps(ran))
-    runner.main(make, ["--out", str(tmp_path), "--report-only"])
+    runner.main(make, ["--out", str(tmp_path), "--report-only", "--draft"])
     assert calls == [0]  # everything cached: nothing to prepare
     reported = json.loads((tmp_path / "results.json").read_text())
-    # a report rewritten from the cache keeps the machine and code of the run that made the cells
-    assert reported["machine"] == ran["machine"] and reported["code"] == ran["code"]
+    # a report rewritten from the cache keeps the machine of the run that made the cells, and says
+    # which commits its cells come from
+    assert reported["machine"] == ran["machine"]
+    assert reported["provenance"]["commits"] == {ran["runs"][0]["code"]: 1}
 
 
 def test_a_sweep_keeps_the_default_when_the_best_value_is_within_the_noise():
@@ -333,3 +349,167 @@ def test_an_option_added_later_keys_a_cell_only_when_it_changes_the_computation(
     # the method's default (10) is not the old computation: a cell that does not set it is keyed with it
     default = Cell("fedvtc", "s", 0, config)
     assert runner.resolved_run(default)["options"]["proto_rc_weight"] == 10.0 and default.key != plain.key
+
+
+# -- sanity gates (benchmarks/gates.py) ------------------------------------------------------------
+def gated(method, seed, acc, setting="s", algorithm="fedavg", **extra):
+    """A record with what the gates read: per-device class counts and, if given, predictions."""
+    counts = {"d0": [50, 50, 0, 0], "d1": [0, 0, 50, 50]}
+    return {**run(method, seed, acc, setting=setting), "config": {"algorithm": algorithm}, "client_class_counts": counts,
+            "client_accuracy": {"d0": acc, "d1": acc}, **extra}
+
+
+def test_the_bounds_gate_fails_below_a_federated_method_or_a_weak_local_iid():
+    from benchmarks import gates
+
+    runs = [gated("fedavg", s, 0.86 + 0.001 * s) for s in range(3)] + [gated("local", s, 0.95, algorithm="local") for s in range(3)]
+    # the centralized bound 0.80 is 6 points under FedAvg (sd 0.1): beyond the noise; Local (not federated) is not compared
+    failures = gates.bounds_failures({"centralized": [{"final_accuracy": 0.80}], "local_iid": [{"final_accuracy": 0.78}]}, runs)
+    assert len(failures) == 1 and "fedavg in s" in failures[0] and "local in s" not in failures[0]
+    # a bound above every method by more than the noise, but Local-IID under 75 %: fails on that alone
+    failures = gates.bounds_failures({"centralized": [{"final_accuracy": 0.90}], "local_iid": [{"final_accuracy": 0.72}]}, runs)
+    assert len(failures) == 1 and "Local-IID 72.0 %" in failures[0]
+    assert gates.bounds_failures({"centralized": [{"final_accuracy": 0.90}], "local_iid": [{"final_accuracy": 0.80}]}, runs) == []
+
+
+def test_a_collapsed_run_is_listed_and_a_claim_over_it_is_not_comparable():
+    from benchmarks import gates
+
+    # measured: d0 holds two classes but predicts only class 0 (100 of 100 predictions)
+    one = gated("a", 0, 0.6, client_predictions={"d0": [100, 0, 0, 0], "d1": [0, 0, 50, 50]})
+    assert gates.collapsed_devices(one) == (["d0"], "measured")
+    # a device holding one class that predicts it is its data, not a collapse
+    single = gated("a", 0, 0.6, client_class_counts={"d0": [100, 0, 0, 0]}, client_predictions={"d0": [100, 0, 0, 0]})
+    assert gates.collapsed_devices(single) == ([], "measured")
+    # proxy (cells without predictions): a device at what a single-class predictor scores, 1 / classes
+    proxy = gated("a", 0, 0.6, client_accuracy={"d0": 0.26, "d1": 0.6})
+    assert gates.collapsed_devices(proxy) == (["d0"], "proxy")
+    # a run within 5 points of chance
+    assert any("chance" in r for r in gates.run_collapse(gated("a", 0, 0.28)))
+    # Execute: a claim over a collapsed run (seed 1 of b) reads "not comparable", naming it
+    runs = [gated("a", s, 0.9 - 0.01 * s) for s in range(3)] + [gated("b", s, 0.7) for s in range(3)]
+    runs[4]["client_predictions"] = {"d0": [100, 0, 0, 0], "d1": [0, 0, 50, 50]}
+    gate = gates.evaluate({}, runs)
+    assert list(gate["collapsed"]) == ["b|s|1"]
+    c = evaluate_claim(Claim("x", "a > b", "s"), runs, collapsed=gate["collapsed"])
+    assert c["verdict"] == "not comparable" and c["statistic"] == "reproduced" and "b seed 1" in c["reason"]
+    # a failed bounds gate makes every claim not comparable, the numbers alone still shown
+    c = evaluate_claim(Claim("x", "a > b", "s"), runs, gate_failures=["Local-IID 70.0 % is under 75 %"])
+    assert c["verdict"] == "not comparable" and "sanity gates" in c["reason"] and "numbers alone: reproduced" in c["reason"]
+
+
+# -- provenance (benchmarks/provenance.py) ---------------------------------------------------------
+def test_the_cache_is_keyed_by_the_code_hash_and_keeps_pre_provenance_cells_for_reports_only(tmp_path):
+    cell = tiny_cell(0)
+    record = full_run(cell, 0.8, code="abc1234", code_hash="aaaa", draft=False, finished_at="2026-01-01T00:00:00")
+    Cache(tmp_path, code_hash="aaaa").put(cell, record)
+    assert Cache(tmp_path, code_hash="aaaa").get(cell)["final_accuracy"] == 0.8
+    # other code: a run never reuses it; a report finds it (and marks it, below)
+    assert Cache(tmp_path, code_hash="bbbb").get(cell) is None
+    assert Cache(tmp_path, code_hash="bbbb").find(cell)["code_hash"] == "aaaa"
+    # a cell cached before code hashes existed (<key>.json, no code_hash): reports only
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / f"{cell.key}.json").write_text(json.dumps(full_run(cell, 0.7, code="old+dirty")))
+    assert Cache(legacy, code_hash="bbbb").get(cell) is None
+    found = Cache(legacy, code_hash="bbbb").find(cell)
+    assert found["final_accuracy"] == 0.7
+    from benchmarks import provenance
+
+    assert provenance.cell_provenance(found, "bbbb") == provenance.PRE_PROVENANCE
+    assert provenance.cell_provenance(record, "bbbb") == "other code"
+    # a draft is reused only by a draft
+    Cache(tmp_path / "d", code_hash="cccc", draft=True).put(cell, {**record, "draft": True, "code_hash": "cccc"})
+    assert Cache(tmp_path / "d", code_hash="cccc").get(cell) is None
+    assert Cache(tmp_path / "d", code_hash="cccc", draft=True).get(cell) is not None
+
+
+def test_the_code_hash_follows_the_code(tmp_path, monkeypatch):
+    from benchmarks import provenance
+
+    package = tmp_path / "edgefl"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(provenance, "PACKAGE", package)
+    provenance.code_hash.cache_clear()
+    try:
+        first = provenance.code_hash(None)
+        provenance.code_hash.cache_clear()
+        (package / "a.py").write_text("x = 2\n")
+        assert provenance.code_hash(None) != first
+    finally:
+        provenance.code_hash.cache_clear()
+
+
+def test_cells_from_dirty_code_are_refused_unless_a_draft(tmp_path, monkeypatch):
+    from benchmarks import provenance
+
+    monkeypatch.setattr(provenance, "code_version", lambda record_extras=None: "abc1234+dirty")
+    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: pytest.fail("a cell ran from dirty code"))
+    with pytest.raises(runner.DirtyCode, match="--draft"):
+        run_cells([tiny_cell(0)], Cache(tmp_path, code_hash="h"), workers=1, log=lambda m: None)
+    with pytest.raises(SystemExit, match="draft"):
+        runner.main(lambda quick: runner.Benchmark("t", "T", "tiny", [tiny_cell(0)]), ["--out", str(tmp_path), "--workers", "1"])
+
+
+def test_claims_over_cells_older_than_the_declaration_are_marked_and_undeclared_settings_not_counted(tmp_path):
+    cells = [tiny_cell(s, method=m, algorithm=m) for s in range(3) for m in ("fedavg", "local")]
+    bench = runner.Benchmark("t", "T", "tiny", cells, claims=[Claim("ok", "fedavg > local", "synthetic")])
+    records = {c: full_run(c, 0.8 + 0.01 * c.seed if c.method == "fedavg" else 0.5, code="abc1234") for c in cells}
+    # no declared.json: counted as the paper's claim, nothing to mark
+    plain = runner.build_results(bench, records, {}, {}, "cmd", bench_dir=tmp_path)
+    assert plain["claims"][0]["counted"] and "before_declaration" not in plain["claims"][0]
+    # declared, but not committed (and the setting is an alternative): marked, not counted
+    (tmp_path / "declared.json").write_text(json.dumps({"main": ["other"], "alternatives": ["synthetic"]}))
+    results = runner.build_results(bench, records, {}, {}, "cmd", bench_dir=tmp_path)
+    c = results["claims"][0]
+    assert c["declared"] == "alternative" and not c["counted"] and c["before_declaration"]
+    assert c["commits"] == ["abc1234"] and results["provenance"]["commits"] == {"abc1234": 6}
+    page = runner.results_markdown(bench, results)
+    assert "Claims reproduced: 0 of 0" in page and "alternatives (not counted)" in page and "` † |" in page
+
+
+# -- the reviewer's check --------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["felo_velo", "fedvtc", "hierarchyfl", "fedhenn", "feddw", "foundation"])
+def test_every_benchmarks_quick_profile_takes_the_reviewers_cells(name):
+    import importlib
+
+    bench = importlib.import_module(f"benchmarks.{name}").make(True)
+    claim = next(c for c in bench.claims if c.setting in {x.setting for x in bench.cells} and c.parse()[0] != c.parse()[2])
+    a, _, b = claim.parse()
+    cells = runner.reviewer_cells(bench, [a, b], claim.setting, [101, 102, 103])
+    assert [(c.method, c.seed) for c in cells] == [(m, s) for m in (a, b) for s in (101, 102, 103)]
+    template = next(c for c in bench.cells if c.method == a and c.setting == claim.setting)
+    assert cells[0].config == template.config and cells[0].key != template.key  # the same run, another seed
+    with pytest.raises(SystemExit, match="settings"):
+        runner.reviewer_cells(bench, [a], "no-such-setting", [1])
+
+
+@pytest.mark.slow
+def test_the_reviewers_check_runs_chosen_cells_with_new_seeds_into_its_own_folder(tmp_path, capfd, monkeypatch):
+    cells = [tiny_cell(s, method=m, algorithm=m) for s in range(3) for m in ("fedavg", "local")]
+    bench = runner.Benchmark("t", "T", "tiny", cells, claims=[Claim("c", "fedavg > local", "synthetic"),
+                                                              Claim("n", "fedavg ≥ local", "synthetic", kind="not worse")])
+    out = tmp_path / "check"
+    monkeypatch.chdir(tmp_path)  # any directory
+    result = runner.main(lambda quick: bench, ["--cells", "fedavg,local", "--setting", "synthetic", "--seeds", "7,8,9",
+                                               "--out", str(out), "--workers", "2", "--draft"])
+    printed = capfd.readouterr().out
+    # Assert: its own cells with the reviewer's seeds, a verdict per claim, progress per round
+    assert sorted((r["method"], r["seed"]) for r in result["runs"]) == [(m, s) for m in ("fedavg", "local") for s in (7, 8, 9)]
+    assert {c["id"] for c in result["claims"]} == {"c", "n"}
+    assert all(c["verdict"] in runner.VERDICTS + ("not worse", "worse") for c in result["claims"])
+    assert "fedavg > local [synthetic]" in printed and "round 2/2" in printed
+    assert json.loads((out / "check.json").read_text())["seeds"] == [7, 8, 9]
+    assert len(list((out / "cells").glob("*.json"))) == 6
+    assert (out / "tmp").is_dir() and not list((out / "tmp").iterdir())  # run directories lived there, and are gone
+    assert not (runner.BENCHMARKS / "t").exists()
+
+
+def test_a_benchmark_runs_from_any_directory(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(runner.BENCHMARKS / "foundation"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--seeds" in done.stdout

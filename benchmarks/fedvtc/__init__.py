@@ -49,9 +49,50 @@ PAPER_DECODER = {"proto_rc_weight": "0", "psi_bn": "average"}
 #: The row a reader must see: FedVTC ends below Local at Dir(1) (issue 37). What is measured about it
 #: is on the page ("What the claims turn on"): FedVTC's accuracy before its fine-tune against FedProto
 #: after the same rounds of real data, and fedvtc-tc0 (f_k without L_tc).
-LOCAL_NOTE = ("FedVTC ends below Local here; the cause measured so far is in 'What the claims turn on' below (before "
-              "its fine-tune FedVTC is already below FedProto after the same real-data rounds, and training f_k without "
-              "L_tc, fedvtc-tc0, narrows that gap); not fixed")
+LOCAL_NOTE = ("FedVTC ends below Local here: the gap is decomposed per seed, term by term, in 'FedVTC against Local' "
+              "below (the fine-tune, L_tc's cost to f_k, the rest of FedVTC's training against FedProto's, FedProto's "
+              "extra rounds, FedProto against Local); not fixed")
+
+
+def below_local(runs: list[dict]) -> list[str]:
+    """FedVTC − Local per setting, as a sum of measured differences (each paired by seed): the
+    fine-tune (after − before), L_tc's cost to f_k (FedVTC − fedvtc-tc0, both before their
+    fine-tunes), the rest of FedVTC's training against FedProto's after the same rounds
+    (fedvtc-tc0 before − FedProto at round R), FedProto's 𝒯 extra rounds (at R − final) and
+    FedProto − Local. The terms add up to FedVTC − Local exactly."""
+    import statistics
+
+    by = {(r["setting"], r["method"], r["seed"]): r for r in runs if r.get("role") == "grid"}
+    names = ("fine-tune", "L_tc on f_k", "rest of the training vs FedProto's", "FedProto at R − final", "FedProto − Local")
+    lines = ["## FedVTC against Local", "",
+             "FedVTC − Local in points, per seed, as the sum of five measured differences: **fine-tune** (FedVTC after − "
+             "before its synthetic fine-tune), **L_tc on f_k** (FedVTC − fedvtc-tc0, both before their fine-tunes), "
+             "**rest of the training vs FedProto's** (fedvtc-tc0 before its fine-tune − FedProto after the same R rounds), "
+             "**FedProto at R − final** (FedProto's 𝒯 extra rounds, negated) and **FedProto − Local**. Mean over seeds.", "",
+             "| setting | FedVTC − Local | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for setting in dict.fromkeys(k[0] for k in by):
+        rows = []
+        for seed in sorted({k[2] for k in by if k[0] == setting}):
+            v, t0, fp, lo = (by.get((setting, m, seed)) for m in ("fedvtc", "fedvtc-tc0", "fedproto", "local"))
+            if not (v and t0 and fp and lo) or None in (v.get("accuracy_before_finetune"), t0.get("accuracy_before_finetune")):
+                continue
+            rounds = v["resolved_config"]["rounds"]
+            at_r = next((p.get("accuracy") for p in fp["per_round"] if p["round"] == rounds), None)
+            if at_r is None:
+                continue
+            terms = (v["final_accuracy"] - v["accuracy_before_finetune"],
+                     v["accuracy_before_finetune"] - t0["accuracy_before_finetune"],
+                     t0["accuracy_before_finetune"] - at_r, at_r - fp["final_accuracy"],
+                     fp["final_accuracy"] - lo["final_accuracy"])
+            total = v["final_accuracy"] - lo["final_accuracy"]
+            if abs(sum(terms) - total) > 1e-9:
+                raise AssertionError(f"below_local: the terms of {setting} seed {seed} do not add up")
+            rows.append((total, terms))
+        if rows:
+            mean = [statistics.fmean(100 * r[1][i] for r in rows) for i in range(len(names))]
+            lines.append(f"| {setting} | {statistics.fmean(100 * r[0] for r in rows):+.2f} | "
+                         + " | ".join(f"{m:+.2f}" for m in mean) + " |")
+    return lines
 
 
 def extras(run: RunOutput) -> dict[str, Any]:
@@ -206,6 +247,7 @@ def diagnostics(results: dict) -> str:
     notes += later
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
+    lines += [""] + below_local(runs)
     return "\n".join(lines)
 
 
