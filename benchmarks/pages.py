@@ -107,12 +107,15 @@ def provenance_section(bench: Benchmark, results: Mapping[str, Any]) -> list[str
              "Cells by the commit they ran at (`+dirty`: the working tree differed from it): "
              + ", ".join(f"`{k}` ({v})" for k, v in sorted(commits.items(), key=lambda kv: -kv[1])) + ".", ""]
     pre = cells.get(provenance.PRE_PROVENANCE, 0)
+    dirty = sum(v for k, v in commits.items() if provenance.is_dirty(k))
     lines.append(f"Code: the hash of the code a cell runs (the `edgefl` package and the benchmark's module that runs in "
                  f"the cell) is `{results.get('code_hash')}` at `{results.get('code')}`. "
                  + ", ".join(f"{v} cell(s): {k}" for k, v in cells.items()) + ". "
                  + (f"The {pre} pre-provenance cells were cached before the runner keyed cells by the code's hash: they "
-                    "stay usable for this page (their commits above are read from their records, most of them `+dirty`), "
-                    "and a run never reuses them: a regeneration reruns every one of them." if pre else ""))
+                    f"stay usable for this page (their commits above are read from their records, {dirty} of the "
+                    f"{sum(commits.values())} cells at a `+dirty` tree, and those before this page's runner counted results "
+                    "being written as dirt), and a run never reuses them: a regeneration reruns every one of them."
+                    if pre else ""))
     decl = prov.get("declaration")
     lines.append("")
     if decl:
