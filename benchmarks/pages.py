@@ -113,8 +113,9 @@ def provenance_section(bench: Benchmark, results: Mapping[str, Any]) -> list[str
                  + ", ".join(f"{v} cell(s): {k}" for k, v in cells.items()) + ". "
                  + (f"The {pre} pre-provenance cells were cached before the runner keyed cells by the code's hash: they "
                     f"stay usable for this page (their commits above are read from their records, {dirty} of the "
-                    f"{sum(commits.values())} cells at a `+dirty` tree, and those before this page's runner counted results "
-                    "being written as dirt), and a run never reuses them: a regeneration reruns every one of them."
+                    f"{sum(commits.values())} cells at a `+dirty` tree; the runner then counted any change under `benchmarks/`, the "
+                    "cells being written included, as dirty, so there `+dirty` does not tell whether the code differed), "
+                    "and a run never reuses them: a regeneration reruns every one of them."
                     if pre else ""))
     decl = prov.get("declaration")
     lines.append("")
