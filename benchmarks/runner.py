@@ -126,8 +126,12 @@ class Claim:
     kind: str = "paper"
     #: the paper's own number for the claim (its table, dataset and setting), shown beside the verdict
     paper: str = ""
+    #: the earlier spelling of kind="diagnostic" (kept for declarations written before the kinds)
+    diagnostic: bool = False
 
     def __post_init__(self):
+        if self.diagnostic:
+            object.__setattr__(self, "kind", "diagnostic")
         if self.kind not in KINDS:
             raise ValueError(f"claim {self.id}: kind {self.kind!r} is not one of {sorted(KINDS)}")
         op = self.parse()[1]
@@ -415,6 +419,10 @@ def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None
         return None
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
     return slope * 0.1 * total_rounds
+
+
+#: the commit (``+dirty`` where the code differs from it) a measurement runs at: the timing benchmarks' record
+code_version = provenance.code_version
 
 
 class DirtyCode(RuntimeError):
