@@ -344,7 +344,7 @@ def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], w
     completed = sum(len(r["completed"]) for r in train_rounds) or 1
     per_round = []
     for r in rounds:
-        entry: dict[str, Any] = {"round": r["round"] + 1}
+        entry: dict[str, Any] = {"round": r["round"]}  # rounds.jsonl counts from 1
         if "eval" in r:
             entry["accuracy"] = r["eval"]["mean_accuracy"]
             entry["per_tier"] = r["eval"]["tier_accuracy"]

@@ -8,6 +8,7 @@
     ├── WireError                    a message failed decoding or validation (never fatal to a server)
     ├── RunRejectedError             the server refused this device or its request (exit 6)
     ├── ModelFileError               a model file is missing, unreadable or not what it claims to be
+    ├── RunInterrupted               Ctrl-C ended a run after writing its record (exit 130)
     ├── InferenceError               inputs that do not fit an exported model; also a ValueError
     └── TransportError               the broker or a peer could not be reached (exit 1)
         ├── BrokerUnreachableError   no broker answered within the time allowed (exit 4)
@@ -109,6 +110,17 @@ class ModelFileError(EdgeflError):
 
 class InferenceError(EdgeflError, ValueError):
     """Inputs that the model cannot take."""
+
+
+class RunInterrupted(EdgeflError):
+    """Ctrl-C (or SIGTERM) ended a run; what its completed rounds produced is written (exit 130).
+    ``summary`` is the run's summary, marked ``interrupted``."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+    def __init__(self, message: str, summary: dict | None = None):
+        super().__init__(message)
+        self.summary = summary or {}
 
 
 class TransportError(EdgeflError):

@@ -165,7 +165,8 @@ def test_injected_messages_never_crash_displace_or_reach_the_model(tmp_path, pro
     # every injection of a train exchange was refused and counted against d00 in the round's
     # record: six per round, and the replay of d00's earlier update where there was one
     assert attacker.replayed_in, "no update was replayed"
-    assert [r["rejected"].get("d00", 0) for r in records] == [6 + attacker.replayed_in.count(r["round"]) for r in records]
+    # (the attacker saw wire rounds: a training request carries the round's index from 0)
+    assert [r["rejected"].get("d00", 0) for r in records] == [6 + attacker.replayed_in.count(r["round"] - 1) for r in records]
     logs = caplog.text
     for reason in ("nonce", "algorithm 'felo' does not match", "dtype float64", "num_samples: Field required",
                    "train_loss", "nests deeper than the parser", "accuracy", "dtype"):

@@ -81,7 +81,7 @@ def test_checkpoint_resumes_after_the_last_completed_round(tmp_path):
     for k, v in saved.items():
         np.testing.assert_array_equal(fresh.state_dict()[k], v)
     loop.run()
-    assert [r["round"] for r in records] == [1, 2]
+    assert [r["round"] for r in records] == [2, 3]  # rounds from 1: round 1 was done before
 
 
 def test_evaluation_reports_accuracy_per_tier(tmp_path):

@@ -205,22 +205,22 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
         # every round takes >= 1.5 s (device delay), so the SIGKILL below lands mid-run however fast the transport
         devices = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=120.0 if i == 2 else 1.5) for i in range(3)]
         procs = [*devices, server]
-        # a device dies in the middle of round 0 (it is "training" for 120 s), then comes back
-        wait_for(lambda: any(r.kind == "train" and r.round == 0 for r in seen), 240, "round 0 to start")
+        # a device dies in the middle of round 1 (it is "training" for 120 s), then comes back
+        wait_for(lambda: any(r.kind == "train" and r.round == 0 for r in seen), 240, "round 1 to start")  # index 0 on the wire
         time.sleep(1.0)
         devices[2].send_signal(signal.SIGKILL)
         devices[2].wait(10)
         devices[2] = spawn(broker.url, fleet, cfg, 2, tmp_path, profile_file, suffix="-rejoined", delay=1.5)
         procs.append(devices[2])
-        # the broker goes away for a second after round 1
-        wait_for(lambda: len(rounds()) >= 2, 240, "round 1 to complete")
+        # the broker goes away for a second after round 2
+        wait_for(lambda: len(rounds()) >= 2, 240, "round 2 to complete")
         broker.restart(down_seconds=1.0)
-        # the server is SIGKILLed after round 2 and started again with the same checkpoint dir
-        wait_for(lambda: len(rounds()) >= 3, 240, "round 2 to complete")
+        # the server is SIGKILLed after round 3 and started again with the same checkpoint dir
+        wait_for(lambda: len(rounds()) >= 3, 240, "round 3 to complete")
         server.send_signal(signal.SIGKILL)
         server.wait(10)
         # the kill lands wherever the server is by now: what counts is the last checkpoint
-        killed_after = json.loads((ck / "progress.json").read_text())["completed_round"]
+        killed_after = json.loads((ck / "progress.json").read_text())["rounds_completed"]
         server2 = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "server2.log", "wb"))
         procs.append(server2)
         stdout, _ = server2.communicate(timeout=300)
@@ -235,9 +235,9 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     summary = json.loads(stdout.decode().strip().splitlines()[-1])
     records = rounds()
     assert server2.returncode == 0
-    assert 2 <= killed_after < 4, "the server must be killed mid-run for this test to mean anything"
+    assert 3 <= killed_after < 5, "the server must be killed mid-run for this test to mean anything"
     assert summary["resumed_at_round"] == killed_after + 1
-    assert [r["round"] for r in records] == [0, 1, 2, 3, 4]  # every round once, across two server processes
+    assert [r["round"] for r in records] == [1, 2, 3, 4, 5]  # every round once, across two server processes
     first = records[0]
     assert first["completed"] == ["d00", "d01"] and "deadline" in first["failed"]["d02"]
     assert first["round_seconds"] >= 12  # the round closed at the deadline
@@ -248,7 +248,7 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     log = (tmp_path / "d00.log").read_text()
     assert "lost broker" in log and "connected to broker" in log
     round_lines = [line for line in log.splitlines() if line.startswith("[d00] round ") and "| loss " in line]
-    assert {int(line.split()[2]) for line in round_lines} >= {0, 1, 2, 3, 4}
+    assert {int(line.split()[2]) for line in round_lines} >= {1, 2, 3, 4, 5}  # from 1, as the server counts
     assert all(" kB | down " in line and line.endswith(" s") for line in round_lines)
 
 

@@ -104,7 +104,7 @@ def extras(run: RunOutput) -> dict[str, Any]:
     per class), the oracle's verdict on the averaged ψ, and ``device_agreement``, the devices' own
     models on their own ψ_k, both from the closing round (every round with ψ every round)."""
     cfg, rounds = run.config, run.rounds
-    before = next((r["eval"]["mean_accuracy"] for r in rounds if r["round"] == cfg.rounds - 1 and "eval" in r), None)
+    before = next((r["eval"]["mean_accuracy"] for r in rounds if r["round"] == cfg.rounds and "eval" in r), None)
     total = sum(r["bytes_up_total"] + r["bytes_down_total"] for r in rounds) + run.summary["finish_bytes_down"]
     out: dict[str, Any] = {"accuracy_before_finetune": before,
                            "bytes_per_device": total / max(len(run.summary["client_accuracy"]), 1)}

@@ -79,8 +79,8 @@ def run_one(name: str, seed: int) -> dict:
         summary = simulate(cfg, plots=False)
         wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
         rounds = [json.loads(line) for line in (Path(tmp) / "run" / "rounds.jsonl").read_text().splitlines()]
-    last = next(r for r in rounds if r["round"] == cfg.rounds - 1)
-    server = next((r.get("server") or {} for r in rounds if r["round"] == cfg.rounds), {})
+    last = next(r for r in rounds if r["round"] == cfg.rounds)  # the last training round (from 1)
+    server = next((r.get("server") or {} for r in rounds if r["round"] == cfg.rounds + 1), {})  # the closing round
     return {
         "candidate": name, "seed": seed, "settings": CANDIDATES[name],
         "after": summary["mean_accuracy"], "before": last["eval"]["mean_accuracy"],

@@ -87,7 +87,7 @@ def extras(run: RunOutput) -> dict[str, Any]:
         server = r.get("server") or {}
         m = {k.removeprefix("meta_weight_"): v for k, v in server.items() if k.startswith("meta_weight_")}
         if m:
-            meta.append({"round": r["round"] + 1, **m})
+            meta.append({"round": r["round"], **m})
         for k, v in server.items():
             if k.startswith(("distill", "check_", "meta_grad")) and isinstance(v, (int, float)):
                 distill.setdefault(k, []).append(v)

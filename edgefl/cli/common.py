@@ -35,6 +35,16 @@ MODEL_HELP = f"Model family: {listing(MODEL_FAMILIES)} (default: the method's)."
 DATASET_HELP = f"Dataset: {listing(d for d in DATASETS if d != 'imagefolder')}, or imagefolder:DIR."
 
 
+def interrupted(e, as_json: bool) -> None:
+    """Ctrl-C ended a run after its record was written (RunInterrupted): say what it holds, exit 130."""
+    from rich.console import Console
+
+    if as_json:
+        typer.echo(json.dumps(e.summary))
+    Console(stderr=True).print(f"[yellow]interrupted[/] {e}", highlight=False)
+    raise typer.Exit(int(e.exit_code))
+
+
 def read_password(password: str | None, password_file: Path | str | None) -> str | None:
     """The password given, else the first line of ``password_file``; unreadable: exit 3."""
     if password or not password_file:

@@ -80,6 +80,15 @@ def deploy(
         if not tiers:
             raise ConfigError("name the devices: --device ID (repeatable), --tier T with --run, or --run for all")
         targets = sorted(tiers)
+        if not rollback and model is None:
+            # every device of the run that has an exported model (a fleet run's device that sent
+            # no final model has none: said, and left out)
+            folder = onnx_dir or Path(run) / "onnx"
+            missing = [d for d in targets if not (folder / f"{d}.onnx").is_file() and not (folder / f"{d}.int8.onnx").is_file()]
+            if len(missing) < len(targets):
+                for d in missing:
+                    err.print(f"[yellow]skipping[/] {d}: no exported model in {folder} (edgefl export skipped it: no final model)", highlight=False)
+                targets = [d for d in targets if d not in missing]
     messages: dict[str, bytes] = {}
     expect: dict[str, str] = {}
     if rollback:

@@ -53,6 +53,9 @@ def export(
         typer.echo(json.dumps(results))
         return
     for r in results:
+        if r.get("skipped"):
+            err.print(f"[yellow]skipped[/] {r['device_id']}: {r['skipped']}", highlight=False)
+            continue
         who = f"{r['device_id']} " if "device_id" in r else ""
         line = f"[bold green]exported[/] {who}{r['model']} → {r['path']} ({r['size_bytes'] / 1024:.0f} KiB"
         line += f", max |Δ| vs PyTorch {max(map(float, r['parity_max_abs_diff'].values())):.1e}"

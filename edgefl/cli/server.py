@@ -25,6 +25,7 @@ from edgefl.cli.common import (
     ServerOptLr,
     Username,
     check_run_names,
+    interrupted,
     parse_betas,
     parse_pairs,
     read_password,
@@ -46,6 +47,8 @@ def start(
     min_fit: int = typer.Option(None, help="Fewest devices a round trains (default: what --fraction implies)."),
     fraction: float = typer.Option(None, help="Share of devices sampled each round."),
     deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
+    final_deadline: float = typer.Option(None, help="Seconds the final evaluation waits for the devices (default: twice --deadline); who misses it counts with its last per-round evaluation."),
+    test_samples: int = typer.Option(None, help="Test samples each device evaluates at the end (default: its whole test split)."),
     gone_after: float = typer.Option(None, help="Fleet status: seconds without a connection before a device shows as gone (default: the deadline)."),
     max_weight_ratio: float = typer.Option(10.0, min=0.0, help="No device's aggregation weight (num_samples, per-class counts) above this × the fleet's median declared size; 0: off."),
     checkpoint_dir: Path = typer.Option(None, help="Checkpoint after every round; resume from here."),
@@ -114,22 +117,35 @@ def start(
         ca_file=ca_file, cert_file=cert_file, key_file=key_file, gone_after=gone_after,
         max_weight_ratio=max_weight_ratio,
         metrics_port=metrics_port, metrics_host=metrics_host,
+        final_deadline=final_deadline, test_samples=test_samples,
     )
+    from edgefl.errors import ConfigError, RunInterrupted
+
+    if final_deadline is not None and final_deadline <= 0:
+        raise ConfigError(f"--final-deadline must be positive (got {final_deadline:g})")
+    if test_samples is not None and test_samples < 1:
+        raise ConfigError(f"--test-samples must be at least 1 (got {test_samples})")
+    total = cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds
 
     feedback = Feedback(err, rounds=cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds, quiet=as_json)
 
     def on_round(r: dict) -> None:
-        acc = f" acc {100 * r['eval']['mean_accuracy']:.1f}% (device-reported)" if "eval" in r else ""
-        feedback.round_done(f"round {r['round']}: {len(r['completed'])}/{len(r['selected'])} devices{acc}"
+        mean = r["eval"]["mean_accuracy"] if "eval" in r else None
+        acc = f" acc {100 * mean:.1f}% (device-reported)" if mean is not None else (" acc -" if "eval" in r else "")
+        feedback.round_done(f"round {r['round']}/{total}: {len(r['completed'])}/{len(r['selected'])} devices{acc}"
                             + (f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""))
 
     if metrics_port is not None:
         feedback.line(f"metrics: http://{metrics_host}:{metrics_port}/metrics")
-    with feedback:
-        summary = serve(cfg, opts, on_round=on_round, on_progress=feedback.progress_hook)
+    from edgefl.report.recorder import result_text
+
+    try:
+        with feedback:
+            summary = serve(cfg, opts, on_round=on_round, on_progress=feedback.progress_hook, say=feedback.line)
+    except RunInterrupted as e:
+        interrupted(e, as_json)
     if as_json:
         typer.echo(json.dumps(summary))
         return
-    err.print(f"[bold green]done[/] {summary['algorithm']}: mean accuracy {100 * summary['mean_accuracy']:.2f}% "
-              f"over {len(summary['client_accuracy'])} devices in {summary['wall_seconds']:.0f} s")
+    err.print(f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in {summary['wall_seconds']:.0f} s", highlight=False)
     err.print(f"results: {summary['run_dir']}")

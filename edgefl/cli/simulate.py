@@ -18,6 +18,7 @@ from edgefl.cli.common import (
     ServerOptEps,
     ServerOptLr,
     check_run_names,
+    interrupted,
     parse_betas,
     parse_pairs,
     split_list,
@@ -174,9 +175,10 @@ def simulate(
     def on_round(r: dict) -> None:
         """One line per round: what a healthy run looks like at a glance."""
         done = len(r["completed"])
-        line = f"round {r['round'] + 1:>3}/{total}  devices {done}/{len(r['selected'])}"
+        line = f"round {r['round']:>3}/{total}  devices {done}/{len(r['selected'])}"
         if "eval" in r:
-            line += f"  accuracy {100 * r['eval']['mean_accuracy']:5.1f}%"
+            acc = r["eval"]["mean_accuracy"]
+            line += f"  accuracy {100 * acc:5.1f}%" if acc is not None else "  accuracy     -"
         line += f"  up {r['bytes_up_total'] / 1e6:7.3f} MB  down {r['bytes_down_total'] / 1e6:7.3f} MB  {r['round_seconds']:5.1f} s"
         if r["failed"]:
             line += f"  [yellow]failed: {', '.join(sorted(r['failed']))}[/]"
@@ -193,38 +195,48 @@ def simulate(
         raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
     if workers < 0:
         raise ConfigError(f"--workers must be >= 0 (got {workers})")
-    with feedback:
-        if transport == "mqtt":
-            from edgefl.runtime.fleet import simulate_mqtt
 
-            summary = simulate_mqtt(cfg, broker=broker, on_round=on_round, on_progress=feedback.progress_hook, entry=device_entry)
-        else:
-            if workers == 0:
-                from edgefl.runtime.parallel import default_workers
+    def on_event(name: str, info: dict) -> None:
+        if name == "final_evaluation_done" and info.get("failed"):
+            feedback.line(f"final evaluation: {info['answered']} of {info['devices']} devices answered")
 
-                workers = default_workers()
-            summary = run_simulation(cfg, on_round=on_round, workers=workers, backend=backend, ray_address=ray_address,
-                                     on_progress=feedback.progress_hook)
-        if compare_local:
-            from edgefl.report.recorder import attach_reference
-            from edgefl.runtime.reference import local_reference
+    from edgefl.errors import RunInterrupted
 
-            feedback.line("Local reference (the same devices without federation)…")
-            attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, "local", reference_cache))
+    try:
+        with feedback:
+            if transport == "mqtt":
+                from edgefl.runtime.fleet import simulate_mqtt
+
+                summary = simulate_mqtt(cfg, broker=broker, on_round=on_round, on_progress=feedback.progress_hook, entry=device_entry,
+                                        say=feedback.line)
+            else:
+                if workers == 0:
+                    from edgefl.runtime.parallel import default_workers
+
+                    workers = default_workers()
+                summary = run_simulation(cfg, on_round=on_round, workers=workers, backend=backend, ray_address=ray_address,
+                                         on_progress=feedback.progress_hook, on_event=on_event)
+            if compare_local:
+                from edgefl.report.recorder import attach_reference
+                from edgefl.runtime.reference import local_reference
+
+                feedback.line("Local reference (the same devices without federation)…")
+                attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, "local", reference_cache))
+    except RunInterrupted as e:
+        interrupted(e, as_json)
 
     if as_json:
         typer.echo(json.dumps(summary))
         return
-    err.print(
-        f"[bold green]done[/] {summary['algorithm']}: mean accuracy {100 * summary['mean_accuracy']:.2f}% "
-        f"over {len(summary['client_accuracy'])} devices in {summary['wall_seconds']:.0f} s"
-    )
+    from edgefl.report.recorder import result_text
+
+    err.print(f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in {summary['wall_seconds']:.0f} s", highlight=False)
     local = summary.get("local_reference")
     for tier, acc in summary["tier_accuracy"].items():
         ref = local["tier_accuracy"].get(tier) if local else None
         extra = f"   (Local {100 * ref:.2f}%, {100 * (acc - ref):+.2f} points)" if ref is not None else ""
         err.print(f"  tier {tier}: {100 * acc:.2f}%{extra}", highlight=False)
-    if local:
+    if local and summary["mean_accuracy"] is not None:
         err.print(f"Local, same devices without federation: {100 * local['mean_accuracy']:.2f}%; "
                   f"the federation adds [bold]{100 * (summary['mean_accuracy'] - local['mean_accuracy']):+.2f} points[/]", highlight=False)
     err.print(f"results: {summary['run_dir']}")

@@ -3,7 +3,8 @@
     results = export_run("runs/my-run", "onnx/", all_devices=True, quantize="int8")
     results = export_checkpoint("d03.safetensors", "d03.onnx", dataset="fashion-mnist")
 
-For each chosen device: load run_dir/models/<id>.safetensors, export to ONNX with the dataset's
+For each chosen device: load run_dir/models/<id>.safetensors (with ``all_devices``, a device of
+a fleet run that sent no final model is skipped and reported as such), export to ONNX with the dataset's
 class names, check parity on real test samples (batch 1 and 7), measure fp32 accuracy on the
 test split, and with `quantize="int8"` write <name>.int8.onnx calibrated on training samples
 and measure its accuracy on the same test samples (before/after).
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgefl.errors import ConfigError
-from edgefl.export.checkpoint import load_device_model, read_model_file
+from edgefl.export.checkpoint import device_model_path, load_device_model, read_model_file
 from edgefl.export.errors import ModelFileError
 from edgefl.export.onnx_export import DEFAULT_OPSET, DEFAULT_TOLERANCE, export_model
 from edgefl.export.quantize import FORMATS, quantize_int8
@@ -163,6 +164,15 @@ def export_run(
     ``on_progress("export", None, done, total, names=[device])`` before each model and at the end."""
     config, tiers = run_devices(run_dir)
     ids = choose_devices(tiers, device=device, tier=tier, all_devices=all_devices)
+    skipped = []
+    if all_devices:
+        # a fleet run: a device offline at the end sent no final model (its summary names it)
+        skipped = [d for d in ids if not device_model_path(run_dir, d).is_file()]
+        if len(skipped) == len(ids):
+            load_device_model(run_dir, ids[0])  # raises, naming where the models should be
+        for d in skipped:
+            log.warning("skipping %s: the run has no final model of it (%s)", d, device_model_path(run_dir, d))
+        ids = [d for d in ids if d not in skipped]
     data = _Data(config.get("dataset", ""), data_dir or config.get("data_dir"), int(config.get("seed", 0)))
     results = []
     for i, (device_id, path) in enumerate(zip(ids, _out_paths(Path(out), ids), strict=True)):
@@ -179,6 +189,8 @@ def export_run(
         results.append({"device_id": device_id, **export_one(model, path, data, metadata=meta, **options)})
     if on_progress is not None:
         on_progress("export", None, len(ids), len(ids))
+    results += [{"device_id": d, "skipped": f"no final model ({device_model_path(run_dir, d)} is missing: "
+                 "the device did not answer the end of the run)"} for d in skipped]
     return results
 
 

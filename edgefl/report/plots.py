@@ -9,24 +9,35 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: devices and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from edgefl.report.runfiles import read_rounds  # noqa: E402
 
 
-def _accuracy_points(rounds: list[dict], summary: dict) -> tuple[list[int], list[dict], list[float]]:
-    """(x = rounds completed, per-tier accuracies, means): every per-round evaluation, then the
-    final evaluation on the test split after the last round."""
+def _measured(x) -> bool:
+    return isinstance(x, (int, float)) and x == x  # None (not measured) and NaN are not points
+
+
+def _accuracy_points(rounds: list[dict], summary: dict) -> tuple[list[int], list[dict], list[float | None]]:
+    """(x = rounds completed, from 1; per-tier accuracies; means): every per-round evaluation,
+    then the final evaluation on the test split after the last completed round."""
     xs, tiers, means = [], [], []
     for r in rounds:
         if "eval" in r:
-            xs.append(r["round"] + 1)
-            tiers.append(r["eval"]["tier_accuracy"])
-            means.append(r["eval"]["mean_accuracy"])
-    if summary.get("tier_accuracy"):
-        xs.append(summary["rounds"])
+            xs.append(r["round"])
+            tiers.append(r["eval"].get("tier_accuracy") or {})
+            means.append(r["eval"].get("mean_accuracy"))
+    if summary.get("tier_accuracy") and not summary.get("interrupted"):
+        xs.append(summary.get("rounds_completed", summary["rounds"]))
         tiers.append(summary["tier_accuracy"])
-        means.append(summary["mean_accuracy"])
+        means.append(summary.get("mean_accuracy"))
     return xs, tiers, means
+
+
+def _integer_rounds(ax) -> None:
+    """Rounds are whole numbers, from 1: no tick at 0.5 or 1.5."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(left=0.5)
 
 
 def plot_run(run_dir: Path) -> list[Path]:
@@ -40,22 +51,23 @@ def plot_run(run_dir: Path) -> list[Path]:
     if xs:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for tier in sorted({t for e in tiers for t in e}, key=lambda t: (len(t), t)):
-            pts = [(x, e[tier]) for x, e in zip(xs, tiers, strict=True) if e.get(tier) is not None]
+            pts = [(x, e[tier]) for x, e in zip(xs, tiers, strict=True) if _measured(e.get(tier))]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=2.5, lw=1, alpha=0.8, label=f"tier {tier}")
-        ax.plot(xs, means, color="black", lw=2.2, label="mean over devices")
+        pts = [(x, m) for x, m in zip(xs, means, strict=True) if _measured(m)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="black", lw=2.2, label="mean over devices")
         local = summary.get("local_reference")
         if local:
             lx = [p["round"] for p in local.get("accuracy_per_round", [])]
             ly = [p["mean_accuracy"] for p in local.get("accuracy_per_round", [])]
-            if lx:
+            if lx and all(_measured(y) for y in ly):
                 ax.plot(lx, ly, color="grey", ls="--", lw=1.6, label=f"Local, mean (final {100 * local['mean_accuracy']:.1f} %)")
             else:
                 ax.axhline(local["mean_accuracy"], color="grey", ls="--", lw=1.6, label="Local, mean")
         ax.set_title(f"{name}: test accuracy per depth tier", fontsize=10)
-        ax.set_xlabel("round (1 = after the first round)")
+        ax.set_xlabel("round (evaluated after it)")
         ax.set_ylabel("accuracy (fraction of test images correct)")
         ax.set_ylim(0, 1)
-        ax.set_xlim(left=0.5)
+        _integer_rounds(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right", ncol=2)
         fig.tight_layout()
@@ -63,7 +75,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         fig.savefig(out[-1], dpi=120)
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    bx = [r["round"] + 1 for r in rounds]
+    bx = [r["round"] for r in rounds]
     ax.plot(bx, [r["bytes_up_total"] / 1e6 for r in rounds], marker="o", ms=2.5, label="uplink (devices → server)")
     ax.plot(bx, [r["bytes_down_total"] / 1e6 for r in rounds], marker="o", ms=2.5, label="downlink (server → devices)")
     noted = _explain_alternation(ax, fig, rounds, bx)
@@ -71,7 +83,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     ax.set_xlabel("round")
     ax.set_ylabel("MB per round (10⁶ bytes)")
     ax.set_ylim(bottom=0)
-    ax.set_xlim(left=0.5)
+    _integer_rounds(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout(rect=(0, 0.04, 1, 1) if noted else None)

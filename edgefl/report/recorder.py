@@ -40,18 +40,50 @@ class RunRecorder:
         (self.run_dir / "summary.md").write_text(summary_markdown(summary))
 
 
+def result_text(s: dict[str, Any]) -> str:
+    """The run's result in one line, never "nan": what was measured, and how."""
+    acc, devices = s.get("mean_accuracy"), len(s.get("client_accuracy") or {})
+    ended = f"interrupted after round {s.get('rounds_completed', 0)} of {s['rounds']}: " if s.get("interrupted") else ""
+    if acc is None or acc != acc:
+        return ended + "no accuracy measured (no device answered an evaluation)"
+    text = f"{ended}mean accuracy {100 * acc:.2f}% over {devices} device{'s' if devices != 1 else ''}"
+    late = s.get("accuracy_from_round") or {}
+    if late and s.get("interrupted"):
+        text += " (each device's last per-round evaluation)"
+    elif late:
+        text += " (" + ", ".join(f"{d} from its round-{r} evaluation" for d, r in sorted(late.items())) + ": no answer to the final one)"
+    if s.get("unmeasured"):
+        text += f"; never measured: {', '.join(s['unmeasured'])}"
+    return text
+
+
 def summary_markdown(s: dict[str, Any]) -> str:
     local = s.get("local_reference")
+    acc = s.get("mean_accuracy")
+    measured = acc is not None and acc == acc
+    late = s.get("accuracy_from_round") or {}
     lines = [
         f"# {s['algorithm']} on {s.get('dataset', '?')}",
         "",
-        f"- rounds: {s['rounds']}, devices: {len(s.get('client_accuracy', {}))}, wall time: {s['wall_seconds']:.1f} s",
-        f"- mean test accuracy over devices: **{100 * s['mean_accuracy']:.2f}%**",
     ]
-    if local:
+    if s.get("interrupted"):
+        lines += [f"**Interrupted** (Ctrl-C) after round {s.get('rounds_completed', 0)} of {s['rounds']}: "
+                  "this record holds what the completed rounds produced.", ""]
+    lines += [
+        f"- rounds: {s.get('rounds_completed', s['rounds'])} of {s['rounds']}, devices: {len(s.get('client_accuracy', {}))}, "
+        f"wall time: {s['wall_seconds']:.1f} s",
+        f"- mean test accuracy over devices: **{100 * acc:.2f}%**" if measured else
+        "- mean test accuracy over devices: not measured (no device answered an evaluation)",
+    ]
+    if late:
+        lines.append("- measured by the final evaluation except (their last per-round evaluation, marked *): "
+                     + ", ".join(f"{d} (round {r})" for d, r in sorted(late.items())))
+    if s.get("unmeasured"):
+        lines.append(f"- never measured (no evaluation answered): {', '.join(s['unmeasured'])}")
+    if local and measured:
         lines.append(
             f"- Local (the same devices, data and budget, no federation): {100 * local['mean_accuracy']:.2f}%; "
-            f"the federation adds **{100 * (s['mean_accuracy'] - local['mean_accuracy']):+.2f} points**"
+            f"the federation adds **{100 * (acc - local['mean_accuracy']):+.2f} points**"
         )
     lines += [
         f"- bytes per round: up {_mean(s['bytes_up_per_round']):,.0f}, down {_mean(s['bytes_down_per_round']):,.0f} (mean)",
@@ -66,6 +98,11 @@ def summary_markdown(s: dict[str, Any]) -> str:
             ref = local["tier_accuracy"].get(tier)
             row += " — | — |" if ref is None else f" {100 * ref:.2f} | {100 * (acc - ref):+.2f} |"
         lines.append(row)
+    if late or s.get("interrupted"):
+        lines += ["", "| device | accuracy (%) | measured |", "|---|---|---|"]
+        for d, a in sorted((s.get("client_accuracy") or {}).items()):
+            how = f"round {late[d]} *" if d in late else "final evaluation"
+            lines.append(f"| {d} | {100 * a:.2f} | {how} |")
     return "\n".join(lines) + "\n"
 
 
@@ -93,9 +130,17 @@ def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], t
         "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
         "finish_bytes_down": final["finish_bytes_down"],  # the final downlink to every device
         "finish_failed": final["finish_failed"],  # devices that did not take it, and why
+        # how the result was measured: "server-final" (every device answered the final evaluation),
+        # "mixed" or "last-round" (devices that did not: their last per-round evaluation, by round)
+        "measured_by": final.get("measured_by", "server-final"),
+        "accuracy_from_round": final.get("accuracy_from_round", {}),
+        "unmeasured": final.get("unmeasured", []),
+        "final_eval_failed": final.get("eval_failed", {}),
+        "rounds_completed": final.get("rounds_completed", cfg.rounds),
+        "interrupted": bool(final.get("interrupted", False)),
         "failed_per_round": [len(r["failed"]) for r in rounds],
         "accuracy_per_round": [
-            {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r
+            {"round": r["round"], "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r
         ],
         # ε per device at the end (a run with differential privacy: its last round's ledger)
         **({"privacy": rounds[-1]["privacy"]} if rounds and "privacy" in rounds[-1] else {}),

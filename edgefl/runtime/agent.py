@@ -19,9 +19,10 @@ from edgefl.algorithms.base import DeviceHalf
 from edgefl.algorithms.training import evaluate
 from edgefl.data import ArrayDataset
 from edgefl.errors import WireError
-from edgefl.runtime.loop import UNCHANGED
+from edgefl.runtime.loop import MAX_SAMPLES, MODEL_PREFIX, SEND_MODEL, UNCHANGED
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, decode, encode
 from edgefl.wire.schema import MAX_ABS_METRIC, check_arrays
+from edgefl.wire.tensors import state_to_arrays
 from edgefl.wire.validate import peek
 
 log = logging.getLogger(__name__)
@@ -143,24 +144,36 @@ class DeviceAgent:
                 _check_finite(up)
                 return env.reply("update", up, algorithm=self.algorithm)
             if env.kind == "evaluate":
-                if env.payload.arrays or set(env.payload.meta) - {"split"}:
-                    self.half.receive(env.round, env.payload)
+                meta = dict(env.payload.meta)
+                split = str(meta.pop("split", "test"))
+                limit = meta.pop(MAX_SAMPLES, None)
+                if env.payload.arrays or meta:
+                    self.half.receive(env.round, Payload(env.payload.arrays, meta))
                 self.absorbed_eval_round = env.round
-                split = str(env.payload.meta.get("split", "test"))
-                return env.reply("metrics", Payload({}, self.evaluate(split)), algorithm=self.algorithm)
+                return env.reply("metrics", Payload({}, self.evaluate(split, limit)), algorithm=self.algorithm)
             self.absorbed_eval_round = None
+            meta = dict(env.payload.meta)
+            send_model = bool(meta.pop(SEND_MODEL, False))
             with seeded_torch(self.half.ctx, env.round):
-                self.half.finish(env.round, env.payload)
-            return env.reply("done", algorithm=self.algorithm)
+                self.half.finish(env.round, Payload(env.payload.arrays, meta))
+            # asked for: the final model goes back with the reply (checked by the server against its spec)
+            up = Payload(state_to_arrays(self.half.model.state_dict(), MODEL_PREFIX) if send_model else {}, {})
+            return env.reply("done", up, algorithm=self.algorithm)
         except Exception as e:  # MemoryError and torch's OutOfMemoryError included: answer, keep serving
             log.exception("device %s failed on %s for round %d", self.device_id, env.kind, env.round)
             return self._error(env, f"{type(e).__name__}: {e}")
 
-    def evaluate(self, split: str) -> dict[str, float]:
+    def evaluate(self, split: str, limit: int | None = None) -> dict[str, float]:
+        """Accuracy (and loss) on the ``split`` evaluation set, on its first ``limit`` samples if given."""
         data = self.eval_sets.get(split)
         if data is None:
             raise WireError(f"device {self.device_id} has no {split!r} data to evaluate on")
-        key = (model_fingerprint(self.half.model), split) if self.eval_cache is not None else None
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise WireError(f"{MAX_SAMPLES} must be a positive integer, got {limit!r}")
+            if limit < len(data):
+                data = data.subset(np.arange(limit))
+        key = (model_fingerprint(self.half.model), split, limit) if self.eval_cache is not None else None
         if key is not None and key in self.eval_cache:
             return dict(self.eval_cache[key])
         metrics = evaluate(self.half.model, data)

@@ -301,15 +301,18 @@ class DeviceRuntime:
         except WireError:
             return
         meta = answer.meta
+        # rounds from 1, as the server shows them: a training request carries the index from 0,
+        # an evaluation the number of rounds completed before it (the one after round 1 is "r1")
+        shown = request.round + 1 if request.kind == "train" else request.round
         if answer.kind == "metrics" and "accuracy" in meta:
-            self.last_accuracy = (request.round, float(meta["accuracy"]))
+            self.last_accuracy = (shown, float(meta["accuracy"]))
         elif answer.kind == "error":
-            self.say(f"round {request.round}: {request.kind} failed: {meta.get('reason', '?')}")
+            self.say(f"round {shown}: {request.kind} failed: {meta.get('reason', '?')}")
         elif answer.kind == "update":
             loss = meta.get("train_loss")
             acc = "acc -" if self.last_accuracy is None else f"acc {100 * self.last_accuracy[1]:.1f}% (eval r{self.last_accuracy[0]})"
             self.say(
-                f"round {request.round} | tier {answer.tier or '-'} | loss {'-' if loss is None else format(float(loss), '.4f')} | "
+                f"round {shown} | tier {answer.tier or '-'} | loss {'-' if loss is None else format(float(loss), '.4f')} | "
                 f"{acc} | up {_kb(len(up))} | down {_kb(len(down))} | {seconds:.2f} s"
             )
 

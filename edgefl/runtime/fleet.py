@@ -28,7 +28,6 @@ from typing import Any
 
 from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
-from edgefl.export.checkpoint import device_model_path
 from edgefl.runtime.processes import has_fork_server, preloaded_context
 from edgefl.runtime.server import ServeOptions, serve
 from edgefl.runtime.setup import DataSpec, device_ids, run_dir_for, run_tiers
@@ -178,6 +177,7 @@ def simulate_mqtt(
     on_progress: Callable[..., None] | None = None,
     verbose: bool = False,
     entry: Callable[[], None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``cfg``'s run with a broker, this process as the server and one process per device
     (forked from a fork server into ``entry``, the CLI's entry point, or exec'd without one:
@@ -205,19 +205,19 @@ def simulate_mqtt(
                 cmd = device_command(
                     broker, fleet, device_id, data_spec_for(cfg, i), tier=tiers[i % len(tiers)],
                     profile_file=profile_file, threads=threads, verbose=verbose,
-                    save_model=device_model_path(run_dir, device_id),
                 )
                 procs.append(launcher.start(cmd, log_dir / f"{device_id}.log"))
             opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline, wait_for_devices=max(120.0, 20.0 * cfg.clients))
             full = cfg.model_copy(update={"min_devices": cfg.clients})
-            summary = serve(full, opts, on_round=on_round, on_progress=on_progress)
+            # the devices send their final models to the server, which writes run_dir/models (edgefl.runtime.ending)
+            summary = serve(full, opts, on_round=on_round, on_progress=on_progress, say=say)
             summary["broker"] = "embedded amqtt" if embedded else broker
             summary["device_processes"] = len(procs)
             return summary
         finally:
             for p in procs:
                 try:
-                    p.wait(timeout=60)  # devices save their final models after the run is over
+                    p.wait(timeout=60)  # devices leave once the run is over
                 except subprocess.TimeoutExpired:
                     p.terminate()
                     p.wait(timeout=10)

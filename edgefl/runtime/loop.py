@@ -2,7 +2,19 @@
 
     for each round: select devices → send downlinks → collect uplinks until all arrived or the
     deadline → aggregate what arrived → evaluate (every ``eval_every`` rounds) → record → checkpoint
-    then: send every device its final downlink (``finish``) → evaluate on the full test split.
+    then: send every device its final downlink (``finish``; with ``collect_models`` the device
+    answers with its final model) → evaluate on the test split under the final deadline.
+
+Rounds are numbered from 1 wherever a person reads them (records, logs, status, plots); the
+methods and the wire keep the round index from 0 (a training request for round 1 carries index
+0), and an evaluation request carries the number of rounds completed before it.
+
+The final result never lacks a number it could have: a device that misses the final evaluation
+(or is offline then) is counted with its last per-round evaluation, marked as such
+(``accuracy_from_round``, ``measured_by``). Devices whose Last Will said offline are neither
+selected nor asked (``available``) until they register again. Ctrl-C (KeyboardInterrupt) between
+or during rounds ends the run with the rounds completed (``final["interrupted"]``; with
+``finish_on_interrupt`` the devices still get the finish exchange, and send their models).
 
 It knows nothing of MQTT or of any particular method: it talks to a :class:`Transport` in
 envelopes (a wire transport encodes them: :class:`~edgefl.transport.base.Encoded`) and to a
@@ -26,14 +38,20 @@ import safetensors.numpy
 from edgefl.algorithms.base import ServerContext, ServerHalf
 from edgefl.errors import EdgeflError
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, bound_uplinks
+from edgefl.runtime.interrupt import second_interrupt_exits
 from edgefl.transport.base import Transport
 from edgefl.wire import Envelope, Payload, new_nonce
-from edgefl.wire.schema import Expectation
+from edgefl.wire.schema import ArraySpec, Expectation
 from edgefl.wire.validate import check_reply
 
 log = logging.getLogger(__name__)
 #: Downlink metadata meaning "the payload you absorbed at this round's evaluation, unchanged".
 UNCHANGED = "unchanged_since"
+#: Finish metadata asking the device to answer with its final model (arrays under MODEL_PREFIX).
+SEND_MODEL = "send_model"
+MODEL_PREFIX = "model/"
+#: Evaluation metadata: evaluate on at most this many samples of the split.
+MAX_SAMPLES = "max_samples"
 #: Uplink metadata the round record keeps under its own keys, not in ``device_metrics``.
 _RECORDED_APART = frozenset({"train_loss", "train_seconds", "num_samples"})
 
@@ -57,6 +75,10 @@ class LoopSettings:
     algorithm: str = ""
     run_id: str = field(default_factory=lambda: new_nonce()[:12])  # replies from another run are refused
     timeout: float | None = None  # per-round deadline in seconds (None: wait for every device)
+    final_timeout: float | None = None  # the final evaluation's deadline (None: the round deadline)
+    final_samples: int | None = None  # test samples each device evaluates at the end (None: its whole split)
+    finish_on_interrupt: bool = False  # Ctrl-C: still send the finish exchange (a fleet: devices send their models)
+    interrupt_timeout: float | None = 30.0  # that finish exchange's deadline
     eval_every: int = 1
     eval_split: str = "quick"  # per-round evaluation split; the final one uses "test"
     checkpoint_dir: Path | None = None
@@ -75,9 +97,22 @@ class RoundLoop:
         on_round: Callable[[dict[str, Any]], None] | None = None,
         before_round: Callable[[int], None] | None = None,
         on_progress: Callable[..., None] | None = None,
+        available: Callable[[str], bool] | None = None,
+        collect_models: Callable[[str], Mapping[str, ArraySpec]] | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
     ):
         self.server, self.ctx, self.transport, self.settings = server, ctx, transport, settings
         self.on_round = on_round or (lambda record: None)
+        # whether a device may be asked (a real fleet: not while its Last Will says offline)
+        self.available = available or (lambda device_id: True)
+        # device → the arrays its final model must have: the finish exchange asks for it
+        self.collect_models = collect_models
+        # "final_evaluation" (before it: devices, deadline, samples) and "final_evaluation_done"
+        self.on_event = on_event or (lambda name, info: None)
+        self.final_models: dict[str, dict[str, np.ndarray]] = {}  # device → its final model's arrays
+        self.last_eval: dict[str, tuple[int, float]] = {}  # device → (round, accuracy) of its last evaluation
+        self.rounds_completed = 0
+        self._skipped: frozenset[str] = frozenset()
         # called before each round and before the closing exchanges: a deployment's server
         # adds devices that registered meanwhile to ctx.fleet here (never during an exchange)
         self.before_round = before_round or (lambda round: None)
@@ -93,7 +128,8 @@ class RoundLoop:
         self._holds_downlink: dict[str, int] = {}
 
     # -- one exchange ---------------------------------------------------------------------------
-    def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str, stage: str | None = None) -> Exchange:
+    def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str, stage: str | None = None,
+                 timeout: float | None = None) -> Exchange:
         out = Exchange()
         messages, wants = {}, {}
         for device_id, payload in payloads.items():
@@ -109,10 +145,14 @@ class RoundLoop:
                 run=self.settings.run_id,
                 nonce=new_nonce(),
             )
+            arrays = None
+            if expect == "update":
+                arrays = self.server.expected_uplink(device_id)
+            elif expect == "done" and payload.meta.get(SEND_MODEL) and self.collect_models is not None:
+                arrays = self.collect_models(device_id)
             wants[device_id] = Expectation(
                 kind, round, device_id, env.fleet, env.tier, env.run, env.nonce, env.algorithm,
-                arrays=self.server.expected_uplink(device_id) if expect == "update" else None,
-                max_samples=record.num_samples or None,
+                arrays=arrays, max_samples=record.num_samples or None,
             )
             messages[device_id] = env
 
@@ -127,7 +167,7 @@ class RoundLoop:
         shown = None if stage in ("finish", "final") else self.ctx.round + 1
         answered: set[str] = set()
         self.on_progress(stage, shown, 0, len(messages))
-        deliveries = self.transport.request(messages, timeout=self.settings.timeout, accept=accept)
+        deliveries = self.transport.request(messages, timeout=self.settings.timeout if timeout is None else timeout, accept=accept)
         for device_id in payloads:
             d = deliveries.get(device_id)
             out.bytes_down[device_id] = d.bytes_down if d is not None else 0
@@ -144,38 +184,83 @@ class RoundLoop:
                 out.failed[device_id] = str(reply.payload.meta.get("reason", "device error"))
             else:
                 out.replies[device_id] = reply
+        counted = round + 1 if kind == "train" else round  # from 1, as the records count
         for device_id, reason in out.failed.items():
-            log.warning("round %d: device %s failed: %s", round, device_id, reason)
+            log.warning("round %d: device %s failed its %s: %s", counted, device_id, kind, reason)
         return out
 
+    def reachable(self, device_ids: list[str], round: int) -> list[str]:
+        """The devices that may be asked now; says once when devices drop out or come back."""
+        ok = [d for d in device_ids if self.available(d)]
+        skipped = frozenset(device_ids) - frozenset(ok)
+        if skipped != self._skipped:
+            if skipped - self._skipped:
+                log.warning("round %d: not asking %s (offline: its Last Will; asked again once it registers)",
+                            round, ", ".join(sorted(skipped - self._skipped)))
+            if self._skipped - skipped:
+                log.info("round %d: %s is back", round, ", ".join(sorted(self._skipped - skipped)))
+            self._skipped = skipped
+        return ok
+
     # -- evaluation -----------------------------------------------------------------------------
-    def evaluate(self, round: int, split: str, with_downlink: bool, stage: str = "evaluate") -> dict[str, Any]:
+    def evaluate(self, round: int, split: str, with_downlink: bool, stage: str = "evaluate", *, timeout: float | None = None,
+                 max_samples: int | None = None) -> dict[str, Any]:
+        """Evaluate the reachable devices after ``round`` rounds. A device that does not answer
+        is in ``eval_failed``; ``mean_accuracy`` is None when none answered (never NaN)."""
         payloads = {}
-        for device_id in sorted(self.ctx.fleet):
+        asked = self.reachable(sorted(self.ctx.fleet), round)
+        for device_id in asked:
             p = self.server.downlink(round, device_id) if with_downlink else Payload()
-            payloads[device_id] = Payload(p.arrays, {**p.meta, "split": split})
-        ex = self.exchange("evaluate", round, payloads, expect="metrics", stage=stage)
+            meta = {**p.meta, "split": split}
+            if max_samples is not None:
+                meta[MAX_SAMPLES] = int(max_samples)
+            payloads[device_id] = Payload(p.arrays, meta)
+        ex = self.exchange("evaluate", round, payloads, expect="metrics", stage=stage, timeout=timeout)
         if with_downlink:
             self._holds_downlink.update(dict.fromkeys(ex.replies, round))
         acc = {d: float(r.payload.meta["accuracy"]) for d, r in ex.replies.items()}
+        failed = dict(ex.failed)
+        for d in sorted(set(self.ctx.fleet) - set(asked)):
+            failed[d] = "not asked: offline (its Last Will)"
+        return {
+            "split": split,
+            "mean_accuracy": mean(acc.values()) if acc else None,
+            "tier_accuracy": self._by_tier(acc),
+            "client_accuracy": acc,
+            "eval_failed": failed,
+            "bytes_down": ex.bytes_down,
+            "bytes_up": ex.bytes_up,
+        }
+
+    def _by_tier(self, acc: Mapping[str, float]) -> dict[str, float]:
         by_tier: dict[str, list[float]] = {}
         for d, a in acc.items():
             by_tier.setdefault(self.ctx.fleet[d].spec.tier, []).append(a)
+        return {t: mean(v) for t, v in by_tier.items()}
+
+    def standing_result(self, measured: Mapping[str, float]) -> dict[str, Any]:
+        """The run's result: ``measured`` (device → accuracy at the end) and, for every other
+        device of the fleet, its last per-round evaluation, marked in ``accuracy_from_round``."""
+        acc = dict(measured)
+        from_round = {}
+        for d in sorted(self.ctx.fleet):
+            if d not in acc and d in self.last_eval:
+                from_round[d], acc[d] = self.last_eval[d]
+        measured_by = "server-final" if not from_round else ("last-round" if not measured else "mixed")
         return {
-            "split": split,
-            "mean_accuracy": mean(acc.values()) if acc else float("nan"),
-            "tier_accuracy": {t: mean(v) for t, v in by_tier.items()},
+            "mean_accuracy": mean(acc.values()) if acc else None,
+            "tier_accuracy": self._by_tier(acc),
             "client_accuracy": acc,
-            "eval_failed": ex.failed,
-            "bytes_down": ex.bytes_down,
-            "bytes_up": ex.bytes_up,
+            "accuracy_from_round": from_round,
+            "measured_by": measured_by if acc else "none",
+            "unmeasured": sorted(set(self.ctx.fleet) - set(acc)),
         }
 
     # -- the loop -------------------------------------------------------------------------------
     def run_round(self, round: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.ctx.round = round
-        selected = self.server.select(round, sorted(self.ctx.fleet), self.ctx.rng(round))
+        selected = self.server.select(round, self.reachable(sorted(self.ctx.fleet), round + 1), self.ctx.rng(round))
         payloads = {
             d: Payload({}, {UNCHANGED: round}) if self._holds_downlink.get(d) == round else self.server.downlink(round, d)
             for d in selected
@@ -193,7 +278,7 @@ class RoundLoop:
         t2 = time.perf_counter()
         metas = {d: r.payload.meta for d, r in ex.replies.items()}
         record: dict[str, Any] = {
-            "round": round,
+            "round": round + 1,  # from 1, as people count (the methods' index is round)
             "phase": "train" if round < self.settings.rounds else "closing",
             "selected": selected,
             "completed": sorted(ex.replies),
@@ -225,6 +310,8 @@ class RoundLoop:
         stands_for_final = round == self.total_rounds - 1 and not self.ctx.finish_trains
         if training and not stands_for_final and self.settings.eval_every > 0 and (round + 1) % self.settings.eval_every == 0:
             record["eval"] = self.evaluate(round + 1, self.settings.eval_split, with_downlink=True)
+            for d, a in record["eval"]["client_accuracy"].items():
+                self.last_eval[d] = (round + 1, a)
             # the evaluation's downlinks and replies are traffic of this round too
             for key in ("bytes_down", "bytes_up"):
                 extra = record["eval"].pop(key)
@@ -234,22 +321,72 @@ class RoundLoop:
         return record
 
     def run(self) -> dict[str, Any]:
+        """All rounds, the finish exchange and the final evaluation; returns the final result.
+        On Ctrl-C: the result of the rounds completed, with ``interrupted`` true (a second
+        Ctrl-C while it is put together exits at once)."""
         t0 = time.perf_counter()
+        self.rounds_completed = self.start_round
+        self._finished = False
+        try:
+            return self._run(t0)
+        except KeyboardInterrupt:
+            with second_interrupt_exits():
+                return self._interrupted(t0)
+
+    def _run(self, t0: float) -> dict[str, Any]:
         for round in range(self.start_round, self.total_rounds):
             self.before_round(round)
             record = self.run_round(round)
             self._checkpoint(round)
+            self.rounds_completed = round + 1
             self.on_round(record)
         end = self.total_rounds
         self.before_round(end)
         self.ctx.round = end
-        payloads = {d: self.server.downlink(end, d) for d in sorted(self.ctx.fleet)}
-        finished = self.exchange("finish", end, payloads, expect="done")
-        final = self.evaluate(end, "test", with_downlink=False, stage="final")
-        final.pop("bytes_down"), final.pop("bytes_up")
+        finished = self._finish(end, self.settings.timeout)
+        self._finished = True
+        final_timeout = self.settings.final_timeout if self.settings.final_timeout is not None else self.settings.timeout
+        asked = self.reachable(sorted(self.ctx.fleet), end)
+        self.on_event("final_evaluation", {"devices": len(asked), "deadline": final_timeout, "samples": self.settings.final_samples})
+        t1 = time.perf_counter()
+        measured = self.evaluate(end, "test", with_downlink=False, stage="final", timeout=final_timeout,
+                                 max_samples=self.settings.final_samples)
+        final = self.standing_result(measured["client_accuracy"])
+        final.update(split="test", eval_failed=measured["eval_failed"], final_answered=len(measured["client_accuracy"]),
+                     final_evaluation_seconds=time.perf_counter() - t1)
+        self.on_event("final_evaluation_done", {"answered": len(measured["client_accuracy"]), "devices": len(asked),
+                                                "failed": sorted(measured["eval_failed"])})
         final["finish_failed"] = finished.failed
         final["finish_bytes_down"] = sum(finished.bytes_down.values())
+        final["rounds_completed"] = self.rounds_completed
+        final["interrupted"] = False
         final["wall_seconds"] = time.perf_counter() - t0
+        return final
+
+    def _finish(self, end: int, timeout: float | None) -> Exchange:
+        """The finish exchange with the reachable devices (with ``collect_models``: each answers
+        with its final model, checked against the arrays its model must have)."""
+        payloads = {}
+        for d in self.reachable(sorted(self.ctx.fleet), end):
+            p = self.server.downlink(end, d)
+            payloads[d] = Payload(p.arrays, {**p.meta, SEND_MODEL: True}) if self.collect_models is not None else p
+        finished = self.exchange("finish", end, payloads, expect="done", timeout=timeout)
+        for d, reply in finished.replies.items():
+            if reply.payload.arrays:
+                self.final_models[d] = {k[len(MODEL_PREFIX):]: v for k, v in reply.payload.arrays.items()}
+        return finished
+
+    def _interrupted(self, t0: float) -> dict[str, Any]:
+        done = self.rounds_completed
+        log.warning("interrupted after %d of %d rounds; writing what they produced (Ctrl-C again exits at once)", done, self.total_rounds)
+        final = self.standing_result({})
+        final.update(split=None, eval_failed={}, final_answered=0, finish_failed={}, finish_bytes_down=0)
+        if self.settings.finish_on_interrupt and done > 0 and not self._finished:
+            # the run ends with the rounds completed: devices take the final downlink (and send their models)
+            self.ctx.round = done
+            finished = self._finish(done, self.settings.interrupt_timeout)
+            final.update(finish_failed=finished.failed, finish_bytes_down=sum(finished.bytes_down.values()))
+        final.update(rounds_completed=done, interrupted=True, wall_seconds=time.perf_counter() - t0)
         return final
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -260,15 +397,18 @@ class RoundLoop:
         d.mkdir(parents=True, exist_ok=True)
         arrays = {k: np.require(v, requirements="C") for k, v in self.server.state_dict().items()}
         tmp = d / "server.safetensors.tmp"
-        safetensors.numpy.save_file(arrays, tmp, metadata={"round": str(round)})
+        safetensors.numpy.save_file(arrays, tmp, metadata={"rounds_completed": str(round + 1)})
         tmp.replace(d / "server.safetensors")  # atomic: a crash never leaves half a checkpoint
-        (d / "progress.json").write_text(json.dumps({"completed_round": round}))
+        (d / "progress.json").write_text(json.dumps({"rounds_completed": round + 1}))
 
     def _resume(self) -> int:
+        """Rounds already completed by an earlier server (its checkpoint); 0 without one."""
         d = self.settings.checkpoint_dir
         if d is None or not (d / "progress.json").exists():
             return 0
-        done = int(json.loads((d / "progress.json").read_text())["completed_round"])
+        progress = json.loads((d / "progress.json").read_text())
+        # "completed_round" (the index from 0 of the last round) is what earlier versions wrote
+        done = int(progress["rounds_completed"]) if "rounds_completed" in progress else int(progress["completed_round"]) + 1
         self.server.load_state_dict(safetensors.numpy.load_file(d / "server.safetensors"))
         log.info("resuming after round %d from %s", done, d)
-        return done + 1
+        return done

@@ -45,7 +45,7 @@ def local_reference(cfg: RunConfig, method: str, cache_dir: Path | None = None) 
         summary = simulate(reference_cfg, plots=False)
         rounds = read_rounds(Path(tmp) / "reference")
     per_round = [
-        {"round": r["round"] + 1, "mean_accuracy": r["eval"]["mean_accuracy"], "tier_accuracy": r["eval"]["tier_accuracy"]}
+        {"round": r["round"], "mean_accuracy": r["eval"]["mean_accuracy"], "tier_accuracy": r["eval"]["tier_accuracy"]}
         for r in rounds if "eval" in r
     ]
     per_round.append({"round": cfg.rounds, "mean_accuracy": summary["mean_accuracy"], "tier_accuracy": summary["tier_accuracy"]})

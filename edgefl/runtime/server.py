@@ -23,6 +23,7 @@ the new server epoch and keep their models when the assignment is unchanged).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -35,11 +36,20 @@ from typing import Any
 from edgefl.algorithms import DeviceRecord, ServerHalf
 from edgefl.config import RunConfig
 from edgefl.data import dataset_info
-from edgefl.errors import ConfigError, EdgeflError, RunRejectedError, TransportError, WireError
+from edgefl.errors import (
+    ConfigError,
+    EdgeflError,
+    RunInterrupted,
+    RunRejectedError,
+    TransportError,
+    WireError,
+)
 from edgefl.models import ModelSpec
 from edgefl.report import RunRecorder
-from edgefl.report.recorder import finish_run, run_summary
+from edgefl.report.recorder import finish_run, result_text, run_summary
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, label_summary
+from edgefl.runtime.ending import Availability, FinalProgress, ModelArrays, save_final_models
+from edgefl.runtime.interrupt import second_interrupt_exits
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.setup import (
     build_server,
@@ -78,10 +88,17 @@ class ServeOptions:
     cert_file: str | None = None
     key_file: str | None = None
     gone_after: float | None = None  # fleet status: seconds without a connection before a device is "gone" (None: deadline)
+    final_deadline: float | None = None  # seconds the final evaluation waits (None: twice the deadline)
+    test_samples: int | None = None  # test samples each device evaluates at the end (None: its whole test split)
     memory_fraction: float = 0.5  # tier policy: share of a device's available memory training may use
     max_weight_ratio: float = DEFAULT_WEIGHT_RATIO  # no device weighs more than this × the median declared size (0: off)
     metrics_port: int | None = None  # serve the fleet status as Prometheus metrics on this port (edgefl.report.metrics)
     metrics_host: str = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
 
 
 class Registry:
@@ -227,10 +244,14 @@ def serve(
     on_started: Callable[[MqttServerTransport], None] | None = None,
     on_done: Callable[[ServerHalf], None] | None = None,
     on_progress: Callable[..., None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a federated job over MQTT; returns the same summary as ``simulate``. ``on_progress``
     follows the registration ("register": ready devices of ``min_devices``, with their names)
-    and each exchange (:class:`~edgefl.runtime.loop.RoundLoop`)."""
+    and each exchange (:class:`~edgefl.runtime.loop.RoundLoop`); ``say`` gets the final
+    evaluation's lines (default: the log). Ctrl-C ends the run with the rounds completed: the
+    record is written, marked interrupted, and RunInterrupted raised."""
+    say = say or log.info
     t_start = time.perf_counter()
     method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     server_optimizer(cfg, method)  # a server optimizer the method cannot take: refused before devices wait
@@ -252,11 +273,13 @@ def serve(
     status.epoch = transport.epoch
     status.waiting(0, cfg.min_devices)
     status.connection = lambda device_id: transport.status.get(device_id, "unknown")
+    available = Availability(transport.status, transport.status_at)
 
     def on_register(device_id: str, data: bytes) -> bytes | None:
         answer = registry.handle(device_id, data)
         spec = registry.assigned.get(device_id)
         if answer is not None and spec is not None:
+            available.registered(device_id)
             status.registered(device_id, spec.tier, spec.name, registry.profiles.get(device_id, {}))
             status.waiting(len(registry.ready), cfg.min_devices)
         return answer
@@ -278,6 +301,7 @@ def serve(
         on_started(transport)
     log.info("server %s of fleet %s is up on %s; waiting for %d devices", transport.epoch, opts.fleet, address, cfg.min_devices)
     ended = "stopped"  # what the retained server status says when this process leaves
+    progress = FinalProgress(status, say)
     try:
         registry.wait_ready(cfg.min_devices, opts.wait_for_devices, on_progress)
         fleet: dict[str, DeviceRecord] = {}
@@ -290,6 +314,10 @@ def serve(
             algorithm=cfg.algorithm,
             run_id=transport.epoch,  # devices learn it at registration; replies must echo it
             timeout=opts.deadline,
+            final_timeout=opts.final_deadline if opts.final_deadline is not None else 2 * opts.deadline,
+            final_samples=opts.test_samples,
+            finish_on_interrupt=True,
+            interrupt_timeout=min(opts.deadline, 30.0),
             eval_every=cfg.eval_every,
             checkpoint_dir=opts.checkpoint_dir,
             stop_when_all_fail=False,  # a real fleet can be all offline for a round
@@ -321,34 +349,54 @@ def serve(
             if on_round:
                 on_round(r)
 
-        loop = RoundLoop(server, ctx, Encoded(ObservedTransport(transport, status), limits), settings, on_round=record, before_round=lambda r: registry.apply(ctx.fleet), on_progress=on_progress)
+        loop = RoundLoop(server, ctx, Encoded(ObservedTransport(transport, status), limits), settings, on_round=record,
+                         before_round=lambda r: registry.apply(ctx.fleet), on_progress=on_progress, available=available,
+                         collect_models=ModelArrays(lambda d: ctx.fleet[d].spec), on_event=progress.on_event)
         if loop.start_round:
-            log.info("resuming at round %d from %s", loop.start_round, opts.checkpoint_dir)
-        recorder.write_config(
-            {
+            log.info("resuming after round %d from %s", loop.start_round, opts.checkpoint_dir)
+
+        def write_config() -> None:  # again at the end: devices that joined mid-run are in the fleet too
+            recorder.write_config({
                 **cfg.model_dump(mode="json"),
                 "transport": "mqtt",
                 "broker": str(address),
                 "fleet_name": opts.fleet,
                 "deadline": opts.deadline,
-                "resumed_at_round": loop.start_round,
-                "fleet": {d: {"spec": r.spec.to_dict(), "num_samples": r.num_samples, "profile": r.profile} for d, r in fleet.items()},
-            }
-        )
+                "final_deadline": settings.final_timeout,
+                "resumed_at_round": loop.start_round + 1 if loop.start_round else 0,  # from 1; 0: not resumed
+                "fleet": {d: {"spec": r.spec.to_dict(), "num_samples": r.num_samples, "profile": r.profile} for d, r in ctx.fleet.items()},
+            })
+
+        write_config()
         final = loop.run()
-        transport.announce_end()
-        summary = run_summary(
-            cfg, final, rounds, {d: r.spec.tier for d, r in ctx.fleet.items()},
-            transport="mqtt", resumed_at_round=loop.start_round, registrations_rejected=registry.rejected,
-            wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
-        )
-        finish_run(recorder, label_summary(summary))
-        status.finished(final, result_of(summary))
-        ended = "finished"
+        with second_interrupt_exits() if final["interrupted"] else _nothing():
+            transport.announce_end()
+            write_config()
+            saved = save_final_models(run_dir, loop.final_models, {d: r.spec for d, r in ctx.fleet.items()}, cfg.dataset)
+            missing = sorted(set(ctx.fleet) - set(saved))
+            if missing:
+                say(f"no final model from {', '.join(missing)} (offline or past the deadline at the end): "
+                    f"{'they are' if len(missing) > 1 else 'it is'} left out of {run_dir / 'models'}")
+            summary = run_summary(
+                cfg, final, rounds, {d: r.spec.tier for d, r in ctx.fleet.items()},
+                transport="mqtt", resumed_at_round=loop.start_round + 1 if loop.start_round else 0, registrations_rejected=registry.rejected,
+                models_saved=saved, models_missing=missing,
+                wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
+            )
+            finish_run(recorder, label_summary(summary))
+            ended = "interrupted" if final["interrupted"] else "finished"
+            status.finished(None if final["interrupted"] else final, result_of(summary), phase=ended)
+        if final["interrupted"]:
+            raise RunInterrupted(f"{result_text(summary)}; the record is in {run_dir}", summary)
         if on_done:
             on_done(server)
         return summary
+    except KeyboardInterrupt:  # before the first round (or while the record was written)
+        ended = "interrupted"
+        status.finished(None, phase="interrupted")
+        raise
     finally:
+        progress.close()
         if metrics is not None:
             metrics.shutdown()
             metrics.server_close()

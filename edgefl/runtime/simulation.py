@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -11,12 +12,13 @@ import torch
 
 from edgefl.algorithms import DeviceRecord, ServerHalf
 from edgefl.config import RunConfig
-from edgefl.errors import ConfigError
+from edgefl.errors import ConfigError, RunInterrupted
 from edgefl.export.checkpoint import save_device_models
 from edgefl.report import RunRecorder
-from edgefl.report.recorder import finish_run, run_summary
+from edgefl.report.recorder import finish_run, result_text, run_summary
 from edgefl.runtime.agent import DeviceAgent
 from edgefl.runtime.claims import label_summary
+from edgefl.runtime.interrupt import second_interrupt_exits
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.setup import (  # noqa: F401  (re-exported: the library's older import path)
     assemble,
@@ -44,6 +46,7 @@ def simulate(
     backend: str = "processes",
     ray_address: str | None = None,
     on_progress: Callable[..., None] | None = None,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and (``plots``) plots to the
     run dir. ``on_done`` is given the server half when the run is over (as ``serve`` does).
@@ -52,7 +55,12 @@ def simulate(
     each with ``cfg.threads`` torch threads (default: the cores shared out); ``backend="ray"`` in
     that many Ray actors (:mod:`edgefl.runtime.ray_pool`; ``ray_address`` joins an existing
     cluster). The results are those of the sequential run at the same threads per device.
-    ``on_progress`` follows each exchange (:class:`~edgefl.runtime.loop.RoundLoop`)."""
+    ``on_progress`` follows each exchange, ``on_event`` hears of the final evaluation
+    (:class:`~edgefl.runtime.loop.RoundLoop`).
+
+    Ctrl-C ends the run with the rounds completed: rounds.jsonl, the summary (each device's last
+    per-round evaluation, marked interrupted), the plots and the models as they are are written,
+    then :class:`~edgefl.errors.RunInterrupted` is raised."""
     t_start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -83,12 +91,12 @@ def simulate(
             transport.connect(d, agent.handle)
         samples = {d: len(h.ctx.train_data) for d, h in halves.items()}
     try:
-        return _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start, on_progress)
+        return _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start, on_progress, on_event)
     finally:
         transport.close()
 
 
-def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start, on_progress=None) -> dict[str, Any]:
+def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start, on_progress=None, on_event=None) -> dict[str, Any]:
     specs, test = run.specs, run.data.evals["test"]
     fleet = {d: DeviceRecord(spec=specs[d], num_samples=samples[d]) for d in run.ids}
 
@@ -123,18 +131,32 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
         LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=cfg.eval_every, timeout=cfg.timeout),
         on_round=record,
         on_progress=on_progress,
+        on_event=on_event,
     )
     final = loop.run()
-    # Each device's final model, for `edgefl export` (safetensors with the spec in its metadata).
-    if halves:
-        save_device_models(run_dir, {d: h.model for d, h in halves.items()}, specs=specs, dataset=cfg.dataset)
-    else:
-        transport.wire.save_models(run_dir)
-    summary = run_summary(
-        cfg, final, rounds, {d: s.tier for d, s in specs.items()},
-        test_samples=len(test), wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
-    )
-    finish_run(recorder, label_summary(summary), plots=plots)
+    with second_interrupt_exits() if final["interrupted"] else _nothing():
+        # Each device's final model, for `edgefl export` (safetensors with the spec in its metadata).
+        try:
+            if halves:
+                save_device_models(run_dir, {d: h.model for d, h in halves.items()}, specs=specs, dataset=cfg.dataset)
+            else:
+                transport.wire.save_models(run_dir)
+        except Exception as e:  # noqa: BLE001 - interrupted, worker processes may be gone with Ctrl-C
+            if not final["interrupted"]:
+                raise
+            log.warning("the models of the interrupted run could not be saved: %s", e)
+        summary = run_summary(
+            cfg, final, rounds, {d: s.tier for d, s in specs.items()},
+            test_samples=len(test), wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
+        )
+        finish_run(recorder, label_summary(summary), plots=plots)
+    if final["interrupted"]:
+        raise RunInterrupted(f"{result_text(summary)}; the record is in {run_dir}", summary)
     if on_done:
         on_done(server)
     return summary
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield

@@ -81,8 +81,10 @@ def check_reply(reply: Envelope, want: Expectation) -> None:
     for name, got, expected in fields:
         if got != expected:
             raise WireError(f"reply {name} {str(got)[:64]!r} does not match the request's {str(expected)[:64]!r}")
-    if reply.kind != "update" and reply.payload.arrays:
-        raise WireError(f"a {reply.kind!r} reply carries {len(reply.payload.arrays)} arrays; only updates carry any")
+    # arrays travel in updates, and in a finish reply when the request asked for the final model
+    model_reply = reply.kind == "done" and want.kind == "finish" and want.arrays is not None
+    if reply.kind != "update" and reply.payload.arrays and not model_reply:
+        raise WireError(f"a {reply.kind!r} reply carries {len(reply.payload.arrays)} arrays; only updates (and asked-for final models) carry any")
     if reply.kind == "error":
         return
     if reply.tier != want.tier:
@@ -90,6 +92,8 @@ def check_reply(reply: Envelope, want: Expectation) -> None:
     expect = REPLY_KINDS.get(want.kind)
     if reply.kind != expect:
         raise WireError(f"a {reply.kind!r} reply to a {want.kind!r} request (expected {expect!r})")
+    if model_reply and reply.payload.arrays:  # a device that keeps its model answers without it
+        check_arrays(reply.payload.arrays, want.arrays, "final model")
     if reply.kind == "update":
         check_arrays(reply.payload.arrays, want.arrays, "uplink")
         n = reply.payload.meta["num_samples"]  # present: the update schema requires it
