@@ -6,7 +6,7 @@ Parametrized over the method registry (as torchvision's model tests are), on tin
 - memory ≡ MQTT: the same seed gives the same server state and device models (within 1e-6) in
   memory and over the embedded broker, with the device side built by the device process's own
   code (``DeviceRuntime``: registration, assignment, the run assembly), one torch thread each;
-- checkpoint → resume: a run interrupted after round 0 and resumed from its checkpoint by a new
+- checkpoint → resume: a run interrupted after round 1 and resumed from its checkpoint by a new
   server ends in the same state as an uninterrupted run;
 - a malformed downlink (wrong shape, wrong dtype, NaN, missing key, an undeclared array, wrong
   algorithm; a real downlink of round 1, so that what a method only sends once the server holds
