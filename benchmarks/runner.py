@@ -255,6 +255,8 @@ for _method in ("felo", "velo"):  # the classifier trained on the server's class
 ADDED_SETTINGS: dict[str, Any] = {
     # the server optimizer (issue 39): plain averaging
     "server_opt": "fedavg", "server_opt_lr": None, "server_opt_betas": [0.9, 0.99], "server_opt_eps": 1e-3,
+    # asynchronous buffered aggregation (issue 39): rounds
+    "aggregation": "sync", "buffer": None,
 }
 
 

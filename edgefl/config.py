@@ -73,12 +73,21 @@ class RunConfig(BaseModel):
     server_opt_lr: float | None = None
     server_opt_betas: tuple[float, float] = (0.9, 0.99)
     server_opt_eps: float = 1e-3
+    # rounds ("sync") or asynchronous buffered aggregation (FedBuff; edgefl.runtime.buffered): the
+    # server aggregates every `buffer` arrivals (None: min(10, clients)); in memory only
+    aggregation: Literal["sync", "async"] = "sync"
+    buffer: int | None = None
 
     # run
     seed: int = 0
     out_dir: str = "runs"
     run_name: str | None = None
     threads: int | None = None
+
+    @property
+    def buffer_size(self) -> int | None:
+        """Updates per asynchronous aggregation; None for rounds."""
+        return (self.buffer or min(10, self.clients)) if self.aggregation == "async" else None
 
     @field_validator("alpha")
     @classmethod
@@ -108,7 +117,7 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be > 0 (got {v})")
         return v
 
-    @field_validator("steps", "train_samples", "test_samples", "validation_samples", "feature_dim", "threads", "timeout", "min_fit", "server_opt_lr")
+    @field_validator("steps", "train_samples", "test_samples", "validation_samples", "feature_dim", "threads", "timeout", "min_fit", "server_opt_lr", "buffer")
     @classmethod
     def _optional_positive(cls, v, info):
         if v is not None and v <= 0:
@@ -142,6 +151,10 @@ class RunConfig(BaseModel):
             raise ValueError(f"min_devices ({self.min_devices}) exceeds clients ({self.clients})")
         if self.min_fit is not None and self.min_fit > self.clients:
             raise ValueError(f"min_fit ({self.min_fit}) exceeds clients ({self.clients})")
+        if self.buffer is not None and self.aggregation != "async":
+            raise ValueError("buffer is the size of an asynchronous aggregation: give aggregation=async too")
+        if self.buffer is not None and self.buffer > self.clients:
+            raise ValueError(f"buffer ({self.buffer}) exceeds clients ({self.clients}): it would never fill")
         return self
 
 

@@ -280,6 +280,10 @@ class MethodNeeds:
     #: architecture) and hands the average to its ``server_opt`` step: only then may a run choose
     #: a server optimizer other than plain averaging (``--server-opt``).
     averages_weights: bool = False
+    #: Whether the method can run asynchronously (``--aggregation async``, FedBuff): the server
+    #: folds whatever arrives whenever it arrives, and an uplink's weights are the downlink's
+    #: arrays updated (same names), which the round loop rebases onto the newest model.
+    asynchronous: bool = False
 
     def __post_init__(self):
         if not 0 <= self.public_share < 1:

@@ -94,6 +94,6 @@ register(
         server=GlobalModelServer,
         options=Defences,
         defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(averages_weights=True),
+        needs=MethodNeeds(averages_weights=True, asynchronous=True),
     )
 )

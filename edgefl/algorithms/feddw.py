@@ -265,7 +265,7 @@ register(
         server=FedDWServer,
         options=FedDWOptions,
         defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(averages_weights=True),
+        needs=MethodNeeds(averages_weights=True, asynchronous=True),
     )
 )
 
@@ -277,6 +277,6 @@ register(
         server=FedDWServer,
         options=FedProxDWOptions,
         defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(averages_weights=True),
+        needs=MethodNeeds(averages_weights=True, asynchronous=True),
     )
 )

@@ -46,6 +46,6 @@ register(
         server=GlobalModelServer,
         options=FedProxOptions,
         defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(averages_weights=True),
+        needs=MethodNeeds(averages_weights=True, asynchronous=True),
     )
 )

@@ -37,6 +37,7 @@ import safetensors.numpy
 
 from edgefl.algorithms.base import ServerContext, ServerHalf
 from edgefl.errors import EdgeflError
+from edgefl.runtime.buffered import BufferedRounds
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, bound_uplinks
 from edgefl.runtime.interrupt import second_interrupt_exits
 from edgefl.transport.base import Transport
@@ -84,6 +85,7 @@ class LoopSettings:
     checkpoint_dir: Path | None = None
     stop_when_all_fail: bool = True  # a round where every device failed is a bug in a simulation
     weight_ratio: float = DEFAULT_WEIGHT_RATIO  # device-supplied weights ≤ this × median declared size (0: off)
+    buffer: int | None = None  # asynchronous: aggregate every this many arrivals (runtime/buffered.py); None: rounds
 
 
 class RoundLoop:
@@ -126,6 +128,7 @@ class RoundLoop:
         # its train downlink for that round would repeat it byte for byte (a downlink is a function
         # of the server state and the round, and evaluation changes neither), so it is not re-sent
         self._holds_downlink: dict[str, int] = {}
+        self.buffered = BufferedRounds(settings.buffer) if settings.buffer else None
 
     # -- one exchange ---------------------------------------------------------------------------
     def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str, stage: str | None = None,
@@ -260,20 +263,24 @@ class RoundLoop:
     def run_round(self, round: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.ctx.round = round
-        selected = self.server.select(round, self.reachable(sorted(self.ctx.fleet), round + 1), self.ctx.rng(round))
-        payloads = {
-            d: Payload({}, {UNCHANGED: round}) if self._holds_downlink.get(d) == round else self.server.downlink(round, d)
-            for d in selected
-        }
-        for d in selected:
-            self._holds_downlink.pop(d, None)  # it trains now: its model is no longer the downlink's
-        ex = self.exchange("train", round, payloads, expect="update")
+        if self.buffered is not None:  # asynchronous: this round is the next `buffer` arrivals
+            ex, payloads = Exchange(), {}
+            selected, fresh, buffered = self.buffered.collect(self, round, ex)
+        else:
+            selected = self.server.select(round, self.reachable(sorted(self.ctx.fleet), round + 1), self.ctx.rng(round))
+            payloads = {
+                d: Payload({}, {UNCHANGED: round}) if self._holds_downlink.get(d) == round else self.server.downlink(round, d)
+                for d in selected
+            }
+            for d in selected:
+                self._holds_downlink.pop(d, None)  # it trains now: its model is no longer the downlink's
+            ex = self.exchange("train", round, payloads, expect="update")
+            fresh, buffered = {d: r.payload for d, r in ex.replies.items()}, None
         if selected and not ex.replies and self.settings.stop_when_all_fail:
             first = next(iter(ex.failed.values()), "unknown")
             raise EdgeflError(f"round {round}: all {len(selected)} devices failed (first: {first})")
         t1 = time.perf_counter()
-        uplinks, clipped = bound_uplinks(round, {d: r.payload for d, r in ex.replies.items()}, self.ctx.fleet,
-                                         self.settings.weight_ratio, self.server.count_arrays)
+        uplinks, clipped = bound_uplinks(round, fresh, self.ctx.fleet, self.settings.weight_ratio, self.server.count_arrays)
         server_metrics = self.server.aggregate(round, uplinks)
         t2 = time.perf_counter()
         metas = {d: r.payload.meta for d, r in ex.replies.items()}
@@ -303,6 +310,8 @@ class RoundLoop:
             "server": server_metrics,
             **self.server.round_report(),  # e.g. the privacy ledger: ε per device so far
         }
+        if buffered is not None:
+            record["buffered"] = buffered  # simulated clock, staleness per update, updates in flight
         # Training rounds are evaluated every eval_every rounds, except the run's last one, whose
         # evaluation is the final one (after the finish exchange), unless the finish trains.
         # Closing rounds train nothing: never evaluated.

@@ -255,6 +255,8 @@ def serve(
     t_start = time.perf_counter()
     method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     server_optimizer(cfg, method)  # a server optimizer the method cannot take: refused before devices wait
+    if cfg.aggregation == "async":
+        raise ConfigError("--aggregation async runs in memory only for now (edgefl simulate); over MQTT the rounds are synchronous")
     info = dataset_info(cfg.dataset)
     public = server_public(cfg, method)  # carved exactly as every device carves it
 

@@ -446,16 +446,20 @@ def server_optimizer(cfg: RunConfig, method: Method) -> ServerOptSettings:
     return settings
 
 
-def weight_methods() -> list[str]:
-    """The registered methods whose server averages weights with their default options."""
+def registered_methods() -> list[tuple[str, MethodNeeds]]:
+    """Every registered method with its declared needs at its default options."""
     from edgefl.algorithms import algorithm_names, get_algorithm
 
     out = []
     for name in algorithm_names():
         algorithm = get_algorithm(name)
-        if algorithm.needs_for(algorithm.parse_options({})).averages_weights:
-            out.append(name)
+        out.append((name, algorithm.needs_for(algorithm.parse_options({}))))
     return out
+
+
+def weight_methods() -> list[str]:
+    """The registered methods whose server averages weights with their default options."""
+    return [name for name, needs in registered_methods() if needs.averages_weights]
 
 
 @dataclass
@@ -496,6 +500,10 @@ def assemble(cfg: RunConfig) -> RunAssembly:
     """``cfg``'s whole run: the method, the data and its partition, each device's model spec."""
     method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     server_optimizer(cfg, method)  # refused before any data are loaded
+    if cfg.aggregation == "async" and not method.needs.asynchronous:
+        able = [m for m in registered_methods() if m[1].asynchronous]
+        raise ConfigError(f"--aggregation async: {method.name} cannot aggregate updates as they arrive "
+                          f"(methods that can: {', '.join(name for name, _ in able)})")
     fleet_file = None
     if cfg.fleet_file:  # device profiles whose tiers the tier policy chooses
         from edgefl.profiling import read_fleet

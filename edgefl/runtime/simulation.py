@@ -64,6 +64,8 @@ def simulate(
     t_start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.aggregation == "async" and (workers > 1 or backend != "processes"):
+        raise ConfigError("--aggregation async runs its devices one at a time in this process: leave --workers at 1 and --backend at processes")
     run = assemble(cfg)
     quick, test = run.data.evals["quick"], run.data.evals["test"]
     halves = {}
@@ -128,7 +130,8 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
         server,
         server_ctx,
         transport,
-        LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=cfg.eval_every, timeout=cfg.timeout),
+        LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=cfg.eval_every, timeout=cfg.timeout,
+                     buffer=cfg.buffer_size),
         on_round=record,
         on_progress=on_progress,
         on_event=on_event,
