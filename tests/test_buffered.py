@@ -80,6 +80,8 @@ def test_what_cannot_run_asynchronously_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="cannot aggregate updates as they arrive"):
         assemble(tiny_config(tmp_path, algorithm="fedproto", aggregation="async"))
+    with pytest.raises(ConfigError, match="with --dp central is not supported"):  # the ledger counts synchronous rounds
+        assemble(tiny_config(tmp_path, aggregation="async", options={"dp": "central", "dp_noise_multiplier": "1.0"}))
     with pytest.raises(ConfigError, match="leave --workers at 1"):
         simulate(tiny_config(tmp_path, aggregation="async"), workers=2)
     with pytest.raises(ConfigError, match="in memory only"):

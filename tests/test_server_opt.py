@@ -147,6 +147,16 @@ def test_a_method_without_averaged_weights_refuses_a_server_optimizer(tmp_path):
         assemble(tiny_config(tmp_path, algorithm="felo", server_opt="fedadam", options={"average_weights": "false"}))
 
 
+def test_central_privacy_refuses_a_server_optimizer_and_local_privacy_takes_one(tmp_path):
+    from edgefl.runtime.setup import assemble
+
+    dp = {"dp_noise_multiplier": "1.0"}
+    with pytest.raises(ConfigError, match="with --dp central is not supported"):  # noise calibrated for the plain average
+        assemble(tiny_config(tmp_path, server_opt="fedadam", options={"dp": "central", **dp}))
+    run = assemble(tiny_config(tmp_path, server_opt="fedadam", options={"dp": "local", **dp}))
+    assert run.method.privacy.mode == "local"
+
+
 def test_cli_flags_reach_the_run(tmp_path):
     from typer.testing import CliRunner
 

@@ -443,6 +443,11 @@ def server_optimizer(cfg: RunConfig, method: Method) -> ServerOptSettings:
             "so there is nothing for a server optimizer to step (methods that do: "
             f"{', '.join(weight_methods())})"
         )
+    if not settings.averages_only and method.privacy.mode == "central":
+        # the server's noise is calibrated to the clipped average's sensitivity and added to the
+        # model after the method's aggregation: after a server optimizer's step that bound is not it
+        raise ConfigError(f"--server-opt {cfg.server_opt} with --dp central is not supported: the noise is calibrated "
+                          "for the plain average; use --dp local, or --server-opt fedavg")
     return settings
 
 
@@ -504,6 +509,9 @@ def assemble(cfg: RunConfig) -> RunAssembly:
         able = [m for m in registered_methods() if m[1].asynchronous]
         raise ConfigError(f"--aggregation async: {method.name} cannot aggregate updates as they arrive "
                           f"(methods that can: {', '.join(name for name, _ in able)})")
+    if cfg.aggregation == "async" and method.privacy.mode == "central":
+        raise ConfigError("--aggregation async with --dp central is not supported: the server's privacy ledger "
+                          "and budget check work per synchronous round; use --dp local")
     fleet_file = None
     if cfg.fleet_file:  # device profiles whose tiers the tier policy chooses
         from edgefl.profiling import read_fleet
