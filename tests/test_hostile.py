@@ -162,19 +162,56 @@ def wait_until(predicate, timeout=30.0):
     return True
 
 
-def test_a_retained_uplink_published_before_the_server_starts_is_ignored(tmp_path, caplog):
+def need_mosquitto():
     import os
 
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
-    from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
-    from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport, Topics
+    from edgefl.transport.broker import mosquitto_binary
 
     if mosquitto_binary() is None:
         if os.environ.get("CI") == "true":
             pytest.fail("mosquitto is not installed (CI must install it)")
         pytest.skip("mosquitto is not installed")
+
+
+def test_deep_messages_over_the_broker_are_refused_counted_and_the_server_keeps_serving(tmp_path):
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edgefl.transport.broker import MosquittoBroker
+    from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport, Topics
+
+    need_mosquitto()
+    topics, reg = Topics("default"), registry(tmp_path)
+    with MosquittoBroker(port=0, workdir=tmp_path / "mosq") as broker:
+        server = MqttServerTransport(BrokerAddress.parse(f"mqtt://127.0.0.1:{broker.port}"), "default", on_register=reg.handle).start()
+        answers = []
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="d0", protocol=mqtt.MQTTv5)
+        c.on_message = lambda cl, u, m: answers.append(decode(m.payload).kind)
+        c.connect("127.0.0.1", broker.port)
+        c.loop_start()
+        try:
+            c.subscribe(topics.device("d0", "down"), qos=1)
+            deep = b"[" * (4 * 1024 * 1024 - 16)
+            c.publish(topics.device("d0", "up"), struct.pack("<Q", len(deep)) + deep, qos=1).wait_for_publish(30)
+            c.publish(topics.device("d0", "register"), register(profile="[" * 16000), qos=1).wait_for_publish(30)
+            assert wait_until(lambda: server.stats.rejected.get("d0") == 1 and reg.rejected == 1)
+            c.publish(topics.device("d0", "register"), register(ready=True, num_samples=100, incarnation="a"), qos=1)
+            assert wait_until(lambda: answers == ["assign"])  # it keeps serving
+        finally:
+            c.loop_stop()
+            c.disconnect()
+            server.close()
+    assert reg.ready["d0"].num_samples == 100
+
+
+def test_a_retained_uplink_published_before_the_server_starts_is_ignored(tmp_path, caplog):
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edgefl.transport.broker import MosquittoBroker
+    from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport, Topics
+
+    need_mosquitto()
     topics = Topics("lab")
     with MosquittoBroker(port=0, workdir=tmp_path / "mosq") as broker:
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mallory", protocol=mqtt.MQTTv5)
