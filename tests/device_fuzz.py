@@ -54,7 +54,8 @@ class Tally:
     outcomes: Counter = field(default_factory=Counter)  # (kind, outcome) → count
     operators: Counter = field(default_factory=Counter)  # (kind, operator, outcome) → count
     problems: list[str] = field(default_factory=list)
-    worst: dict[str, dict[str, float]] = field(default_factory=dict)  # kind → worst seconds per byte and its case
+    # kind → the worst seconds per byte and the slowest case, each re-timed best of 5
+    worst: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def count(self, outcome: str) -> int:
         return sum(n for (_, o), n in self.outcomes.items() if o == outcome)
@@ -80,11 +81,16 @@ class Receivers:
         self.max_bytes = 1 << 20
         self.chunk_settings = ChunkSettings(threshold=64, chunk_size=1000, max_chunk_size=4096, max_partial_bytes=64 * 1024)
 
-    def register(self, data: bytes) -> Any:
+    # each receiver's known state is set up by its prepare_*, outside the timed check
+
+    def prepare_register(self) -> None:
         reg = self.registry
         reg.ready.clear(), reg.assigned.clear(), reg.profiles.clear(), reg.incarnations.clear()
         reg.handle("d0", encode(Envelope("register", 0, "d0", payload=Payload({}, {
             "profile": json.dumps(PROFILE), "ready": True, "num_samples": 500, "incarnation": "base"}))))
+
+    def register(self, data: bytes) -> Any:
+        reg = self.registry
         before = reg.rejected
         answer = reg.handle("d0", data)
         if reg.rejected > before:
@@ -98,19 +104,23 @@ class Receivers:
         check_reply(env, METRICS_WANT)
         return env
 
-    def chunk(self, data: bytes) -> tuple[bytes, bytes | None]:
-        r = Reassembler(self.chunk_settings, max_bytes=self.max_bytes, timer=False)
+    def prepare_chunk(self) -> None:
+        self.reassembler = Reassembler(self.chunk_settings, max_bytes=self.max_bytes, timer=False)
         for c in self.chunks[:-1]:  # all but the last chunk of a real message are in
-            r.add("d0", c)
-        message, _ = r.add("d0", data)
-        if r.partial_bytes > self.chunk_settings.max_partial_bytes:
+            self.reassembler.add("d0", c)
+
+    def chunk(self, data: bytes) -> tuple[bytes, bytes | None]:
+        message, _ = self.reassembler.add("d0", data)
+        if self.reassembler.partial_bytes > self.chunk_settings.max_partial_bytes:
             raise AssertionError("reassembly over its budget")
         return data, message
 
+    def prepare_ack(self) -> None:
+        self.sender = ChunkSender(lambda topic, chunk: None, self.chunk_settings, timer=False)
+        self.sender.send("d/down", self.message, b"\x05" * 16)
+
     def ack(self, data: bytes) -> bytes:
-        sender = ChunkSender(lambda topic, chunk: None, self.chunk_settings, timer=False)
-        sender.send("d/down", self.message, b"\x05" * 16)
-        sender.on_ack("d/down", data)
+        self.sender.on_ack("d/down", data)
         return data
 
 
@@ -382,6 +392,7 @@ class Kind:
     check: Callable[[bytes], Any]
     oracle: Callable[[Any], str | None]
     mutate: Callable[[bytes, random.Random, list[bytes]], tuple[str, bytes]]
+    prepare: Callable[[], None] = lambda: None  # the receiver's known state, set up before each (timed) check
 
 
 def kinds(tmp_path) -> list[Kind]:
@@ -400,13 +411,13 @@ def kinds(tmp_path) -> list[Kind]:
                                payload=Payload({}, meta), run=want.run, nonce=want.nonce))
                for kind, meta in (("metrics", {"accuracy": 0.61, "loss": 1.2, "samples": 100.0}), ("error", {"reason": "oom"}))]
     return [
-        Kind("register", regs, rx.register, register_oracle, mutate_register),
+        Kind("register", regs, rx.register, register_oracle, mutate_register, rx.prepare_register),
         Kind("status", [b"online", b"offline"], parse_status, status_oracle, mutate_status),
         Kind("active", reports, parse_active, active_oracle, mutate_active),
         Kind("metrics", metrics, rx.metrics, metrics_oracle, mutate_metrics),
-        Kind("chunk", rx.chunks, rx.chunk, chunk_oracle, mutate_chunk),
+        Kind("chunk", rx.chunks, rx.chunk, chunk_oracle, mutate_chunk, rx.prepare_chunk),
         Kind("ack", [pack_ack(b"\x05" * 16, n, b, s) for n, b, s in ((1, 0, 0), (3, 0b101, 0), (9, 0, 1), (0, 0, 2))],
-             rx.ack, ack_oracle, mutate_ack),
+             rx.ack, ack_oracle, mutate_ack, rx.prepare_ack),
     ]
 
 
@@ -414,12 +425,14 @@ def fuzz(all_kinds: list[Kind], n: int, seed: int = 0) -> Tally:
     """``n`` mutations spread evenly over the kinds, each timed."""
     r = random.Random(seed)
     tally = Tally()
+    candidates: dict[str, list[tuple[float, float, str, bytes]]] = {}
     for i in range(n):
         kind = all_kinds[i % len(all_kinds)]
         base = kind.seeds[(i // len(all_kinds)) % len(kind.seeds)]
         with np.errstate(all="ignore"):
             op, data = kind.mutate(base, r, kind.seeds)
         tally.cases += 1
+        kind.prepare()
         t0 = time.perf_counter()
         try:
             value = kind.check(data)
@@ -435,12 +448,33 @@ def fuzz(all_kinds: list[Kind], n: int, seed: int = 0) -> Tally:
             if problem and len(tally.problems) < 20:
                 tally.problems.append(f"{kind.name} {op}: accepted but {problem}")
         seconds = time.perf_counter() - t0
-        worst = tally.worst.setdefault(kind.name, {"seconds_per_byte": 0.0, "bytes": 0, "seconds": 0.0, "max_seconds": 0.0, "max_seconds_bytes": 0})
-        per_byte = seconds / max(len(data), 1)
-        if per_byte > worst["seconds_per_byte"]:
-            worst.update(seconds_per_byte=per_byte, bytes=len(data), seconds=seconds, operator=op)
-        if seconds > worst["max_seconds"]:
-            worst.update(max_seconds=seconds, max_seconds_bytes=len(data), max_seconds_operator=op)
+        slow = candidates.setdefault(kind.name, [])
+        slow.append((seconds / max(len(data), 1), seconds, op, data))
+        if len(slow) > 64:  # keep the slowest per byte and the slowest overall
+            slow.sort(key=lambda c: c[0], reverse=True)
+            keep = slow[:5] + sorted(slow[5:], key=lambda c: c[1], reverse=True)[:5]
+            slow[:] = keep
         tally.outcomes[(kind.name, outcome)] += 1
         tally.operators[(kind.name, op.split(":")[0], outcome)] += 1
+    for kind in all_kinds:  # the slowest cases again, best of 5: a scheduling pause is not the message's cost
+        worst = tally.worst[kind.name] = {"seconds_per_byte": 0.0, "bytes": 0, "seconds": 0.0, "max_seconds": 0.0, "max_seconds_bytes": 0}
+        for _, _, op, data in candidates.get(kind.name, []):
+            best = min(_timed(kind, data) for _ in range(5))
+            if best / max(len(data), 1) > worst["seconds_per_byte"]:
+                worst.update(seconds_per_byte=best / max(len(data), 1), bytes=len(data), seconds=best, operator=op)
+            if best > worst["max_seconds"]:
+                worst.update(max_seconds=best, max_seconds_bytes=len(data), max_seconds_operator=op)
     return tally
+
+
+def _timed(kind: Kind, data: bytes) -> float:
+    from edgefl.wire import envelope
+
+    kind.prepare()
+    envelope._checked_header.cache_clear()  # time the check itself, not a remembered answer
+    t0 = time.perf_counter()
+    try:
+        kind.check(data)
+    except Exception:  # noqa: BLE001, S110 - only the time matters here; outcomes were tallied
+        pass
+    return time.perf_counter() - t0

@@ -107,6 +107,7 @@ def test_device_messages_of_every_kind_are_refused_with_wire_errors_or_meet_thei
     kinds = device_fuzz.kinds(tmp_path)
     for kind in kinds:  # unmutated, each seed passes its receiver and the oracle
         for seed in kind.seeds:
+            kind.prepare()
             assert kind.oracle(kind.check(seed)) is None, kind.name
     logging.disable(logging.CRITICAL)
     try:
