@@ -29,6 +29,7 @@ import numpy as np
 from edgefl.errors import WireError
 from edgefl.wire import Envelope, Payload, decode, encode
 from edgefl.wire.envelope import _DTYPES, _checksum
+from edgefl.wire.schema import Expectation
 
 TAGS = {v: k for k, v in _DTYPES.items()}
 
@@ -106,7 +107,7 @@ def _expectation(accept, device_id):
     """The Expectation the loop built for this exchange (a cell of the accept closure)."""
     for cell in accept.__closure__ or ():
         value = cell.cell_contents
-        if isinstance(value, dict) and device_id in value:
+        if isinstance(value, dict) and isinstance(value.get(device_id), Expectation):
             return value[device_id]
     raise LookupError("no expectation in the accept closure")
 
