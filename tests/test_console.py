@@ -43,31 +43,44 @@ def test_piped_output_keeps_every_line_whole(tmp_path):
     assert max(len(line) for line in lines) > 80  # the test would have caught a wrap
 
 
-def test_progress_bars_on_a_terminal_leave_the_json_on_stdout_alone(tmp_path):
-    # Prepare: stderr is a terminal (a pty), stdout a pipe
-    master, slave = pty.openpty()
-    shown = bytearray()
+class Terminal:
+    """A pseudo-terminal whose output is collected by a thread (a full pty would block the writer)."""
 
-    def drain():
+    def __init__(self):
+        self.master, self.slave = pty.openpty()
+        self.shown = bytearray()
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self):
         while True:
             try:
-                chunk = os.read(master, 4096)
+                chunk = os.read(self.master, 4096)
             except OSError:
                 return
             if not chunk:
                 return
-            shown.extend(chunk)
+            self.shown.extend(chunk)
 
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    def close(self):
+        self.reader.join(10)
+        os.close(self.master)
+
+    def text(self):
+        return self.shown.decode(errors="replace")
+
+
+def test_progress_bars_on_a_terminal_leave_the_json_on_stdout_alone(tmp_path):
+    # Prepare: stderr is a terminal (a pty), stdout a pipe
+    term = Terminal()
+    slave, shown = term.slave, term.shown
     env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
     # Execute
     proc = subprocess.Popen(edgefl(*RUN, "--out", str(tmp_path), "--run-name", "tty", "--json"), stdout=subprocess.PIPE,
                             stderr=slave, env=env)
     os.close(slave)
     out, _ = proc.communicate(timeout=300)
-    reader.join(10)
-    os.close(master)
+    term.close()
     # Assert: stdout is one JSON document; the terminal got bars (rich's bar glyphs and counts)
     assert proc.returncode == 0, shown.decode(errors="replace")[-2000:]
     summary = json.loads(out)
@@ -77,15 +90,22 @@ def test_progress_bars_on_a_terminal_leave_the_json_on_stdout_alone(tmp_path):
     assert "rounds" in text and "/2" in text
 
 
-def test_plain_feedback_names_the_registered_devices_once_per_change():
+def test_plain_feedback_names_the_registered_devices_every_few_seconds_and_at_the_end():
     # Prepare: a console that is not a terminal
     buf = io.StringIO()
     console = Console(file=buf, width=40, soft_wrap=True)
     # Execute
+    now = [0.0]
     with Feedback(console, rounds=3) as fb:
+        fb.clock = lambda: now[0]
         fb.progress_hook("register", None, 0, 6)
+        fb.progress_hook("register", None, 1, 6, names=["pi-02"])  # within 5 s of the last line: none
+        now[0] = 6.0
         fb.progress_hook("register", None, 2, 6, names=["pi-02", "pi-01"])
+        now[0] = 12.0
         fb.progress_hook("register", None, 2, 6, names=["pi-01", "pi-02"])  # nothing new: no line
+        now[0] = 12.5
+        fb.progress_hook("register", None, 6, 6, names=["pi-01", "pi-02", "pi-03", "pi-04", "pi-05", "pi-06"])  # the last: at once
         fb.progress_hook("train", 1, 0, 6)  # per-exchange progress is for terminals only
         fb.progress_hook("train", 1, 3, 6)
         fb.round_done("round 1 done, a line much longer than the forty columns of this console")
@@ -95,6 +115,7 @@ def test_plain_feedback_names_the_registered_devices_once_per_change():
     assert buf.getvalue().splitlines() == [
         "waiting for devices: 0 of 6 registered",
         "waiting for devices: 2 of 6 registered: pi-01, pi-02",
+        "waiting for devices: 6 of 6 registered: pi-01, pi-02, pi-03, pi-04, pi-05, pi-06",
         "round 1 done, a line much longer than the forty columns of this console",
         "final evaluation: 6 devices",
     ]
@@ -150,3 +171,43 @@ def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
     # Assert: before any device, then with the device's name
     assert lines[0] == "waiting for devices: 0 of 2 registered", lines
     assert lines[-1] == "waiting for devices: 1 of 2 registered: pi-01", lines
+
+
+@pytest.mark.slow
+def test_train_on_a_terminal_draws_a_bar_of_the_rounds(tmp_path):
+    from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for
+    from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
+    from tests.conftest import tiny_config
+
+    if mosquitto_binary() is None:
+        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
+    # Prepare: a broker and a 2-round server for one device; the device's stdout is a terminal
+    broker = MosquittoBroker(port=0).start()
+    url = f"mqtt://127.0.0.1:{broker.port}"
+    server = subprocess.Popen(edgefl("server", "start", "--broker", url, "--fleet", "tty", "--rounds", "2", "--min-devices", "1",
+                                     "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "2",
+                                     "--out", str(tmp_path / "runs"), "--run-name", "tty", "--json"),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(SIMULATED_PROFILE))
+    term = Terminal()
+    try:
+        # Execute
+        device = subprocess.Popen(edgefl("train", "--broker", url, "--fleet", "tty", "--device-id", "pi-01", "--profile", str(profile),
+                                         "--data", data_spec_for(tiny_config(tmp_path, clients=1), 0).to_string()),
+                                  stdout=term.slave, stderr=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+        os.close(term.slave)
+        assert device.wait(300) == 0
+        summary = json.loads(server.communicate(timeout=120)[0])
+    finally:
+        for proc in (server,):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(20)
+        term.close()
+        broker.stop()
+    # Assert: the device's lines, and a bar of the rounds it trained (rich's glyphs and its count)
+    text = term.text()
+    assert summary["rounds"] == 2
+    assert "[pi-01] registered with server" in text and "[pi-01] round" in text and "[pi-01] done" in text
+    assert "rounds trained" in text and "━" in text and "/2" in text

@@ -10,8 +10,8 @@ On a terminal (and not ``--quiet``) a bar follows the rounds and another the exc
 progress (training, evaluation, the final evaluation, devices registering: "2 of 6 registered:
 pi-01, pi-02"); lines printed meanwhile scroll above the bars. When the output is a file, a pipe
 or the journal there are no bars, no colours and no wrapping (a console that is not a terminal
-would wrap at 80 columns and split a round's line in two): one line per round, one when the
-waiting for devices changes, one when the final evaluation starts.
+would wrap at 80 columns and split a round's line in two): one line per round, one every few seconds while
+devices register (and when the last one did), one when the final evaluation starts.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -58,6 +59,9 @@ STAGES = {"register": "devices registering", "train": "training", "evaluate": "e
           "finish": "sending the final models", "final": "final evaluation", "export": "exporting"}
 
 
+REGISTER_EVERY = 5.0  # seconds between plain "waiting for devices" lines (the last one always comes)
+
+
 def names_line(names: Sequence[str], limit: int = 8) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -72,7 +76,10 @@ class Feedback:
         self.lock = threading.Lock()
         self.progress = None
         self.round_task = self.step_task = None
+        self.step_key: tuple[str, int | None] | None = None  # the exchange the step bar shows
         self.last_plain: str | None = None
+        self.clock = time.monotonic
+        self.last_register = float("-inf")  # when a plain "waiting for devices" line was printed
 
     # -- lifetime ------------------------------------------------------------------------------
     def __enter__(self) -> Feedback:
@@ -141,17 +148,24 @@ class Feedback:
             if self.progress is not None:
                 if self.step_task is None:
                     self.step_task = self.progress.add_task(text, total=total or None)
-                if done == 0:  # a new exchange: its clock starts now
+                if done == 0 and (stage, round) != self.step_key:  # a new exchange: its clock starts now
                     self.progress.reset(self.step_task, description=text, total=total or None)
                 else:
                     self.progress.update(self.step_task, description=text, total=total or None, completed=done)
+                self.step_key = (stage, round)
                 return
             # plain: the lines that matter to someone reading a log, never one per reply
             if self.quiet:
                 return
             if stage == "final" and done == 0:
                 text = f"final evaluation: {total} devices"
-            elif not (stage == "register" or (stage == "export" and names)):
+            elif stage == "register":
+                # a large fleet registers one device at a time: a line every few seconds, and the last
+                now = self.clock()
+                if done < total and now - self.last_register < REGISTER_EVERY:
+                    return
+                self.last_register = now
+            elif not (stage == "export" and names):
                 return
             if text == self.last_plain:
                 return
