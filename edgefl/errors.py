@@ -7,9 +7,9 @@
     ├── MissingExtraError            an optional dependency layer is not installed (exit 7)
     ├── WireError                    a message failed decoding or validation (never fatal to a server)
     ├── RunRejectedError             the server refused this device or its request (exit 6)
-    ├── ModelFileError               a model file is missing, unreadable or not what it claims to be
+    ├── ModelFileError               a model file is missing, unreadable or not what it claims to be (exit 3)
     ├── RunInterrupted               Ctrl-C ended a run after writing its record (exit 130)
-    ├── InferenceError               inputs that do not fit an exported model; also a ValueError
+    ├── InferenceError               inputs that do not fit an exported model; also a ValueError (exit 3)
     └── TransportError               the broker or a peer could not be reached (exit 1)
         ├── BrokerUnreachableError   no broker answered within the time allowed (exit 4)
         └── AuthenticationError      the broker refused the credentials (exit 5)
@@ -107,9 +107,13 @@ class RunRejectedError(EdgeflError):
 class ModelFileError(EdgeflError):
     """A model file is missing, unreadable, or not what it claims to be."""
 
+    exit_code = ExitCode.CONFIG
+
 
 class InferenceError(EdgeflError, ValueError):
-    """Inputs that the model cannot take."""
+    """Inputs that the model cannot take (a picture of another size, a missing image file)."""
+
+    exit_code = ExitCode.CONFIG
 
 
 class RunInterrupted(EdgeflError):

@@ -211,9 +211,9 @@ class Predictor:
                 img = img.convert("L" if channels == 1 else "RGB")
                 if height is not None and width is not None and img.size != (width, height):
                     if not resize:
-                        raise InferenceError(
+                        raise InferenceError(  # in the CLI's words (the API's resize=True is the same)
                             f"{path} is {img.size[0]}×{img.size[1]} pixels, but the model takes "
-                            f"{width}×{height}; pass --resize (resize=True) to scale it"
+                            f"{width}×{height}: run edgefl infer with --resize to scale pictures to it"
                         )
                     img = img.resize((width, height), Image.Resampling.BILINEAR)
                 pixels = np.asarray(img, dtype=np.uint8)
@@ -276,13 +276,17 @@ def class_index_map(
     data_classes: Sequence[str],
     model_classes: Sequence[str],
     mapping: Mapping[str, str] | None = None,
+    *,
+    skip_unknown: bool = False,
 ) -> tuple[np.ndarray, dict[str, str]]:
     """For each class of the data (a dataset's class names, an image folder's folder names), the
     index of the model's class of the same name, and {data class: model class}.
 
-    Names match exactly, else ignoring case and punctuation ("T-shirt_top" is "T-shirt/top").
+    Names match exactly, else by their slug: lower case, letters and digits only (a folder
+    "t-shirt-top" or "T-shirt_top" is the class "T-shirt/top", which no folder can be named).
     ``mapping`` {data class: model class} decides where given. A data class that matches no model
-    class, or two data classes that land on one model class, raise `ConfigError` naming them.
+    class raises `ConfigError` naming it, unless ``skip_unknown`` (then its index is -1 and it is
+    left out of the returned mapping); two data classes that land on one model class raise too.
     """
     mapping = dict(mapping or {})
     exact = {name: i for i, name in enumerate(model_classes)}
@@ -312,19 +316,21 @@ def class_index_map(
         else:
             unmatched.append(name)
             index.append(-1)
-    if unmatched:
+    if unmatched and not skip_unknown:
         raise ConfigError(
             f"the data's classes {', '.join(unmatched)} match none of the model's classes "
-            f"({', '.join(model_classes)}); name the class folders after the model's classes, "
-            "or give the mapping: --class-map FOLDER=CLASS (repeatable)"
+            f"({', '.join(model_classes)}); name each class folder after a model class (case and punctuation "
+            "aside: t-shirt-top is T-shirt/top), or map it: --class-map FOLDER=CLASS (repeatable), "
+            "or leave those folders out: --skip-unknown-classes"
         )
     taken: dict[int, list[str]] = {}
     for name, i in zip(data_classes, index, strict=True):
-        taken.setdefault(i, []).append(name)
+        if i >= 0:
+            taken.setdefault(i, []).append(name)
     doubled = [f"{' and '.join(names)} -> {model_classes[i]}" for i, names in taken.items() if len(names) > 1]
     if doubled:
         raise ConfigError(f"several data classes map to one model class: {'; '.join(doubled)}")
-    return np.asarray(index, dtype=np.int64), {n: model_classes[i] for n, i in zip(data_classes, index, strict=True)}
+    return np.asarray(index, dtype=np.int64), {n: model_classes[i] for n, i in zip(data_classes, index, strict=True) if i >= 0}
 
 
 def _last_dim(shape: list) -> int | None:

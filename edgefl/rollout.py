@@ -249,7 +249,8 @@ class ModelStore:
 # --- over MQTT ---------------------------------------------------------------------------------
 
 
-def _connect(address, client_id: str, fleet: str, on_message=None, subscribe: tuple[str, ...] = ()):
+def _connect(address, client_id: str, fleet: str, on_message=None, subscribe: tuple[str, ...] = (),
+             will: tuple[str, bytes] | None = None):
     from edgefl.transport.mqtt import Endpoint, Topics
 
     class _Conn(Endpoint):
@@ -260,7 +261,7 @@ def _connect(address, client_id: str, fleet: str, on_message=None, subscribe: tu
             if on_message is not None:
                 on_message(topic, data)
 
-    return _Conn(address, client_id, Topics(fleet))
+    return _Conn(address, client_id, Topics(fleet), will=will)
 
 
 def run_agent(address, fleet: str, device_id: str, store: ModelStore, *, max_bytes: int = 256 * 1024 * 1024,
@@ -300,13 +301,24 @@ def run_agent(address, fleet: str, device_id: str, store: ModelStore, *, max_byt
             say(f"refused a model command: {e} (active: {(store.active() or {}).get('version')})")
             publish_report(str(e))
 
-    conn = _connect(address, f"edgefl-{fleet}-{device_id}-agent", fleet, on_message, (topics.device(device_id, "model"),))
-    conn.on_connected = publish_report
+    # the device's status topic says whether its agent is connected (its Last Will: offline), so
+    # that `edgefl deploy` can tell an offline device from one that did not answer
+    status_topic = topics.device(device_id, "status")
+    conn = _connect(address, f"edgefl-{fleet}-{device_id}-agent", fleet, on_message, (topics.device(device_id, "model"),),
+                    will=(status_topic, b"offline"))
+
+    def on_connected() -> None:
+        conn.publish(status_topic, b"online", retain=True)
+        publish_report()
+
+    conn.on_connected = on_connected
     conn.start()
     try:
         while not stop.wait(0.5):
             pass
     finally:
+        if conn.connected.is_set():  # a clean exit: no Last Will, so say it
+            conn.client.publish(status_topic, b"offline", qos=1, retain=True).wait_for_publish(2.0)
         conn.stop()
 
 
@@ -350,8 +362,18 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
         if expect is not None and all(d in fresh and (v in ("*", fresh[d].get("version")) or fresh[d].get("error")) for d, v in expect.items()):
             done.set()
 
-    subscribe = (topics.device("+", "active"),) if wait > 0 else ()
-    conn = _connect(address, f"edgefl-{fleet}-deploy-{uuid.uuid4().hex[:6]}", fleet, on_message, subscribe).start()
+    status: dict[str, str] = {}
+
+    def on_status(topic: str, data: bytes) -> None:
+        where = topics.parse_device(topic)
+        if where is not None and where[1] == "status":
+            status[where[0]] = data.decode("utf-8", "replace")[:16]
+
+    def on_any(topic: str, data: bytes) -> None:
+        (on_status if topic.endswith("/status") else on_message)(topic, data)
+
+    subscribe = (topics.device("+", "active"), topics.device("+", "status")) if wait > 0 else ()
+    conn = _connect(address, f"edgefl-{fleet}-deploy-{uuid.uuid4().hex[:6]}", fleet, on_any, subscribe).start()
     try:
         for device_id, data in messages.items():
             info = conn.client.publish(topics.device(device_id, "model"), data, qos=1, retain=True)
@@ -360,4 +382,16 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
             done.wait(wait)
     finally:
         conn.stop()
-    return {d: fresh.get(d) or {"error": "no report from the device", "last_report": reports.get(d)} for d in messages} if wait > 0 else {}
+    if wait <= 0:
+        return {}
+
+    def missing(d: str) -> dict[str, Any]:
+        if status.get(d) == "offline":
+            why = "the device is offline; the model stays on the broker (retained) and installs when its agent connects"
+        elif d not in status and d not in reports:
+            why = "the device has never connected a model agent (edgefl device agent, or edgefl train --models-dir)"
+        else:
+            why = f"no report from the device within {wait:g} s"
+        return {"error": why, "status": status.get(d), "last_report": reports.get(d)}
+
+    return {d: fresh.get(d) or missing(d) for d in messages}

@@ -76,9 +76,9 @@ def test_cli_errors_are_one_line(exported, tmp_path, monkeypatch, capsys):
     (tmp_path / "bad.onnx").write_bytes(b"garbage")
 
     code, _, err = _run(["infer", str(path), str(tmp_path / "wrong.npy")], monkeypatch, capsys)
-    assert code == 1 and "does not fit the model" in err and "Traceback" not in err
+    assert code == 3 and "does not fit the model" in err and "Traceback" not in err  # bad input: ExitCode.CONFIG
     code, _, err = _run(["infer", str(tmp_path / "bad.onnx"), "--dataset", "synthetic"], monkeypatch, capsys)
-    assert code == 1 and "not a valid ONNX model" in err and "Traceback" not in err
+    assert code == 3 and "not a valid ONNX model" in err and "Traceback" not in err  # an unreadable model file
     code, _, err = _run(["infer", str(path)], monkeypatch, capsys)
     assert code == 3 and "image files or --dataset" in err  # ExitCode.CONFIG
 

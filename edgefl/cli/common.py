@@ -138,6 +138,6 @@ def serve_models(address, fleet: str, device_id: str, models_dir: str | None, in
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     say(f"model agent of {device_id} in fleet {fleet}: {store.dir} (active: {(store.active() or {}).get('version')})")
     try:
-        run_agent(address, fleet, device_id, store, stop=stop)
+        run_agent(address, fleet, device_id, store, stop=stop, say=say)
     except KeyboardInterrupt:
         pass

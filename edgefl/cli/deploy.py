@@ -117,9 +117,19 @@ def deploy(
     if as_json:
         typer.echo(json.dumps(reports, sort_keys=True))
         return
+    from rich.markup import escape
+
     for d, r in sorted(reports.items()):
-        status = f"[red]refused: {r['error']}[/]" if r.get("error") else "[green]active[/]"
-        err.print(f"{d}: {status} version {r.get('version')}")
+        if r.get("error") and "version" not in r:  # no report: offline, never connected, or silent
+            err.print(f"{d}: [red]{escape(r['error'])}[/]", soft_wrap=True)
+        elif r.get("error"):
+            err.print(f"{d}: [red]refused: {escape(str(r['error']))}[/] (active: {escape(str(r.get('version')))})", soft_wrap=True)
+        else:
+            err.print(f"{d}: [green]active[/] version {escape(str(r.get('version')))}", soft_wrap=True)
     failed = [d for d, r in reports.items() if r.get("error") or expect[d] not in ("*", r.get("version"))]
     if failed:
-        raise ConfigError(f"{len(failed)} of {len(reports)} devices did not take the model: {', '.join(sorted(failed))}")
+        from edgefl.errors import EdgeflError
+
+        refused = [d for d in failed if "version" in reports[d]]  # the device answered and said no: exit 3
+        error = ConfigError if refused else EdgeflError  # none answered (offline, silent): exit 1, try again later
+        raise error(f"{len(failed)} of {len(reports)} devices did not take the model: {', '.join(sorted(failed))}")

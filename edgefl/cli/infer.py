@@ -27,7 +27,8 @@ def infer(
     threads: int = typer.Option(None, "--threads", help="ONNX Runtime intra-op threads (default: its own)."),
     provider: list[str] = typer.Option(None, "--provider", help="Execution provider (cpu, cuda, tensorrt; repeatable). Default: the best available."),
     resize: bool = typer.Option(False, "--resize", help="Resize pictures of another size to the model's input."),
-    class_map: list[str] = typer.Option(None, "--class-map", help="FOLDER=CLASS: score a data class as this model class (repeatable); default: by name."),
+    class_map: list[str] = typer.Option(None, "--class-map", help="FOLDER=CLASS: score a data class as this model class (repeatable). Default: by name, case and punctuation aside (a folder t-shirt-top is the class T-shirt/top)."),
+    skip_unknown: bool = typer.Option(False, "--skip-unknown-classes", help="Leave out data classes (image folders) that match no model class, instead of refusing the data."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Run an exported model with ONNX Runtime: predictions for images, or accuracy on a dataset."""
@@ -45,12 +46,15 @@ def infer(
     predictor = Predictor(model, threads=threads, providers=provider or None)
     head = {"model": str(model), "providers": predictor.providers, "quantization": predictor.quantization}
     if dataset is not None:
-        result = head | {"dataset": dataset, "split": split} | _evaluate(predictor, dataset, split, data_dir, class_map, batch_size, limit)
+        result = head | {"dataset": dataset, "split": split} | _evaluate(predictor, dataset, split, data_dir, class_map, batch_size, limit, skip_unknown)
         if as_json:
             typer.echo(json.dumps(result))
             return
         matched = result["class_map"]
         renamed = {k: v for k, v in matched.items() if k != v}
+        if result["skipped_classes"]:
+            err.print(f"skipped {int(result['skipped_samples'])} samples of classes the model does not know: "
+                      + ", ".join(result["skipped_classes"]), highlight=False, soft_wrap=True, markup=False)
         err.print(
             f"classes: {len(matched)} of the data's classes matched the model's {len(predictor.class_names)} "
             + (f"by name ({len(renamed)} not spelled alike: " + ", ".join(f"{k} -> {v}" for k, v in renamed.items()) + ")" if renamed else "by name"),
@@ -89,8 +93,9 @@ def parse_class_map(items: list[str] | None) -> dict[str, str]:
 
 
 def _evaluate(predictor, dataset: str, split: str, data_dir: str | None, class_map: list[str] | None,
-              batch_size: int, limit: int | None) -> dict:
-    """Accuracy on a dataset whose labels are renumbered to the model's classes by name."""
+              batch_size: int, limit: int | None, skip_unknown: bool = False) -> dict:
+    """Accuracy on a dataset whose labels are renumbered to the model's classes by name; with
+    ``skip_unknown``, samples of classes the model does not know are left out (and counted)."""
     from edgefl.data.sources import load_arrays, read_folder_for_model, split_folder
     from edgefl.inference import class_index_map
 
@@ -101,5 +106,11 @@ def _evaluate(predictor, dataset: str, split: str, data_dir: str | None, class_m
     else:
         x, y, info = load_arrays(dataset, split, data_dir)
         classes = info.class_names
-    index, matched = class_index_map(classes, predictor.class_names, parse_class_map(class_map))
-    return predictor.evaluate_arrays(x, index[y], batch_size=batch_size, limit=limit) | {"class_map": matched}
+    index, matched = class_index_map(classes, predictor.class_names, parse_class_map(class_map), skip_unknown=skip_unknown)
+    labels = index[y]
+    known = labels >= 0
+    skipped = [c for c in classes if c not in matched]
+    if not known.any():
+        raise ConfigError(f"none of the data's classes ({', '.join(classes)}) is a class of the model")
+    result = predictor.evaluate_arrays(x[known], labels[known], batch_size=batch_size, limit=limit)
+    return result | {"class_map": matched, "skipped_classes": skipped, "skipped_samples": float((~known).sum())}

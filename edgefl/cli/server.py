@@ -25,6 +25,7 @@ from edgefl.cli.common import (
     ServerOptLr,
     Username,
     check_run_names,
+    connection_address,
     interrupted,
     parse_betas,
     parse_pairs,
@@ -74,6 +75,7 @@ def start(
     run_name: str = typer.Option(None, help="Run directory name (keep it fixed to resume into it)."),
     config: Path = typer.Option(None, "--config", help="TOML file with run settings."),
     wait: float = typer.Option(None, help="Give up if min-devices are not ready after this many seconds."),
+    broker_wait: float = typer.Option(None, "--broker-wait", help="Seconds to wait for an unreachable broker before exiting with code 4 (default: forever, retried after 1, 2, 4 … 30 s)."),
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
     username: Username = None,
     password: Password = None,
@@ -104,6 +106,14 @@ def start(
     explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1))
     check_run_names(explicit)  # names and values, before torch is imported
     password = read_password(password, password_file)
+    from edgefl.retry import Backoff
+    from edgefl.runtime.device import wait_for_broker
+
+    # as `edgefl train` does, before torch is imported: say which broker, retry with backoff, exit 4
+    # after --broker-wait
+    address = connection_address(broker, username, password, ca_file, cert_file, key_file)
+    wait_for_broker(address, wait=broker_wait, backoff=Backoff(), option="--broker-wait",
+                    say=lambda line: err.print(line, highlight=False, soft_wrap=True))
 
     from edgefl.algorithms import get_algorithm
     from edgefl.config import resolve_config

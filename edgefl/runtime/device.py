@@ -54,6 +54,7 @@ from edgefl.retry import Backoff, retry
 from edgefl.runtime.setup import DataSpec
 from edgefl.transport.broker import check_device_id
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
+from edgefl.transport.mqtt.connection import check_tls
 from edgefl.wire import Envelope, Limits, Payload, decode, encode, new_nonce
 from edgefl.wire.validate import Routing, peek
 
@@ -171,7 +172,8 @@ def waiting_line(broker: str, wait: float | None) -> str:
     return f"waiting for broker {broker} ({'up to ' + format(wait, 'g') + ' s' if wait is not None else 'no time limit'})"
 
 
-def wait_for_broker(address: BrokerAddress, *, wait: float | None, backoff: Backoff, say: Callable[[str], None], announce: bool = True) -> None:
+def wait_for_broker(address: BrokerAddress, *, wait: float | None, backoff: Backoff, say: Callable[[str], None], announce: bool = True,
+                    option: str = "--wait") -> None:
     """Return once the broker accepts TCP connections; say so at once and at each retry.
     Raises BrokerUnreachableError after ``wait`` seconds (None: wait forever)."""
     target = f"{address.host}:{address.port}"
@@ -191,8 +193,9 @@ def wait_for_broker(address: BrokerAddress, *, wait: float | None, backoff: Back
     try:
         retry(attempt, retry_on=(BrokerUnreachableError,), backoff=backoff, wait=wait, on_retry=on_retry)
     except BrokerUnreachableError as e:
-        raise BrokerUnreachableError(f"gave up after --wait {wait:g} s: {e}") from None
+        raise BrokerUnreachableError(f"gave up after {option} {wait:g} s: {e}") from None
     say(f"broker {target} is reachable")
+    check_tls(address)  # a refused certificate or an unverifiable broker: one clear error now, no silent retries
 
 
 def _kb(n: int) -> str:
@@ -421,7 +424,8 @@ class DeviceRuntime:
 def run_device(opts: DeviceOptions, stop_after: float | None = None) -> int:
     """Wait for the broker (``opts.wait``), then serve the fleet until the run is over."""
     say = opts.say or (lambda line: log.info("device %s: %s", opts.device_id, line))
-    address = BrokerAddress.parse(opts.broker)  # a bad URL is a configuration error, before waiting
+    # a bad URL is a configuration error, before waiting; TLS files are checked once the broker answers
+    address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password).with_tls(opts.ca_file, opts.cert_file, opts.key_file)
     check_device_id(opts.device_id)
     DataSpec.parse(opts.data)
     wait_for_broker(address, wait=opts.wait, backoff=opts.backoff, say=say, announce=not opts.announced)

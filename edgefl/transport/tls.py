@@ -5,7 +5,8 @@ per device and for the server, made with ``cryptography``'s x509 builder.
     ca.issue_broker("broker.lan", ips=["192.168.1.10"])       # certs/broker.crt, .key
     ca.issue_client("pi-07")                                  # certs/pi-07.crt, .key (CN = pi-07)
 
-Mosquitto's TLS listener (``require_certificate true``, ``use_identity_as_username true``) takes
+The broker's key is handed to the ``mosquitto`` user when root runs this (Mosquitto started as
+root reads its files as that user). Mosquitto's TLS listener (``require_certificate true``, ``use_identity_as_username true``) takes
 a client certificate's common name as the MQTT username, so the CN of a device's certificate is
 its device id and the same ACL block applies as with passwords. Private keys are written with
 mode 0600 and never printed; an existing key is never overwritten (issue again under a new name,
@@ -146,8 +147,13 @@ class FleetCA:
         return crt_path, key_path
 
     def issue_broker(self, hosts: list[str] = ("localhost",), ips: list[str] = ("127.0.0.1",), name: str = "broker") -> tuple[Path, Path]:
-        """The broker's server certificate; clients check the host they dial against ``hosts``/``ips``."""
-        return self._issue(name, server=True, hosts=list(hosts), ips=list(ips))
+        """The broker's server certificate; clients check the host they dial against ``hosts``/``ips``.
+        Its key goes to the ``mosquitto`` user when root issues it (:func:`edgefl.transport.broker.for_mosquitto`)."""
+        from edgefl.transport.broker import for_mosquitto
+
+        crt, key = self._issue(name, server=True, hosts=list(hosts), ips=list(ips))
+        for_mosquitto(key)
+        return crt, key
 
     def issue_client(self, username: str) -> tuple[Path, Path]:
         """A client certificate whose CN is ``username`` (a device id, or the server's account)."""

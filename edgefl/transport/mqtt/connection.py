@@ -116,8 +116,81 @@ def _configure(client: mqtt.Client, address: BrokerAddress) -> None:
             client.tls_insecure_set(True)
 
 
+#: TLS alerts by which a broker refuses the client's certificate (or the lack of one).
+_REFUSED_CERT_ALERTS = (
+    "CERTIFICATE_REQUIRED", "HANDSHAKE_FAILURE", "BAD_CERTIFICATE", "UNKNOWN_CA", "CERTIFICATE_UNKNOWN",
+    "DECRYPT_ERROR", "ACCESS_DENIED", "UNSUPPORTED_CERTIFICATE",
+)  # fmt: skip
+
+
+def check_tls(address: BrokerAddress, timeout: float = 10.0) -> None:
+    """Shake hands with a TLS broker once, before MQTT, and turn a refusal into one clear error
+    instead of a client that reconnects silently forever:
+
+    - the broker's certificate cannot be verified: :class:`ConfigError` naming ``--ca-file``
+      (or, for a certificate issued for another host, the host names it holds);
+    - the broker refuses this client's certificate, or the lack of one:
+      :class:`AuthenticationError` naming ``--cert-file``/``--key-file``.
+
+    A broker that cannot be reached is left to the caller's retries. Under TLS 1.3 the broker
+    judges the client's certificate after the handshake, so its verdict is read: a refusal is an
+    alert, an acceptance its session tickets (or silence, up to a second)."""
+    if not address.tls:
+        return
+    if bool(address.cert_file) != bool(address.key_file):
+        raise ConfigError("a client certificate needs both its certificate and its key file (--cert-file and --key-file)")
+    try:
+        context = ssl.create_default_context(cafile=address.ca_file or None)
+        if address.cert_file:
+            context.load_cert_chain(address.cert_file, address.key_file)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"cannot load the TLS files for {address} (--ca-file, --cert-file, --key-file): {e}") from None
+    if address.insecure:
+        context.check_hostname = False
+    try:
+        raw = socket.create_connection((address.host, address.port), timeout=timeout)
+    except OSError:
+        return  # unreachable: the caller retries, or reports it
+    try:
+        with context.wrap_socket(raw, server_hostname=address.host) as tls:
+            deadline = time.monotonic() + 1.0
+            tls.settimeout(0.05)
+            while time.monotonic() < deadline:
+                try:
+                    if not tls.recv(1):
+                        return  # closed without a verdict: MQTT's own errors will tell
+                except TimeoutError:
+                    if tls.session is not None and tls.session.has_ticket:
+                        return  # the broker issued a session ticket: it accepted this client
+                    continue
+                return
+    except ssl.SSLCertVerificationError as e:
+        why = e.verify_message or e.reason or str(e)
+        if e.verify_code in (62, 64):  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+            raise ConfigError(f"TLS: the broker's certificate is not valid for {address.host} ({why}): dial a host name or "
+                              "address it was issued for (edgefl broker ca --host/--ip)") from None
+        given = f"; --ca-file {address.ca_file} did not sign it" if address.ca_file else ""
+        raise ConfigError(f"TLS: cannot verify the broker's certificate at {address} ({why}){given}: give the fleet CA "
+                          "with --ca-file (or EDGEFL_CA_FILE, or ?ca=FILE in the broker URL)") from None
+    except ssl.SSLError as e:
+        reason = str(e.reason or e)
+        if not any(alert in reason.upper() for alert in _REFUSED_CERT_ALERTS):
+            raise ConfigError(f"TLS handshake with the broker at {address} failed: {reason}") from None
+        if not address.cert_file:
+            raise AuthenticationError(f"the broker at {address} requires a client certificate ({reason}): give --cert-file "
+                                      "and --key-file (edgefl broker add-device NAME --fleet FLEET --certs DIR makes them)") from None
+        raise AuthenticationError(f"the broker at {address} refused the client certificate --cert-file {address.cert_file} "
+                                  f"({reason}): it must be signed by the broker's fleet CA") from None
+    except OSError:
+        return  # reset or closed mid-handshake: left to the caller's retries
+    finally:
+        raw.close()
+
+
 def detect_protocol(address: BrokerAddress, timeout: float = 10.0) -> int:
-    """MQTT 5 when the broker accepts it (Mosquitto), else 3.1.1 (amqtt)."""
+    """MQTT 5 when the broker accepts it (Mosquitto), else 3.1.1 (amqtt). A TLS broker's verdict
+    on this client comes first (:func:`check_tls`)."""
+    check_tls(address)
     if address.protocol == "5":
         return mqtt.MQTTv5
     if address.protocol == "3.1.1":
