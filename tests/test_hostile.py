@@ -145,6 +145,7 @@ def test_every_device_supplied_weight_is_clipped_to_the_bound(caplog):
 def test_summaries_say_which_figures_are_measured_and_which_are_claimed():
     s = label_summary({"mean_accuracy": 0.5, "bytes_up_per_round": [1], "wall_seconds": 2.0})
     assert s["sources"] == {"server_measured": ["bytes_up_per_round", "wall_seconds"], "device_reported": ["mean_accuracy"]}
+    assert s["accuracy_reported_by"] == "devices"
     assert not set(SOURCES["server_measured"]) & set(SOURCES["device_reported"])
 
 

@@ -9,6 +9,7 @@ clipped claims; the summary marks every accuracy as device-reported.
 
 import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import paho.mqtt.client as mqtt
@@ -121,3 +122,5 @@ def test_a_lying_device_neither_poisons_the_model_nor_the_measured_results(tmp_p
     assert summary["client_accuracy"]["d00"] == 1.0
     assert {"mean_accuracy", "client_accuracy", "tier_accuracy"} <= set(summary["sources"]["device_reported"])
     assert not {"mean_accuracy", "client_accuracy", "tier_accuracy"} & set(summary["sources"]["server_measured"])
+    assert summary["accuracy_reported_by"] == "devices"
+    assert "as the devices report it" in (Path(summary["run_dir"]) / "summary.md").read_text()

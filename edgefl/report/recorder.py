@@ -72,7 +72,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
     lines += [
         f"- rounds: {s.get('rounds_completed', s['rounds'])} of {s['rounds']}, devices: {len(s.get('client_accuracy', {}))}, "
         f"wall time: {s['wall_seconds']:.1f} s",
-        f"- mean test accuracy over devices: **{100 * acc:.2f}%**" if measured else
+        f"- mean test accuracy over devices (as the devices report it): **{100 * acc:.2f}%**" if measured else
         "- mean test accuracy over devices: not measured (no device answered an evaluation)",
     ]
     if late:

@@ -37,8 +37,11 @@ DEFAULT_WEIGHT_RATIO = 10.0
 #: Which figures of a run summary the server measures itself and which are devices' claims.
 SOURCES = {
     "server_measured": ["bytes_up_per_round", "bytes_down_per_round", "finish_bytes_down", "finish_failed",
-                        "failed_per_round", "wall_seconds"],
-    "device_reported": ["mean_accuracy", "tier_accuracy", "client_accuracy", "accuracy_per_round"],
+                        "failed_per_round", "final_eval_failed", "rounds_completed", "models_saved", "models_missing",
+                        "registrations_rejected", "wall_seconds"],
+    # each device's accuracy on its own test data, as it reports it (``measured_by`` says which
+    # evaluation request each answered, not who measured)
+    "device_reported": ["mean_accuracy", "tier_accuracy", "client_accuracy", "accuracy_per_round", "accuracy_from_round"],
 }
 
 
@@ -90,4 +93,5 @@ def bound_uplinks(
 def label_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """``summary`` with :data:`SOURCES` attached: which of its figures are measured, which claimed."""
     summary["sources"] = {k: [f for f in v if f in summary] for k, v in SOURCES.items()}
+    summary["accuracy_reported_by"] = "devices"
     return summary
