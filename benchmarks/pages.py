@@ -44,8 +44,8 @@ def alone(claims: Sequence[Mapping[str, Any]]) -> str:
     counted = [c for c in claims if c.get("counted", c.get("kind", "paper") in ("paper", "control"))]
     if not any(c["verdict"] == "not comparable" and c.get("statistic") for c in counted):
         return ""
-    return (f" (the paired differences alone, whatever makes them not comparable: "
-            f"{sum(c.get('statistic') == 'reproduced' for c in counted)} of {len(counted)})")
+    return (f"; by the paired differences alone, whatever makes them not comparable: "
+            f"{sum(c.get('statistic') == 'reproduced' for c in counted)} of {len(counted)}")
 
 
 def _short_reason(c: Mapping[str, Any]) -> str:
@@ -165,8 +165,8 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
     ik = sum(c["verdict"] == "reproduced" for c in kinds["implied"])
     m0, m1 = results["machine"]["before"], results["machine"]["after"]
     lines = [f"# {bench.title}", "",
-             f"Paper: {bench.paper or '—'}. **Claims reproduced: {k} of {n}**{alone(claims)} (the paper's claims and the controls, "
-             f"over the main settings); rows the paper implies reproduced: {ik} of {len(kinds['implied'])}. Evaluated by "
+             f"Paper: {bench.paper or '—'}. **Claims reproduced: {k} of {n}** (the paper's claims and the controls, "
+             f"over the main settings{alone(claims)}); rows the paper implies reproduced: {ik} of {len(kinds['implied'])}. Evaluated by "
              "`benchmarks/runner.py` from the runs in `results.json`. " + VOCABULARY, ""]
     lines += gates_section(results)
     lines += ["## The paper's claims and the controls", ""] + claims_table(counted) + [""]
@@ -245,7 +245,8 @@ def write_readme_index(root: Path = BENCHMARKS) -> Path:
         state = "sanity gates FAIL: " + "; ".join(gate["failures"]) if fails else "bounds pass"
         collapsed = len(gate.get("collapsed", {}))
         head.append(f"- **{data.get('paper') or data.get('title', d.name)}** ([{d.name}]({d.name}/results.md)): "
-                    f"claims reproduced: {k} of {n}{alone(data['claims'])}. {state[0].upper()}{state[1:]}; "
+                    f"claims reproduced: {k} of {n}" + (f" ({alone(data['claims'])[2:]})" if alone(data["claims"]) else "")
+                    + f". {state[0].upper()}{state[1:]}; "
                     f"{collapsed} collapsed run(s).")
         for c in data["claims"]:
             md = "—" if c["mean_diff"] is None else f"{metric_scale(c['metric_a']) * c['mean_diff']:+.2f}"

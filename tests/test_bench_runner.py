@@ -499,7 +499,7 @@ def test_the_reviewers_check_runs_chosen_cells_with_new_seeds_into_its_own_folde
     assert sorted((r["method"], r["seed"]) for r in result["runs"]) == [(m, s) for m in ("fedavg", "local") for s in (7, 8, 9)]
     assert {c["id"] for c in result["claims"]} == {"c", "n"}
     assert all(c["verdict"] in runner.VERDICTS + ("not worse", "worse") for c in result["claims"])
-    assert "fedavg > local [synthetic]" in printed and "round 2/2" in printed
+    assert "fedavg > local [synthetic]" in printed and "round 2/2" in printed and "round 3/2" not in printed
     assert json.loads((out / "check.json").read_text())["seeds"] == [7, 8, 9]
     assert len(list((out / "cells").glob("*.json"))) == 6
     assert (out / "tmp").is_dir() and not list((out / "tmp").iterdir())  # run directories lived there, and are gone
