@@ -323,7 +323,7 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras:
         def on_round(r: dict[str, Any]) -> None:
             acc = (r.get("eval") or {}).get("mean_accuracy")
             phase = r.get("phase", "train")
-            step = f"round {r.get('round', 0) + 1}/{cfg.rounds}" if phase == "train" else f"{phase} round"
+            step = f"round {r.get('round')}/{cfg.rounds}" if phase == "train" else f"{phase} round"  # from 1
             print(f"  {cell.label} {step}" + (f": {100 * acc:.2f} %" if acc is not None else "")
                   + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
 
