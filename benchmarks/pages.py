@@ -153,7 +153,9 @@ def reviewer_section(bench: Benchmark) -> list[str]:
             "between the chosen methods in that setting at the end, also in `check.json`):", "",
             f"    python -m benchmarks.{bench.name} --cells {','.join(methods[:2])} --setting {setting} --seeds 101,102,103 --out DIR",
             "", f"(from outside the repository: `python /path/to/repo/benchmarks/{bench.name} …`; add `--quick` for the "
-            "small profile, `--draft` to run from uncommitted code).", ""]
+            "small profile, `--draft` to run from uncommitted code)."
+            + (" One such check, run and committed: [check-quick/](check-quick/README.md)."
+               if (BENCHMARKS / bench.name / "check-quick" / "README.md").exists() else ""), ""]
 
 
 def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str = "") -> str:
