@@ -139,3 +139,77 @@ def test_ctrl_c_in_a_simulation_leaves_a_complete_record_marked_interrupted(tmp_
     assert (run / "accuracy.png").exists() and (run / "bytes.png").exists()
     assert sorted(p.name for p in (run / "models").iterdir()) == ["d00.safetensors", "d01.safetensors", "d02.safetensors"]
     assert "Interrupted" in (run / "summary.md").read_text() and "interrupted after round 2 of 4" in str(caught.value)
+
+
+def test_ctrl_c_on_the_simulate_command_writes_the_record_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "edgefl.cli.main", "simulate", "--dataset", "synthetic", "--clients", "3", "--rounds", "200",
+           "--train-samples", "600", "--test-samples", "200", "--eval-samples", "100", "--steps", "3", "--batch-size", "16",
+           "--width", "0.25", "--out", str(tmp_path), "--run-name", "r"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rounds = tmp_path / "r" / "rounds.jsonl"
+    try:
+        end = time.monotonic() + 300
+        while not (rounds.exists() and len(rounds.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read() if proc.poll() is not None else "no round 2 in 300 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    done = summary["rounds_completed"]
+    assert summary["interrupted"] is True and 2 <= done < 200 and len(rounds.read_text().splitlines()) == done
+    assert f"interrupted after round {done} of 200" in " ".join(stderr.split())
+    assert (tmp_path / "r" / "accuracy.png").exists() and len(list((tmp_path / "r" / "models").iterdir())) == 3
+
+
+def test_a_second_ctrl_c_while_the_record_is_written_exits_at_once():
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import time\nfrom edgefl.runtime.interrupt import second_interrupt_exits\n"
+            "with second_interrupt_exits():\n    print('writing', flush=True)\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted again: exiting now" in stderr
+
+
+def test_plots_count_rounds_in_whole_numbers_from_1(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from edgefl.report.plots import _accuracy_points, _integer_rounds, plot_run
+
+    rounds = [{"round": r, "eval": {"mean_accuracy": 0.5, "tier_accuracy": {"a": 0.5}}} for r in (1, 2)]
+    summary = {"rounds": 3, "mean_accuracy": 0.6, "tier_accuracy": {"a": 0.6}}
+    xs, _, means = _accuracy_points(rounds, summary)
+    assert xs == [1, 2, 3] and means == [0.5, 0.5, 0.6]
+    # a round nobody answered is no point (None), and an interrupted run has no final point
+    rounds.append({"round": 3, "eval": {"mean_accuracy": None, "tier_accuracy": {}}})
+    xs, _, means = _accuracy_points(rounds, {**summary, "interrupted": True, "rounds_completed": 3})
+    assert xs == [1, 2, 3] and means[-1] is None
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [0.1, 0.2, 0.3])
+    _integer_rounds(ax)
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    plt.close(fig)
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rounds.jsonl").write_text("".join(json.dumps({**r, "bytes_up_total": 1, "bytes_down_total": 2}) + "\n" for r in rounds))
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert [p.name for p in plot_run(run)] == ["accuracy.png", "bytes.png"]
