@@ -513,3 +513,20 @@ def test_a_benchmark_runs_from_any_directory(tmp_path):
     done = subprocess.run([sys.executable, str(runner.BENCHMARKS / "foundation"), "--help"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "--seeds" in done.stdout
+
+
+def test_device_class_counts_read_each_devices_shard_past_the_public_carve_out():
+    from benchmarks.common import device_class_counts
+
+    # Prepare: shards of 2 classes with 10 % of the training images carved out for the server first
+    config = {**tiny_cell(0).config, "clients": 4, "partition": "shards", "classes_per_client": 2,
+              "public_fraction": 0.1, "train_samples": 400, "tiers": ("1",)}
+    # Execute
+    counts = device_class_counts(config)
+    # Assert: every device holds exactly its two classes (indexing the whole training set instead of
+    # the pool left after the carve-out gave every device a spread over all classes)
+    assert len(counts) == 4
+    for _, per_class in counts.values():
+        assert sum(c > 0 for c in per_class) == 2
+    # (with 8 shards for 10 classes the partition uses 8 of them: at most the 360 images left)
+    assert 0 < sum(sum(c) for _, c in counts.values()) <= 400 - 40
