@@ -213,3 +213,19 @@ def test_plots_count_rounds_in_whole_numbers_from_1(tmp_path):
     (run / "rounds.jsonl").write_text("".join(json.dumps({**r, "bytes_up_total": 1, "bytes_down_total": 2}) + "\n" for r in rounds))
     (run / "summary.json").write_text(json.dumps(summary))
     assert [p.name for p in plot_run(run)] == ["accuracy.png", "bytes.png"]
+
+
+def test_under_local_differential_privacy_no_final_model_leaves_a_device(tmp_path):
+    from edgefl.privacy.seam import PrivateDevice
+    from edgefl.runtime.setup import resolve_method
+
+    algo, ctx, transport = _fleet(tmp_path)
+    method = resolve_method("fedavg", {"dp": "local", "dp_target_epsilon": "50"})
+    assert method.privacy.on_device
+    for d in ("d00", "d01", "d02"):
+        agent = transport.handlers[d].__self__
+        agent.half = PrivateDevice(agent.half, method.privacy, method.release, 2)
+    loop = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1),
+                     collect_models=ModelArrays(lambda d: ctx.fleet[d].spec))
+    final = loop.run()
+    assert loop.final_models == {} and final["finish_failed"] == {}  # asked, and answered without the model

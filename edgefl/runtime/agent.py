@@ -156,7 +156,12 @@ class DeviceAgent:
             send_model = bool(meta.pop(SEND_MODEL, False))
             with seeded_torch(self.half.ctx, env.round):
                 self.half.finish(env.round, Payload(env.payload.arrays, meta))
-            # asked for: the final model goes back with the reply (checked by the server against its spec)
+            # asked for: the final model goes back with the reply (checked by the server against its
+            # spec), unless local differential privacy protects this device's data: then no model
+            # leaves it un-noised (the device keeps it: edgefl train --save-model/--export)
+            from edgefl.privacy.seam import PrivateDevice
+
+            send_model = send_model and not isinstance(self.half, PrivateDevice)
             up = Payload(state_to_arrays(self.half.model.state_dict(), MODEL_PREFIX) if send_model else {}, {})
             return env.reply("done", up, algorithm=self.algorithm)
         except Exception as e:  # MemoryError and torch's OutOfMemoryError included: answer, keep serving

@@ -351,7 +351,8 @@ def serve(
 
         loop = RoundLoop(server, ctx, Encoded(ObservedTransport(transport, status), limits), settings, on_round=record,
                          before_round=lambda r: registry.apply(ctx.fleet), on_progress=on_progress, available=available,
-                         collect_models=ModelArrays(lambda d: ctx.fleet[d].spec), on_event=progress.on_event)
+                         collect_models=None if method.privacy.on_device else ModelArrays(lambda d: ctx.fleet[d].spec),
+                         on_event=progress.on_event)
         if loop.start_round:
             log.info("resuming after round %d from %s", loop.start_round, opts.checkpoint_dir)
 
@@ -374,7 +375,10 @@ def serve(
             write_config()
             saved = save_final_models(run_dir, loop.final_models, {d: r.spec for d, r in ctx.fleet.items()}, cfg.dataset)
             missing = sorted(set(ctx.fleet) - set(saved))
-            if missing:
+            if method.privacy.on_device:
+                say("local differential privacy: the devices keep their final models (none leaves a device un-noised); "
+                    "save or export them on each device (edgefl train --save-model, --export)")
+            elif missing:
                 say(f"no final model from {', '.join(missing)} (offline or past the deadline at the end): "
                     f"{'they are' if len(missing) > 1 else 'it is'} left out of {run_dir / 'models'}")
             summary = run_summary(
