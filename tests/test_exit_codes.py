@@ -91,6 +91,17 @@ def test_infer_skips_folders_the_model_does_not_know_only_when_asked(tmp_path):
     assert result["class_map"] == {"Pattern-1": "pattern-1", "pattern_0": "pattern-0"}
 
 
+def test_a_folder_can_name_every_fashion_mnist_class_by_its_slug():
+    from edgefl.data.sources import dataset_info
+    from edgefl.inference import class_index_map
+
+    classes = dataset_info("fashion-mnist").class_names  # "T-shirt/top" cannot be a folder name
+    folders = ["t-shirt-top" if c == "T-shirt/top" else c.lower().replace(" ", "-") for c in classes]
+    index, matched = class_index_map(sorted(folders), classes)
+    assert matched["t-shirt-top"] == "T-shirt/top" and sorted(matched.values()) == sorted(classes)
+    assert [classes[i] for i in index] == [matched[f] for f in sorted(folders)]
+
+
 # --- server start and train: an unreachable broker, and TLS refusals ------------------------------
 
 def test_server_start_retries_an_unreachable_broker_then_exits_4():

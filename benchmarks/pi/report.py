@@ -174,7 +174,7 @@ def sve512_section(path: Path) -> list[str]:
         "",
         "## The default index's torch on aarch64, and the parity failure under `max` (benchmarks/pi/sve512.sh)",
         "",
-        f"`pip install 'edgefl[train]'` from the default index on aarch64 installs torch {torch_version} (a CUDA build) with its",
+        f"The `[train]` layer from the default index on aarch64 installs torch {torch_version} (a CUDA build) with its",
         f"CUDA libraries and triton: the venv (with onnx, and the bytecode its runs wrote) is {_mib(sizes)}, {cuda} MiB of it CUDA libraries and triton",
         f"({_largest(sizes, 5)} MiB). With that torch, max |error| against float64 of the same CNN:",
         "",

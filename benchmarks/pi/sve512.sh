@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The parity failure under QEMU's "max" CPU, taken apart (issue 18): run after run.sh, in its root.
-# Installs what `pip install 'edgefl[train]'` takes from the default index on aarch64 (torch 2.14.1,
+# Installs what the [train] layer takes from the default index on aarch64 (torch 2.14.1,
 # a CUDA build, with its CUDA libraries and triton; plus onnx) into /opt/train214, runs
 # precision.py under CPUs that separate SVE, its vector length, SME and BF16, and a 2-round
 # `edgefl train --export` under "max" against a server on this host. Writes benchmarks/pi/sve512.json,

@@ -361,7 +361,7 @@ class StatusFeed:
     """A connection that keeps the latest fleet status of ``fleet`` (with the devices' reported
     active models merged in); what ``edgefl fleet status`` and ``edgefl dashboard`` read.
 
-    Use an operator account (``edgefl broker add-device NAME --role operator``): a client's id is
+    Use an operator account (``edgefl broker add-device NAME --fleet FLEET --role operator``): a client's id is
     its username on an edgefl Mosquitto, so reading with the server's own account would push the
     server off the broker.
     """
