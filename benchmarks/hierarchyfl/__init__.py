@@ -382,11 +382,36 @@ def per_tier(results: dict) -> list[str]:
     return lines + [""]
 
 
+def readings(results: dict) -> list[str]:
+    """The two readings of the public set side by side: each claim at 600 images and at 60."""
+    claims = results["claims"]
+
+    def cell(c):
+        if c is None:
+            return "— | —"
+        md = "—" if c["mean_diff"] is None else f"{100 * c['mean_diff']:+.2f} ± {100 * c['sd']:.2f}"
+        return f"{md} | {c['verdict']}"
+
+    lines = ["## The two readings of the public set, side by side", "",
+             "Each claim at 600 public images (1 % of Fashion-MNIST's 60,000) and at 60 (1 % of these devices' 6,000), "
+             "both main settings and both counted; mean ± sd of the paired differences, in points.", "",
+             "| claim | setting | metric | the paper's number | 600 images | verdict | 60 images | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in claims:
+        if c["setting"].endswith(SMALL) or c["setting"].startswith("gain:"):
+            continue
+        twin = next((x for x in claims if x["statement"] == c["statement"] and x["metric_a"] == c["metric_a"]
+                     and x["metric_b"] == c["metric_b"] and x["setting"] == c["setting"] + SMALL), None)
+        lines.append(f"| `{c['statement']}` | {c['setting']} | {c['metric']} | {c.get('paper') or '—'} | {cell(c)} | {cell(twin)} |")
+    return lines + [""]
+
+
 def diagnostics(results: dict) -> str:
-    """Per tier, the gain against the headroom and split into labels and distillation; the
-    meta-learner's weights at the last round and the distillation check, per method and setting."""
+    """The two public-set readings side by side; per tier, the gain against the headroom and split
+    into labels and distillation; the meta-learner's weights at the last round and the
+    distillation check, per method and setting."""
     runs = results["runs"]
-    lines = per_tier(results) + ["## Server step", "",
+    lines = readings(results) + per_tier(results) + ["## Server step", "",
              "M at the last round (mean over seeds; uniform = 1/tiers) and its spread (max − min); the "
              "distillation check (each exit's validation accuracy before and after distillation) when the "
              "method reports it.", "",
