@@ -367,7 +367,7 @@ class RoundLoop:
                                                 "failed": sorted(measured["eval_failed"])})
         final["finish_failed"] = finished.failed
         final["finish_bytes_down"] = sum(finished.bytes_down.values())
-        final["rounds_completed"] = self.rounds_completed
+        final["rounds_completed"] = min(self.rounds_completed, self.settings.rounds)  # training rounds (closing ones apart)
         final["interrupted"] = False
         final["wall_seconds"] = time.perf_counter() - t0
         return final
@@ -395,7 +395,7 @@ class RoundLoop:
             self.ctx.round = done
             finished = self._finish(done, self.settings.interrupt_timeout)
             final.update(finish_failed=finished.failed, finish_bytes_down=sum(finished.bytes_down.values()))
-        final.update(rounds_completed=done, interrupted=True, wall_seconds=time.perf_counter() - t0)
+        final.update(rounds_completed=min(done, self.settings.rounds), interrupted=True, wall_seconds=time.perf_counter() - t0)
         return final
 
     # -- checkpoints ----------------------------------------------------------------------------
