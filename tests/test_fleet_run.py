@@ -178,3 +178,32 @@ def test_ctrl_c_on_the_server_leaves_a_complete_record_marked_interrupted(tmp_pa
     assert status["server"]["phase"] == "interrupted" and status["server"]["result"]["rounds_completed"] == done
     assert json.loads((run / "status.json").read_text())["server"]["phase"] == "interrupted"
     assert f"interrupted after round {done} of 20" in " ".join(stderr.decode().split())
+
+
+def test_a_server_that_dies_reads_as_stopped_not_live(tmp_path):
+    need_mosquitto()
+    fleet, out = "gone", tmp_path / "runs"
+    broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
+    try:
+        server = subprocess.Popen(server_command(broker, fleet, out, devices=1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            waiting = {}
+
+            def says_waiting():
+                done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", "fleet", "status", "--broker", broker.url, "--fleet", fleet,
+                                       "--json", "--timeout", "2"], capture_output=True, text=True, timeout=120)
+                if done.returncode == 0:
+                    waiting.update(json.loads(done.stdout))
+                return waiting.get("server", {}).get("phase") == "waiting"
+
+            wait_for(says_waiting, 300, "the server's waiting status")
+            assert waiting["server"]["registered"] == 0 and waiting["server"]["expected"] == 1
+            server.send_signal(signal.SIGKILL)  # no clean exit: its Last Will speaks
+            server.wait(10)
+        finally:
+            if server.poll() is None:
+                server.kill()
+        status = json.loads(cli("fleet", "status", "--broker", broker.url, "--fleet", fleet, "--json").stdout)
+    finally:
+        broker.stop()
+    assert status["server"]["phase"] == "stopped" and status["server"]["connection"] == "offline"
