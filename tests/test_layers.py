@@ -188,3 +188,12 @@ def test_the_method_knowledge_check_sees_each_kind():
     )
     hits = method_knowledge(source)
     assert [h.split(":")[0] for h in hits] == ["line 1", "line 2", "line 3"]
+
+
+def test_no_command_module_imports_another():
+    """The CLI stays thin: what commands share lives in edgefl.cli.common; only the app (main) and
+    its reference generator put the commands together."""
+    graph = import_graph()
+    commands = {m for m in module_files() if m.startswith("edgefl.cli.")} - {"edgefl.cli.common", "edgefl.cli.main", "edgefl.cli.reference"}
+    crossing = sorted(f"{m} -> {t}" for m in commands for t in graph.get(m, ()) if t in commands)
+    assert crossing == []
