@@ -147,6 +147,8 @@ def start(
 
     if metrics_port is not None:
         feedback.line(f"metrics: http://{metrics_host}:{metrics_port}/metrics")
+        if metrics_host not in ("127.0.0.1", "localhost", "::1"):
+            err.print("[yellow]warning:[/] the metrics listen beyond loopback and ask for no password (firewall the port)")
     from edgefl.report.recorder import result_text
 
     try:
