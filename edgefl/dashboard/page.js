@@ -46,9 +46,19 @@ function resultOf(s) {
   const fin = (s.history || []).find(h => h.round === "final");
   return fin ? {mean_accuracy: fin.mean_accuracy, devices: null} : null;
 }
-function measuredBy(m) {
+const MEASURED = {
+  "server-final": "the final evaluation",
+  "mixed": "the final evaluation; devices that missed it by their last per-round evaluation",
+  "last-round": "each device's last per-round evaluation (none answered the final one)",
+  "none": "no evaluation",
+};
+function measuredBy(m, fromRound) {
   if (!m) return "";
-  if (typeof m === "string") return m;
+  if (typeof m === "string") {
+    const late = fromRound && Object.keys(fromRound).length
+      ? ` (${Object.entries(fromRound).sort().map(([d, r]) => `${d}: round ${r}`).join(", ")})` : "";
+    return (MEASURED[m] || m) + (m === "mixed" || m === "last-round" ? late : "");
+  }
   if (typeof m === "object") return Object.entries(m).map(([k, v]) => `${k.replace(/_/g, " ")}: ${Array.isArray(v) ? v.join(", ") : typeof v === "object" && v ? Object.keys(v).join(", ") : v}`).join("; ");
   return String(m);
 }
@@ -101,7 +111,7 @@ function renderRun(s, now) {
   if (res && (TERMINAL.has(phase) || s.result)) {
     const over = num(res.devices) ? ` over ${res.devices} device${res.devices === 1 ? "" : "s"}` : "";
     out.append(el("strong", {}, num(res.mean_accuracy) ? `Result: ${pct(res.mean_accuracy)} mean accuracy${over}` : `Result: not measured${over}`));
-    const by = measuredBy(res.measured_by);
+    const by = measuredBy(res.measured_by, res.from_last_round);
     if (by) out.append(` (measured by ${by})`);
     const ref = s.reference;
     if (ref && num(ref.mean_accuracy) && num(res.mean_accuracy))
