@@ -239,6 +239,10 @@ function renderAccuracy(s) {
     polyline(svg, means, "#1f2328", {width: 2.5, dots: false});
     items.push({label: "mean over devices", color: "#1f2328"});
   }
+  if (final && num(final.mean_accuracy) && tiers.size > 1) {
+    const fx = ax.sx(finalX), fy = ax.sy(final.mean_accuracy);
+    svg.appendChild(svgEl("path", {d: `M${fx} ${fy - 6} L${fx + 6} ${fy} L${fx} ${fy + 6} L${fx - 6} ${fy} Z`, fill: "#1f2328", class: "final"}));
+  }
   if (final && num(final.mean_accuracy)) items.push({label: `final (test split): mean ${pct(final.mean_accuracy)}`, color: "#1f2328", marker: "diamond"});
   if (!evals.length && !final) svg.appendChild(svgEl("text", {x: ax.L + 12, y: ax.T + 20}, "no evaluation yet"));
   legend("accuracy-legend", items);
