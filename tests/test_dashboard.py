@@ -209,3 +209,32 @@ def test_the_grafana_dashboard_queries_only_metrics_that_exist():
     # Assert
     assert queried and queried <= exposed, queried - exposed
     assert {"edgefl_devices", "edgefl_accuracy", "edgefl_bytes_total", "edgefl_refused_messages_total", "edgefl_round"} <= queried
+
+
+def test_bytes_plot_explains_alternating_rounds_and_marks_cvae_rounds():
+    # Prepare: Velo's rounds as the demo records them: evaluated every second round, the CVAE
+    # trained in the others, the next training downlink not re-sent after an evaluation
+    import matplotlib.pyplot as plt
+
+    from edgefl.report.plots import _explain_alternation
+
+    rounds = [{"round": r, "eval": {"mean_accuracy": 0.5}} if r % 2 == 0 else
+              {"round": r, "server": {"cvae_loss": 0.1}, "downlinks_not_resent": ["d00"] if r > 1 else []} for r in range(1, 7)]
+    fig, ax = plt.subplots()
+    try:
+        # Execute
+        noted = _explain_alternation(ax, fig, rounds, [r["round"] for r in rounds])
+        labels = ax.get_legend_handles_labels()[1]
+        notes = [t.get_text() for t in fig.texts]
+    finally:
+        plt.close(fig)
+    # Assert
+    assert noted and "evaluation round" in labels and "CVAE round (the server trained its CVAE)" in labels
+    assert any("not re-sent" in n for n in notes)
+    # a run evaluated every round alternates nothing: no band, no note
+    fig, ax = plt.subplots()
+    try:
+        assert not _explain_alternation(ax, fig, [{"round": r, "eval": {}} for r in (1, 2)], [1, 2])
+        assert ax.get_legend_handles_labels()[1] == []
+    finally:
+        plt.close(fig)
