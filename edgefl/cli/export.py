@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from edgefl.cli.common import DATASET_HELP
 from edgefl.errors import ConfigError
 from edgefl.report.console import Feedback, err
 
@@ -18,7 +19,7 @@ def export(
     tier: str = typer.Option(None, "--tier", help="Export one model of this tier (the first device holding it)."),
     all_devices: bool = typer.Option(False, "--all", help="Export every device's model."),
     checkpoint: Path = typer.Option(None, "--checkpoint", help="A model file (.safetensors with edgefl spec metadata) instead of --run."),
-    dataset: str = typer.Option(None, "--dataset", help="Dataset of a --checkpoint when its metadata names none."),
+    dataset: str = typer.Option(None, "--dataset", help="Dataset of a --checkpoint when its metadata names none. " + DATASET_HELP),
     data_dir: str = typer.Option(None, "--data-dir", help="Directory holding the dataset files."),
     opset: int = typer.Option(17, "--opset", help="ONNX opset."),
     quantize: str = typer.Option(None, "--quantize", help="Also write a static int8 model (int8)."),

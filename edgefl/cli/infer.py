@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from edgefl.cli.common import DATASET_HELP
 from edgefl.errors import ConfigError
 from edgefl.report.console import err
 
@@ -19,7 +20,7 @@ def infer(
     model: Path = typer.Option(None, "--model", "-m", help="An ONNX model (from `edgefl export`); default: the active deployed one."),
     images: list[Path] = typer.Argument(None, help="Image files (PNG, JPEG …) or .npy arrays [N, C, H, W]."),
     models_dir: str = typer.Option(None, "--models-dir", envvar="EDGEFL_MODELS_DIR", help="Where `edgefl deploy` installs models (without --model)."),
-    dataset: str = typer.Option(None, "--dataset", help="Measure accuracy on this dataset instead."),
+    dataset: str = typer.Option(None, "--dataset", help="Measure accuracy on this dataset instead. " + DATASET_HELP),
     split: str = typer.Option("test", "--split", help="Split of --dataset."),
     data_dir: str = typer.Option(None, "--data-dir", help="Directory holding the dataset files."),
     limit: int = typer.Option(None, "--limit", help="Use only the first N samples of --dataset."),

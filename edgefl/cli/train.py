@@ -27,6 +27,7 @@ from typing import Any
 import typer
 
 from edgefl.cli.common import (
+    DATASET_HELP,
     DEFAULT_BROKER,
     Broker,
     CaFile,
@@ -126,7 +127,7 @@ def train(
     broker: Broker = DEFAULT_BROKER,
     fleet: Fleet = "default",
     device_id: str = typer.Option(None, "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."),
-    data: str = typer.Option(None, help="Dataset[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]."),
+    data: str = typer.Option(None, help="DATASET[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]. " + DATASET_HELP),
     tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
     profile: Path = typer.Option(None, help="Profile JSON (edgefl device profile --json); default: measure this machine."),
     username: Username = None,
