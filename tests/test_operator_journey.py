@@ -4,15 +4,17 @@ three `edgefl train` devices → one device killed mid-run (later rounds do not 
 the run finishes with a real accuracy → `fleet status` says finished → `export --run --all` →
 `deploy` to three agents → rollback of one → `infer` on an image folder named by class.
 
-(Mosquitto runs as this test's user: ownership of the keys for the `mosquitto` user is the docs'
-§1, checked by the docs' own test.)"""
+Run as root, Mosquitto starts as root and drops to the `mosquitto` user, as on a Debian server:
+the files `edgefl broker` makes must be readable by that user, in a directory it can enter."""
 
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,7 +71,17 @@ def test_the_documented_journey_from_certificates_to_inference(tmp_path):
         pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
     if not FMNIST.is_dir():
         pytest.skip(f"Fashion-MNIST is not at {FMNIST}")
-    ops = tmp_path  # the operator's directory
+    # the operator's directory; as root, one the mosquitto user may enter (pytest's are 0700)
+    ops = Path(tempfile.mkdtemp(prefix="edgefl-journey-")) if os.geteuid() == 0 else tmp_path
+    ops.chmod(0o755)
+    try:
+        _journey(ops)
+    finally:
+        if ops != tmp_path:
+            shutil.rmtree(ops, ignore_errors=True)
+
+
+def _journey(ops: Path) -> None:
     # 1. certificates: the fleet CA, the broker's, one per client
     edgefl("broker", "ca", "--certs", "broker/certs", "--fleet", FLEET, "--host", "localhost", "--ip", "127.0.0.1", cwd=ops)
     edgefl("broker", "add-device", "edgefl-server", "--fleet", FLEET, "--role", "server", "--certs", "broker/certs", cwd=ops)
@@ -80,8 +92,6 @@ def test_the_documented_journey_from_certificates_to_inference(tmp_path):
     port = free_port()
     conf = (Path(__file__).parents[1] / "broker" / "mosquitto-tls.conf").read_text()
     conf = conf.replace("listener 8883 0.0.0.0", f"listener {port} 127.0.0.1").replace("persistence true", "persistence false")
-    if os.geteuid() == 0:
-        conf += "user root\n"
     (ops / "broker" / "mosquitto-tls.conf").write_text(conf)
     url = f"mqtts://127.0.0.1:{port}"
 
