@@ -130,7 +130,7 @@ def test_every_device_supplied_weight_is_clipped_to_the_bound(caplog):
         "d0": Payload({"count": np.array([50, 50], np.int64)}, {"num_samples": 100}),
         "d3": Payload({"count": np.array([10**9, 3], np.int64), "w": np.ones(2, np.float32)}, {"num_samples": 10**9}),
     }
-    out, clipped = bound_uplinks(4, ups, fleet, 10.0, ("count",))
+    out, clipped = bound_uplinks(4, ups, fleet, 10.0, {"count": "samples"})
     assert out["d0"] is ups["d0"]  # honest: untouched
     assert out["d3"].meta["num_samples"] == 1300
     assert out["d3"].arrays["count"].tolist() == [1300, 3] and out["d3"].arrays["count"].dtype == np.int64
@@ -138,8 +138,24 @@ def test_every_device_supplied_weight_is_clipped_to_the_bound(caplog):
     assert "device d3 claimed num_samples = 1e+09; clipped to 1300" in caplog.text
     # a per-class count is also held to the device's own declared size; 0 turns the bound off
     small = {"d0": Payload({"count": np.array([90.0, 500.0], np.float32)}, {"num_samples": 100})}
-    assert bound_uplinks(0, small, fleet, 10.0, ("count",))[0]["d0"].arrays["count"].tolist() == [90.0, 100.0]
-    assert bound_uplinks(0, ups, fleet, 0.0, ("count",)) == (ups, {})
+    assert bound_uplinks(0, small, fleet, 10.0, {"count": "samples"})[0]["d0"].arrays["count"].tolist() == [90.0, 100.0]
+    assert bound_uplinks(0, ups, fleet, 0.0, {"count": "samples"}) == (ups, {})
+
+
+def test_counts_over_local_epochs_are_bounded_in_sample_visits():
+    """Felo counts a sample each time local training sees it: an honest device that trains 3 epochs
+    on a shard of one class claims 3x its declared size for that class, and is not clipped; a claim
+    past its own visits is."""
+    from edgefl.algorithms import TrainSettings
+
+    fleet = _fleet([100, 120, 140])
+    visits = TrainSettings(epochs=3).visits
+    honest = {"d0": Payload({"count": np.array([300, 0], np.int64)}, {"num_samples": 100})}
+    assert bound_uplinks(0, honest, fleet, 10.0, {"count": "visits"}, visits) == (honest, {})
+    lying = {"d0": Payload({"count": np.array([301, 0], np.int64)}, {"num_samples": 100})}
+    out, clipped = bound_uplinks(0, lying, fleet, 10.0, {"count": "visits"}, visits)
+    assert out["d0"].arrays["count"].tolist() == [300, 0] and clipped == {"d0": {"count": [301.0, 300.0]}}
+    assert TrainSettings(steps=5, batch_size=32).visits(100) == 160
 
 
 def test_summaries_say_which_figures_are_measured_and_which_are_claimed():

@@ -74,6 +74,10 @@ class TrainSettings:
     lr_decay_rounds: tuple[int, ...] = ()  # multiply lr by lr_gamma at each of these rounds
     lr_gamma: float = 0.1
 
+    def visits(self, num_samples: int) -> int:
+        """How many sample visits one round of local training makes on ``num_samples`` samples."""
+        return self.steps * self.batch_size if self.steps else self.epochs * num_samples
+
     def lr_scale(self, round: int) -> float:
         """The schedule's factor at ``round``: lr_gamma to the number of decays passed."""
         return self.lr_gamma ** sum(round >= r for r in self.lr_decay_rounds)
@@ -199,11 +203,13 @@ class DeviceHalf:
 class ServerHalf:
     """Base of every server half.
 
-    ``count_arrays``: the uplink arrays that are per-class sample counts a device claims (knowledge
-    methods weigh classes by them); the round loop clips each, like ``num_samples``, to the weight
-    bound before :meth:`aggregate` sees them (:mod:`edgefl.runtime.claims`)."""
+    ``count_arrays``: the uplink arrays that are per-class counts a device claims (knowledge methods
+    weigh classes by them), each with its unit: ``"samples"`` (each sample counted once) or
+    ``"visits"`` (each time local training saw a sample: :meth:`TrainSettings.visits`). The round
+    loop clips each, like ``num_samples``, to the weight bound in that unit before :meth:`aggregate`
+    sees them (:mod:`edgefl.runtime.claims`)."""
 
-    count_arrays: tuple[str, ...] = ()
+    count_arrays: Mapping[str, str] = {}
 
     def __init__(self, ctx: ServerContext, options: Any):
         self.ctx = ctx

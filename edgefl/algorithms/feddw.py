@@ -184,7 +184,7 @@ class FedProxDWDevice(FedDWDevice, FedProxDevice):
 
 
 class FedDWServer(GlobalModelServer):
-    count_arrays = (SL_COUNTS,)  # per-class counts: clipped to the weight bound by the loop
+    count_arrays = {SL_COUNTS: "samples"}  # one eval pass: clipped to the weight bound by the loop
 
     def __init__(self, ctx, options):
         super().__init__(ctx, options)

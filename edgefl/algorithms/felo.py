@@ -444,7 +444,7 @@ class KnowledgeServer(ServerHalf):
     """Felo's server (FedHe's with ``features=False``): class-wise averages with a bounded
     history, and per-architecture FedAvg when the options share weights."""
 
-    count_arrays = ("count",)  # per-class counts: clipped to the weight bound by the loop
+    count_arrays = {"count": "visits"}  # per-class counts over the local epochs: clipped to the weight bound by the loop
 
     def __init__(self, ctx, options):
         super().__init__(ctx, options)

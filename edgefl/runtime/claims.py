@@ -2,7 +2,7 @@
 
 **Weights.** A device declares its data size once, at registration (``runtime/server.py``
 ``Registry``); every aggregation weight a device supplies afterwards (an uplink's ``num_samples``,
-a knowledge method's per-class counts, :attr:`ServerHalf.count_arrays`) is clipped by the round
+a knowledge method's per-class counts, :attr:`ServerHalf.count_arrays`, in their unit) is clipped by the round
 loop, before the method aggregates, to the **weight bound**: ``ratio`` × the median declared size
 of the fleet (``ServeOptions.max_weight_ratio``, ``--max-weight-ratio``, default
 :data:`DEFAULT_WEIGHT_RATIO`; 0 turns the bound off), and a per-class count also to the device's
@@ -20,8 +20,9 @@ summaries, round records and the fleet status carry that label.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from statistics import median
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -45,22 +46,35 @@ SOURCES = {
 }
 
 
-def weight_bound(fleet: Mapping[str, DeviceRecord], ratio: float) -> float | None:
-    """``ratio`` × the median declared size of the fleet; None when off or nothing is declared."""
-    sizes = [r.num_samples for r in fleet.values() if r.num_samples > 0]
+def weight_bound(fleet: Mapping[str, DeviceRecord], ratio: float, unit: Callable[[int], float] = float) -> float | None:
+    """``ratio`` × the median declared size of the fleet, in ``unit`` (a declared size's worth of
+    the quantity bounded: samples, or sample visits per round); None when off or nothing is declared."""
+    sizes = [unit(r.num_samples) for r in fleet.values() if r.num_samples > 0]
     if ratio <= 0 or not sizes:
         return None
     return ratio * float(median(sizes))
 
 
 def bound_uplinks(
-    round: int, uplinks: Mapping[str, Payload], fleet: Mapping[str, DeviceRecord], ratio: float, count_arrays: Sequence[str] = ()
+    round: int,
+    uplinks: Mapping[str, Payload],
+    fleet: Mapping[str, DeviceRecord],
+    ratio: float,
+    count_arrays: Mapping[str, str] = MappingProxyType({}),
+    visits: Callable[[int], float] = float,
 ) -> tuple[dict[str, Payload], dict[str, dict[str, list[float]]]]:
     """The uplinks with every device-supplied weight clipped to :func:`weight_bound`, and what was
-    clipped: ``{device: {field: [claimed, used]}}`` (logged too)."""
+    clipped: ``{device: {field: [claimed, used]}}`` (logged too).
+
+    ``count_arrays`` names the per-class count arrays with their unit (:attr:`ServerHalf.count_arrays`):
+    ``"samples"`` counts are bounded in samples; ``"visits"`` counts (a sample counted each time local
+    training saw it) in ``visits(declared size)``, the sample visits of one round's local training,
+    so an honest device training several epochs is never clipped."""
     bound = weight_bound(fleet, ratio)
     if bound is None:
         return dict(uplinks), {}
+    units = {"samples": float, "visits": visits}
+    bounds = {name: weight_bound(fleet, ratio, units[unit]) for name, unit in count_arrays.items()}
     out: dict[str, Payload] = {}
     clipped: dict[str, dict[str, list[float]]] = {}
     for device_id, p in uplinks.items():
@@ -71,9 +85,11 @@ def bound_uplinks(
             meta = {**meta, "num_samples": used}
             mine["num_samples"] = [float(n), float(used)]
         record = fleet.get(device_id)
-        cap = min(bound, float(record.num_samples)) if record is not None and record.num_samples > 0 else bound
-        for name in count_arrays:
+        for name, unit in count_arrays.items():
             a = arrays.get(name)
+            cap = bounds[name]
+            if record is not None and record.num_samples > 0:
+                cap = min(cap, float(units[unit](record.num_samples)))
             if a is None or not a.size or not np.issubdtype(a.dtype, np.number) or float(a.max()) <= cap:
                 continue
             limit = np.asarray(int(cap) if a.dtype.kind in "iu" else cap, a.dtype)

@@ -280,7 +280,9 @@ class RoundLoop:
             first = next(iter(ex.failed.values()), "unknown")
             raise EdgeflError(f"round {round}: all {len(selected)} devices failed (first: {first})")
         t1 = time.perf_counter()
-        uplinks, clipped = bound_uplinks(round, fresh, self.ctx.fleet, self.settings.weight_ratio, self.server.count_arrays)
+        uplinks, clipped = bound_uplinks(
+            round, fresh, self.ctx.fleet, self.settings.weight_ratio, self.server.count_arrays, self.ctx.settings.visits
+        )
         server_metrics = self.server.aggregate(round, uplinks)
         t2 = time.perf_counter()
         metas = {d: r.payload.meta for d, r in ex.replies.items()}

@@ -350,7 +350,7 @@ def profiled_tiers(cfg: RunConfig, fleet, info: DatasetInfo, shard_sizes: dict[s
     from edgefl.profiling import fleet_tiers
 
     tiers = run_tiers(cfg)
-    samples = {d: cfg.steps * cfg.batch_size if cfg.steps else cfg.epochs * n for d, n in shard_sizes.items()}
+    samples = {d: train_settings(cfg).visits(n) for d, n in shard_sizes.items()}
     optimizer = "adam" if cfg.optimizer == "adam" else "sgd-momentum" if cfg.momentum else "sgd"
     return fleet_tiers(
         fleet, model_spec(cfg, tiers[0], info), tiers, batch_size=cfg.batch_size, samples_per_round=samples, optimizer=optimizer
