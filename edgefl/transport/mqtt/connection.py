@@ -161,9 +161,14 @@ def check_tls(address: BrokerAddress, timeout: float = 10.0) -> None:
                         return  # closed without a verdict: MQTT's own errors will tell
                 except TimeoutError:
                     if tls.session is not None and tls.session.has_ticket:
-                        return  # the broker issued a session ticket: it accepted this client
+                        break  # the broker issued a session ticket: it accepted this client
                     continue
-                return
+                break
+            try:  # leave with a TLS close_notify, so that the broker logs no "unexpected eof"
+                tls.settimeout(1.0)
+                tls.unwrap()
+            except (OSError, ValueError):
+                pass
     except ssl.SSLCertVerificationError as e:
         why = e.verify_message or e.reason or str(e)
         if e.verify_code in (62, 64):  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
