@@ -41,3 +41,19 @@ def test_the_completion_protocol_the_scripts_use_answers():
     assert _complete("edgefl sim", 1) == ["simulate"]
     assert "--password-file" in _complete("edgefl train --pass", 2)
     assert "start" in _complete("edgefl server ", 2)
+
+
+def test_the_bash_script_completes_in_bash(tmp_path):
+    import shutil
+
+    bash = shutil.which("bash")
+    assert bash is not None
+    # `edgefl` on PATH, as an installed command is: this interpreter running the app from this tree
+    (tmp_path / "edgefl").write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from edgefl.cli.main import main; "
+                                     "sys.argv[0] = \"edgefl\"; main()' \"$@\"\n")
+    (tmp_path / "edgefl").chmod(0o755)
+    script = ROOT / "cli" / "completion" / "edgefl.bash"
+    line = f'source {script}; COMP_WORDS=(edgefl server st); COMP_CWORD=2; _edgefl_completion edgefl; echo "${{COMPREPLY[@]}}"'
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([bash, "-c", line], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.split() == ["start"], out.stderr
