@@ -112,6 +112,16 @@ def test_server_start_retries_an_unreachable_broker_then_exits_4():
     assert "gave up after --broker-wait 2 s" in one_line_error(result)
 
 
+def test_commands_that_read_the_fleet_exit_4_for_an_unreachable_broker_and_3_for_a_missing_run(tmp_path):
+    port = free_port()
+    result = edgefl("fleet", "status", "--broker", f"mqtt://127.0.0.1:{port}", "--timeout", "2")
+    assert result.returncode == ExitCode.BROKER_UNREACHABLE and "cannot reach the broker" in one_line_error(result)
+    result = edgefl("fleet", "status", "--run", tmp_path / "nope")
+    assert result.returncode == ExitCode.CONFIG and "holds no status.json" in one_line_error(result)
+    result = edgefl("export", "--run", tmp_path / "nope", "--all", "--out", tmp_path / "onnx")
+    assert result.returncode == ExitCode.CONFIG and "is not a run directory" in one_line_error(result)
+
+
 def test_server_start_reads_its_password_file_and_names_it_when_unreadable(tmp_path):
     result = edgefl("server", "start", "--dataset", "synthetic", EDGEFL_PASSWORD_FILE=str(tmp_path / "nope"))
     assert result.returncode == ExitCode.CONFIG

@@ -21,7 +21,13 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edgefl.errors import AuthenticationError, ConfigError, TransportError, WireError
+from edgefl.errors import (
+    AuthenticationError,
+    BrokerUnreachableError,
+    ConfigError,
+    TransportError,
+    WireError,
+)
 from edgefl.transport.chunks import (
     ChunkRefused,
     ChunkSender,
@@ -224,7 +230,7 @@ def detect_protocol(address: BrokerAddress, timeout: float = 10.0) -> int:
             break
         except (OSError, ssl.SSLError) as e:
             if time.monotonic() > deadline:
-                raise TransportError(f"cannot reach the broker at {address}: {e}") from None
+                raise BrokerUnreachableError(f"cannot reach the broker at {address}: {e}") from None
             time.sleep(0.5)
     probe.loop_start()
     done.wait(timeout)
