@@ -39,7 +39,6 @@ every claim between the chosen methods in that setting.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import importlib
 import json
@@ -267,14 +266,15 @@ def resolved_run(cell: Cell) -> dict[str, Any]:
     if blob not in _RESOLVED:
         from edgefl.algorithms import get_algorithm
         from edgefl.config import resolve_config
+        from edgefl.runtime.setup import resolve_method
 
         algorithm = get_algorithm(cell.config.get("algorithm", "fedavg"))
         cfg = resolve_config(cell.full_config(), dict(algorithm.defaults))
-        options = algorithm.parse_options(cfg.options)
+        options = resolve_method(cfg.algorithm, cfg.options).options_dict()  # the dp options too, when set
         run = cfg.model_dump(mode="json", exclude={"out_dir", "run_name", "threads", "options"})
         run = {k: v for k, v in run.items() if not (k in ADDED_SETTINGS and v == ADDED_SETTINGS[k])}
         added = ADDED_OPTIONS.get(cfg.algorithm, {})
-        run["options"] = {k: v for k, v in dataclasses.asdict(options).items() if not (k in added and v == added[k])}
+        run["options"] = {k: v for k, v in options.items() if not (k in added and v == added[k])}
         _RESOLVED[blob] = run
     return _RESOLVED[blob]
 

@@ -1,0 +1,4 @@
+from benchmarks.privacy import make
+from benchmarks.runner import main
+
+main(make)
