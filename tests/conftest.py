@@ -1,5 +1,8 @@
+import hashlib
 import logging
 import os
+import sys
+import time
 
 import pytest
 
@@ -16,6 +19,90 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/base/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.base)
+
+
+# --- time under load -----------------------------------------------------------------------------
+# A deadline that is a real parameter of the system under test (a round's deadline, a device's
+# "gone after") is written for an idle 2-core machine and passed through `scaled`; everything else
+# waits for the event it needs (`wait_until`), with a generous bound that only stops a hang.
+
+# CPU seconds of `_workload` on the 2-core machine the suite's deadlines were written on
+REFERENCE_CPU_SECONDS = 0.15
+_speed: dict = {}
+
+
+def _workload() -> None:
+    h = hashlib.sha256()
+    for i in range(800_000):
+        h.update(i.to_bytes(4, "little"))
+        h.digest()
+
+
+def speed_factor(max_age: float = 60.0) -> float:
+    """How many times slower than the reference this machine is right now (>= 1).
+
+    Times a small fixed pure-Python workload: its wall time over its CPU time is the share of a
+    core a process gets under the current load, its CPU time over `REFERENCE_CPU_SECONDS` how
+    slow the CPU itself is. Measured at most every `max_age` seconds (load changes during a run);
+    EDGEFL_TEST_SPEED=<factor> sets it instead.
+    """
+    forced = os.environ.get("EDGEFL_TEST_SPEED")
+    if forced:
+        return max(1.0, float(forced))
+    now = time.monotonic()
+    if now - _speed.get("at", -1e9) > max_age:
+        wall, cpu = time.perf_counter(), time.process_time()
+        _workload()
+        wall, cpu = time.perf_counter() - wall, max(time.process_time() - cpu, 1e-3)
+        share = max(1.0, wall / cpu)
+        slowness = max(1.0, cpu / REFERENCE_CPU_SECONDS)
+        factor = min(30.0, share * slowness)
+        _speed.update(at=time.monotonic(), factor=factor, wall=wall, cpu=cpu, top=max(factor, _speed.get("top", 1.0)))
+    return _speed["factor"]
+
+
+def scaled(seconds: float) -> float:
+    """`seconds` on the idle reference machine, stretched by the measured `speed_factor`."""
+    return round(seconds * speed_factor(), 2)
+
+
+def wait_until(predicate, what: str, timeout: float = 300.0, poll: float = 0.05):
+    """Wait for an event: poll `predicate` until it is truthy (returned). `timeout` only bounds a
+    hang (it is scaled too), it is no expectation of how long the event takes."""
+    bound = scaled(timeout)
+    end = time.monotonic() + bound
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {bound:g} s waiting for {what}")
+        time.sleep(poll)
+
+
+def _shared():
+    """This module as the tests import it (pytest may import the conftest a second time, as
+    `conftest`): one measurement, one summary."""
+    import importlib
+
+    try:
+        return importlib.import_module("tests.conftest")
+    except ImportError:
+        return sys.modules[__name__]
+
+
+@pytest.fixture(scope="session")
+def speed() -> float:
+    """The speed factor, as `scaled` uses it."""
+    return _shared().speed_factor()
+
+
+def pytest_terminal_summary(terminalreporter):
+    m = _shared()._speed
+    if "factor" in m:
+        terminalreporter.write_line(
+            f"speed factor {m['factor']:.2f}, at most {m['top']:.2f} in this run (last workload {m['wall']:.3f} s wall, "
+            f"{m['cpu']:.3f} s CPU; load {os.getloadavg()[0]:.1f})")
 
 
 @pytest.fixture(autouse=True)

@@ -51,7 +51,7 @@ from edgefl.runtime.simulation import simulate
 from edgefl.transport import InMemoryTransport
 from edgefl.transport.broker import EmbeddedBroker
 from edgefl.wire import Envelope, Payload, decode, encode
-from tests.conftest import tiny_config
+from tests.conftest import scaled, tiny_config
 
 METHODS = algorithm_names()
 TOLERANCE = 1e-6
@@ -170,7 +170,7 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family)
         ))
         for i, d in enumerate(run.ids)
     ]
-    threads = [threading.Thread(target=r.run, kwargs={"stop_after": 240}, daemon=True) for r in runtimes]
+    threads = [threading.Thread(target=r.run, kwargs={"stop_after": scaled(240)}, daemon=True) for r in runtimes]
     box: dict = {}
 
     # Execute: the server in this thread, the three devices in theirs
@@ -179,12 +179,12 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family)
     try:
         summary = serve(
             cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
-            ServeOptions(broker=broker.url, fleet=fleet, deadline=120, wait_for_devices=120),
+            ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(120), wait_for_devices=scaled(120)),
             on_done=lambda s: box.__setitem__("state", s.state_dict()),
         )
     finally:
         for t in threads:
-            t.join(60)
+            t.join(scaled(60))
 
     # Assert: the same server state and device models
     assert not any(t.is_alive() for t in threads), "a device did not leave when the run was over"

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.broker import MosquittoBroker, free_port, mosquitto_binary
-from tests.conftest import tiny_config
+from tests.conftest import scaled, tiny_config
 from tests.test_fleet_live import launch_browser
 
 pytestmark = pytest.mark.slow
@@ -55,7 +55,7 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
         sys.executable, "-m", "edgefl.cli.main", "server", "start", "--broker", url, "--fleet", FLEET,
         # Velo (its CVAE every second round) on two tiers, evaluated every second round: all the charts have to say
         "--algorithm", "velo", "--option", "cvae_interval=2", "--model", "cnn", "--tiers", "2,4", "--feature-dim", "64", "--eval-every", "2",
-        "--rounds", "6", "--min-devices", "3", "--fraction", "1", "--deadline", "20", "--gone-after", "4",
+        "--rounds", "6", "--min-devices", "3", "--fraction", "1", "--deadline", str(scaled(20)), "--gone-after", str(scaled(4)),
         "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "10", "--batch-size", "16",
         "--out", str(tmp_path / "runs"), "--run-name", "shots", "--metrics-port", str(metrics_port),
     ], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"))  # noqa: SIM115
@@ -86,17 +86,17 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
 
                 # Execute and Assert: waiting for devices, one registered
                 start("d00", 0)
-                page.wait_for_selector("#run[data-phase=waiting] >> text=/Waiting for devices: 1/", timeout=240_000)
+                page.wait_for_selector("#run[data-phase=waiting] >> text=/Waiting for devices: 1/", timeout=scaled(240) * 1000)
                 page.wait_for_selector("tr[data-device=d00]")
                 shot("waiting")
                 # training, with a round on the charts
                 start("d01", 1)
                 start("d02", 2)
-                page.wait_for_selector("#run[data-phase=train]", timeout=240_000)
-                page.wait_for_function("() => document.querySelectorAll('#bytes polyline').length >= 2", timeout=120_000)
+                page.wait_for_selector("#run[data-phase=train]", timeout=scaled(240) * 1000)
+                page.wait_for_function("() => document.querySelectorAll('#bytes polyline').length >= 2", timeout=scaled(120) * 1000)
                 assert page.locator("tr[data-device]").count() == 3
                 assert "Training round" in page.text_content("#state")
-                page.wait_for_selector("#accuracy-legend >> text=tier 4", timeout=120_000)  # tiers named as tiers
+                page.wait_for_selector("#accuracy-legend >> text=tier 4", timeout=scaled(120) * 1000)  # tiers named as tiers
                 assert page.locator("#accuracy text.axis-label").all_text_contents() == ["round", "accuracy (%)"]
                 assert page.locator("#bytes text.axis-label").all_text_contents() == ["round", "MB per round (10⁶ bytes)"]
                 page.wait_for_selector("#bytes-legend >> text=CVAE round")
@@ -104,18 +104,18 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
                 metrics["training"] = scrape(metrics_port)
                 # a device killed: late, then gone
                 devices["d02"].send_signal(signal.SIGKILL)
-                page.wait_for_selector("tr[data-device=d02][data-state=gone]", timeout=120_000)
+                page.wait_for_selector("tr[data-device=d02][data-state=gone]", timeout=scaled(120) * 1000)
                 shot("gone")
                 metrics["gone"] = scrape(metrics_port)
                 # finished, with the result and the final evaluation on the chart
-                page.wait_for_selector("#run[data-phase=finished]", timeout=300_000)
+                page.wait_for_selector("#run[data-phase=finished]", timeout=scaled(300) * 1000)
                 page.wait_for_selector("#result >> text=/Result: [0-9.]+ % mean accuracy/")
                 assert page.locator("#accuracy path.final").count() >= 1
                 assert page.get_attribute("tr[data-device=d02]", "data-state") == "gone"  # killed: lost, not left
                 shot("finished")
             finally:
                 browser.close()
-        assert server.wait(120) == 0, (tmp_path / "server.log").read_text()[-3000:]
+        assert server.wait(scaled(120)) == 0, (tmp_path / "server.log").read_text()[-3000:]
     finally:
         for proc in (dash, server):
             if proc.poll() is None:

@@ -18,7 +18,7 @@ import pytest
 from edgefl.models import family_tiers
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
-from tests.conftest import tiny_config
+from tests.conftest import scaled, tiny_config
 
 pytestmark = pytest.mark.slow
 FLEET = "live"
@@ -28,7 +28,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 
 def cli(*args, timeout=60):
-    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], capture_output=True, text=True, timeout=scaled(timeout))
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -69,11 +69,12 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
                                                  profile_file=profile, delay=0.5, verbose=True), tmp_path / f"d{i:02d}.log")
         for i in range(3)
     }
-    # the server as an operator runs it; a generous deadline (a loaded machine), a short grace for lost connections
+    # the server as an operator runs it; a generous deadline, a short grace for lost connections (both
+    # stretched by the measured speed factor: the page must see d02 "late" before it turns "gone")
     run_dir = tmp_path / "runs" / "live"
     server = subprocess.Popen([
         sys.executable, "-m", "edgefl.cli.main", "server", "start", "--broker", url("edgefl-server"), "--fleet", FLEET,
-        "--algorithm", "fedavg", "--rounds", "500", "--min-devices", "3", "--fraction", "1", "--deadline", "30", "--gone-after", "4",
+        "--algorithm", "fedavg", "--rounds", "500", "--min-devices", "3", "--fraction", "1", "--deadline", str(scaled(30)), "--gone-after", str(scaled(4)),
         "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "3", "--batch-size", "16",
         "--out", str(tmp_path / "runs"), "--run-name", "live",
     ], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"))  # noqa: SIM115
@@ -95,10 +96,10 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
                 page = browser.new_context(http_credentials={"username": "ops", "password": "s3cret"}).new_page()
                 page.goto(page_url)
                 # Execute and Assert: the devices appear, the round advances without a reload
-                page.wait_for_selector("tr[data-device=d02]", timeout=240_000)
-                page.wait_for_function("() => /^[0-9]+$/.test(document.getElementById('round').textContent)", timeout=120_000)
+                page.wait_for_selector("tr[data-device=d02]", timeout=scaled(240) * 1000)
+                page.wait_for_function("() => /^[0-9]+$/.test(document.getElementById('round').textContent)", timeout=scaled(120) * 1000)
                 first_round = int(page.text_content("#round"))
-                page.wait_for_function(f"() => +document.getElementById('round').textContent > {first_round}", timeout=60_000)
+                page.wait_for_function(f"() => +document.getElementById('round').textContent > {first_round}", timeout=scaled(60) * 1000)
                 assert page.locator("tr[data-device]").count() == 3
 
                 status = json.loads(cli("fleet", "status", "--broker", url("ops-cli"), "--fleet", FLEET, "--json"))
@@ -115,7 +116,7 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
                 # a device killed mid-run turns late (its connection is lost), then gone
                 devices["d02"].send_signal(signal.SIGKILL)
                 for state in ("late", "gone"):
-                    page.wait_for_selector(f"tr[data-device=d02][data-state={state}]", timeout=60_000)
+                    page.wait_for_selector(f"tr[data-device=d02][data-state={state}]", timeout=scaled(60) * 1000)
                     seen_states.append(state)
                 assert page.locator("#accuracy polyline").count() >= 1  # accuracy per tier is drawn
                 rows = page.locator("tr[data-device]").count()

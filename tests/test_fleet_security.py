@@ -21,6 +21,7 @@ from edgefl.transport.broker import MosquittoBroker, acl_block, add_acl, add_use
 from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport
 from edgefl.transport.tls import FleetCA
 from edgefl.wire import Envelope, Payload, encode
+from tests.conftest import scaled, wait_until
 
 pytestmark = pytest.mark.slow
 FLEET = "lab"
@@ -65,6 +66,8 @@ class Conn:
         self.connack = None
         self.connected = threading.Event()
         self.answered = threading.Event()  # a CONNACK or a disconnect: no need to wait longer
+        self.subscribed = threading.Event()  # every SUBACK in (granted or not)
+        acks = []
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id or f"t-{time.monotonic_ns()}", protocol=mqtt.MQTTv5)
         port = broker.port
         if user is not None:
@@ -83,6 +86,16 @@ class Conn:
                 self.connected.set()
 
         self.c.on_connect = on_connect
+
+        def on_subscribe(cl, userdata, mid, reasons, props):
+            acks.append(mid)
+            if len(acks) == len(subscribe):
+                self.subscribed.set()
+
+        self.c.on_subscribe = on_subscribe
+        if not subscribe:
+            self.subscribed.set()
+
         def on_disconnect(cl, userdata, flags, reason, props):
             self.disconnects.append(str(reason))
             self.answered.set()
@@ -92,7 +105,7 @@ class Conn:
         try:
             self.c.connect("127.0.0.1", port, keepalive=10)
             self.c.loop_start()
-            self.answered.wait(3)
+            self.answered.wait(scaled(3))
             time.sleep(0.05)  # a refused TLS session may be accepted first and closed just after
         except (OSError, ssl.SSLError) as e:
             self.connack = e
@@ -128,7 +141,7 @@ def test_every_forbidden_action_of_a_device_is_refused(fleet_broker, credential)
         f"edgefl/{FLEET}/devices/+/up",  # everyone's uplinks
     ])
     assert server.ok and other.ok and a.ok
-    time.sleep(0.3)
+    assert all(c.subscribed.wait(scaled(10)) for c in (server, other, a)), "a subscription was not acknowledged"
 
     # Execute: what A's credentials must not do, then one allowed publish each way as a control
     forbidden_publishes = [
@@ -148,11 +161,21 @@ def test_every_forbidden_action_of_a_device_is_refused(fleet_broker, credential)
     server.publish(f"edgefl/{FLEET}/devices/dev-b/down", b"for b")
     other.publish("edgefl/other/devices/dev-a/down", b"other fleet")
     server.publish(f"edgefl/{FLEET}/devices/dev-a/down", b"for a")
-    time.sleep(1.0)
+    # the allowed messages went after the forbidden ones: once they are in, a forbidden one that
+    # got through to the same client would be in too; `other` gets its own message back, and then
+    # one more it sends once A's publishes were all handled (a barrier on its connection)
+    own, for_a = (f"edgefl/{FLEET}/devices/dev-a/up", b"own"), (f"edgefl/{FLEET}/devices/dev-a/down", b"for a")
+    wait_until(lambda: own in server.received and for_a in a.received and ("edgefl/other/devices/dev-a/down", b"other fleet") in other.received,
+               "the allowed messages", timeout=30)
+    other.publish("edgefl/other/devices/dev-a/down", b"sync")
+    wait_until(lambda: ("edgefl/other/devices/dev-a/down", b"sync") in other.received, "other's barrier", timeout=30)
     a.close()  # (A's credentials connecting again replace this connection: same username, same id)
     # the server's client id, taken with A's credentials: the broker replaces it with "dev-a"
     thief = Conn(broker, d, **as_a, client_id="edgefl-lab-server")
-    time.sleep(1.0)
+    # the server's own message comes back after the thief's CONNACK: it was not displaced by then
+    server.publish(f"edgefl/{FLEET}/devices/dev-b/down", b"still here")
+    wait_until(lambda: (f"edgefl/{FLEET}/devices/dev-b/down", b"still here") in server.received or server.disconnects,
+               "the server's message or its disconnection", timeout=30)
     for c in (server, other, thief):
         c.close()
 
@@ -203,9 +226,7 @@ def test_the_server_drops_an_uplink_naming_another_device(fleet_broker, caplog):
             # Execute: dev-a, on its own uplink, sends an envelope that names dev-b
             a = Conn(broker, d, cert="dev-a")
             a.publish(f"edgefl/{FLEET}/devices/dev-a/up", forged)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and "names device 'dev-b'" not in caplog.text:
-                time.sleep(0.05)
+            wait_until(lambda: "names device 'dev-b'" in caplog.text, "the transport to log the forgery", timeout=30)
             a.close()
     finally:
         transport.close()
@@ -274,13 +295,13 @@ def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, t
     (tmp_path / "m.onnx").write_bytes(tiny_onnx(5))
     try:
         # Execute: the run, then a rollout from the operator's account over TLS
-        summary = serve(cfg, ServeOptions(broker=url("edgefl-server"), fleet=FLEET, deadline=60, wait_for_devices=120))
+        summary = serve(cfg, ServeOptions(broker=url("edgefl-server"), fleet=FLEET, deadline=scaled(60), wait_for_devices=scaled(120)))
         deployed = subprocess.run([sys.executable, "-m", "edgefl.cli.main", "deploy", "--model", str(tmp_path / "m.onnx"), "--version", "tls-v1",
                                    "--device", "d00", "--device", "d01", "--device", "d02", "--broker", url("ops"), "--fleet", FLEET,
-                                   "--wait", "90", "--json"], capture_output=True, text=True, timeout=180)
+                                   "--wait", str(scaled(90)), "--json"], capture_output=True, text=True, timeout=scaled(180))
         for p in procs:
             p.terminate()  # the agents stop cleanly on SIGTERM
-        codes = [p.wait(60) for p in procs]
+        codes = [p.wait(scaled(60)) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:

@@ -21,7 +21,7 @@ from edgefl.runtime.server import ServeOptions
 from edgefl.transport.broker import MosquittoBroker
 from edgefl.transport.mqtt import Topics
 from edgefl.wire import Envelope, Payload, decode, encode
-from tests.conftest import tiny_config
+from tests.conftest import scaled, tiny_config
 from tests.test_server_device import finish, need_mosquitto, profile_file, serve_in_thread, spawn  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -99,9 +99,9 @@ def test_a_lying_device_neither_poisons_the_model_nor_the_measured_results(tmp_p
     broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     liar = Liar(broker.port, fleet).start()
     try:
-        t, box = serve_in_thread(cfg.model_copy(update={"run_name": "attacked"}), ServeOptions(broker=broker.url, fleet=fleet, deadline=60))
+        t, box = serve_in_thread(cfg.model_copy(update={"run_name": "attacked"}), ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60)))
         procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0) for i in range(4)]
-        t.join(300)
+        t.join(scaled(300))
         codes = finish(procs)
     finally:
         liar.stop()

@@ -29,7 +29,7 @@ from edgefl.transport.mqtt import Topics
 from edgefl.wire import decode, encode
 from edgefl.wire.validate import peek
 from tests import wire_fuzz
-from tests.conftest import tiny_config
+from tests.conftest import scaled, tiny_config
 from tests.test_server_device import finish, need_mosquitto, profile_file, serve_in_thread, spawn  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -141,7 +141,7 @@ def _payload(arrays, meta):
 
 def test_injected_messages_never_crash_displace_or_reach_the_model(tmp_path, profile_file, caplog):  # noqa: F811
     need_mosquitto()
-    rounds, deadline = 3, 60
+    rounds, deadline = 3, scaled(60)
     cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=rounds, clients=3, eval_every=1).model_copy(update={"min_devices": 3})
     fleet = "injection"
     broker = MosquittoBroker(port=0).start()
@@ -150,7 +150,7 @@ def test_injected_messages_never_crash_displace_or_reach_the_model(tmp_path, pro
     try:
         t, box = serve_in_thread(cfg, ServeOptions(broker=broker.url, fleet=fleet, deadline=deadline))
         procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0) for i in range(3)]
-        t.join(600)
+        t.join(scaled(600))
         codes = finish(procs)
     finally:
         attacker.stop()
