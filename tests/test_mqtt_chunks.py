@@ -3,7 +3,7 @@ chunks re-sent by progress, hostile chunks refused and counted without displacin
 (A chunked FedAvg run equal to the in-memory one: tests/test_server_device.py.)"""
 
 import threading
-import time
+from dataclasses import replace
 
 import numpy as np
 import paho.mqtt.client as mqtt
@@ -15,9 +15,15 @@ from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, mosquitto_b
 from edgefl.transport.chunks import HEADER, MAGIC, ChunkSettings, split
 from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport, Topics
 from edgefl.wire import Envelope, Payload, decode, encode
+from tests.conftest import scaled
 from tests.test_mqtt_transport import EchoDevice
 
 SMALL = ChunkSettings(threshold=20_000, chunk_size=8_000, window=4, max_inflight_bytes=40_000, stall_after=0.3)
+
+
+def small():
+    """SMALL with its stall time stretched by the speed factor (no re-send for a slow ack under load)."""
+    return replace(SMALL, stall_after=scaled(SMALL.stall_after))
 FLOATS = 50_000  # 200 kB: 26 chunks of 8 kB
 
 
@@ -51,10 +57,10 @@ def accept_shape(floats=FLOATS):
 
 def test_large_messages_travel_in_chunks_both_ways_within_the_window_and_budget(broker):
     fleet = "c1"
-    server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=0.5, chunks=SMALL).start()
-    devices = [EchoDevice(broker.url, fleet, f"d{i}", chunks=SMALL).start() for i in range(3)]
+    server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=scaled(0.5), chunks=small()).start()
+    devices = [EchoDevice(broker.url, fleet, f"d{i}", chunks=small()).start() for i in range(3)]
     try:
-        out = server.request({d.ep.device_id: train(fleet, d.ep.device_id, i) for i, d in enumerate(devices)}, timeout=30, accept=accept_shape())
+        out = server.request({d.ep.device_id: train(fleet, d.ep.device_id, i) for i, d in enumerate(devices)}, timeout=scaled(30), accept=accept_shape())
         stats = server.take_stats()
     finally:
         for d in devices:
@@ -76,8 +82,8 @@ def test_large_messages_travel_in_chunks_both_ways_within_the_window_and_budget(
 def test_lost_chunks_are_resent_after_a_stall_and_the_exchange_completes():
     fleet = "c2"
     with EmbeddedBroker(port=0) as broker:
-        server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=0.5, chunks=SMALL).start()
-        device = EchoDevice(broker.url, fleet, "d0", chunks=SMALL)
+        server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=scaled(0.5), chunks=small()).start()
+        device = EchoDevice(broker.url, fleet, "d0", chunks=small())
         inner, seen = device.ep._on_message_safe, []
 
         def lossy(client, userdata, msg):  # the device loses chunks 3 and 7 of the request once
@@ -91,7 +97,7 @@ def test_lost_chunks_are_resent_after_a_stall_and_the_exchange_completes():
         device.ep.client.on_message = lossy
         device.start()
         try:
-            out = server.request({"d0": train(fleet, "d0", 1.0)}, timeout=30, accept=accept_shape())
+            out = server.request({"d0": train(fleet, "d0", 1.0)}, timeout=scaled(30), accept=accept_shape())
             stats = server.take_stats()
         finally:
             device.close()
@@ -104,8 +110,10 @@ def test_lost_chunks_are_resent_after_a_stall_and_the_exchange_completes():
 def test_hostile_chunks_are_refused_counted_and_never_displace_the_real_reply(broker):
     fleet = "c3"
     topics = Topics(fleet)
-    server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=0.5, chunks=SMALL).start()
-    device = EchoDevice(broker.url, fleet, "d0", chunks=SMALL, work=1.0).start()  # replies after the attack
+    server = MqttServerTransport(BrokerAddress.parse(broker.url), fleet, retry_after=scaled(0.5), chunks=small()).start()
+    # the device has the request (it is open), then replies only once the attack is over
+    has_request, attacked = threading.Event(), threading.Event()
+    device = EchoDevice(broker.url, fleet, "d0", chunks=small(), before_reply=lambda: (has_request.set(), attacked.wait(scaled(30)))).start()
     attacker = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="attacker", protocol=mqtt.MQTTv311)
     addr = BrokerAddress.parse(broker.url)
     attacker.connect(addr.host, addr.port)
@@ -113,9 +121,9 @@ def test_hostile_chunks_are_refused_counted_and_never_displace_the_real_reply(br
     up = topics.device("d0", "up")
     try:
         box = {}
-        t = threading.Thread(target=lambda: box.update(out=server.request({"d0": train(fleet, "d0", 1.0)}, timeout=30, accept=accept_shape())))
+        t = threading.Thread(target=lambda: box.update(out=server.request({"d0": train(fleet, "d0", 1.0)}, timeout=scaled(30), accept=accept_shape())))
         t.start()
-        time.sleep(0.5)
+        assert has_request.wait(scaled(30)), "the device never got the request"
         mid = b"\x07" * 16
         hostile = [
             HEADER.pack(MAGIC, mid, 0, 2**32 - 1, 2**63, 1, 0, 0) + b"x",  # a huge count and size
@@ -129,8 +137,9 @@ def test_hostile_chunks_are_refused_counted_and_never_displace_the_real_reply(br
         wrong = encode(reply("update", Payload({"w/x": np.zeros(FLOATS + 1, np.float32)}, {"num_samples": 1})))
         hostile += split(other, b"\x08" * 16, SMALL.chunk_size) + split(wrong, b"\x09" * 16, SMALL.chunk_size)
         for data in hostile:
-            attacker.publish(up, data, qos=1).wait_for_publish(5)
-        t.join(40)
+            attacker.publish(up, data, qos=1).wait_for_publish(scaled(5))  # (acknowledged: the broker has it)
+        attacked.set()
+        t.join(scaled(40))
         stats = server.take_stats()
     finally:
         attacker.loop_stop()
