@@ -1,0 +1,128 @@
+"""Run a pytest selection N times under a CPU-bound background load and write what happened.
+
+    python tests/under_load.py                       # the whole suite, 3 times, 4 busy processes
+    python tests/under_load.py -n 1 -- tests/test_server_device.py -k kill
+    python tests/under_load.py --out runs/under-load.json -- tests/test_mqtt_transport.py
+
+Starts `--hogs` processes that spin a CPU each (4 on a 2-core machine: every process of the
+tests gets a fraction of a core), runs `python -m pytest -q -p no:cacheprovider <selection>` `-n`
+times, stops the busy processes (each by its own id) and writes a JSON file: per run the exit
+status, passed/failed counts, the failed test ids, the wall time, the speed factor the suite's
+`scaled` measured, and the load average before and after; plus the machine and the commit. It
+exits 1 if any run failed. Tests that pass here wait for events or scale their deadlines with the
+measured speed factor (tests/conftest.py); a test that fails only here depends on machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOG = "while True: pass"
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return found.group(1).strip() if found else platform.processor()
+
+
+def start_hogs(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL) for _ in range(n)]
+
+
+def stop_hogs(hogs: list[subprocess.Popen]) -> None:
+    for p in hogs:
+        p.terminate()
+    for p in hogs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def counts(output: str) -> dict[str, int]:
+    """pytest -q's last line, e.g. '3 failed, 18 passed, 2 skipped in 25.72s'."""
+    tail = output.strip().splitlines()[-1] if output.strip() else ""
+    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", tail)}
+
+
+def one_run(selection: list[str], log: Path) -> dict:
+    load_before = os.getloadavg()
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.monotonic() - t0
+    out = log.read_text(errors="replace")
+    speed = re.search(r"speed factor ([0-9.]+), at most ([0-9.]+)", out)
+    return {
+        "returncode": rc,
+        "passed": rc == 0,
+        "counts": counts(out),
+        "failed": sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M))),
+        "wall_seconds": round(wall, 1),
+        "speed_factor_last": float(speed.group(1)) if speed else None,
+        "speed_factor_max": float(speed.group(2)) if speed else None,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "log": str(log),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--runs", type=int, default=3, help="how many times to run the selection (default 3)")
+    parser.add_argument("--hogs", type=int, default=4, help="CPU-bound background processes (default 4)")
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "under_load.json", help="the results file (JSON)")
+    parser.add_argument("selection", nargs="*", default=["tests"], help="pytest arguments after --, default: tests")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.hogs < 0:
+        parser.error("--runs must be >= 1 and --hogs >= 0")
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"under-load-{os.getpid()}"
+    logs.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    result = {
+        "command": " ".join([Path(sys.executable).name, "tests/under_load.py", "-n", str(args.runs), "--hogs", str(args.hogs), "--", *args.selection]),
+        "selection": args.selection,
+        "hogs": args.hogs,
+        "cpus": os.cpu_count(),
+        "machine": f"{platform.machine()} {cpu_model()}".strip(),
+        "commit": commit,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_before_hogs": [round(x, 2) for x in os.getloadavg()],
+        "runs": [],
+    }
+    hogs = start_hogs(args.hogs)
+    try:
+        for i in range(args.runs):
+            run = one_run(args.selection, logs / f"run-{i + 1}.log")
+            result["runs"].append(run)
+            print(f"run {i + 1}/{args.runs}: {'passed' if run['passed'] else 'FAILED'} {run['counts']} in {run['wall_seconds']} s "
+                  f"(load {run['load_before'][0]} -> {run['load_after'][0]}, speed factor up to {run['speed_factor_max']})"
+                  + (f" failed: {', '.join(run['failed'])}" if run["failed"] else ""), flush=True)
+    finally:
+        stop_hogs(hogs)
+    result["load_after_hogs"] = [round(x, 2) for x in os.getloadavg()]
+    result["all_passed"] = all(r["passed"] for r in result["runs"])
+    result["total_seconds"] = round(sum(r["wall_seconds"] for r in result["runs"]), 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{'all passed' if result['all_passed'] else 'SOME RUN FAILED'}: {args.out} (logs in {logs})")
+    return 0 if result["all_passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
