@@ -195,15 +195,15 @@ def test_a_server_that_dies_reads_as_stopped_not_live(tmp_path):
 
             def says_waiting():
                 done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", "fleet", "status", "--broker", broker.url, "--fleet", fleet,
-                                       "--json", "--timeout", "2"], capture_output=True, text=True, timeout=120)
+                                       "--json", "--timeout", "2"], capture_output=True, text=True, timeout=scaled(120))
                 if done.returncode == 0:
                     waiting.update(json.loads(done.stdout))
                 return waiting.get("server", {}).get("phase") == "waiting"
 
-            wait_for(says_waiting, 300, "the server's waiting status")
+            wait_until(says_waiting, "the server's waiting status", poll=0.2)
             assert waiting["server"]["registered"] == 0 and waiting["server"]["expected"] == 1
             server.send_signal(signal.SIGKILL)  # no clean exit: its Last Will speaks
-            server.wait(10)
+            server.wait(scaled(10))
         finally:
             if server.poll() is None:
                 server.kill()

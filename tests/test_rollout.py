@@ -21,6 +21,7 @@ from edgefl.rollout import (
     rollback_command,
 )
 from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
+from tests.conftest import scaled
 
 FLEET = "lab"
 
@@ -138,7 +139,7 @@ def test_malformed_model_messages_are_rejected_with_a_reason():
 
 
 def cli(*args, timeout=120, ok=True):
-    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], capture_output=True, text=True, timeout=scaled(timeout))
     if ok:
         assert done.returncode == 0, done.stderr
     return done
@@ -172,16 +173,16 @@ def test_deploy_to_three_devices_rollback_and_a_corrupt_model_over_mosquitto(tmp
     ops = ["--broker", url("ops"), "--fleet", FLEET]
     try:
         # Execute and Assert: the run's models on all three devices
-        first = json.loads(cli("deploy", "--run", str(run), "--version", "v1", "--wait", "90", "--json", *ops).stdout)
+        first = json.loads(cli("deploy", "--run", str(run), "--version", "v1", "--wait", str(scaled(90)), "--json", *ops).stdout)
         assert {d: r["version"] for d, r in first.items()} == dict.fromkeys(devices, "v1")
         for i, d in enumerate(devices):
             assert ModelStore(stores[d]).active_path().read_bytes() == tiny_onnx(10 + i)
         # a second version from one file, then d01 back to the first
         (tmp_path / "v2.onnx").write_bytes(tiny_onnx(20))
         second = json.loads(cli("deploy", "--model", str(tmp_path / "v2.onnx"), *sum((["--device", d] for d in devices), []),
-                                "--version", "v2", "--wait", "60", "--json", *ops).stdout)
+                                "--version", "v2", "--wait", str(scaled(60)), "--json", *ops).stdout)
         assert {d: r["version"] for d, r in second.items()} == dict.fromkeys(devices, "v2")
-        back = json.loads(cli("deploy", "--rollback", "--device", "d01", "--wait", "60", "--json", *ops).stdout)
+        back = json.loads(cli("deploy", "--rollback", "--device", "d01", "--wait", str(scaled(60)), "--json", *ops).stdout)
         assert back["d01"]["version"] == "v1" and ModelStore(stores["d01"]).active_path().read_bytes() == tiny_onnx(11)
 
         # a corrupt model (bytes changed after the digest was taken) and a mismatched one: refused, old one serves
@@ -192,7 +193,7 @@ def test_deploy_to_three_devices_rollback_and_a_corrupt_model_over_mosquitto(tmp
             "d02": encode_command(deploy_command(FLEET, "d02", good, version="v3"), bytes(corrupt)),  # the good model's digest
             "d00": encode_command(deploy_command(FLEET, "d00", tiny_onnx(31, side=5), version="v3"), tiny_onnx(31, side=5)),
         }
-        reports = publish_commands(BrokerAddress.parse(url("ops")), FLEET, messages, wait=60, expect={"d02": "v3", "d00": "v3"})
+        reports = publish_commands(BrokerAddress.parse(url("ops")), FLEET, messages, wait=scaled(60), expect={"d02": "v3", "d00": "v3"})
         assert "digest mismatch" in reports["d02"]["error"] and reports["d02"]["version"] == "v2"
         assert "[1, 5, 5]" in reports["d00"]["error"] and reports["d00"]["version"] == "v2"
         assert ModelStore(stores["d02"]).active_path().read_bytes() == tiny_onnx(20)
@@ -209,6 +210,6 @@ def test_deploy_to_three_devices_rollback_and_a_corrupt_model_over_mosquitto(tmp
     finally:
         for a in agents:
             a.terminate()
-            a.wait(20)
+            a.wait(scaled(20))
         broker.stop()
     assert [a.returncode for a in agents] == [0, 0, 0]
