@@ -350,3 +350,46 @@ def test_local_dp_over_mqtt_releases_what_it_releases_in_memory(tmp_path):
     assert mqtt["privacy"]["epsilon"] == memory["privacy"]["epsilon"]
     assert max(mqtt["privacy"]["epsilon"].values()) == pytest.approx(8.0, rel=1e-3)
     assert mqtt["client_accuracy"] == pytest.approx(memory["client_accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
+    # Prepare: a run directory whose status holds one private round; the dashboard following it
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from edgefl.runtime.status import FleetStatus
+    from tests.test_fleet_live import launch_browser
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        pytest.fail(f"playwright is not installed (it is in the [dev] extra): {e}")
+    s = FleetStatus("lab", run_name="r", algorithm="felo", rounds=3)
+    for d in ("d00", "d01"):
+        s.registered(d, "10", "resnet10", {})
+    s.round_recorded({"round": 0, "completed": ["d00"], "privacy": {"mode": "local", "target_epsilon": 8.0, "delta": 1e-5,
+                                                                    "epsilon": {"d00": 3.25, "d01": 0.0}}})
+    (tmp_path / "status.json").write_text(json.dumps(s.snapshot()))
+    dash = subprocess.Popen([sys.executable, "-m", "edgefl.cli.main", "dashboard", "--run", str(tmp_path), "--port", "0",
+                             "--web-password", "s3cret"], stderr=subprocess.PIPE, text=True)
+    try:
+        match = re.search(r"http://127\.0\.0\.1:\d+/", dash.stderr.readline())
+        assert match, "the dashboard did not start"
+        with sync_playwright() as p:
+            browser = launch_browser(p)
+            try:
+                page = browser.new_context(http_credentials={"username": "ops", "password": "s3cret"}).new_page()
+                page.goto(match.group(0))
+                # Execute: wait for the status to be drawn
+                page.wait_for_selector("#privacy >> text=/ε spent/", timeout=60_000)
+                text = page.text_content("#privacy")
+            finally:
+                browser.close()
+    finally:
+        dash.terminate()
+        dash.wait(30)
+    # Assert: the mode, the budget and every device's ε
+    assert text == "Differential privacy (local), budget ε 8 at δ 0.00001 per device; ε spent: d00 3.25, d01 0.00"

@@ -148,6 +148,11 @@ function renderDevices(s, now) {
   const acc = s.tier_accuracy || {};
   document.getElementById("tiers").textContent = Object.keys(acc).length
     ? "Last evaluation (device-reported): " + Object.keys(acc).sort(byTier).map(t => `${tierName(t)} ${pct(acc[t])}`).join(", ") : "";
+  // a run with differential privacy: the server's ledger, ε spent so far per device (docs/privacy.md)
+  const priv = (s.server || {}).privacy;
+  const spent = Object.entries(s.devices || {}).sort().filter(([, d]) => num(d.epsilon)).map(([id, d]) => `${id} ${d.epsilon.toFixed(2)}`);
+  document.getElementById("privacy").textContent = priv
+    ? `Differential privacy (${priv.mode}), budget ε ${priv.target_epsilon} at δ ${priv.delta} per device; ε spent: ${spent.join(", ") || "none yet"}` : "";
 }
 
 // -- charts -----------------------------------------------------------------------------------
