@@ -393,3 +393,21 @@ def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
         dash.wait(30)
     # Assert: the mode, the budget and every device's ε
     assert text == "Differential privacy (local), budget ε 8 at δ 0.00001 per device; ε spent: d00 3.25, d01 0.00"
+
+
+def test_simulate_prints_epsilon_per_device_per_round_and_stops_at_the_target(tmp_path):
+    # Prepare: the CLI, Felo with local DP on a tiny synthetic fleet
+    from typer.testing import CliRunner
+
+    from edgefl.cli.main import app
+
+    args = ["simulate", "--algorithm", "felo", "--dp", "local", "--target-epsilon", "8", "--delta", "1e-5", "--clip", "5",
+            "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--steps", "2", "--train-samples", "600",
+            "--test-samples", "100", "--eval-samples", "100", "--width", "0.25", "--out", str(tmp_path), "--run-name", "r"]
+    # Execute
+    result = CliRunner().invoke(app, args)
+    # Assert: one ε line per round naming every device; the last at the target
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.strip().startswith("ε ")]
+    assert len(lines) == 2 and all(all(d in line for d in ("d00", "d01", "d02")) for line in lines)
+    assert "d00 8.00" in lines[-1] and "(target 8)" in lines[-1]
