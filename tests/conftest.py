@@ -66,7 +66,7 @@ def scaled(seconds: float) -> float:
     return round(seconds * speed_factor(), 2)
 
 
-def wait_until(predicate, what: str, timeout: float = 300.0, poll: float = 0.05):
+def wait_until(predicate, what: str = "a condition", timeout: float = 300.0, poll: float = 0.05):
     """Wait for an event: poll `predicate` until it is truthy (returned). `timeout` only bounds a
     hang (it is scaled too), it is no expectation of how long the event takes."""
     bound = scaled(timeout)

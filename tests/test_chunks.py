@@ -5,7 +5,6 @@ allocation."""
 import os
 import random
 import struct
-import time
 import tracemalloc
 import zlib
 
@@ -34,6 +33,7 @@ from edgefl.transport.chunks import (
 )
 from edgefl.wire import Envelope, Payload, decode, encode
 from edgefl.wire.validate import peek
+from tests.conftest import wait_until
 
 MID = bytes(range(16))
 MAX = 1 << 20
@@ -276,9 +276,7 @@ def _rss() -> int:
 def test_partials_expire_on_a_timer_without_new_traffic():
     r = Reassembler(settings(idle_after=0.2), max_bytes=MAX)
     r.add("gone", split(payload(300), MID, 100)[0])
-    end = time.monotonic() + 30
-    while r.partial and time.monotonic() < end:
-        time.sleep(0.02)
+    wait_until(lambda: not r.partial, "the idle partial to be dropped", timeout=30, poll=0.02)
     assert not r.partial and r.partial_bytes == 0 and r.stats.evicted == 1
     r.close()
     assert not r.thread.is_alive()

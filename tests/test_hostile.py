@@ -14,7 +14,7 @@ from edgefl.models import ModelSpec
 from edgefl.runtime.claims import SOURCES, bound_uplinks, label_summary, weight_bound
 from edgefl.wire import Envelope, Payload, decode, encode
 from edgefl.wire.validate import parse_active, parse_profile, parse_status
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, wait_until
 
 PROFILE = {"name": "d", "arch": "x86_64", "cpu_model": "cpu", "cores": 2, "ram_total_mb": 4096, "ram_available_mb": 2048}
 
@@ -167,16 +167,6 @@ def test_summaries_say_which_figures_are_measured_and_which_are_claimed():
 
 # --- no retained uplinks ---------------------------------------------------------------------------
 
-
-def wait_until(predicate, timeout=30.0):
-    import time
-
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def need_mosquitto():
