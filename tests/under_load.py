@@ -69,7 +69,7 @@ def one_run(selection: list[str], log: Path) -> dict:
     out = log.read_text(errors="replace")
     speed = re.search(r"speed factor ([0-9.]+), at most ([0-9.]+)", out)
     return {
-        "returncode": rc,
+        "returncode": rc,  # negative: pytest was stopped by that signal
         "passed": rc == 0,
         "counts": counts(out),
         "failed": sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M))),
@@ -105,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         "load_before_hogs": [round(x, 2) for x in os.getloadavg()],
         "runs": [],
     }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     hogs = start_hogs(args.hogs)
     try:
         for i in range(args.runs):
             run = one_run(args.selection, logs / f"run-{i + 1}.log")
             result["runs"].append(run)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")  # so far (a stopped series keeps its runs)
             print(f"run {i + 1}/{args.runs}: {'passed' if run['passed'] else 'FAILED'} {run['counts']} in {run['wall_seconds']} s "
                   f"(load {run['load_before'][0]} -> {run['load_after'][0]}, speed factor up to {run['speed_factor_max']})"
                   + (f" failed: {', '.join(run['failed'])}" if run["failed"] else ""), flush=True)
@@ -118,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     result["load_after_hogs"] = [round(x, 2) for x in os.getloadavg()]
     result["all_passed"] = all(r["passed"] for r in result["runs"])
     result["total_seconds"] = round(sum(r["wall_seconds"] for r in result["runs"]), 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'all passed' if result['all_passed'] else 'SOME RUN FAILED'}: {args.out} (logs in {logs})")
     return 0 if result["all_passed"] else 1
