@@ -135,9 +135,11 @@ def start(
         raise ConfigError(f"--final-deadline must be positive (got {final_deadline:g})")
     if test_samples is not None and test_samples < 1:
         raise ConfigError(f"--test-samples must be at least 1 (got {test_samples})")
-    total = cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds
+    from edgefl.runtime.setup import resolve_method
 
-    feedback = Feedback(err, rounds=cfg.rounds + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds, quiet=as_json)
+    total = cfg.rounds + resolve_method(cfg.algorithm, cfg.options).needs.closing_rounds  # dp options included
+
+    feedback = Feedback(err, rounds=total, quiet=as_json)
 
     def on_round(r: dict) -> None:
         mean = r["eval"]["mean_accuracy"] if "eval" in r else None
