@@ -68,3 +68,15 @@ def test_a_device_without_a_shard_cannot_hold_the_pool(tmp_path):
     run = assemble(cfg)
     with pytest.raises(ConfigError, match="public pool on the device"):
         build_assigned(DataSpec("synthetic", train_samples=600), assignment_for(run, "d00"), "d00")
+
+
+def test_the_local_reference_ignores_how_the_server_combines_updates():
+    """Local sends nothing: a server optimizer or asynchronous aggregation neither changes its
+    cache key (make demo's committed reference stays valid) nor reaches its run."""
+    from edgefl.config import RunConfig
+    from edgefl.runtime.reference import reference_key
+
+    base = RunConfig(algorithm="fedavg")
+    other = RunConfig(algorithm="fedavg", server_opt="fedadam", server_opt_lr=0.1, aggregation="async", buffer=3)
+    assert reference_key(base) == reference_key(other)
+    assert reference_key(base) != reference_key(RunConfig(algorithm="fedavg", epochs=base.epochs + 1))
