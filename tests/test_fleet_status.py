@@ -133,7 +133,7 @@ def test_fleet_status_shows_waiting_and_the_result_in_words(capsys):
     s.waiting(2, 6)
     render(json.loads(json.dumps(s.snapshot())))
     assert "waiting for devices: 2 of 6 registered" in capsys.readouterr().out
-    s.finished(None, {"mean_accuracy": 0.713, "devices": 3, "measured_by": "server-final", "rounds_completed": 3})
+    s.finished(None, {"mean_accuracy": 0.713, "devices": 3, "measured_by": "final-evaluation", "rounds_completed": 3})
     render(json.loads(json.dumps(s.snapshot())))
     text = capsys.readouterr().out
     assert "finished" in text and "result: 71.3% mean accuracy over 3 devices (final evaluation)" in text

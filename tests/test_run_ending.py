@@ -75,7 +75,7 @@ def test_a_device_offline_by_its_last_will_is_not_asked_until_it_is_back(tmp_pat
     assert [r["selected"] for r in records] == [["d00", "d01"], ["d00", "d01"], ["d00", "d01", "d02"]]
     assert records[0]["eval"]["eval_failed"] == {"d02": "not asked: offline (its Last Will)"}
     assert all(r["failed"] == {} for r in records)  # nobody waited on
-    assert set(final["client_accuracy"]) == {"d00", "d01", "d02"} and final["measured_by"] == "server-final"
+    assert set(final["client_accuracy"]) == {"d00", "d01", "d02"} and final["measured_by"] == "final-evaluation"
 
 
 def test_the_final_evaluation_takes_its_own_sample_limit_and_says_it_runs(tmp_path):

@@ -45,7 +45,7 @@ def _bytes(n: int | None) -> str:
 def result_line(result: dict[str, Any]) -> str:
     """The run's result in words: 'result: 71.3% mean accuracy over 3 devices (final evaluation)'."""
     acc = result.get("mean_accuracy")
-    how = {"server-final": "final evaluation", "last-round": "each device's last per-round evaluation",
+    how = {"final-evaluation": "final evaluation", "last-round": "each device's last per-round evaluation",
            "mixed": "final evaluation; " + ", ".join(f"{d} from round {r}" for d, r in sorted((result.get("from_last_round") or {}).items()))}
     if acc is None:
         return f"result: not measured (no device answered an evaluation in {result.get('rounds_completed', 0)} rounds)"

@@ -47,7 +47,7 @@ function resultOf(s) {
   return fin ? {mean_accuracy: fin.mean_accuracy, devices: null} : null;
 }
 const MEASURED = {
-  "server-final": "the final evaluation",
+  "final-evaluation": "the final evaluation",
   "mixed": "the final evaluation; devices that missed it by their last per-round evaluation",
   "last-round": "each device's last per-round evaluation (none answered the final one)",
   "none": "no evaluation",

@@ -130,9 +130,9 @@ def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], t
         "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
         "finish_bytes_down": final["finish_bytes_down"],  # the final downlink to every device
         "finish_failed": final["finish_failed"],  # devices that did not take it, and why
-        # how the result was measured: "server-final" (every device answered the final evaluation),
+        # how the result was measured: "final-evaluation" (every device answered the final evaluation),
         # "mixed" or "last-round" (devices that did not: their last per-round evaluation, by round)
-        "measured_by": final.get("measured_by", "server-final"),
+        "measured_by": final.get("measured_by", "final-evaluation"),
         "accuracy_from_round": final.get("accuracy_from_round", {}),
         "unmeasured": final.get("unmeasured", []),
         "final_eval_failed": final.get("eval_failed", {}),

@@ -249,7 +249,7 @@ class RoundLoop:
         for d in sorted(self.ctx.fleet):
             if d not in acc and d in self.last_eval:
                 from_round[d], acc[d] = self.last_eval[d]
-        measured_by = "server-final" if not from_round else ("last-round" if not measured else "mixed")
+        measured_by = "final-evaluation" if not from_round else ("last-round" if not measured else "mixed")
         return {
             "mean_accuracy": mean(acc.values()) if acc else None,
             "tier_accuracy": self._by_tier(acc),

@@ -16,7 +16,7 @@ then one of the terminal phases: ``finished`` (a clean end), ``interrupted`` (Ct
 completed rounds produced is written) or ``stopped`` (the server went away mid-run: its Last Will
 on ``server/status``, folded in by :func:`merge_active`). Once known, ``server.result`` holds the
 run's result: ``{"mean_accuracy", "devices", "measured_by", "tier_accuracy", "from_last_round",
-"rounds_completed"}``; ``measured_by`` is ``server-final`` (every device answered the final
+"rounds_completed"}``; ``measured_by`` is ``final-evaluation`` (every device answered the final
 evaluation), ``last-round`` (none did: each device's last per-round evaluation stands in) or
 ``mixed``. Rounds are numbered from 1 everywhere (``server.round``, ``last_round``, ``history``).
 
@@ -229,7 +229,7 @@ def result_of(summary: Mapping[str, Any]) -> dict[str, Any]:
     return _finite({
         "mean_accuracy": summary.get("mean_accuracy"),
         "devices": len(summary.get("client_accuracy") or {}),
-        "measured_by": summary.get("measured_by", "server-final"),
+        "measured_by": summary.get("measured_by", "final-evaluation"),
         "tier_accuracy": dict(summary.get("tier_accuracy") or {}),
         "from_last_round": dict(summary.get("accuracy_from_round") or {}),
         "rounds_completed": summary.get("rounds_completed", summary.get("rounds")),
