@@ -1,6 +1,7 @@
 import hashlib
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -12,6 +13,15 @@ except ModuleNotFoundError:
     torch = None
 else:
     torch.set_num_threads(2)
+
+
+def pytest_configure(config):
+    # Started with SIGINT ignored (a background job of a non-interactive shell, nohup), every
+    # process the tests start would inherit that: Python then installs no KeyboardInterrupt
+    # handler and the tests' Ctrl-C (SIGINT to a server or a simulation) is lost. A handled
+    # SIGINT here is the default again in each child after exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items):
