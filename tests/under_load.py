@@ -4,6 +4,8 @@
     python tests/under_load.py -n 1 -- tests/test_server_device.py -k kill
     python tests/under_load.py --out runs/under-load.json -- tests/test_mqtt_transport.py
 
+Committed results: tests/under-load/*.json.
+
 Starts `--hogs` processes that spin a CPU each (4 on a 2-core machine: every process of the
 tests gets a fraction of a core), runs `python -m pytest -q -p no:cacheprovider <selection>` `-n`
 times, stops the busy processes (each by its own id) and writes a JSON file: per run the exit
@@ -86,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--runs", type=int, default=3, help="how many times to run the selection (default 3)")
     parser.add_argument("--hogs", type=int, default=4, help="CPU-bound background processes (default 4)")
-    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "under_load.json", help="the results file (JSON)")
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "under-load" / "results.json",
+                        help="the results file (JSON; default tests/under-load/results.json)")
     parser.add_argument("selection", nargs="*", default=["tests"], help="pytest arguments after --, default: tests")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.hogs < 0:
