@@ -96,6 +96,8 @@ def bounds_failures(bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs:
     out = []
     central = [r["final_accuracy"] for r in bound_runs.get("centralized", [])]
     local = [r["final_accuracy"] for r in bound_runs.get("local_iid", [])]
+    # the protocol's bounds are not optional: a benchmark without them has nothing to check its runs against
+    out += [f"no {name} runs (the protocol asks for both bounds)" for name, xs in (("centralized bound", central), ("Local-IID", local)) if not xs]
     if local:
         m, _ = _mean_sd(local)
         if m < LOCAL_IID_FLOOR:

@@ -173,8 +173,12 @@ def test_a_sweep_or_claim_on_a_missing_metric_still_writes_the_report(tmp_path):
     bench = runner.Benchmark("t", "T", "tiny", cells, sweeps=[runner.Sweep("lr", (0.01, 0.1), sweep_cells, metric="oracle"),
                                                                runner.Sweep("lr", (0.01, 0.1), sweep_cells)],
                              claims=[Claim("ok", "fedavg > local", "synthetic"),
-                                     Claim("later", "fedavg > local", "synthetic", metric="oracle")])
+                                     Claim("later", "fedavg > local", "synthetic", metric="oracle")],
+                             bounds={"centralized": [Cell("central", "bound", 0, cells[0].config, role="bound")],
+                                     "local_iid": [Cell("local", "iid", 0, cells[0].config, role="bound")]})
     records = {c: full_run(c, 0.8 + 0.01 * c.seed if c.method == "fedavg" else 0.5) for c in cells}
+    records.update({bench.bounds["centralized"][0]: full_run(bench.bounds["centralized"][0], 0.95),
+                    bench.bounds["local_iid"][0]: full_run(bench.bounds["local_iid"][0], 0.8)})
     records.update({c: full_run(c, 0.6 if v == 0.1 else 0.7) for v, cs in sweep_cells.items() for c in cs})
     # Execute
     results = runner.build_results(bench, records, {}, {}, "cmd")
@@ -370,6 +374,9 @@ def test_the_bounds_gate_fails_below_a_federated_method_or_a_weak_local_iid():
     failures = gates.bounds_failures({"centralized": [{"final_accuracy": 0.90}], "local_iid": [{"final_accuracy": 0.72}]}, runs)
     assert len(failures) == 1 and "Local-IID 72.0 %" in failures[0]
     assert gates.bounds_failures({"centralized": [{"final_accuracy": 0.90}], "local_iid": [{"final_accuracy": 0.80}]}, runs) == []
+    # a benchmark that declares no bounds has nothing to check its runs against: it fails, never "passes"
+    assert gates.bounds_failures({}, runs) == ["no centralized bound runs (the protocol asks for both bounds)",
+                                               "no Local-IID runs (the protocol asks for both bounds)"]
 
 
 def test_a_collapsed_run_is_listed_and_a_claim_over_it_is_not_comparable():
