@@ -124,8 +124,8 @@ def bounds_failures(bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs:
     return out
 
 
-def evaluate(bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``{"failures": [...], "collapsed": {"method|setting|seed": [reasons]}}`` over the grid runs."""
+def collapsed_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """``{"method|setting|seed": [reasons]}`` for the grid runs that collapsed."""
     collapsed = {}
     for r in runs:
         if r.get("role", "grid") != "grid" or r.get("derived_from"):
@@ -133,7 +133,12 @@ def evaluate(bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequen
         reasons = run_collapse(r)
         if reasons:
             collapsed[run_id(r)] = reasons
-    return {"failures": bounds_failures(bound_runs, runs), "collapsed": collapsed}
+    return collapsed
+
+
+def evaluate(bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"failures": [...], "collapsed": {"method|setting|seed": [reasons]}}`` over the grid runs."""
+    return {"failures": bounds_failures(bound_runs, runs), "collapsed": collapsed_runs(runs)}
 
 
 def run_id(record: Mapping[str, Any]) -> str:

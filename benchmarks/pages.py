@@ -16,6 +16,7 @@ from typing import Any
 from benchmarks import provenance
 from benchmarks.runner import (
     BENCHMARKS,
+    COUNTED,
     KINDS,
     SLOPE_LIMIT,
     Benchmark,
@@ -33,15 +34,21 @@ VOCABULARY = ("**reproduced**: the mean paired difference beyond 2 sd the claime
               "non-inferiority check and never counts as reproducing a claim of improvement.")
 
 
+def is_counted(claim: Mapping[str, Any]) -> bool:
+    """Whether a claim counts toward "claims reproduced: k of n" (a results.json written before
+    claims carried ``counted`` counts the paper's claims and the controls)."""
+    return claim.get("counted", claim.get("kind", "paper") in COUNTED)
+
+
 def counts(claims: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    counted = [c for c in claims if c.get("counted", c.get("kind", "paper") in ("paper", "control"))]
+    counted = [c for c in claims if is_counted(c)]
     return sum(c["verdict"] == "reproduced" for c in counted), len(counted)
 
 
 def alone(claims: Sequence[Mapping[str, Any]]) -> str:
     """How many counted claims the paired differences alone would reproduce, when the gates, collapsed
     runs or convergence make some not comparable ("" when nothing is)."""
-    counted = [c for c in claims if c.get("counted", c.get("kind", "paper") in ("paper", "control"))]
+    counted = [c for c in claims if is_counted(c)]
     if not any(c["verdict"] == "not comparable" and c.get("statistic") for c in counted):
         return ""
     return (f"; by the paired differences alone, whatever makes them not comparable: "
@@ -161,8 +168,8 @@ def reviewer_section(bench: Benchmark) -> list[str]:
 def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str = "") -> str:
     claims = results["claims"]
     kinds = {k: [c for c in claims if c.get("kind", "paper") == k] for k in KINDS}
-    counted = [c for c in claims if c.get("counted")]
-    uncounted_main = [c for c in kinds["paper"] + kinds["control"] if not c.get("counted")]
+    counted = [c for c in claims if is_counted(c)]
+    uncounted_main = [c for c in kinds["paper"] + kinds["control"] if not is_counted(c)]
     k, n = counts(claims)
     ik = sum(c["verdict"] == "reproduced" for c in kinds["implied"])
     m0, m1 = results["machine"]["before"], results["machine"]["after"]

@@ -156,6 +156,10 @@ class ServerContext:
 class DeviceHalf:
     """Base of every device half; subclasses implement :meth:`fit`."""
 
+    #: the final model goes back to the server when it asks (False where local differential
+    #: privacy keeps it on the device: edgefl.privacy.seam.PrivateDevice)
+    sends_final_model = True
+
     def __init__(self, ctx: DeviceContext, options: Any):
         self.ctx = ctx
         self.options = options

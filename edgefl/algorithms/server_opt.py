@@ -105,9 +105,10 @@ class ServerOptimizer:
                 raise ValueError(f"server optimizer: {k} has shape {avg.shape} averaged but {x.shape} current")
             delta = avg.astype(np.float64) - x
             if s.name in ("fedavg", "fedavgm"):
-                mk = delta if s.name == "fedavg" else b1 * m.get(k, 0.0) + delta
                 if s.name == "fedavgm":
-                    m[k] = mk
+                    m[k] = mk = b1 * m.get(k, 0.0) + delta
+                else:
+                    mk = delta
                 new = x + s.eta * mk
             else:
                 m[k] = mk = b1 * m.get(k, 0.0) + (1 - b1) * delta

@@ -195,8 +195,6 @@ def simulate(
         err.print(f"[bold]{cfg.algorithm}[/] on {cfg.dataset}: {cfg.clients} devices, tiers {', '.join(cfg.tiers or family_tiers(cfg.model))}, "
                   f"{cfg.rounds} rounds, transport {transport}" + (f", {workers} worker processes" if transport == "memory" and workers != 1 else ""),
                   highlight=False)
-    if transport not in ("memory", "mqtt"):
-        raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
     if workers < 0:
         raise ConfigError(f"--workers must be >= 0 (got {workers})")
 

@@ -72,6 +72,9 @@ def noise_multiplier_for(settings: PrivacySettings, release: Release, rounds: in
 class PrivateDevice:
     """A device half whose uplink is protected on the device (``dp=local``)."""
 
+    #: no model leaves the device un-noised: it keeps its final model (edgefl train --save-model)
+    sends_final_model = False
+
     def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int):
         self.inner, self.settings, self.release = inner, settings, release
         self.noise_multiplier = noise_multiplier_for(settings, release, rounds)

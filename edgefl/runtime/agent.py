@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import sys
 import time
 from collections.abc import Mapping, MutableMapping
 from contextlib import contextmanager
@@ -160,10 +159,7 @@ class DeviceAgent:
             # asked for: the final model goes back with the reply (checked by the server against its
             # spec), unless local differential privacy protects this device's data: then no model
             # leaves it un-noised (the device keeps it: edgefl train --save-model/--export)
-            # (a PrivateDevice exists only where its module was imported: a device without the
-            # [privacy] layer never imports it, nor the accountant behind it)
-            seam = sys.modules.get("edgefl.privacy.seam")
-            send_model = send_model and not (seam is not None and isinstance(self.half, seam.PrivateDevice))
+            send_model = send_model and self.half.sends_final_model
             up = Payload(state_to_arrays(self.half.model.state_dict(), MODEL_PREFIX) if send_model else {}, {})
             return env.reply("done", up, algorithm=self.algorithm)
         except Exception as e:  # MemoryError and torch's OutOfMemoryError included: answer, keep serving

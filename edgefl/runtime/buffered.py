@@ -67,8 +67,7 @@ def rebase(update: Payload, received: Payload, current: Payload, staleness: int)
 
 def local_work(ctx: ServerContext, device_id: str) -> float:
     """Samples a device trains in a round: its (declared) shard × epochs, or steps × batch."""
-    s = ctx.settings
-    return float(s.steps * s.batch_size if s.steps else s.epochs * max(ctx.fleet[device_id].num_samples, 1))
+    return float(ctx.settings.visits(max(ctx.fleet[device_id].num_samples, 1)))
 
 
 @dataclass(order=True)

@@ -96,11 +96,6 @@ class ServeOptions:
     metrics_host: str = "127.0.0.1"
 
 
-@contextlib.contextmanager
-def _nothing():
-    yield
-
-
 class Registry:
     """Registrations → assignments → ready devices. Thread-safe (called on the network thread)."""
 
@@ -355,6 +350,7 @@ def serve(
                          on_event=progress.on_event)
         if loop.start_round:
             log.info("resuming after round %d from %s", loop.start_round, opts.checkpoint_dir)
+        resumed_at = loop.start_round + 1 if loop.start_round else 0  # from 1; 0: not resumed
 
         def write_config() -> None:  # again at the end: devices that joined mid-run are in the fleet too
             recorder.write_config({
@@ -364,13 +360,13 @@ def serve(
                 "fleet_name": opts.fleet,
                 "deadline": opts.deadline,
                 "final_deadline": settings.final_timeout,
-                "resumed_at_round": loop.start_round + 1 if loop.start_round else 0,  # from 1; 0: not resumed
+                "resumed_at_round": resumed_at,
                 "fleet": {d: {"spec": r.spec.to_dict(), "num_samples": r.num_samples, "profile": r.profile} for d, r in ctx.fleet.items()},
             })
 
         write_config()
         final = loop.run()
-        with second_interrupt_exits() if final["interrupted"] else _nothing():
+        with second_interrupt_exits() if final["interrupted"] else contextlib.nullcontext():
             transport.announce_end()
             write_config()
             saved = save_final_models(run_dir, loop.final_models, {d: r.spec for d, r in ctx.fleet.items()}, cfg.dataset)
@@ -383,7 +379,7 @@ def serve(
                     f"{'they are' if len(missing) > 1 else 'it is'} left out of {run_dir / 'models'}")
             summary = run_summary(
                 cfg, final, rounds, {d: r.spec.tier for d, r in ctx.fleet.items()},
-                transport="mqtt", resumed_at_round=loop.start_round + 1 if loop.start_round else 0, registrations_rejected=registry.rejected,
+                transport="mqtt", resumed_at_round=resumed_at, registrations_rejected=registry.rejected,
                 models_saved=saved, models_missing=missing,
                 wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
             )

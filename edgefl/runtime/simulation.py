@@ -137,7 +137,7 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
         on_event=on_event,
     )
     final = loop.run()
-    with second_interrupt_exits() if final["interrupted"] else _nothing():
+    with second_interrupt_exits() if final["interrupted"] else contextlib.nullcontext():
         # Each device's final model, for `edgefl export` (safetensors with the spec in its metadata).
         try:
             if halves:
@@ -159,7 +159,3 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
         on_done(server)
     return summary
 
-
-@contextlib.contextmanager
-def _nothing():
-    yield
