@@ -750,6 +750,12 @@ def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before
             c["counted"] = c["counted"] and declared == "main"
             at = decl.get("declared_at")
             c["before_declaration"] = at is None or any(provenance.contains(x, at) is not True for x in c["commits"])
+        # the protocol answers a claim only over cells run at a clean commit after its settings were declared
+        unclean = [x for x in c["commits"] if x == "unknown" or x.endswith("+dirty")]
+        if c["verdict"] in ("reproduced", "not reproduced", "reversed") and (unclean or c.get("before_declaration")):
+            why = [f"cells from a tree that was not a clean commit ({', '.join(unclean)})"] if unclean else []
+            why += ["cells run before the settings were declared"] if c.get("before_declaration") else []
+            c.update(verdict="not comparable", holds=False, reason=" | ".join([*why, *filter(None, [c.get("reason")])]))
     return {
         "benchmark": bench.name,
         "title": bench.title,

@@ -176,7 +176,7 @@ def test_a_sweep_or_claim_on_a_missing_metric_still_writes_the_report(tmp_path):
                                      Claim("later", "fedavg > local", "synthetic", metric="oracle")],
                              bounds={"centralized": [Cell("central", "bound", 0, cells[0].config, role="bound")],
                                      "local_iid": [Cell("local", "iid", 0, cells[0].config, role="bound")]})
-    records = {c: full_run(c, 0.8 + 0.01 * c.seed if c.method == "fedavg" else 0.5) for c in cells}
+    records = {c: full_run(c, 0.8 + 0.01 * c.seed if c.method == "fedavg" else 0.5, code="0123abc") for c in cells}
     records.update({bench.bounds["centralized"][0]: full_run(bench.bounds["centralized"][0], 0.95),
                     bench.bounds["local_iid"][0]: full_run(bench.bounds["local_iid"][0], 0.8)})
     records.update({c: full_run(c, 0.6 if v == 0.1 else 0.7) for v, cs in sweep_cells.items() for c in cs})
@@ -186,6 +186,10 @@ def test_a_sweep_or_claim_on_a_missing_metric_still_writes_the_report(tmp_path):
     # Assert
     verdicts = {c["id"]: c["verdict"] for c in results["claims"]}
     assert verdicts == {"ok": "reproduced", "later": "not comparable"}
+    # the same cells from a tree that was not a clean commit answer nothing: the numbers alone stay beside it
+    dirty = {c: {**r, "code": "0123abc+dirty"} for c, r in records.items()}
+    ok = next(c for c in runner.build_results(bench, dirty, {}, {}, "cmd")["claims"] if c["id"] == "ok")
+    assert ok["verdict"] == "not comparable" and ok["statistic"] == "reproduced" and "not a clean commit" in ok["reason"]
     missing, by_accuracy = results["sweeps"]
     assert missing["chosen"] is None and "oracle" in missing["missing"]
     assert by_accuracy["chosen"] == 0.01 and by_accuracy["validation_accuracy"] == pytest.approx([0.7, 0.6])
