@@ -2,29 +2,25 @@
 
 Both open with what a reviewer asks first: how many of the paper's claims are reproduced, whether
 the runs pass the sanity gates, and where the cells come from. Every verdict is computed by
-:func:`benchmarks.runner.evaluate_claim`; nothing here judges, it only lays out.
+:func:`benchmarks.claims.evaluate_claim`; nothing here judges, it only lays out.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks import provenance
-from benchmarks.runner import (
-    BENCHMARKS,
-    COUNTED,
-    KINDS,
-    SLOPE_LIMIT,
-    Benchmark,
-    mean_sd,
-    metric_scale,
-    pct,
-    runs_table,
-)
+from benchmarks.cells import BENCHMARKS
+from benchmarks.claims import COUNTED, KINDS, SLOPE_LIMIT, mean_sd, metric_scale
+
+if TYPE_CHECKING:
+    from benchmarks.runner import Benchmark
 
 VOCABULARY = ("**reproduced**: the mean paired difference beyond 2 sd the claimed way and every seed agreeing; "
               "**not reproduced**: short of that (the measured numbers beside it); **reversed**: the same, the other "
@@ -32,6 +28,38 @@ VOCABULARY = ("**reproduced**: the mean paired difference beyond 2 sd the claime
               f"slope at or above {SLOPE_LIMIT} points per 10 % of rounds, collapsed runs, failed sanity gates; the "
               "reason beside it, and what the numbers alone say). A \"not worse than\" row (mean above −1 sd) is a "
               "non-inferiority check and never counts as reproducing a claim of improvement.")
+
+
+def pct(x: float | None, sd: float | None = None) -> str:
+    """A fraction in points with two decimals (± sd where given); "—" for none."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{100 * x:.2f}" + (f" ± {100 * sd:.2f}" if sd is not None and not math.isnan(sd) else "")
+
+
+def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The runs table of results.md: per setting, per method, mean ± sd over seeds."""
+    settings = list(dict.fromkeys(r["setting"] for r in runs))
+    lines = []
+    for setting in settings:
+        rs = [r for r in runs if r["setting"] == setting]
+        tiers = list(dict.fromkeys(t for r in rs for t in r["per_tier"]))
+        lines += [f"### {setting}", "",
+                  "| method | seeds | final acc % | " + " | ".join(f"tier {t}" for t in tiers) + " | slope | up B/dev-round | down B/dev-round | wall s |",
+                  "|---|---|---|" + "---|" * len(tiers) + "---|---|---|---|"]
+        for method in dict.fromkeys(r["method"] for r in rs):
+            mr = [r for r in rs if r["method"] == method]
+            acc = mean_sd([r["final_accuracy"] for r in mr])
+            tier_cells = [pct(*mean_sd([r["per_tier"].get(t) for r in mr])) for t in tiers]
+            slope = mean_sd([r["slope"] for r in mr])[0]
+            lines.append(
+                f"| {method} | {len(mr)} | {pct(*acc)} | " + " | ".join(tier_cells)
+                + f" | {slope:.2f} | {statistics.fmean(r['bytes_up_per_device_round'] for r in mr):,.0f}"
+                + f" | {statistics.fmean(r['bytes_down_per_device_round'] for r in mr):,.0f}"
+                + f" | {statistics.fmean(r['wall_seconds'] for r in mr):.0f} |"
+            )
+        lines.append("")
+    return lines
 
 
 def is_counted(claim: Mapping[str, Any]) -> bool:

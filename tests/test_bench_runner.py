@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from benchmarks import cache as cache_module
+from benchmarks import cells as cells_module
 from benchmarks import runner
 from benchmarks.runner import Cache, Cell, Claim, evaluate_claim, last_quarter_slope, run_cells
 
@@ -117,7 +119,7 @@ def test_cells_are_cached_by_configuration_and_parallel_cells_equal_serial_ones(
         assert s["per_round"] == p["per_round"]
     assert len(list((tmp_path / "serial").glob("*.json"))) == 2
     # Execute again: everything comes from the cache, nothing runs
-    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: pytest.fail("a cached cell ran again"))
+    monkeypatch.setattr(cache_module, "run_cell", lambda *a, **k: pytest.fail("a cached cell ran again"))
     again = run_cells(cells, Cache(tmp_path / "serial", draft=True), workers=2, log=lambda m: None)
     assert [r["final_accuracy"] for r in again] == [r["final_accuracy"] for r in serial]
     # a relabelled cell with the same configuration reuses the record under its own label
@@ -245,7 +247,7 @@ def test_record_extras_are_merged_into_the_record_and_cached_under_their_hook(tm
         seen["rounds"] = len(out.rounds)
         return {"rounds_seen": len(out.rounds), "first_round_accuracy": out.rounds[0]["eval"]["mean_accuracy"]}
 
-    monkeypatch.setattr(runner, "load_hook", lambda spec: hook)
+    monkeypatch.setattr(cells_module, "load_hook", lambda spec: hook)
     cell = tiny_cell(0)
     # Execute
     record = runner.run_cell(cell, (), "tests:hook")
@@ -258,7 +260,7 @@ def test_record_extras_are_merged_into_the_record_and_cached_under_their_hook(tm
     assert Cache(tmp_path, "tests:hook").get(cell)["rounds_seen"] == 2
     assert Cache(tmp_path).get(cell) is None
     # a hook may not overwrite what the runner measured
-    monkeypatch.setattr(runner, "load_hook", lambda spec: lambda out: {"final_accuracy": 1.0})
+    monkeypatch.setattr(cells_module, "load_hook", lambda spec: lambda out: {"final_accuracy": 1.0})
     with pytest.raises(ValueError, match="already has"):
         runner.run_cell(cell, (), "tests:clash")
 

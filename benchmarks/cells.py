@@ -1,0 +1,285 @@
+"""A benchmark's cells (../shared/specs/BENCHMARKS.md, "The runner"): what one run is and how it runs.
+
+A :class:`Cell` is one ``edgefl.runtime.simulation.simulate`` call (method × setting × seed with its
+explicit settings); its :attr:`Cell.key` hashes the *resolved* run (the algorithm's defaults and
+options filled in), so a changed default never reuses a stale result. :func:`run_cell` runs one cell
+in this process, on one torch thread, and returns its record (what results.json keeps per run):
+accuracies per round and per tier, the last-quarter slope, bytes, wall time, the code it ran
+(:mod:`benchmarks.provenance`), what the collapse gate reads (:func:`predictions`) and what the
+benchmark's ``record_extras`` hook adds. Caching and running many cells: :mod:`benchmarks.cache`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = Path(__file__).resolve().parent
+#: Bumped when a cell's record format changes (part of every cache key).
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Cell:
+    """One run: ``config`` is the explicit RunConfig settings (the algorithm's defaults fill the rest)."""
+
+    method: str
+    setting: str
+    seed: int
+    config: Mapping[str, Any]
+    role: str = "grid"  # grid | bound | sweep
+
+    def full_config(self) -> dict[str, Any]:
+        return {**self.config, "seed": self.seed}
+
+    @property
+    def key(self) -> str:
+        """Hash of the *resolved* run: the explicit settings, the algorithm's defaults and its
+        options with their defaults, so a changed default never reuses a stale result."""
+        blob = json.dumps({"v": RECORD_VERSION, "run": resolved_run(self)}, sort_keys=True, default=list)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def _identity(self) -> tuple:
+        return (self.role, self.method, self.setting, self.seed, json.dumps(self.config, sort_keys=True, default=list))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cell) and self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}:{self.setting}:{self.method}:s{self.seed}"
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """What a finished cell leaves for a benchmark's ``record_extras`` hook; ``run_dir`` (config.json,
+    rounds.jsonl, models/) exists only while the hook runs."""
+
+    cell: Cell
+    config: Any  # the resolved edgefl.config.RunConfig
+    run_dir: Path
+    summary: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    server: Any = None  # the run's server half after the last round (e.g. FedVTC's ψ, for sample grids)
+
+
+def load_hook(spec: str) -> Callable[[RunOutput], Mapping[str, Any]]:
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"record_extras {spec!r}: name it 'module:function'")
+    return getattr(importlib.import_module(module), name)
+
+
+_RESOLVED: dict[str, dict[str, Any]] = {}
+
+#: Options added to a method after cells were cached, each with the value that reproduces the
+#: computation from before it existed. A cell whose resolved option has that value is keyed
+#: without it, so adding an option that is off by default does not re-key (and re-run) every cached
+#: cell of the method; a cell that sets another value, or a later default that differs, is keyed
+#: with it. A fact about the method's history: entries are never removed.
+ADDED_OPTIONS: dict[str, dict[str, Any]] = {
+    "fedvtc": {"align_weight": None, "proto_rc_weight": 0.0, "psi_bn": "average"},
+    # the defences (issue 19), off by default
+    **{m: {"aggregator": "mean", "trim": 0.2, "clip_norm": 0.0} for m in ("fedhe", "felo", "velo")},
+}
+# devices re-estimating the BatchNorm statistics they receive: off by default for Felo/Velo (the
+# paper's FedAvg); HeteroFL/HierarchyFL's default since issue 15's quick command, not before
+for _method in ("felo", "velo", "heterofl", "hierarchyfl"):
+    ADDED_OPTIONS.setdefault(_method, {})["bn_stats"] = "average"
+for _method in ("felo", "velo"):  # the classifier trained on the server's class features: off by default
+    ADDED_OPTIONS[_method]["server_feature_ce"] = 0.0
+
+
+#: Run settings added to RunConfig after cells were cached, each with the value that reproduces the
+#: computation from before it existed: keyed only when a cell resolves to another value (as
+#: ADDED_OPTIONS). Entries are never removed.
+ADDED_SETTINGS: dict[str, Any] = {
+    # the server optimizer (issue 39): plain averaging
+    "server_opt": "fedavg", "server_opt_lr": None, "server_opt_betas": [0.9, 0.99], "server_opt_eps": 1e-3,
+    # asynchronous buffered aggregation (issue 39): rounds
+    "aggregation": "sync", "buffer": None,
+}
+
+
+def resolved_run(cell: Cell) -> dict[str, Any]:
+    """The run configuration ``simulate`` will use (output and thread settings aside), with the
+    method's options resolved."""
+    blob = json.dumps(cell.full_config(), sort_keys=True, default=list)
+    if blob not in _RESOLVED:
+        from edgefl.algorithms import get_algorithm
+        from edgefl.config import resolve_config
+        from edgefl.runtime.setup import resolve_method
+
+        algorithm = get_algorithm(cell.config.get("algorithm", "fedavg"))
+        cfg = resolve_config(cell.full_config(), dict(algorithm.defaults))
+        options = resolve_method(cfg.algorithm, cfg.options).options_dict()  # the dp options too, when set
+        run = cfg.model_dump(mode="json", exclude={"out_dir", "run_name", "threads", "options"})
+        run = {k: v for k, v in run.items() if not (k in ADDED_SETTINGS and v == ADDED_SETTINGS[k])}
+        added = ADDED_OPTIONS.get(cfg.algorithm, {})
+        run["options"] = {k: v for k, v in options.items() if not (k in added and v == added[k])}
+        _RESOLVED[blob] = run
+    return _RESOLVED[blob]
+
+
+def _worker_init() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import threading
+
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)  # a configuration's relative paths (FedVTC's oracle) name files of the repository
+    parent = os.getppid()
+
+    def orphaned() -> None:  # a killed benchmark must not leave its cells running
+        while os.getppid() == parent:
+            time.sleep(2)
+        os._exit(1)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+
+
+def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras: str | None = None,
+             tmp_root: str | None = None, progress: bool = False, draft: bool = False) -> dict[str, Any]:
+    """Run one cell in this process and return its record (what results.json keeps per run);
+    its run directory lives under ``tmp_root`` (the system's temporary folder by default) while it
+    runs; ``progress`` prints a line per round."""
+    import torch
+
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import resolve_config
+    from edgefl.report.recorder import read_rounds
+    from edgefl.runtime.simulation import simulate
+
+    torch.set_num_threads(1)
+    cfg_dict = cell.full_config()
+    if tmp_root is not None:
+        Path(tmp_root).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="edgefl-bench-", dir=tmp_root) as tmp:
+        explicit = {**cfg_dict, "out_dir": tmp, "run_name": "run", "threads": 1}
+        cfg = resolve_config(explicit, dict(get_algorithm(explicit.get("algorithm", "fedavg")).defaults))
+        t0 = time.perf_counter()
+        server: list[Any] = []
+
+        def on_round(r: dict[str, Any]) -> None:
+            acc = (r.get("eval") or {}).get("mean_accuracy")
+            phase = r.get("phase", "train")
+            step = f"round {r.get('round')}/{cfg.rounds}" if phase == "train" else f"{phase} round"  # from 1
+            print(f"  {cell.label} {step}" + (f": {100 * acc:.2f} %" if acc is not None else "")
+                  + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+        summary = simulate(cfg, on_round if progress else None, plots=False, on_done=server.append)
+        wall = time.perf_counter() - t0
+        rounds = read_rounds(Path(tmp) / "run")
+        record = make_record(cell, resolved_run(cell), summary, rounds, wall, keep_server_metrics)
+        record.update(code=provenance.code_version(record_extras), code_hash=provenance.code_hash(record_extras),
+                      draft=draft, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **predictions(cfg, Path(tmp) / "run"))
+        if record_extras:
+            extras = dict(load_hook(record_extras)(RunOutput(cell, cfg, Path(tmp) / "run", summary, rounds, server[0] if server else None)))
+            clash = sorted(set(extras) & set(record))
+            if clash:
+                raise ValueError(f"record_extras {record_extras} returned keys the record already has: {clash}")
+            record.update(extras, extras_from=record_extras)
+    return record
+
+
+def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], wall: float,
+                keep_server_metrics: Sequence[str] = ()) -> dict[str, Any]:
+    train_rounds = [r for r in rounds if r.get("phase", "train") == "train"]
+    completed = sum(len(r["completed"]) for r in train_rounds) or 1
+    per_round = []
+    for r in rounds:
+        entry: dict[str, Any] = {"round": r["round"]}  # rounds.jsonl counts from 1
+        if "eval" in r:
+            entry["accuracy"] = r["eval"]["mean_accuracy"]
+            entry["per_tier"] = r["eval"]["tier_accuracy"]
+        server = {k: v for k, v in (r.get("server") or {}).items() if k in keep_server_metrics}
+        if server:
+            entry["server"] = server
+        per_round.append(entry)
+    total_rounds = len(train_rounds)
+    final = summary["mean_accuracy"]
+    if total_rounds and per_round and per_round[-1]["round"] == total_rounds and "accuracy" not in per_round[-1]:
+        per_round[-1]["accuracy"] = final  # the final evaluation closes the curve
+        per_round[-1]["per_tier"] = summary["tier_accuracy"]
+    return {
+        "method": cell.method,
+        "setting": cell.setting,
+        "seed": cell.seed,
+        "role": cell.role,
+        "key": cell.key,
+        "final_accuracy": final,
+        "per_tier": summary["tier_accuracy"],
+        "client_accuracy": summary["client_accuracy"],
+        "per_round": per_round,
+        "slope": last_quarter_slope(per_round, total_rounds),
+        "bytes_up_per_device_round": sum(r["bytes_up_total"] for r in train_rounds) / completed,
+        "bytes_down_per_device_round": sum(r["bytes_down_total"] for r in train_rounds) / completed,
+        "wall_seconds": wall,
+        "config": cell.full_config(),
+        "resolved_config": resolved,
+    }
+
+
+def predictions(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    """What the collapse gate reads (:mod:`benchmarks.gates`): per device, its training images per
+    class (``client_class_counts``) and how often its final model predicts each class on the test
+    set (``client_predictions``); ``{}`` where the run saved no device models (a single device)."""
+    import torch
+
+    from edgefl.export.checkpoint import load_device_model
+    from edgefl.runtime.setup import assemble
+
+    built = assemble(cfg)
+    data = built.data
+    if data.parts is None:
+        return {}
+    counts, preds = {}, {}
+    test = data.evals["test"]
+    for i, device in enumerate(built.ids):
+        counts[device] = [int(x) for x in data.shard(i).class_counts()]
+        try:
+            model = load_device_model(run_dir, device)
+        except Exception:  # noqa: BLE001 - a run without saved models: only the class counts
+            continue
+        with torch.no_grad():
+            p = torch.cat([model(x).argmax(1) for x, _ in test.batches(1000, shuffle=False)])
+        preds[device] = torch.bincount(p, minlength=data.info.num_classes).tolist()
+    return {"client_class_counts": counts, **({"client_predictions": preds} if preds else {})}
+
+
+def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None:
+    """Least-squares slope of accuracy over the last quarter of rounds, in points per 10 % of
+    rounds (None with fewer than two evaluations there)."""
+    if not total_rounds:
+        return None
+    start = total_rounds * 0.75
+    pts = [(p["round"], p["accuracy"]) for p in per_round if "accuracy" in p and p["round"] >= start and p["accuracy"] is not None]
+    if len(pts) < 2:
+        return None
+    xs, ys = [p[0] for p in pts], [100 * p[1] for p in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return slope * 0.1 * total_rounds
+
+
