@@ -18,6 +18,7 @@ from edgefl.privacy.accountant import Ledger, adaptive_update_noise, calibrate_n
 from edgefl.privacy.mechanisms import (
     PRESENT_SIGMAS,
     class_sums,
+    clip_rows,
     clip_whole,
     private_class_stats,
     private_whole,
@@ -78,6 +79,36 @@ def test_a_class_reported_absent_carries_no_row_and_no_count():
     assert out["proto_classes"].tolist() == [0]
     np.testing.assert_allclose(out["proto"], [[1.0, 0.0]], atol=1e-4)
     assert PRESENT_SIGMAS * 1e-3 * SENSITIVITY < 1  # (the threshold is then 1 sample)
+
+
+def test_noisy_class_means_are_projected_onto_the_clip_ball_never_farther_from_the_truth():
+    # Prepare: two blocks of per-sample vectors clipped to C, their exact per-class sums, and noise
+    # far larger than the means (z = 20: the mean of 30 samples is mostly noise)
+    rng = np.random.default_rng(5)
+    stats = ClassStats(("logit", "feat"), reduce="mean", counts="count")
+    clip, z = 3.0, 20.0
+    labels = rng.integers(0, 4, 400)
+    vectors = clip_rows(rng.normal(size=(400, 64)), clip)
+    sums = {"logit": np.zeros((4, 4)), "feat": np.zeros((4, 60))}
+    np.add.at(sums["logit"], labels, vectors[:, :4])
+    np.add.at(sums["feat"], labels, vectors[:, 4:])
+    counts = np.bincount(labels, minlength=4).astype(np.float64)
+    true = np.concatenate([sums["logit"], sums["feat"]], 1) / counts[:, None]
+    # Execute
+    out = private_class_stats(sums, counts, stats, clip, z, np.random.default_rng(0), {"logit": np.float64, "feat": np.float64})
+    # Assert: every reported mean (both blocks together) within the ball, and no closer to the
+    # truth without the projection (the same noise, drawn again from the same seed)
+    released = np.concatenate([out["logit"], out["feat"]], 1)
+    reported = out["count"] > 0
+    assert reported.any()
+    assert np.all(np.linalg.norm(released, axis=1) <= clip * (1 + 1e-9))
+    raw_rng = np.random.default_rng(0)
+    noisy_counts = counts + raw_rng.normal(0.0, z * SENSITIVITY, 4)
+    raw = np.concatenate([(sums[b] + raw_rng.normal(0.0, z * SENSITIVITY * clip, sums[b].shape)) / np.maximum(noisy_counts, 1.0)[:, None]
+                          for b in ("logit", "feat")], 1)
+    assert np.linalg.norm(raw[reported], axis=1).min() > 2 * clip  # the noise left the ball far behind
+    for i in np.flatnonzero(reported):
+        assert np.linalg.norm(released[i] - true[i]) <= np.linalg.norm(raw[i] - true[i]) + 1e-9
 
 
 # --- clipping bounds every contribution ------------------------------------------------------------

@@ -131,18 +131,27 @@ def private_class_stats(
 ) -> dict[str, np.ndarray]:
     """The uplink arrays of ``stats`` from noisy sums (std z·2C) and noisy counts (std z·2):
     classes whose noisy count is below :data:`PRESENT_SIGMAS` count-noise deviations are reported
-    absent (count 0, zero rows, no row in a ``classes`` layout). Everything after the noise is
-    post-processing."""
+    absent (count 0, zero rows, no row in a ``classes`` layout). With ``reduce="mean"`` each
+    class's noisy mean (its rows of every block, concatenated) is projected onto the ball of
+    radius ``clip``: the true mean of vectors clipped to ``clip`` lies in that ball, a convex set,
+    so the projection never moves the release farther from it (benchmarks/privacy/diagnose.md
+    measures by how much it brings it closer). Everything after the noise is post-processing."""
     count_std = noise_multiplier * SENSITIVITY
     noisy_counts = np.asarray(counts, np.float64) + rng.normal(0.0, count_std, np.shape(counts))
     present = noisy_counts >= max(1.0, PRESENT_SIGMAS * count_std)
     denominator = np.maximum(noisy_counts, 1.0)[:, None]
-    out: dict[str, np.ndarray] = {}
     std = noise_std(noise_multiplier, clip)
     rows = np.flatnonzero(present)
+    values = {}
     for b in stats.blocks:
         noisy = np.asarray(sums[b], np.float64) + rng.normal(0.0, std, np.shape(sums[b]))
-        value = noisy / denominator if stats.reduce == "mean" else noisy
+        values[b] = noisy / denominator if stats.reduce == "mean" else noisy
+    if stats.reduce == "mean":
+        norms = np.sqrt(sum(np.sum(v**2, axis=1) for v in values.values()))[:, None]
+        scale = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+        values = {b: v * scale for b, v in values.items()}
+    out: dict[str, np.ndarray] = {}
+    for b, value in values.items():
         value = np.where(present[:, None], value, 0.0)
         out[b] = (value[rows] if stats.classes else value).astype(dtypes.get(b, np.float32))
     if stats.counts:
