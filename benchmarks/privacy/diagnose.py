@@ -141,15 +141,18 @@ def stats_table(settings: dict, rounds: int, seeds, clip: float | None) -> dict:
             for eps in EPSILONS:
                 z = calibrate_noise(eps, DELTA, rounds * release.parts)
                 rng = np.random.default_rng([seed, i, 99])
-                # dense rows with the noisy counts: which classes the device reports, and where
-                dense = ClassStats(stats.blocks, reduce="mean", counts="count")
-                out = private_class_stats(sums, counts, dense, clip, z, rng, {})
+                # the mechanism's noisy sums and counts (dense, the same draws as a mean release),
+                # divided as the mean release divides them: the means before the projection
+                dense = ClassStats(stats.blocks, reduce="sum", counts="count")
+                floats = {k: np.float64 for k in (*stats.blocks, "count")}
+                out = private_class_stats(sums, counts, dense, clip, z, rng, floats)
                 noisy = np.concatenate([np.asarray(out[b], np.float64) for b in stats.blocks], 1)[held]
-                reported = np.asarray(out["count"])[held] > 0
+                noisy_counts = np.asarray(out["count"])[held]
+                reported = noisy_counts > 0
                 if not reported.any():
                     continue
-                raw = noisy[reported]
-                projected = clip_rows(raw, clip)
+                raw = noisy[reported] / np.maximum(noisy_counts[reported], 1.0)[:, None]
+                projected = clip_rows(raw, clip)  # what the mean release sends
                 errors[eps]["raw"] += np.linalg.norm(raw - true[reported], axis=1).tolist()
                 errors[eps]["projected"] += np.linalg.norm(projected - true[reported], axis=1).tolist()
                 if "logit" in stats.blocks:
@@ -192,7 +195,7 @@ def validate(tag: str, workers: int = 2) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from benchmarks.privacy import FEDAVG, FEDDW, FEDPROTO, FELO, options, profile
+    from benchmarks.privacy import CLIPS, FEDAVG, FEDDW, FEDPROTO, FELO, options, profile
 
     if argv and argv[0] == "validate":
         t0, before = time.perf_counter(), machine()
@@ -219,9 +222,8 @@ def main(argv: list[str]) -> None:
         print(json.dumps(out["feddw_weights"], indent=1), flush=True)
     if only in ("all", "stats"):
         for name, settings in (("felo", {**FELO, "options": options("felo", None)}), ("fedproto", FEDPROTO)):
-            first = stats_table({**base, **settings}, rounds, seeds[:1], None)
-            clip = round(first["sample_norm"]["median"], 1)
-            out[name] = stats_table({**base, **settings}, rounds, seeds, clip)
+            # the clip the benchmark declares: the median of these norms at round 0, rounded
+            out[name] = stats_table({**base, **settings}, rounds, seeds, float(CLIPS[name]))
             print(name, json.dumps(out[name], indent=1), flush=True)
     out.update(wall_seconds=time.perf_counter() - t0, machine={"before": before, "after": machine()})
     (HERE / f"diagnose-{only}.json").write_text(json.dumps(out, indent=1) + "\n")
