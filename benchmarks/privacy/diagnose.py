@@ -172,25 +172,26 @@ def stats_table(settings: dict, rounds: int, seeds, clip: float | None) -> dict:
     return table
 
 
-def validate(tag: str, workers: int = 2) -> dict:
-    """Felo and FedProto at ε = 1 (and 8), seeds 0–1, on the validation split: final validation
-    accuracy and collapsed devices, for the code as it is (``tag`` names it: raw / projected)."""
+def validate(tag: str, workers: int = 1) -> dict:
+    """Felo and FedProto at ε = 1, seeds 0–1, on the validation split: final validation accuracy
+    and collapsed devices, for the code as it is (``tag`` names it: raw / projected)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     from benchmarks import gates
+    from benchmarks.cells import Cell, _worker_init, run_cell
     from benchmarks.privacy import FEDPROTO, FELO, label, options, profile
-    from benchmarks.runner import Cell, _worker_init, run_cell
 
     base = {**profile(False), "validation_samples": 1000}
-    cells = [Cell(label(m, e), "validation", s, {**base, **settings, "options": options(m, e)})
-             for m, settings in (("felo", FELO), ("fedproto", FEDPROTO)) for e in (1, 8) for s in (0, 1)]
+    cells = [Cell(label(m, 1), "validation", s, {**base, **settings, "options": options(m, 1)})
+             for m, settings in (("felo", FELO), ("fedproto", FEDPROTO)) for s in (0, 1)]
+    rows = []
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
-        records = list(pool.map(run_cell, cells))
-    rows = [{"method": r["method"], "seed": r["seed"], "validation_accuracy": r["final_accuracy"],
-             "slope": r["slope"], "collapsed": gates.run_collapse(r), "code": r["code"]} for r in records]
-    for r in rows:
-        print(tag, r, flush=True)
+        for r in pool.map(run_cell, cells):
+            rows.append({"method": r["method"], "seed": r["seed"], "validation_accuracy": r["final_accuracy"],
+                         "slope": r["slope"], "collapsed": gates.run_collapse(r), "code": r["code"]})
+            print(tag, rows[-1], flush=True)
+            (HERE / f"diagnose-validate-{tag}.json").write_text(json.dumps({"tag": tag, "rows": rows}, indent=1) + "\n")
     return {"tag": tag, "rows": rows}
 
 
