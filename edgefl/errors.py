@@ -155,6 +155,7 @@ EXTRA_OF_MODULE = {
     "cryptography": "server",
     "aiohttp": "server",
     "dp_accounting": "privacy",
+    "opacus": "dp-sgd",
 }
 
 

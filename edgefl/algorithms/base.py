@@ -159,6 +159,11 @@ class DeviceHalf:
     #: the final model goes back to the server when it asks (False where local differential
     #: privacy keeps it on the device: edgefl.privacy.seam.PrivateDevice)
     sends_final_model = True
+    #: DP-SGD (``dp=sgd``, edgefl.privacy.dpsgd) can train this half: each round it trains its
+    #: model on its own data in one call of ``train_local`` whose loss is the mean of per-sample
+    #: losses (or a PenalizedLoss: plus a term of the weights and public values alone), and it
+    #: uses its data nowhere else, so what it sends is computed from DP-SGD's weights
+    dp_sgd_ready = False
 
     def __init__(self, ctx: DeviceContext, options: Any):
         self.ctx = ctx

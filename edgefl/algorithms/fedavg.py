@@ -23,6 +23,8 @@ WEIGHTS = "w/"
 class GlobalModelDevice(DeviceHalf):
     """Loads the global weights it receives, trains, and sends its weights back."""
 
+    dp_sgd_ready = True  # one train_local per round, cross-entropy (FedProx: plus its proximal penalty)
+
     def receive(self, round: int, payload: Payload) -> None:
         state = arrays_to_state(payload.arrays, WEIGHTS)
         if state:

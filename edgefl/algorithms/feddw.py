@@ -135,6 +135,8 @@ class FedDWDevice(GlobalModelDevice):
     Written against ``super()`` so that it stacks on any global-model device (FedProx below).
     """
 
+    dp_sgd_ready = False  # its soft-label sums are computed on the device's data outside training
+
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
         if ctx.spec.head != "feddw":

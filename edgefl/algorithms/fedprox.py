@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from edgefl.algorithms.aggregate import Defences
 from edgefl.algorithms.base import Algorithm, MethodNeeds, register
 from edgefl.algorithms.fedavg import PAPER_DEFAULTS, GlobalModelDevice, GlobalModelServer
+from edgefl.privacy.trainer import PenalizedLoss
 from edgefl.wire import Payload
 
 
@@ -35,7 +36,8 @@ class FedProxDevice(GlobalModelDevice):
     def loss_fn(self, round: int):
         mu = self.options.mu
         anchor = getattr(self, "anchor", None) or [p.detach().clone() for p in self.model.parameters()]
-        return lambda x, y: F.cross_entropy(self.model(x), y) + 0.5 * mu * proximal_term(self.model, anchor)
+        # the penalty is of the weights alone: DP-SGD adds its gradient after the noise
+        return PenalizedLoss(lambda x, y: F.cross_entropy(self.model(x), y), lambda: 0.5 * mu * proximal_term(self.model, anchor))
 
 
 register(

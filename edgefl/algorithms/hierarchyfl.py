@@ -260,6 +260,7 @@ class SubModelDevice(DeviceHalf):
     BatchNorm statistics on its own data), trains it with CE, uploads the deltas."""
 
     anchor: dict[str, Tensor] | None = None
+    dp_sgd_ready = True  # one train_local per round with cross-entropy; deltas of its weights only
 
     def expected_downlink(self) -> dict[str, ArraySpec]:
         """This tier's sub-model of the global model, in its shapes."""

@@ -9,6 +9,8 @@ from edgefl.wire import Payload
 
 
 class LocalDevice(DeviceHalf):
+    dp_sgd_ready = True  # one train_local per round with cross-entropy (a DP model at the end)
+
     @classmethod
     def privacy_release(cls, options) -> Release:
         return Release()  # no arrays leave the device

@@ -13,6 +13,7 @@ from torch import nn
 from edgefl.algorithms.base import TrainSettings
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
+from edgefl.privacy.trainer import active_trainer
 
 #: loss_fn(x, y) -> scalar loss; a closure over the model and whatever the method needs.
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -116,10 +117,16 @@ def train_local(
     loss_fn: LossFn | None = None,
     params: Iterable[nn.Parameter] | None = None,
 ) -> dict[str, float]:
-    """Run one round of local training; returns the mean loss and the number of samples seen."""
+    """Run one round of local training; returns the mean loss and the number of samples seen.
+
+    Under DP-SGD (``dp=sgd``, :mod:`edgefl.privacy.dpsgd`) the device's trainer runs the round
+    instead, with this optimizer: its own Poisson batches and steps, per-sample clipping, noise."""
     loss_fn = loss_fn or (lambda x, y: F.cross_entropy(model(x), y))
     model.train()
     opt = make_optimizer(params if params is not None else model.parameters(), settings, round)
+    trainer = active_trainer()
+    if trainer is not None:
+        return trainer(model, data, settings, round, loss_fn, opt)
     total, seen = 0.0, 0
     for x, y in local_batches(data, settings, rng):
         opt.zero_grad(set_to_none=True)

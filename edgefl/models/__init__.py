@@ -26,6 +26,7 @@ _NAMES = {
     "family_description": "registry",
     "family_names": "registry",
     "family_tiers": "registry",
+    "for_dp_sgd": "registry",
     "register_family": "registry",
     "slice_state": "slicing",
     "write_slices": "slicing",

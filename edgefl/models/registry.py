@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from edgefl.errors import UnknownNameError
 from edgefl.models.base import EdgeModel
+from edgefl.models.norm import has_batch_norm, norm_of, to_group_norm
 from edgefl.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 Builder = Callable[[ModelSpec], EdgeModel]
 
@@ -74,13 +82,37 @@ def family_description(family: str) -> str:
 
 
 def build_model(spec: ModelSpec) -> EdgeModel:
-    """Build the model `spec` describes (freshly initialised; seed torch for reproducibility)."""
+    """Build the model `spec` describes (freshly initialised; seed torch for reproducibility).
+
+    The option `norm` belongs to every family (`edgefl.models.norm`): the family builds the
+    model without it, and `norm=group` then swaps its BatchNorms for GroupNorms."""
     family = _family(spec.family)
     if not family.accepts(spec.tier):
         raise UnknownNameError(f"tier of {family.name}", spec.tier, family.tiers)
-    model = family.builder(spec)
-    if not isinstance(model, EdgeModel) or model.spec != spec:
+    norm = norm_of(spec.options)
+    own = dataclasses.replace(spec, options=tuple(kv for kv in spec.options if kv[0] != "norm"))
+    model = family.builder(own)
+    if not isinstance(model, EdgeModel) or model.spec != own:
         raise TypeError(
             f"the builder of model family {family.name!r} must return an EdgeModel of the spec"
         )
+    if norm == "group":
+        to_group_norm(model)
+    model.spec = spec
     return model
+
+
+@functools.lru_cache(maxsize=256)
+def for_dp_sgd(spec: ModelSpec) -> ModelSpec:
+    """``spec`` as DP-SGD trains it: with ``norm=group`` where its model has BatchNorm (said in
+    the log), unchanged where it has none or where the spec sets ``norm`` itself (``norm=batch``
+    is then refused by the device, with Opacus's reason)."""
+    if "norm" in dict(spec.options):
+        return spec
+    with torch.random.fork_rng():  # the check draws no number of the run's streams
+        model = build_model(spec)
+    if not has_batch_norm(model):
+        return spec
+    log.warning("dp=sgd: %s normalises with BatchNorm, which mixes the samples of a batch; DP-SGD trains it "
+                "with GroupNorm instead (model option norm=group)", spec.name)
+    return dataclasses.replace(spec, options=(*spec.options, ("norm", "group")))

@@ -28,7 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from edgefl.errors import ConfigError
+from edgefl.errors import ConfigError, EdgeflError
+
+
+class PrivacyBudgetSpent(EdgeflError):
+    """A device asked to release more than its privacy budget allows."""
+
 
 #: Sensitivity of every protected part, in units of the clip bound C (see the module doc).
 SENSITIVITY = 2.0
@@ -109,7 +114,7 @@ def _named(name: str, names: tuple[str, ...]) -> bool:
     return any(name == n or (n.endswith("/") and name.startswith(n)) for n in names)
 
 
-Mode = Literal["off", "local", "central"]
+Mode = Literal["off", "local", "central", "sgd"]
 
 #: The method options that carry the privacy settings (``-o dp=local``, the CLI's ``--dp``).
 OPTION_KEYS = {
@@ -124,8 +129,9 @@ OPTION_KEYS = {
 
 @dataclass(frozen=True)
 class PrivacySettings:
-    """A run's differential privacy: ``mode`` local (each device clips and noises its uplink) or
-    central (the server clips each device's update and noises the sum), a budget
+    """A run's differential privacy: ``mode`` local (each device clips and noises its uplink),
+    central (the server clips each device's update and noises the sum) or sgd (each device trains
+    with DP-SGD: per-sample gradients clipped to ``clip`` and noised; edgefl.privacy.dpsgd), a budget
     ``target_epsilon`` at ``delta`` per device, the clip bound ``clip`` and, optionally, the noise
     multiplier (default: the smallest that keeps every device within the budget over the whole
     run). ``adaptive_quantile`` > 0 (central only): the clip bound follows that quantile of the
@@ -139,8 +145,8 @@ class PrivacySettings:
     adaptive_quantile: float = 0.0
 
     def __post_init__(self):
-        if self.mode not in ("off", "local", "central"):
-            raise ConfigError(f"dp={self.mode!r}: choose off, local or central")
+        if self.mode not in ("off", "local", "central", "sgd"):
+            raise ConfigError(f"dp={self.mode!r}: choose off, local, central or sgd")
         if not self.target_epsilon > 0:
             raise ConfigError(f"dp_target_epsilon must be > 0 (got {self.target_epsilon})")
         if not 0 < self.delta < 1:
@@ -164,6 +170,11 @@ class PrivacySettings:
     def on_device(self) -> bool:
         """Local DP: each device protects its own uplink."""
         return self.mode == "local"
+
+    @property
+    def trains_privately(self) -> bool:
+        """DP-SGD: each device's local training is differentially private (dp=sgd)."""
+        return self.mode == "sgd"
 
     def as_options(self) -> dict[str, str]:
         """The method options that give these settings back (an assignment carries them)."""

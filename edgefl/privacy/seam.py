@@ -24,7 +24,7 @@ import numpy as np
 
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.privacy.accountant import Ledger, adaptive_update_noise, calibrate_noise
-from edgefl.privacy.declare import PrivacySettings, Release
+from edgefl.privacy.declare import PrivacyBudgetSpent, PrivacySettings, Release
 from edgefl.privacy.mechanisms import (
     class_sums,
     clip_whole,
@@ -35,6 +35,8 @@ from edgefl.privacy.mechanisms import (
 )
 from edgefl.wire import Payload
 
+__all__ = ["PrivacyBudgetSpent", "PrivateDevice", "PrivateServer", "check_release"]
+
 log = logging.getLogger(__name__)
 
 #: Seed stream of a device's privacy noise (apart from its training streams).
@@ -43,16 +45,26 @@ NOISE_STREAM = 7_777
 CLIP_LR = 0.2
 
 
-class PrivacyBudgetSpent(EdgeflError):
-    """A device asked to release more than its privacy budget allows."""
-
-
-def check_release(method: str, release: Release | None, settings: PrivacySettings) -> Release:
-    """The method's declaration, if these settings can protect what it sends (else ConfigError)."""
+def check_release(method: str, release: Release | None, settings: PrivacySettings, sgd_ready: bool = False) -> Release:
+    """The method's declaration, if these settings can protect what it sends (else ConfigError).
+    ``sgd_ready``: the method's device half declares its local training fit for DP-SGD
+    (``DeviceHalf.dp_sgd_ready``)."""
     if release is None:
         raise ConfigError(f"{method} does not declare what its uplink reveals (privacy_release): it cannot run with dp")
     if release.unprotected:
         raise ConfigError(f"{method} cannot run with dp: {', '.join(release.unprotected)} {release.reason}")
+    if settings.mode == "sgd":
+        if release.stats is not None:
+            raise ConfigError(
+                f"dp=sgd protects the weights a device trains; {method}'s uplink also carries per-class statistics "
+                "of the device's samples, computed outside DP-SGD (use dp=local)"
+            )
+        if not sgd_ready:
+            raise ConfigError(
+                f"dp=sgd cannot run {method}: its device's local training is not declared fit for DP-SGD (one "
+                "round of train_local on its own data, a mean of per-sample losses); methods that are: fedavg, "
+                "fedprox, heterofl, hierarchyfl, local"
+            )
     if settings.mode == "central" and (release.stats is not None or not release.whole or release.reference != "received"):
         raise ConfigError(
             f"dp=central protects the weights of one global model that the server averages; {method}'s uplink is not that "
@@ -132,8 +144,15 @@ class PrivateServer:
 
     def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int):
         self.inner, self.settings, self.release = inner, settings, release
-        self.noise_multiplier = noise_multiplier_for(settings, release, rounds)
-        self.ledger = Ledger(self.noise_multiplier, settings.delta, settings.target_epsilon)
+        self.parts = release.parts  # mechanisms a device's round composes (dp=sgd: one round of DP-SGD)
+        if settings.trains_privately:
+            from edgefl.privacy.dpsgd import sgd_ledger
+
+            self.parts, self.ledger = 1, sgd_ledger(settings, inner.ctx, rounds)
+            self.noise_multiplier: float | dict[str, float] = {}
+        else:
+            self.noise_multiplier = noise_multiplier_for(settings, release, rounds)
+            self.ledger = Ledger(self.noise_multiplier, settings.delta, settings.target_epsilon)
         self.clip = settings.clip
         self.update_noise = self.noise_multiplier  # z_Δ: the update's share with adaptive clipping
         self.count_std = 0.0
@@ -161,7 +180,7 @@ class PrivateServer:
         return getattr(self.inner, name)
 
     def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
-        parts = self.release.parts
+        parts = self.parts
         eligible = [d for d in device_ids if self.ledger.can_spend(d, parts)]
         if len(eligible) < len(device_ids):
             log.info("round %d: %d devices have spent their privacy budget", round, len(device_ids) - len(eligible))
@@ -206,19 +225,19 @@ class PrivateServer:
 
     def round_report(self) -> dict[str, Any]:
         s = self.settings
-        parts = self.release.parts
         ids = sorted(self.inner.ctx.fleet)
-        return {
-            "privacy": {
-                "mode": s.mode,
-                "target_epsilon": s.target_epsilon,
-                "delta": s.delta,
-                "noise_multiplier": self.noise_multiplier,
-                "clip": self.clip,
-                "epsilon": {d: self.ledger.epsilon(d) for d in ids},
-                "budget_spent": [d for d in ids if not self.ledger.can_spend(d, parts)],
-            }
+        report = {
+            "mode": s.mode,
+            "target_epsilon": s.target_epsilon,
+            "delta": s.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "clip": self.clip,
+            "epsilon": {d: self.ledger.epsilon(d) for d in ids},
+            "budget_spent": [d for d in ids if not self.ledger.can_spend(d, self.parts)],
         }
+        if s.trains_privately:  # per device: its sample rate sets its noise (edgefl.privacy.dpsgd)
+            report.update(self.ledger.report(ids))
+        return {"privacy": report}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         out = dict(self.inner.state_dict())

@@ -135,7 +135,7 @@ def resolve_method(name: str, raw_options: dict[str, Any], public_share: float |
     if privacy.on:
         from edgefl.privacy.seam import check_release
 
-        check_release(name, method.release, privacy)
+        check_release(name, method.release, privacy, sgd_ready=algorithm.device.dp_sgd_ready)
     return method
 
 
@@ -319,10 +319,11 @@ def load_run_data(spec: DataSpec, public_share: float) -> RunData:
 
 
 def model_spec(cfg: RunConfig, tier: str, info: DatasetInfo) -> ModelSpec:
-    """The model of ``tier`` for ``cfg``'s family, width, head and dataset."""
-    from edgefl.models import ModelSpec
+    """The model of ``tier`` for ``cfg``'s family, width, head and dataset; under DP-SGD with
+    GroupNorm for BatchNorm (``edgefl.models.norm``), unless the model options say otherwise."""
+    from edgefl.models import ModelSpec, for_dp_sgd
 
-    return ModelSpec(
+    spec = ModelSpec(
         family=cfg.model,
         tier=tier,
         num_classes=info.num_classes,
@@ -334,6 +335,7 @@ def model_spec(cfg: RunConfig, tier: str, info: DatasetInfo) -> ModelSpec:
         std=tuple(info.std),
         options=tuple(sorted(cfg.model_options.items())),
     )
+    return for_dp_sgd(spec) if str(cfg.options.get("dp", "")).strip().lower() == "sgd" else spec
 
 
 def fleet_specs(
@@ -387,6 +389,10 @@ def build_device(
         from edgefl.privacy.seam import PrivateDevice
 
         half = PrivateDevice(half, method.privacy, method.release, rounds + method.needs.closing_rounds)
+    elif method.privacy.trains_privately:  # DP-SGD: the device trains with per-sample clipping and noise
+        from edgefl.privacy.dpsgd import SgdDevice
+
+        half = SgdDevice(half, method.privacy, method.release, rounds + method.needs.closing_rounds)
     return half
 
 
