@@ -81,6 +81,7 @@ class Assignment:
     public_fraction: float
     epoch: str
     accepted: bool = False
+    classes: tuple[str, ...] = ()  # the run's class names, in the model's order ((): not told)
 
     def to_meta(self) -> dict[str, Any]:
         return {
@@ -93,6 +94,7 @@ class Assignment:
             "public_fraction": self.public_fraction,
             "epoch": self.epoch,
             "accepted": self.accepted,
+            "classes": json.dumps(list(self.classes)),
         }
 
     @classmethod
@@ -112,6 +114,7 @@ class Assignment:
                 public_fraction=float(meta["public_fraction"]),
                 epoch=str(meta["epoch"]),
                 accepted=bool(meta.get("accepted", False)),
+                classes=_class_names(json.loads(meta.get("classes", "[]"))),
             )
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             raise WireError(f"invalid assignment: {type(e).__name__}: {e}") from None
@@ -121,13 +124,49 @@ class Assignment:
         return other is not None and dataclasses.replace(self, epoch="", accepted=False) == dataclasses.replace(other, epoch="", accepted=False)
 
 
+def _class_names(value: Any) -> tuple[str, ...]:
+    """The assignment's class names: a bounded list of short strings."""
+    if not isinstance(value, list) or len(value) > 10_000 or not all(isinstance(c, str) and 0 < len(c) <= 200 for c in value):
+        raise ValueError("classes must be a list of at most 10,000 names of 1 to 200 characters")
+    return tuple(value)
+
+
+def align_classes(run_data, classes: tuple[str, ...]):
+    """The device's data labelled in the run's class order. An image folder numbers its classes
+    by its sorted folder names, and a device may lack some classes; the model's class i is the
+    run's ``classes[i]``. Folders are matched by name, case and punctuation aside (``t-shirt-top``
+    is ``T-shirt/top``); a folder that names no class of the run is refused (ConfigError)."""
+    from edgefl.inference import class_index_map
+
+    have = tuple(run_data.info.class_names)
+    if not classes or have == tuple(classes):
+        return run_data
+    try:
+        index, _ = class_index_map(have, classes)
+    except ConfigError as e:
+        raise ConfigError(f"this device's data does not fit the run's classes ({', '.join(classes)}): {e}") from None
+    info = dataclasses.replace(run_data.info, num_classes=len(classes), class_names=tuple(classes))
+
+    def relabel(ds):
+        return type(ds).from_numpy(ds.x.numpy(), index[ds.y.numpy()], info)
+
+    log.info("data classes mapped to the run's: %s", ", ".join(f"{h} -> {classes[i]}" for h, i in zip(have, index, strict=True)))
+    return dataclasses.replace(
+        run_data,
+        train=relabel(run_data.train),
+        evals={k: relabel(v) for k, v in run_data.evals.items()},
+        public=None if run_data.public is None else relabel(run_data.public),
+    )
+
+
 def build_assigned(data: DataSpec, a: Assignment, device_id: str):
     """The device half and evaluation sets that the run assembly builds for this device: exactly
-    what the in-memory simulation builds for the same configuration and shard."""
+    what the in-memory simulation builds for the same configuration and shard, its labels in the
+    run's class order (:func:`align_classes`)."""
     from edgefl.runtime.setup import build_device, load_run_data, resolve_method
 
     method = resolve_method(a.algorithm, a.options, a.public_fraction)
-    run_data = load_run_data(data, method.needs.public_share)
+    run_data = align_classes(load_run_data(data, method.needs.public_share), a.classes)
     shard = data.shard[0] if data.shard is not None else 0
     half = build_device(method, device_id, a.spec, run_data, shard, a.settings, a.seed, a.rounds)
     return half, run_data.evals

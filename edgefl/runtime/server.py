@@ -99,8 +99,9 @@ class ServeOptions:
 class Registry:
     """Registrations → assignments → ready devices. Thread-safe (called on the network thread)."""
 
-    def __init__(self, cfg: RunConfig, spec_for: Callable[[str], ModelSpec], epoch: str, public_fraction: float, opts: ServeOptions):
+    def __init__(self, cfg: RunConfig, spec_for: Callable[[str], ModelSpec], epoch: str, public_fraction: float, opts: ServeOptions, classes: tuple[str, ...] = ()):
         self.cfg, self.spec_for, self.epoch, self.public_fraction, self.opts = cfg, spec_for, epoch, public_fraction, opts
+        self.classes = tuple(classes)  # the run's class names, told to each device with its assignment
         self.tiers = run_tiers(cfg)
         self.settings = train_settings(cfg)
         self.lock = threading.Condition()
@@ -201,7 +202,7 @@ class Registry:
             return None
         from edgefl.runtime.device import Assignment
 
-        a = Assignment(spec, self.cfg.algorithm, dict(self.cfg.options), self.settings, self.cfg.rounds, self.cfg.seed, self.public_fraction, self.epoch, ready)
+        a = Assignment(spec, self.cfg.algorithm, dict(self.cfg.options), self.settings, self.cfg.rounds, self.cfg.seed, self.public_fraction, self.epoch, ready, self.classes)
         return encode(Envelope("assign", 0, device_id, fleet=self.opts.fleet, tier=spec.tier, payload=Payload({}, a.to_meta())))
 
     def wait_ready(self, n: int, timeout: float | None, on_progress: Callable[..., None] | None = None) -> None:
@@ -259,7 +260,7 @@ def serve(
     limits = Limits(max_bytes=opts.max_bytes)
     address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password).with_tls(opts.ca_file, opts.cert_file, opts.key_file)
     transport = MqttServerTransport(address, opts.fleet, limits=limits)
-    registry = Registry(cfg, spec_for, transport.epoch, method.needs.public_share, opts)
+    registry = Registry(cfg, spec_for, transport.epoch, method.needs.public_share, opts, info.class_names)
     registry.warm_up()
     run_dir = run_dir_for(cfg)
     status = FleetStatus(opts.fleet, run_name=run_dir.name, algorithm=cfg.algorithm, rounds=cfg.rounds, deadline=opts.deadline,
