@@ -125,14 +125,19 @@ def device_specs(url: str, fleet: str, n: int, *, test_samples: int = 50, eval_s
     ]
 
 
-def spawn_devices(script: Path, specs: list[dict], processes: int, work: Path, env: dict | None = None) -> list[subprocess.Popen]:
-    """``processes`` processes of ``script SPEC.json``, the devices dealt out in turn; logs in ``work``."""
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spawn_devices(module: str, specs: list[dict], processes: int, work: Path, env: dict | None = None) -> list[subprocess.Popen]:
+    """``processes`` processes of ``python -m module SPEC.json`` (run from the repository root),
+    the devices dealt out in turn; logs in ``work``."""
     procs = []
     for k in range(processes):
         spec_file = work / f"devices-{k}.json"
         spec_file.write_text(json.dumps(specs[k::processes]))
         with open(work / f"devices-{k}.log", "ab") as out:
-            procs.append(subprocess.Popen([sys.executable, str(script), str(spec_file)], stdout=out, stderr=subprocess.STDOUT, env=env))
+            procs.append(subprocess.Popen([sys.executable, "-m", module, str(spec_file)], stdout=out,
+                                          stderr=subprocess.STDOUT, env=env, cwd=ROOT))
     return procs
 
 

@@ -16,8 +16,8 @@ the machine hits all three alike; ratios are computed per model from those inter
 PyTorch and ONNX Runtime both get `--threads` intra-op threads; ORT's thread spinning is turned
 off so that its idle threads do not steal CPU from the eager calls running in between.
 
-    nice -n 10 .venv/bin/python benchmarks/inference/run.py            # the committed results
-    .venv/bin/python benchmarks/inference/run.py --quick --out /tmp/x  # a smoke test
+    nice -n 10 .venv/bin/python -m benchmarks.inference.run            # the committed results
+    .venv/bin/python -m benchmarks.inference.run --quick --out /tmp/x  # a smoke test
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,10 +36,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
 from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.timing import invocation  # noqa: E402
 from edgefl.algorithms.base import TrainSettings  # noqa: E402
 from edgefl.algorithms.training import evaluate, train_local  # noqa: E402
 from edgefl.data import load_dataset  # noqa: E402
@@ -461,7 +458,7 @@ def main() -> None:
     sweep = size_sweep(args, data, workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     result = {
-        "command": "nice -n 10 .venv/bin/python benchmarks/inference/run.py " + " ".join(sys.argv[1:]),
+        "command": invocation()["command"],
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine_before": before,
         "machine_after": machine(),

@@ -10,7 +10,7 @@ Measured (load average recorded before and after each section):
    payload (QoS 1) to one subscriber through Mosquitto; bytes/s until the subscriber has them all.
 2. **raw paho, the round's traffic**: one client publishes the payload to each of N clients (their
    own topics, QoS 1), each publishes it back (QoS 1); bytes/s of both directions until the first
-   client has every echo. The N clients run in one other process (``raw_echo.py``).
+   client has every echo. The N clients run in one other process (``raw_echo``).
 3. **edgefl**: ``serve`` (this process) with the ``bench-echo`` workload and N devices in
    ``--processes`` device processes (``device_main.py``, which runs ``run_device``), every envelope
    in chunks (the default 4 MiB threshold). Per round: wall time, bytes both ways, envelope
@@ -36,12 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-
-import benchmarks.overhead.echo  # noqa: E402,F401  (registers bench-echo)
-from benchmarks.common import (  # noqa: E402
+import benchmarks.overhead.echo  # noqa: F401  (registers bench-echo)
+from benchmarks.common import (
     MemoryWatch,
     device_specs,
     machine,
@@ -49,57 +45,79 @@ from benchmarks.common import (  # noqa: E402
     stop_processes,
     write_json,
 )
-from benchmarks.overhead.echo import RESNET18_FLOATS  # noqa: E402
-from benchmarks.overhead.run import edgefl_config, raw_paho_throughput  # noqa: E402
+from benchmarks.overhead.echo import RESNET18_FLOATS
+from benchmarks.overhead.raw_echo import RawServer
+from benchmarks.overhead.run import edgefl_config
+from benchmarks.timing import ROOT, invocation, load
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger("chunked")
 
 
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def raw_round_trip(url: str, n: int, nbytes: int, rounds: int, watch: MemoryWatch) -> dict:
-    """One client sends ``nbytes`` to each of ``n`` echo clients (another process) and waits for every echo."""
+def raw_paho_throughput(url: str, data: bytes, messages: int) -> dict:
+    """Publish ``messages`` copies of ``data`` (QoS 1) and time until a subscriber has them all."""
     import paho.mqtt.client as mqtt
 
     from edgefl.transport.mqtt import BrokerAddress
 
     addr = BrokerAddress.parse(url)
-    echo = subprocess.Popen([sys.executable, str(HERE / "raw_echo.py"), url, str(n)], stdout=subprocess.PIPE, text=True)
+    got = threading.Event()
+    count = [0]
+    subscribed = threading.Event()
+
+    def on_message(client, userdata, msg):
+        count[0] += 1
+        if count[0] >= messages:
+            got.set()
+
+    def on_connect(client, userdata, flags, reason, properties):
+        client.subscribe("bench/raw", qos=1)
+
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-raw-sub", protocol=mqtt.MQTTv311)
+    sub.on_connect = on_connect
+    sub.on_subscribe = lambda *a: subscribed.set()
+    sub.on_message = on_message
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-raw-pub", protocol=mqtt.MQTTv311)
+    for c in (sub, pub):
+        c.connect(addr.host, addr.port)
+        c.loop_start()
+    try:
+        if not subscribed.wait(30):
+            raise RuntimeError("raw subscriber did not subscribe")
+        t0 = time.perf_counter()
+        for _ in range(messages):
+            pub.publish("bench/raw", data, qos=1)
+        if not got.wait(600):
+            raise RuntimeError(f"raw subscriber got {count[0]} of {messages} messages")
+        seconds = time.perf_counter() - t0
+    finally:
+        for c in (sub, pub):
+            c.loop_stop()
+            c.disconnect()
+    return {"messages": messages, "seconds": seconds, "bytes_per_s": messages * len(data) / seconds}
+
+
+def raw_round_trip(url: str, n: int, nbytes: int, rounds: int, watch: MemoryWatch) -> dict:
+    """One client sends ``nbytes`` to each of ``n`` echo clients (another process) and waits for
+    every echo (:mod:`benchmarks.overhead.raw_echo`)."""
+    prefix = f"chunkraw{os.getpid()}"
+    echo = subprocess.Popen([sys.executable, "-m", "benchmarks.overhead.raw_echo", url, prefix,
+                             *map(str, range(n))], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     watch.watch("raw echo clients", [echo.pid])
     try:
         if echo.stdout.readline().strip() != "ready":
             raise RuntimeError("raw echo clients did not start")
-        got = threading.Semaphore(0)
-        subscribed = threading.Event()
-        hub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-raw-hub", protocol=mqtt.MQTTv311)
-        hub.on_connect = lambda c, u, f, r, p: c.subscribe("bench/echo/+/up", qos=1)
-        hub.on_subscribe = lambda *a: subscribed.set()
-        hub.on_message = lambda c, u, m: got.release()
-        hub.max_inflight_messages_set(100)
-        hub.connect(addr.host, addr.port)
-        hub.loop_start()
-        if not subscribed.wait(30):
-            raise RuntimeError("the raw hub did not subscribe")
+        hub = RawServer(url, prefix, n)
+        hub.c.max_inflight_messages_set(100)
         data = os.urandom(nbytes)
-        seconds = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for k in range(n):
-                hub.publish(f"bench/echo/{k}/down", data, qos=1)
-            for _ in range(n):
-                if not got.acquire(timeout=600):
-                    raise RuntimeError("a raw echo did not come back")
-            seconds.append(time.perf_counter() - t0)
-        hub.loop_stop()
-        hub.disconnect()
+        seconds = [hub.round(data) for _ in range(rounds)]
+        hub.close()
     finally:
         echo.terminate()
         echo.wait(20)
     per_round = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
-    return {"devices": n, "bytes_each_way": nbytes, "rounds": rounds, "round_seconds": seconds, "steady_round_s": per_round, "bytes_per_s": 2 * n * nbytes / per_round}
+    return {"devices": n, "bytes_each_way": nbytes, "rounds": rounds, "round_seconds": seconds,
+            "steady_round_s": per_round, "bytes_per_s": 2 * n * nbytes / per_round}
 
 
 def run_edgefl(url: str, n: int, floats: int, rounds: int, processes: int, work: Path, watch: MemoryWatch) -> dict:
@@ -109,7 +127,7 @@ def run_edgefl(url: str, n: int, floats: int, rounds: int, processes: int, work:
     records: list[dict] = []
     box: dict = {}
     try:
-        procs = spawn_devices(HERE / "device_main.py", device_specs(url, f"chunks{os.getpid()}", n), processes, work)
+        procs = spawn_devices("benchmarks.overhead.device_main", device_specs(url, f"chunks{os.getpid()}", n), processes, work)
         watch.watch("devices", [p.pid for p in procs])
 
         def on_round(r: dict) -> None:
@@ -233,7 +251,7 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {
-        "command": "nice -n 10 .venv/bin/python -m benchmarks.overhead.chunked " + " ".join(sys.argv[1:]),
+        "command": invocation()["command"],
         "machine": machine(),
         "load_before": load(),
         "payload_mb": args.floats * 4 / 1e6,

@@ -1,6 +1,6 @@
 """Device processes of the overhead benchmark, with ``bench-echo`` registered.
 
-    python device_main.py SPEC.json
+    python -m benchmarks.overhead.device_main SPEC.json
 
 SPEC.json is a list of :class:`edgefl.runtime.device.DeviceOptions` fields; each device runs
 ``run_device`` (what ``edgefl train`` runs) in its own thread with its own MQTT connection.
@@ -10,26 +10,19 @@ in this machine's memory (each process with torch costs ~390 MB of private memor
 
 import json
 import logging
-import os
 import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
 
-import torch  # noqa: E402
-
-import benchmarks.overhead.echo  # noqa: E402,F401  (registers bench-echo)
-from edgefl.runtime.device import DeviceOptions, run_device  # noqa: E402
+import benchmarks.overhead.echo  # noqa: F401  (registers bench-echo)
+from edgefl.runtime.device import DeviceOptions, run_device
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(1)
-    if os.environ.get("EDGEFL_BENCH_NODELAY") == "1":
-        from benchmarks.overhead.nodelay import enable
-
-        enable()
     specs = json.loads(Path(sys.argv[1]).read_text())
     threads = [threading.Thread(target=run_device, args=(DeviceOptions(**s),), daemon=True) for s in specs]
     for t in threads:

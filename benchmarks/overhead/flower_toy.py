@@ -5,6 +5,13 @@ work), FedAvg averages the replies. Per round we time configure_train → aggreg
 whole train round of ``Strategy.start``); client-side evaluation is off (fraction_evaluate=0).
 
     .venv-flower/bin/python flower_toy.py --clients 10 --rounds 6 --floats 1000 --out result.json
+
+Flower waits on two timers: the in-memory grid sleeps ``pull_interval`` (0.1 s) between looks for
+replies (``InMemoryGrid.send_and_receive``), and the simulation engine's feeder thread waits a
+hard-coded 0.1 s between looks for new instructions (``add_messages_to_queue`` in
+``flwr.server.superlink.fleet.vce.vce_api``). ``--pull-interval S`` sets the grid's attribute;
+``--engine-poll S`` replaces the feeder with the same loop waiting S seconds. Without them Flower
+runs with its defaults. This script runs in Flower's own venv, never imports edgefl.
 """
 
 from __future__ import annotations
@@ -46,18 +53,40 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
+def tune_engine(seconds: float) -> None:
+    """Flower's feeder loop (flwr 1.42, vce_api.add_messages_to_queue), waiting ``seconds``."""
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    def add_messages_to_queue(state, queue, nodes_mapping, f_stop):
+        while not f_stop.is_set():
+            for node_id in nodes_mapping.keys():
+                for msg in state.get_message_ins(node_id=node_id, limit=1):
+                    queue.put(msg)
+            f_stop.wait(seconds)
+
+    vce_api.add_messages_to_queue = add_messages_to_queue
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--floats", type=int, default=1000)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--pull-interval", type=float, help="the grid's pull_interval (default 0.1)")
+    ap.add_argument("--engine-poll", type=float, help="the engine feeder's wait (default 0.1)")
     args = ap.parse_args()
+    if args.engine_poll is not None:
+        tune_engine(args.engine_poll)
 
     server_app = ServerApp()
 
     @server_app.main()
     def serve(grid: Grid, context: Context) -> None:
+        if args.pull_interval is not None:
+            grid.pull_interval = args.pull_interval
+        pull_interval = getattr(grid, "pull_interval", None)
+        MARKS.append({"pull_interval": pull_interval})
         strategy = TimedFedAvg(
             fraction_train=1.0,
             fraction_evaluate=0.0,
@@ -84,8 +113,12 @@ def main() -> None:
         if "end" in m
     ]
     import flwr
+    from flwr.server.superlink.fleet.vce import vce_api
 
-    result = {"flwr": flwr.__version__, "clients": args.clients, "floats": args.floats, "rounds": rounds, "wall_seconds": wall}
+    result = {"flwr": flwr.__version__, "clients": args.clients, "floats": args.floats,
+              "rounds": rounds, "wall_seconds": wall,
+              "grid_pull_interval": next((m["pull_interval"] for m in MARKS if "pull_interval" in m), None),
+              "engine_poll": args.engine_poll, "engine_patched": vce_api.add_messages_to_queue.__module__ == "__main__"}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
 

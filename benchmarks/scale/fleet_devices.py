@@ -1,4 +1,5 @@
-"""Many lightweight devices in one process, on one thread: ``python fleet_devices.py SPEC.json``.
+"""Many lightweight devices in one process, on one thread:
+``python -m benchmarks.scale.fleet_devices SPEC.json``.
 
 SPEC.json is a list of :class:`edgefl.runtime.device.DeviceOptions` fields. Each device is a real
 :class:`~edgefl.runtime.device.DeviceRuntime` (its registration, assignment, agent, request
@@ -17,16 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import paho.mqtt.client as mqtt
+import torch
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
-import paho.mqtt.client as mqtt  # noqa: E402
-import torch  # noqa: E402
-from paho.mqtt.packettypes import PacketTypes  # noqa: E402
-from paho.mqtt.properties import Properties  # noqa: E402
-
-import benchmarks.overhead.echo  # noqa: E402,F401  (registers bench-echo)
-from edgefl.runtime.device import DeviceOptions, DeviceRuntime  # noqa: E402
-from edgefl.transport.mqtt import SESSION_EXPIRY_SECONDS  # noqa: E402
+import benchmarks.overhead.echo  # noqa: F401  (registers bench-echo)
+from edgefl.runtime.device import DeviceOptions, DeviceRuntime
+from edgefl.transport.mqtt import SESSION_EXPIRY_SECONDS
 
 log = logging.getLogger("fleet_devices")
 

@@ -27,18 +27,14 @@ import math
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import psutil
 
-import psutil  # noqa: E402
-
-import benchmarks.overhead.echo  # noqa: E402,F401  (registers bench-echo)
-from benchmarks.common import (  # noqa: E402
+import benchmarks.overhead.echo  # noqa: F401  (registers bench-echo)
+from benchmarks.common import (
     device_specs,
     fit_exponent,
     machine,
@@ -46,9 +42,10 @@ from benchmarks.common import (  # noqa: E402
     stop_processes,
     write_json,
 )
+from benchmarks.timing import invocation
 
 HERE = Path(__file__).resolve().parent
-DEVICE_MAIN = HERE / "fleet_devices.py"
+DEVICE_MAIN = "benchmarks.scale.fleet_devices"
 log = logging.getLogger("mqtt_fleet")
 # a device re-registers after register_every seconds until the server accepts it (default 3 s):
 # 1,000 devices at a fixed 3 s outran the loaded server's registration handling in a first attempt
@@ -188,7 +185,7 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # Mosquitto and the server inherit it
     res: dict = {
-        "command": "nice -n 10 .venv/bin/python -m benchmarks.scale.mqtt_fleet " + " ".join(sys.argv[1:]),
+        "command": invocation()["command"],
         "machine": machine(),
         "load_before": load(),
         "open_files_limit": hard,
