@@ -18,13 +18,17 @@ import psutil
 
 
 def machine() -> dict:
-    """What a timing needs next to it: the machine and how loaded it was."""
+    """What a timing needs next to it: the machine, how loaded it was, and this process's
+    niceness (:mod:`benchmarks.timing`, the harness, records the rest of the invocation)."""
+    from benchmarks.timing import cpu_model, load, niceness
+
     return {
         "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_1_5_15": load(),
+        "niceness": niceness(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 

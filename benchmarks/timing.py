@@ -84,6 +84,15 @@ def invocation() -> dict:
     }
 
 
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """The command a benchmark records: as invoked when ``argv`` is None, else ``python -m module
+    argv...`` (a call from Python, e.g. a test); with the process's real niceness either way."""
+    if argv is None:
+        return invocation()["command"]
+    nice = niceness()
+    return (f"nice -n {nice} " if nice else "") + shlex.join(["python", "-m", module, *argv])
+
+
 def git_state(root: Path = ROOT) -> dict:
     def git(*args: str) -> str | None:
         try:

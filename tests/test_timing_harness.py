@@ -114,3 +114,11 @@ def test_an_unniced_run_does_not_claim_nice(tmp_path, monkeypatch):
     inv = timing.invocation()
     assert inv["command"] == "python -m benchmarks.x --quick"
     assert inv["niceness"] == 0
+
+
+def test_a_command_built_from_argv_carries_the_real_niceness(monkeypatch):
+    monkeypatch.setattr(timing, "niceness", lambda: 10)
+    assert timing.command_line("benchmarks.fuzz.run", ["--quick", "a b"]) == (
+        "nice -n 10 python -m benchmarks.fuzz.run --quick 'a b'")
+    monkeypatch.setattr(timing, "niceness", lambda: 0)
+    assert timing.command_line("benchmarks.fuzz.run", []) == "python -m benchmarks.fuzz.run"

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.timing import command_line
 from edgefl.algorithms import algorithm_names  # noqa: E402
 from tests import device_fuzz, wire_fuzz  # noqa: E402
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     dev_ops = {}
     for (kind, op, outcome), n in sorted(dev.operators.items()):
         dev_ops.setdefault(f"{kind} {op}", {})[outcome] = n
-    command = "python -m benchmarks.fuzz.run " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("benchmarks.fuzz.run", argv)
     totals = {o: tally.count(o) for o in ("rejected", "accepted", "exception", "violation")}
     per_kind = {}
     for (method, direction, kind, outcome), n in sorted(tally.outcomes.items()):

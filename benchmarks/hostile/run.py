@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import machine, write_json
+from benchmarks.timing import command_line
 
 HERE = Path(__file__).parent
 
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     before = machine()
     refusals = refusal_times(args.repeats)
     chunks = chunk_forgers(args.seconds, args.rate)
-    command = "python -m benchmarks.hostile.run " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    command = command_line("benchmarks.hostile.run", argv)
     result = {"command": command.strip(), "machine_before": before, "machine_after": machine(), "refusals": refusals, "chunks": chunks}
     write_json(args.out / "results.json", result)
     q, a = chunks["quiet"], chunks["forgers"]

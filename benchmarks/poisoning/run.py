@@ -47,7 +47,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,6 +57,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.timing import command_line
 from edgefl.algorithms import fedproto as fedproto_mod  # noqa: E402
 from edgefl.algorithms import get_algorithm  # noqa: E402
 from edgefl.config import resolve_config  # noqa: E402
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.seeds = 1
     cells_dir = args.out / "cells"
-    command = "python -m benchmarks.poisoning.run " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("benchmarks.poisoning.run", argv)
     if args.report:
         write_results(args, command)
         return
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"skip {path.name}: no clean cell to calibrate the clip bound", flush=True)
                 continue
             r = run_cell(method, attack, defence, seed, args, clip)
-            r["command"] = "nice -n 10 " + command
+            r["command"] = command
             r["load_after"] = [round(x, 2) for x in os.getloadavg()]
             write_json(path, r)
             print(json.dumps({k: v for k, v in r.items() if k != "honest_sent"}), flush=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import machine, write_json
+from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
 DEMO = {"width": 0.125, "options": {"stem": "imagenet"}, "optimizer": "adam", "lr": 3e-3, "batch": 50}
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     results = {"machine": machine(), "torch_threads": 1, "torch": torch.__version__,
-               "command": "python -m benchmarks.scale.optimizer_step " + " ".join(argv if argv is not None else sys.argv[1:]), "models": []}
+               "command": command_line("benchmarks.scale.optimizer_step", argv), "models": []}
     for name, (family, tier, settings) in MODELS.items():
         row = measure(name, family, tier, settings, args.repeats, args.steps)
         print(row, flush=True)

@@ -30,12 +30,12 @@ import argparse
 import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 from benchmarks.common import machine, write_json
 from benchmarks.runner import code_version
+from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=1,
                    help="run sequential and parallel this many times, alternating; speed-ups are the median of the pairs")
     args = p.parse_args(argv)
-    command = "python -m benchmarks.scale.parallel " + " ".join(argv or sys.argv[1:])
+    command = command_line("benchmarks.scale.parallel", argv)
     results = {"machine": machine(), "command": command, "workloads": {}}
     if args.workload and (HERE / "parallel.json").exists():  # re-measuring some workloads keeps the others' runs
         results["workloads"] = json.loads((HERE / "parallel.json").read_text())["workloads"]

@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
 from benchmarks.common import fit_exponent, machine, write_json
+from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(1)  # CPU time = the work of one core
     methods = args.method or [m for m in algorithm_names() if m != "local"]
-    results = {"machine": machine(), "command": "python -m benchmarks.scale.server " + " ".join(argv or sys.argv[1:]),
+    results = {"machine": machine(), "command": command_line("benchmarks.scale.server", argv),
                "rows": [], "exponents": {}}
     # the same data at every N, so the server's public share (HierarchyFL's labelled 1 %, FedHeNN's
     # alignment pool and with it the kernel size) does not grow with the fleet: only N does

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import machine, write_json
+from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
 MODELS = {  # name → run settings
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = {"machine": machine(), "torch_threads": torch.get_num_threads(),
-               "command": "python -m benchmarks.scale.training_loop " + " ".join(argv or sys.argv[1:]), "models": []}
+               "command": command_line("benchmarks.scale.training_loop", argv), "models": []}
     for name, settings in MODELS.items():
         row = measure(name, settings, args.repeats)
         print(row, flush=True)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import machine, write_json
+from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -87,7 +88,7 @@ def main() -> None:
         acc = {label: sorted({r["accuracy"] for r in rs}) for label, rs in cell.items()}
         rows.append({"condition": condition, "wall": wall, "cpu": cpu, "accuracy": acc,
                      "spin_over_passive_wall": round(wall["default (spin)"] / wall["PASSIVE"], 2)})
-    results = {"command": "python -m benchmarks.scale.wait_policy " + " ".join(sys.argv[1:]), "workload": "edgefl " + " ".join(COMMAND),
+    results = {"command": command_line("benchmarks.scale.wait_policy"), "workload": "edgefl " + " ".join(COMMAND),
                "machine_before": start, "machine_after": machine(), "runs": runs, "rows": rows}
     write_json(HERE / "wait_policy.json", results)
     write_report(results)
