@@ -233,3 +233,23 @@ def test_dp_sgd_runs_the_weight_training_methods_and_refuses_the_others_clearly(
         resolve_method("felo", options)
     with pytest.raises(ConfigError, match="not declared fit for DP-SGD"):
         resolve_method("fedhenn", options)
+
+
+@pytest.mark.slow
+def test_dp_sgd_over_mqtt_trains_group_norm_sub_models_and_accounts_as_in_memory(tmp_path):
+    # Prepare: HeteroFL (ResNet width tiers with BatchNorm) under DP-SGD on a tiny MQTT fleet
+    from edgefl.runtime.fleet import simulate_mqtt
+
+    options = {"dp": "sgd", "dp_target_epsilon": "8", "dp_clip": "1"}
+    cfg = tiny_config(tmp_path, algorithm="heterofl", options=options, threads=1, eval_every=0, width=0.125,
+                      steps=2, clients=2)
+    # Execute
+    summary = simulate_mqtt(cfg.model_copy(update={"run_name": "mqtt"}), deadline=240)
+    # Assert: every device spent exactly its calibrated budget over the run's rounds, on the
+    # server's ledger, with the plan the device made from its own data
+    privacy = summary["privacy"]
+    assert privacy["mode"] == "sgd" and privacy["budget_spent"] == ["d00", "d01"]
+    for d, spent in privacy["epsilon"].items():
+        z, q = privacy["noise_multiplier"][d], privacy["sample_rate"][d]
+        assert spent == pytest.approx(sgd_epsilon(z, q, 2, DELTA, 2)) and 7.9 < spent <= 8.0
+    assert summary["rounds_completed"] == 2 and not any(summary["failed_per_round"])

@@ -96,10 +96,10 @@ def simulate(
     broker: str = typer.Option(None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."),
     compare_local: bool = typer.Option(False, "--compare-local", help="Also report Local (the same devices without federation), run in memory or read from --reference-cache."),
     reference_cache: Path = typer.Option(None, "--reference-cache", help="Directory caching reference runs by configuration."),
-    dp: str = typer.Option(None, "--dp", help="Differential privacy: local (devices noise their uplinks) or central (the server noises the average of clipped updates); docs/privacy.md."),
+    dp: str = typer.Option(None, "--dp", help="Differential privacy: local (devices noise their uplinks), central (the server noises the average of clipped updates) or sgd (devices train with DP-SGD, Opacus); docs/privacy.md."),
     target_epsilon: float = typer.Option(None, "--target-epsilon", help="With --dp: each device's privacy budget ε; a device that spent it trains no more."),
     delta: float = typer.Option(None, "--delta", help="With --dp: δ of the (ε, δ) guarantee (default 1e-5)."),
-    clip: float = typer.Option(None, "--clip", help="With --dp: the clip bound C (an update's L2 norm; a sample's statistics vector's). Default 1."),
+    clip: float = typer.Option(None, "--clip", help="With --dp: the clip bound C (an update's L2 norm; a sample's statistics vector's; under sgd a sample's gradient's). Default 1."),
     noise_multiplier: float = typer.Option(None, "--noise-multiplier", help="With --dp: noise std / sensitivity (default: the least that keeps the budget over all rounds)."),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
