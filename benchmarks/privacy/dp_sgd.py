@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import machine, write_json
+from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
 SEEDS = (0, 1, 2)
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "edgefl"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    result = {"command": "nice -n 10 python -m benchmarks.privacy.dp_sgd" + (" --quick" if args.quick else ""),
+    result = {"command": command_line("benchmarks.privacy.dp_sgd", argv),
               "commit": commit + ("+dirty" if dirty else ""), "machine": machine(), "profile": PROFILE,
               "clip": CLIP, "delta": DELTA, "cells": []}
     start = time.perf_counter()
