@@ -43,6 +43,7 @@ def start(
     fleet: Fleet = "default",
     algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
     option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
+    secagg: bool = typer.Option(False, "--secagg", help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of the updates (-o secagg=on); docs/privacy.md."),
     rounds: int = typer.Option(None, help="Training rounds."),
     min_devices: int = typer.Option(None, help="Ready devices to wait for before the first round (start threshold only)."),
     min_fit: int = typer.Option(None, help="Fewest devices a round trains (default: what --fraction implies)."),
@@ -103,6 +104,8 @@ def start(
     explicit.update({k: v for k, v in flags.items() if v is not None})
     if option:
         explicit["options"] = {**explicit.get("options", {}), **parse_pairs(option, "option")}
+    if secagg:
+        explicit["options"] = {**explicit.get("options", {}), "secagg": "on"}
     explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1))
     check_run_names(explicit)  # names and values, before torch is imported
     password = read_password(password, password_file)

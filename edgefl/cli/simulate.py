@@ -101,6 +101,7 @@ def simulate(
     delta: float = typer.Option(None, "--delta", help="With --dp: δ of the (ε, δ) guarantee (default 1e-5)."),
     clip: float = typer.Option(None, "--clip", help="With --dp: the clip bound C (an update's L2 norm; a sample's statistics vector's; under sgd a sample's gradient's). Default 1."),
     noise_multiplier: float = typer.Option(None, "--noise-multiplier", help="With --dp: noise std / sensitivity (default: the least that keeps the budget over all rounds)."),
+    secagg: bool = typer.Option(False, "--secagg", help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of the updates (-o secagg=on); docs/privacy.md."),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
     from edgefl.config import load_toml
@@ -150,6 +151,8 @@ def simulate(
     privacy = {"dp": dp, "dp_target_epsilon": target_epsilon, "dp_delta": delta, "dp_clip": clip, "dp_noise_multiplier": noise_multiplier}
     if any(v is not None for v in privacy.values()):  # the dp options every method takes (docs/privacy.md)
         explicit["options"] = {**explicit.get("options", {}), **{k: str(v) for k, v in privacy.items() if v is not None}}
+    if secagg:
+        explicit["options"] = {**explicit.get("options", {}), "secagg": "on"}
     if explicit.get("fleet_file") and "clients" not in explicit:  # the fleet file names the devices
         from edgefl.profiling import load_fleet
 

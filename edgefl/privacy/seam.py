@@ -196,7 +196,9 @@ class PrivateServer:
             return self.inner.aggregate(round, uplinks)
         return self.central_aggregate(round, uplinks)
 
-    def central_aggregate(self, round: int, uplinks: Mapping[str, Payload]) -> dict[str, float]:
+    def central_aggregate(self, round: int, uplinks: Mapping[str, Payload], devices: int | None = None) -> dict[str, float]:
+        """``devices``: how many devices the uplinks stand for (secure aggregation hands over one
+        average of that many device-clipped updates); default one per uplink."""
         release = self.release
         reference = {k: v for k, v in self.inner.state_dict().items() if release.in_whole(k)}
         clipped, within = {}, 0
@@ -209,7 +211,7 @@ class PrivateServer:
             arrays = {k: np.asarray(v).astype(np.asarray(p.arrays[k]).dtype) for k, v in arrays.items()}
             clipped[d] = Payload(arrays, {**p.meta, "num_samples": 1})  # equal weights: sensitivity C
         metrics = dict(self.inner.aggregate(round, clipped))
-        n = len(uplinks)
+        n = devices or len(uplinks)
         rng = self.inner.ctx.rng(round, stream=NOISE_STREAM)
         state = dict(self.inner.state_dict())
         std = self.update_noise * self.clip / n  # N(0, (z_Δ·C)²) on the sum, divided by n

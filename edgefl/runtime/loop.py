@@ -268,14 +268,22 @@ class RoundLoop:
             selected, fresh, buffered = self.buffered.collect(self, round, ex)
         else:
             selected = self.server.select(round, self.reachable(sorted(self.ctx.fleet), round + 1), self.ctx.rng(round))
-            payloads = {
-                d: Payload({}, {UNCHANGED: round}) if self._holds_downlink.get(d) == round else self.server.downlink(round, d)
-                for d in selected
-            }
+            payloads = {}
+            if getattr(self.server, "secagg", None) is None:
+                payloads = {
+                    d: Payload({}, {UNCHANGED: round}) if self._holds_downlink.get(d) == round else self.server.downlink(round, d)
+                    for d in selected
+                }
             for d in selected:
                 self._holds_downlink.pop(d, None)  # it trains now: its model is no longer the downlink's
-            ex = self.exchange("train", round, payloads, expect="update")
-            fresh, buffered = {d: r.payload for d, r in ex.replies.items()}, None
+            if payloads or not selected:
+                ex = self.exchange("train", round, payloads, expect="update")
+                fresh = {d: r.payload for d, r in ex.replies.items()}
+            else:  # secure aggregation: four exchanges, one sum (runtime/secure.py)
+                from edgefl.runtime.secure import secure_round
+
+                ex, fresh = secure_round(self, round, selected, Exchange())
+            buffered = None
         if selected and not ex.replies and self.settings.stop_when_all_fail:
             first = next(iter(ex.failed.values()), "unknown")
             raise EdgeflError(f"round {round}: all {len(selected)} devices failed (first: {first})")

@@ -35,6 +35,8 @@ import numpy as np
 
 from edgefl.errors import ConfigError
 from edgefl.privacy import PrivacySettings, Release, split_privacy_options
+from edgefl.privacy.secagg import SecAggSettings, split_secagg_options
+from edgefl.privacy.secagg_halves import SecAggDevice, SecAggServer, check_secagg, device_clip
 
 if TYPE_CHECKING:
     from edgefl.algorithms import (
@@ -104,13 +106,15 @@ class Method:
     needs: MethodNeeds
     #: Differential privacy (the ``dp*`` options every method takes; off by default).
     privacy: PrivacySettings = PrivacySettings()
+    #: Secure aggregation (the ``secagg*`` options of weight methods; off by default).
+    secagg: SecAggSettings = SecAggSettings()
 
     @property
     def name(self) -> str:
         return self.algorithm.name
 
     def options_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self.options), **self.privacy.as_options()}
+        return {**dataclasses.asdict(self.options), **self.privacy.as_options(), **self.secagg.as_options()}
 
     @property
     def release(self) -> Release | None:
@@ -125,13 +129,16 @@ def resolve_method(name: str, raw_options: dict[str, Any], public_share: float |
 
     algorithm = get_algorithm(name)
     own, privacy = split_privacy_options(raw_options)
+    own, secagg = split_secagg_options(own)
     options = algorithm.parse_options(own)
     needs = algorithm.needs_for(options)
     if public_share is not None and public_share != needs.public_share:
         if needs.devices_hold_public and public_share <= 0:
             raise ConfigError(f"{name} with these options has devices hold the public pool: public_fraction must be > 0")
         needs = dataclasses.replace(needs, public_share=public_share)
-    method = Method(algorithm, options, needs, privacy)
+    method = Method(algorithm, options, needs, privacy, secagg)
+    if secagg.on:
+        check_secagg(name, method.release, options, privacy)
     if privacy.on:
         from edgefl.privacy.seam import check_release
 
@@ -393,6 +400,8 @@ def build_device(
         from edgefl.privacy.dpsgd import SgdDevice
 
         half = SgdDevice(half, method.privacy, method.release, rounds + method.needs.closing_rounds)
+    if method.secagg.on:  # the update leaves the device masked; central DP's clip happens here
+        half = SecAggDevice(half, method.secagg, device_clip(method.privacy, method.options))
     return half
 
 
@@ -403,6 +412,8 @@ def build_server(method: Method, ctx: ServerContext) -> ServerHalf:
         from edgefl.privacy.seam import PrivateServer
 
         server = PrivateServer(server, method.privacy, method.release, ctx.rounds + ctx.closing_rounds)
+    if method.secagg.on:
+        server = SecAggServer(server, method.secagg, central_dp=method.privacy.mode == "central")
     return server
 
 
@@ -515,6 +526,8 @@ def assemble(cfg: RunConfig) -> RunAssembly:
         able = [m for m in registered_methods() if m[1].asynchronous]
         raise ConfigError(f"--aggregation async: {method.name} cannot aggregate updates as they arrive "
                           f"(methods that can: {', '.join(name for name, _ in able)})")
+    if cfg.aggregation == "async" and method.secagg.on:
+        raise ConfigError("--aggregation async with --secagg is not supported: secure aggregation sums a synchronous round")
     if cfg.aggregation == "async" and method.privacy.mode == "central":
         raise ConfigError("--aggregation async with --dp central is not supported: the server's privacy ledger "
                           "and budget check work per synchronous round; use --dp local")

@@ -1,0 +1,335 @@
+"""Secure aggregation for weight averaging: the protocol, one device and the server, one round.
+
+The protocol is SecAgg (Bonawitz et al., CCS 2017) in the form SecAgg+ (Bell et al., CCS 2020)
+gives it, on the **full graph** (every pair of the round's devices masks: no neighbour graph):
+
+0. **advertise keys** — each device makes two fresh X25519 key pairs (one for the channel, one for
+   the pairwise masks) and a 256-bit self-mask seed, and sends both public keys and a SHA-256
+   commitment to the seed. The server relays the roster (U1) to every device.
+1. **share keys** — each device splits its seed and its mask private key into Shamir shares
+   (threshold t, GF(2⁵²¹-1)), and seals each peer's pair of shares with ChaCha20-Poly1305 under
+   the key both agree on by X25519; the server relays the sealed shares (it cannot read them).
+2. **masked input** — each device that received its peers' shares (U2) trains, and sends its
+   weighted update in fixed point plus its self mask plus, for each peer v, ±PRG(agreed secret)
+   (+ when its id sorts before v's). Pairwise masks cancel in the sum; the self mask does not.
+3. **unmasking** — the server names the devices whose masked input arrived (U3); each survivor
+   sends its shares of the survivors' seeds and of the dropped devices' mask keys, never both
+   kinds for one peer (a device asked for both refuses). With t shares of each the server
+   removes the self masks and the dropped devices' pairwise masks: what is left is the sum.
+
+Integrity: every reconstructed secret is checked against what its owner committed to in step 0
+(the seed's hash, the private key's public key); a share that does not fit is its holder's lie
+(another t shares are tried, and the liar is named); four coordinates that every device sets to
+zero (canaries) and the range of the sum catch a device whose masked input does not match its
+masks. Either way a round fails loudly rather than give a corrupted sum.
+
+Fixed point: each coordinate of a device's update is clipped to [-clip, clip], multiplied by the
+device's weight (its share of the round's total weight, ≤ 1) and rounded to a multiple of
+``clip / 2²⁹`` in Z/2³²Z (2 bits of headroom): with the weights summing to at most 1 the sum never
+wraps, and the average's error is at most n·clip/2³⁰ per coordinate (clip 8: 7.5e-9 per device).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgefl.errors import ConfigError
+from edgefl.privacy.secagg_crypto import (
+    KEY_BYTES,
+    RING_BITS,
+    SHARE_BYTES,
+    SecAggError,
+    agree,
+    commitment,
+    derive,
+    new_keypair,
+    open_sealed,
+    prg,
+    private_bytes,
+    public_of,
+    recover,
+    seal,
+    share_bytes,
+    share_secret,
+    share_value,
+)
+
+#: Bits of headroom above the largest possible sum (a stray mask lands outside with prob. 3/4).
+HEADROOM_BITS = 2
+#: Coordinates every device sets to 0: a mask left in the sum shows there (miss: 2^-128).
+CANARIES = 4
+#: What a device advertises: channel public key ‖ mask public key ‖ seed commitment.
+ADVERT_BYTES = 3 * KEY_BYTES
+#: One sealed pair of shares: nonce ‖ ciphertext (seed share ‖ key share) ‖ tag.
+SEALED_BYTES = 12 + 2 * SHARE_BYTES + 16
+
+#: The method options that carry secure aggregation (``-o secagg=on``, the CLI's ``--secagg``).
+OPTION_KEYS = {"secagg": "on", "secagg_threshold": "threshold", "secagg_clip": "clip"}
+
+
+@dataclass(frozen=True)
+class SecAggSettings:
+    """``threshold``: the fraction of the devices that advertised keys whose shares are needed
+    to remove a mask (t = ⌈threshold·n⌉, at least 2): up to n - t devices may drop out after
+    sharing, and the server with fewer than t devices learns nothing but the sum. ``clip``: the
+    fixed-point range of one coordinate of a device's update."""
+
+    on: bool = False
+    threshold: float = 0.6
+    clip: float = 8.0
+
+    def __post_init__(self):
+        if not 0.5 <= self.threshold <= 1:
+            raise ConfigError(f"secagg_threshold must be in [0.5, 1] (got {self.threshold})")
+        if not (self.clip > 0 and math.isfinite(self.clip)):
+            raise ConfigError(f"secagg_clip must be a finite number > 0 (got {self.clip})")
+
+    def threshold_for(self, n: int) -> int:
+        return max(2, math.ceil(self.threshold * n - 1e-9))
+
+    @property
+    def scale(self) -> float:
+        """Fixed-point units per unit of an update coordinate."""
+        return 2.0 ** (RING_BITS - 1 - HEADROOM_BITS) / self.clip
+
+    def as_options(self) -> dict[str, str]:
+        if not self.on:
+            return {}
+        return {"secagg": "on", "secagg_threshold": repr(self.threshold), "secagg_clip": repr(self.clip)}
+
+
+def split_secagg_options(raw: Mapping[str, object]) -> tuple[dict[str, object], SecAggSettings]:
+    """(the other options, the secure-aggregation settings) from a method's raw options."""
+    own = {k: v for k, v in raw.items() if k not in OPTION_KEYS}
+    values: dict[str, object] = {}
+    for key, name in OPTION_KEYS.items():
+        if key not in raw:
+            continue
+        text = str(raw[key]).strip().lower()
+        if name == "on":
+            if text not in ("on", "off", "true", "false", "1", "0"):
+                raise ConfigError(f"option secagg={raw[key]!r}: choose on or off")
+            values[name] = text in ("on", "true", "1")
+            continue
+        try:
+            values[name] = float(text)
+        except ValueError:
+            raise ConfigError(f"option {key}={raw[key]!r} is not a number") from None
+    return own, SecAggSettings(**values)
+
+
+# --- fixed point ---------------------------------------------------------------------------------
+
+
+def encode(vector: np.ndarray, weight: float, settings: SecAggSettings) -> tuple[np.ndarray, int]:
+    """A device's weighted update in Z/2³²Z (canaries appended), and how many coordinates the
+    clip cut."""
+    v = np.asarray(vector, np.float64)
+    clipped = int(np.count_nonzero(np.abs(v) > settings.clip))
+    q = np.rint(np.clip(v, -settings.clip, settings.clip) * (weight * settings.scale)).astype(np.int64)
+    return np.concatenate([q, np.zeros(CANARIES, np.int64)]).astype(np.uint32), clipped
+
+
+def decode(total: np.ndarray, devices: int, settings: SecAggSettings) -> np.ndarray:
+    """The sum of the weighted updates from the unmasked sum in Z/2³²Z. SecAggError when a mask
+    is left in it (a canary is not 0, or a coordinate is out of the range any sum can take)."""
+    signed = np.asarray(total, np.uint32).view(np.int32).astype(np.int64)
+    body, canaries = signed[:-CANARIES], signed[-CANARIES:]
+    bound = 2 ** (RING_BITS - 1 - HEADROOM_BITS) + devices
+    if np.any(canaries != 0) or np.any(np.abs(body) > bound):
+        raise SecAggError("the unmasked sum still carries a mask: a device's masked input does not match the "
+                          "masks it shared (or a share was wrong and went unnoticed); the round's sum is refused")
+    return body.astype(np.float64) / settings.scale
+
+
+def _pair_sign(me: str, peer: str) -> int:
+    return 1 if me < peer else -1
+
+
+# --- one device ----------------------------------------------------------------------------------
+
+
+class DeviceRound:
+    """One device's part in one round of the protocol (its secrets live only here)."""
+
+    def __init__(self, device_id: str, context: str, settings: SecAggSettings):
+        self.me, self.context, self.settings = device_id, context, settings
+        self.channel_sk, channel_pk = new_keypair()
+        self.mask_sk, mask_pk = new_keypair()
+        self.seed = secrets.token_bytes(KEY_BYTES)
+        self.advert = channel_pk + mask_pk + commitment(self.seed, context)
+        self.roster: dict[str, bytes] = {}
+        self.threshold = 0
+        self.held: dict[str, tuple[int, int]] = {}  # peer → (its seed share, its key share) for me
+        self.peers: list[str] = []  # the peers whose shares I hold (my view of U2, less me)
+        self.revealed: dict[str, str] = {}  # peer → "seed" or "key": what I told the server
+        self.stage = "advertised"
+
+    def share(self, roster: Mapping[str, bytes], threshold: int) -> dict[str, bytes]:
+        """Sealed shares of my seed and mask key for every other device of the roster (U1)."""
+        self._expect("advertised", "share keys")
+        if roster.get(self.me) != self.advert:
+            raise SecAggError(f"the roster does not carry {self.me}'s own keys")
+        if len(roster) < threshold or threshold < 2:
+            raise SecAggError(f"a roster of {len(roster)} devices with threshold {threshold}")
+        if len({bytes(a[:KEY_BYTES]) for a in roster.values()}) < len(roster) or \
+                len({bytes(a[KEY_BYTES:2 * KEY_BYTES]) for a in roster.values()}) < len(roster):
+            raise SecAggError("two devices of the roster advertise the same key")
+        self.roster, self.threshold = {k: bytes(v) for k, v in roster.items()}, threshold
+        points = points_of(self.roster)
+        seeds = share_secret(self.seed, list(points.values()), threshold)
+        keys = share_secret(private_bytes(self.mask_sk), list(points.values()), threshold)
+        self.held[self.me] = (seeds[points[self.me]], keys[points[self.me]])
+        out = {}
+        for peer, x in points.items():
+            if peer != self.me:
+                key = derive(agree(self.channel_sk, self.roster[peer][:KEY_BYTES]), "channel", self.context)
+                out[peer] = seal(key, self.context, self.me, peer, share_bytes(seeds[x]) + share_bytes(keys[x]))
+        self.stage = "shared"
+        return out
+
+    def masked_input(self, sealed: Mapping[str, bytes], update: np.ndarray, weight: float) -> tuple[np.ndarray, int]:
+        """My weighted update, masked; ``sealed``: the shares each peer that shared (U2) sealed
+        for me. Also returns the number of coordinates the fixed-point clip cut."""
+        self._expect("shared", "masked input")
+        unknown = sorted(set(sealed) - set(self.roster) | ({self.me} & set(sealed)))
+        if unknown:
+            raise SecAggError(f"shares from {unknown[0]!r}, which is not a peer of this round")
+        if len(sealed) + 1 < self.threshold:
+            raise SecAggError(f"only {len(sealed) + 1} devices shared keys; the threshold is {self.threshold}")
+        if not 0 < weight <= 1:
+            raise SecAggError(f"a weight of {weight} (must be in (0, 1])")
+        for peer, box in sealed.items():
+            key = derive(agree(self.channel_sk, self.roster[peer][:KEY_BYTES]), "channel", self.context)
+            plain = open_sealed(key, self.context, peer, self.me, box)
+            self.held[peer] = (share_value(plain[:SHARE_BYTES]), share_value(plain[SHARE_BYTES:]))
+        self.peers = sorted(sealed)
+        y, clipped = encode(update, weight, self.settings)
+        y += prg(derive(self.seed, "self-mask", self.context), len(y))
+        for peer in self.peers:
+            mask = prg(pair_key(self.mask_sk, self.roster[peer], self.context), len(y))
+            y = y + mask if _pair_sign(self.me, peer) > 0 else y - mask
+        self.stage = "masked"
+        return y, clipped
+
+    def unmask(self, survivors: Sequence[str]) -> tuple[list[bytes], list[bytes]]:
+        """My shares of the survivors' seeds (in ``survivors``' order) and of the dropped peers'
+        mask keys (in sorted order). Refuses a request that would reveal both kinds for a peer."""
+        if self.stage not in ("masked", "unmasked"):
+            raise SecAggError(f"an unmasking request before this device sent its masked input ({self.stage})")
+        alive = list(survivors)
+        if len(set(alive)) != len(alive) or self.me not in alive:
+            raise SecAggError("the survivors' list repeats a device or leaves this one out")
+        outside = sorted(set(alive) - set(self.peers) - {self.me})
+        if outside:
+            raise SecAggError(f"{outside[0]!r} is named a survivor, but it sent this device no shares")
+        if len(alive) < self.threshold:
+            raise SecAggError(f"{len(alive)} survivors; the threshold is {self.threshold}")
+        dropped = sorted(set(self.peers) - set(alive))
+        asked = {**dict.fromkeys(alive, "seed"), **dict.fromkeys(dropped, "key")}
+        both = sorted(p for p, kind in asked.items() if self.revealed.get(p, kind) != kind)
+        if both:
+            raise SecAggError(f"refused: the server asks for both the seed and the mask key of {both[0]!r} "
+                              "(that would unmask its update)")
+        self.revealed.update(asked)
+        self.stage = "unmasked"
+        return [share_bytes(self.held[p][0]) for p in alive], [share_bytes(self.held[p][1]) for p in dropped]
+
+    def _expect(self, stage: str, what: str) -> None:
+        if self.stage != stage:
+            raise SecAggError(f"a {what} request out of order (this device is at {self.stage!r})")
+
+
+def points_of(roster: Mapping[str, bytes]) -> dict[str, int]:
+    """Each device's Shamir point: its position in the sorted roster, from 1."""
+    return {d: i + 1 for i, d in enumerate(sorted(roster))}
+
+
+def pair_key(sk, peer_advert: bytes, context: str) -> bytes:
+    """The PRG key of a pair's mask: X25519 of one's mask key and the peer's, through HKDF."""
+    return derive(agree(sk, bytes(peer_advert[KEY_BYTES:2 * KEY_BYTES])), "pair-mask", context)
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+
+class ServerRound:
+    """The server's part in one round: relays, sums, and unmasks (it never holds a device's
+    secret while that device's input is in the sum)."""
+
+    def __init__(self, context: str, settings: SecAggSettings):
+        self.context, self.settings = context, settings
+        self.roster: dict[str, bytes] = {}
+        self.threshold = 0
+        self.shared: list[str] = []
+        self.total: np.ndarray | None = None
+        self.survivors: list[str] = []
+        self.liars: dict[str, str] = {}  # holder → whose secret its share did not fit
+
+    def set_roster(self, adverts: Mapping[str, bytes]) -> int:
+        """U1: the devices that advertised keys; returns the threshold t."""
+        self.roster = {d: bytes(a) for d, a in sorted(adverts.items())}
+        self.threshold = self.settings.threshold_for(len(self.roster))
+        if len(self.roster) < self.threshold:
+            raise SecAggError(f"{len(self.roster)} devices advertised keys; secure aggregation needs at least "
+                              f"{self.threshold}")
+        return self.threshold
+
+    def relay(self, sealed: Mapping[str, Mapping[str, bytes]]) -> dict[str, dict[str, bytes]]:
+        """U2 and what each of its devices is to receive: recipient → {sender: sealed shares}."""
+        self.shared = sorted(sealed)
+        if len(self.shared) < self.threshold:
+            raise SecAggError(f"{len(self.shared)} devices shared keys; the threshold is {self.threshold}")
+        return {r: {s: sealed[s][r] for s in self.shared if s != r} for r in self.shared}
+
+    def add_masked(self, masked: Mapping[str, np.ndarray]) -> list[str]:
+        """Sum the masked inputs (U3); returns the survivors to name in the unmasking request."""
+        self.survivors = sorted(masked)
+        if len(self.survivors) < self.threshold:
+            raise SecAggError(f"{len(self.survivors)} masked inputs arrived; the threshold is {self.threshold}")
+        total = None
+        for d in self.survivors:
+            y = np.asarray(masked[d]).view(np.uint32)
+            total = y.copy() if total is None else total + y
+        self.total = total
+        return self.survivors
+
+    @property
+    def dropped(self) -> list[str]:
+        return sorted(set(self.shared) - set(self.survivors))
+
+    def unmask(self, shares: Mapping[str, tuple[Sequence[bytes], Sequence[bytes]]]) -> np.ndarray:
+        """The sum of the survivors' weighted updates, from the survivors' shares (holder →
+        (seed shares in survivors' order, key shares in dropped order))."""
+        if len(shares) < self.threshold:
+            raise SecAggError(f"{len(shares)} devices sent their shares; the threshold is {self.threshold}")
+        points, cache = points_of(self.roster), {}
+        total = self.total.copy()
+        for i, v in enumerate(self.survivors):
+            owner = self.roster[v][2 * KEY_BYTES:]
+            seed = self._recover(v, {points[h]: share_value(s[0][i]) for h, s in shares.items()},
+                                 lambda secret, c=owner: commitment(secret, self.context) == c, cache)
+            total -= prg(derive(seed, "self-mask", self.context), len(total))
+        for i, v in enumerate(self.dropped):
+            public = self.roster[v][KEY_BYTES:2 * KEY_BYTES]
+            sk = self._recover(v, {points[h]: share_value(s[1][i]) for h, s in shares.items()},
+                               lambda secret, p=public: public_of(secret) == p, cache)
+            for u in self.survivors:  # u added sign(u, v)·PRG(k_uv): take it out
+                mask = prg(pair_key(sk, self.roster[u], self.context), len(total))
+                total = total - mask if _pair_sign(u, v) > 0 else total + mask
+        return decode(total, len(self.survivors), self.settings)
+
+    def _recover(self, owner: str, shares: dict[int, int], valid, cache: dict) -> bytes:
+        try:
+            secret, bad = recover(shares, self.threshold, valid, weights_cache=cache)
+        except SecAggError as e:
+            raise SecAggError(f"cannot remove {owner}'s mask: {e}") from None
+        by_point = {x: d for d, x in points_of(self.roster).items()}
+        for x in bad:
+            self.liars[by_point[x]] = owner
+        return secret
