@@ -266,12 +266,20 @@ def test_a_round_that_cannot_finish_fails_loudly(tmp_path, caplog):
     assert "secure aggregation failed: 1 masked inputs arrived; the threshold is 2" in caplog.text
 
 
-def test_secagg_with_central_dp_noises_the_unmasked_average(tmp_path, caplog):
+def test_secagg_with_central_dp_gives_the_model_of_central_dp_without_it(tmp_path, caplog):
+    from edgefl.privacy import secagg_halves
+
+    secagg_halves._said.clear()
     caplog.set_level(logging.WARNING)
-    options = {"secagg": "on", "dp": "central", "dp_noise_multiplier": "0.5", "dp_clip": "0.5"}
-    record, _ = one_round(tmp_path, options)
-    assert record["secagg"]["survivors"] == 5 and record["privacy"]["mode"] == "central"
-    assert "each device clips its own update to dp_clip=0.5" in caplog.text
+    dp = {"dp": "central", "dp_noise_multiplier": "0.5", "dp_clip": "0.05"}
+    plain_record, plain = one_round(tmp_path / "plain", dp)
+    record, secure = one_round(tmp_path / "secure", {"secagg": "on", **dp})
+    # the devices clipped (the server could not), the server noised the unmasked average with the
+    # same draw as when it clips and averages the raw updates itself
+    for k in plain:
+        np.testing.assert_allclose(secure[k], plain[k], rtol=0, atol=1e-6, err_msg=k)
+    assert record["secagg"]["survivors"] == 5 and record["privacy"]["epsilon"] == plain_record["privacy"]["epsilon"]
+    assert "each device clips its own update to dp_clip=0.05" in caplog.text
 
 
 def test_robust_defences_and_secagg(tmp_path, caplog):
@@ -283,6 +291,9 @@ def test_robust_defences_and_secagg(tmp_path, caplog):
         resolve_method("felo", {"secagg": "on"})
     with pytest.raises(ConfigError, match="dp_adaptive_quantile cannot apply"):
         resolve_method("fedavg", {"secagg": "on", "dp": "central", "dp_noise_multiplier": "1", "dp_adaptive_quantile": "0.5"})
+    from edgefl.privacy import secagg_halves
+
+    secagg_halves._said.clear()
     caplog.set_level(logging.WARNING)
     method = resolve_method("fedavg", {"secagg": "on", "clip_norm": "2"})
     assert method.secagg.on and method.options_dict()["secagg"] == "on"

@@ -102,12 +102,23 @@ def check_secagg(method: str, release: Any, options: Any, privacy: Any) -> None:
         raise ConfigError("dp_adaptive_quantile cannot apply with secure aggregation: it counts the updates whose "
                           "norm is under the clip, and the server never sees one")
     if getattr(options, "clip_norm", 0.0) > 0:
-        log.warning("secure aggregation: clip_norm=%g is applied by each device to its own update before masking "
-                    "(the server cannot see updates): it bounds honest devices only", options.clip_norm)
+        _say_once(f"secure aggregation: clip_norm={options.clip_norm:g} is applied by each device to its own update "
+                  "before masking (the server cannot see updates): it bounds honest devices only")
     if privacy.mode == "central":
-        log.warning("secure aggregation with dp=central: each device clips its own update to dp_clip=%g before "
-                    "masking (the server cannot), weights are equal, and the server adds the noise to the unmasked "
-                    "average", privacy.clip)
+        _say_once(f"secure aggregation with dp=central: each device clips its own update to dp_clip={privacy.clip:g} "
+                  "before masking (the server cannot), weights are equal, and the server adds the noise to the "
+                  "unmasked average")
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """A warning about a combination of options, once per process (the options are resolved
+    more than once in a run)."""
+    if message not in _said:
+        _said.add(message)
+        log.warning("%s", message)
 
 
 def device_clip(privacy: Any, options: Any) -> float:
