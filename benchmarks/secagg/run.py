@@ -10,10 +10,11 @@ count is in the results), every device selected. Per round:
 
 - **bytes**: what the round record counts, down and up, over all the protocol's stages
   (exact wire sizes of every envelope: :func:`edgefl.wire.encoded_size`);
-- **server seconds**: the round's wall time minus the time spent inside the devices' handlers
-  (local training, key agreement, masking: device work). What is left is the server's: building
-  and checking every envelope, relaying, summing, reconstructing the secrets, removing the masks
-  and averaging. In memory, devices run one after another, so device time never overlaps it;
+- **server seconds**: this process's CPU time in the round minus its CPU time inside the devices'
+  handlers (local training, key agreement, masking: device work), and the same in wall time
+  (which the machine's load inflates). What is left is the server's: building and checking every
+  envelope, relaying, summing, reconstructing the secrets, removing the masks and averaging. In
+  memory, devices run one after another, so device time never overlaps it;
 - with SecAgg, also the unmasking alone (``unmask_seconds``: reconstruction and mask removal).
 
 ``--drop`` devices leave after sharing keys in every SecAgg round (their pairwise masks are then
@@ -58,6 +59,7 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
     run = assemble(cfg)
     transport, samples = InMemoryTransport(), {}
     gone = set(run.ids[:drop]) if secagg else set()
+    inside = {"cpu": 0.0}  # process CPU seconds spent inside the devices' handlers
     for d in run.ids:
         half = run.device_half(d)
         samples[d] = len(half.ctx.train_data)
@@ -66,7 +68,11 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
         def handler(env, agent=agent, d=d):
             if d in gone and env.payload.meta.get("secagg") == "mask":
                 raise ConnectionError("left after sharing")
-            return agent.handle(env)
+            t0 = time.process_time()
+            try:
+                return agent.handle(env)
+            finally:
+                inside["cpu"] += time.process_time() - t0
 
         transport.connect(d, handler)
     fleet = {d: DeviceRecord(spec=run.specs[d], num_samples=samples[d]) for d in run.ids}
@@ -74,16 +80,18 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
     server = build_server(run.method, ctx)
     loop = RoundLoop(server, ctx, transport, LoopSettings(rounds=10, algorithm="fedavg", eval_every=0))
     params = sum(int(v.size) for k, v in server.state_dict().items() if k.startswith("w/") and v.dtype.kind == "f")
-    return loop, params
+    return loop, params, inside
 
 
 def measure(devices: int, secagg: bool, rounds: int, drop: int) -> dict:
     with tempfile.TemporaryDirectory() as work:
         load_before = machine()["loadavg_1_5_15"]
-        loop, params = build(devices, secagg, drop, Path(work))
+        loop, params, inside = build(devices, secagg, drop, Path(work))
         out = []
         for r in range(rounds):
+            cpu0, device0 = time.process_time(), inside["cpu"]
             rec = loop.run_round(r)
+            cpu = time.process_time() - cpu0
             device = sum(rec["reply_seconds"].values())
             out.append({
                 "round": r + 1,
@@ -93,6 +101,7 @@ def measure(devices: int, secagg: bool, rounds: int, drop: int) -> dict:
                 "round_seconds": rec["round_seconds"],
                 "device_seconds": device,
                 "server_seconds": rec["round_seconds"] - device,
+                "server_cpu_seconds": cpu - (inside["cpu"] - device0),
                 **({"unmask_seconds": rec["secagg"]["stage_seconds"]["unmask_server"],
                     "dropped": rec["secagg"]["dropped"]} if secagg else {}),
             })
@@ -101,6 +110,7 @@ def measure(devices: int, secagg: bool, rounds: int, drop: int) -> dict:
             "devices": devices, "secagg": secagg, "dropped_per_round": drop if secagg else 0,
             "float_parameters": params, "rounds": out,
             "median_server_seconds": statistics.median(x["server_seconds"] for x in steady),
+            "median_server_cpu_seconds": statistics.median(x["server_cpu_seconds"] for x in steady),
             "median_unmask_seconds": statistics.median(x["unmask_seconds"] for x in steady) if secagg else None,
             "bytes_up_per_device": statistics.median(x["bytes_up"] for x in steady) / devices,
             "bytes_down_per_device": statistics.median(x["bytes_down"] for x in steady) / devices,
@@ -118,20 +128,23 @@ def markdown(results: dict) -> str:
         "1 local step per round, every device selected; medians over rounds 2..R. SecAgg on the full graph, "
         "threshold 0.6, fixed point clip 8 in Z/2^32.",
         "",
-        "| devices | SecAgg | dropped after sharing | up per device | down per device | server s/round | of which unmasking | load before → after |",
-        "|---:|:---|---:|---:|---:|---:|---:|:---|",
+        "| devices | SecAgg | dropped after sharing | up per device | down per device | server CPU s/round | server wall s/round | of which unmasking (wall) | load before → after |",
+        "|---:|:---|---:|---:|---:|---:|---:|---:|:---|",
     ]
     for c in results["cells"]:
         unmask = f"{c['median_unmask_seconds']:.3f}" if c["median_unmask_seconds"] is not None else "-"
         lines.append(
             f"| {c['devices']} | {'yes' if c['secagg'] else 'no'} | {c['dropped_per_round']} | "
             f"{c['bytes_up_per_device'] / 1024:.1f} kB | {c['bytes_down_per_device'] / 1024:.1f} kB | "
-            f"{c['median_server_seconds']:.3f} | {unmask} | {c['load_before']} → {c['load_after']} |"
+            f"{c['median_server_cpu_seconds']:.3f} | {c['median_server_seconds']:.3f} | {unmask} | "
+            f"{c['load_before']} → {c['load_after']} |"
         )
     lines += [
         "",
-        "Server seconds = round wall time − time inside the devices' handlers (training, masking), so it counts",
-        "building and checking every envelope, relaying the sealed shares, reconstructing secrets and removing masks.",
+        "Server CPU seconds = this process's CPU time in the round − its CPU time inside the devices' handlers",
+        "(training, key agreement, masking); server wall seconds = the round's wall time − the handlers' wall time",
+        "(inflated by the machine's load: compare the CPU column). Both count building and checking every envelope,",
+        "relaying the sealed shares, reconstructing secrets, removing masks and averaging.",
         "With SecAgg a device's uplink is its masked update (4 bytes per parameter, as float32) plus its keys and",
         "n−1 sealed shares (160 bytes each) and its shares at unmasking (66 bytes per survivor and per dropped device);",
         "its downlink adds the roster (160 bytes per device) and the sealed shares addressed to it.",
@@ -143,7 +156,7 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[10, 100])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--drop", type=int, default=1, help="devices that leave after sharing, per SecAgg round")
     args = parser.parse_args(argv)
     import subprocess
