@@ -282,6 +282,16 @@ def test_secagg_with_central_dp_gives_the_model_of_central_dp_without_it(tmp_pat
     assert "each device clips its own update to dp_clip=0.05" in caplog.text
 
 
+def test_secagg_with_local_dp_masks_the_noised_update(tmp_path):
+    options = {"dp": "local", "dp_noise_multiplier": "0.1", "dp_clip": "1"}
+    plain_record, plain = one_round(tmp_path / "plain", options, clients=3)
+    record, secure = one_round(tmp_path / "secure", {"secagg": "on", **options}, clients=3)
+    for k in plain:  # the devices' noise is seeded per device and round: the same noised updates
+        np.testing.assert_allclose(secure[k], plain[k], rtol=0, atol=1e-6, err_msg=k)
+    assert record["secagg"]["survivors"] == 3
+    assert record["device_metrics"]["d00"]["dp_epsilon"] == plain_record["device_metrics"]["d00"]["dp_epsilon"] > 0
+
+
 def test_robust_defences_and_secagg(tmp_path, caplog):
     from edgefl.runtime.setup import resolve_method
 
