@@ -21,9 +21,9 @@ from edgefl.algorithms.hierarchyfl import (
     SubModelDevice,
     aligned_average,
     kd_loss,
-    recalibrate_batch_norm,
     slice_aligned_mixture,
 )
+from edgefl.algorithms.training import recalibrate_batch_norm
 from edgefl.data import load_dataset
 from edgefl.models import ModelSpec
 from edgefl.runtime.simulation import simulate
