@@ -395,3 +395,32 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
         return {"error": why, "status": status.get(d), "last_report": reports.get(d)}
 
     return {d: fresh.get(d) or missing(d) for d in messages}
+
+
+def rollout_messages(fleet: str, targets, *, version: str, say: Callable[[str], None] = print
+                     ) -> tuple[dict[str, bytes], dict[str, str]]:
+    """Each target device's command (``edgefl.export.deployment.Target``: a file, or none for a
+    rollback) and the version its report must name ("*": any fresh report; a rollback's device
+    knows its previous version)."""
+    messages: dict[str, bytes] = {}
+    expect: dict[str, str] = {}
+    for t in targets:
+        if t.path is None:
+            messages[t.device], expect[t.device] = encode_command(rollback_command(fleet, t.device)), "*"
+            continue
+        data = Path(t.path).read_bytes()
+        command = deploy_command(fleet, t.device, data, version=version, tier=t.tier, fmt=t.fmt)
+        messages[t.device], expect[t.device] = encode_command(command, data), version
+        say(f"{t.device}: {t.path} ({t.fmt}, {len(data)} bytes) as version {version}")
+    return messages, expect
+
+
+def check_reports(reports: dict[str, dict[str, Any]], expect: dict[str, str]) -> None:
+    """Raise unless every device reported its expected version: exit 3 if one refused the model
+    (it answered and said no), 1 if none refused but some did not answer (try again later)."""
+    failed = [d for d, r in reports.items() if r.get("error") or expect[d] not in ("*", r.get("version"))]
+    if not failed:
+        return
+    refused = [d for d in failed if "version" in reports[d]]
+    error = ConfigError if refused else EdgeflError
+    raise error(f"{len(failed)} of {len(reports)} devices did not take the model: {', '.join(sorted(failed))}")

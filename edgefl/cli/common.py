@@ -1,9 +1,12 @@
-"""What command modules share (so that no command module imports another): the broker and TLS
-options, defined once, and small parsing helpers."""
+"""What command modules share (so that no command module imports another): the broker, TLS and
+fleet options, defined once (:func:`connection_options`), and small parsing helpers."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +25,59 @@ CaFile = Annotated[str, typer.Option("--ca-file", envvar="EDGEFL_CA_FILE", help=
 CertFile = Annotated[str, typer.Option("--cert-file", envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate (edgefl broker add-device --certs).")]
 KeyFile = Annotated[str, typer.Option("--key-file", envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key.")]
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+
+
+@dataclass(frozen=True)
+class Connection:
+    """The broker, fleet and credentials a command was given (:func:`connection_options`)."""
+
+    broker: str = DEFAULT_BROKER
+    fleet: str = "default"
+    username: str | None = None
+    password: str | None = None
+    password_file: Path | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def address(self):
+        """The :class:`~edgefl.transport.mqtt.BrokerAddress` (the password file read: exit 3 if unreadable)."""
+        return connection_address(self.broker, self.username, self.password, self.ca_file, self.cert_file,
+                                  self.key_file, self.password_file)
+
+    def values(self) -> dict:
+        return asdict(self)
+
+
+#: Each field of :class:`Connection`: its option (the aliases above).
+_CONNECTION_OPTIONS = {"broker": Broker, "fleet": Fleet, "username": Username, "password": Password,
+                       "password_file": PasswordFile, "ca_file": CaFile, "cert_file": CertFile, "key_file": KeyFile}
+
+
+def connection_options(command):
+    """The broker/TLS/fleet options, declared once: ``command`` takes ``conn: Connection = Connection()``
+    and Typer sees, in its place, ``--broker --fleet --username --password --password-file --ca-file
+    --cert-file --key-file`` (with their environment variables); the command gets them as one
+    :class:`Connection`."""
+    signature = inspect.signature(command, eval_str=True)
+    params = list(signature.parameters.values())
+    at = [p.name for p in params].index("conn")
+    defaults = Connection()
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name), annotation=alias)
+             for name, alias in _CONNECTION_OPTIONS.items()]
+    params = params[:at] + added + params[at + 1:]
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+
+    @functools.wraps(command)
+    def run(**kwargs):
+        conn = Connection(**{name: kwargs.pop(name) for name in _CONNECTION_OPTIONS})
+        return command(conn=conn, **kwargs)
+
+    run.__signature__ = signature.replace(parameters=params)
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    del run.__wrapped__  # Typer reads the signature above, not the command's
+    return run
+
 
 # --- the server optimizer (simulate and server start) ---------------------------------------------
 ServerOpt = Annotated[str, typer.Option("--server-opt", help="Server optimizer over the averaged weights: fedavg (plain averaging), fedavgm, fedadagrad, fedyogi or fedadam (Reddi et al. 2021).")]
@@ -88,6 +144,30 @@ def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
             raise ConfigError(f"{what} {item!r} must look like key=value")
         out[key.strip()] = value.strip()
     return out
+
+
+def run_settings(config: Path | None, flags: dict, option: list[str] | None, options: dict | None = None) -> dict:
+    """A run's explicit settings: the ``--config`` TOML file, the flags given (None: not given) over
+    it, and the method's options (``-o key=value``, then ``options`` given, as strings) over its own."""
+    from edgefl.config import load_toml
+
+    explicit = load_toml(config) if config else {}
+    explicit.update({k: v for k, v in flags.items() if v is not None})
+    extra = parse_pairs(option, "option") | {k: str(v) for k, v in (options or {}).items() if v is not None}
+    if extra:
+        explicit["options"] = {**explicit.get("options", {}), **extra}
+    return explicit
+
+
+def resolve_run(explicit: dict):
+    """The :class:`~edgefl.config.RunConfig` of ``explicit`` over the method's defaults, and the
+    rounds it runs in all (training and the method's closing rounds). Imports torch."""
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import resolve_config
+    from edgefl.runtime.setup import resolve_method
+
+    cfg = resolve_config(explicit, dict(get_algorithm(explicit.get("algorithm", "fedavg")).defaults))
+    return cfg, cfg.rounds + resolve_method(cfg.algorithm, cfg.options).needs.closing_rounds
 
 
 def check_run_names(explicit: dict) -> None:

@@ -6,31 +6,14 @@ from pathlib import Path
 
 import typer
 
-from edgefl.cli.common import (
-    DEFAULT_BROKER,
-    Broker,
-    CaFile,
-    CertFile,
-    Fleet,
-    KeyFile,
-    Password,
-    PasswordFile,
-    Username,
-    connection_address,
-)
+from edgefl.cli.common import Connection, connection_options
 from edgefl.report.console import err
 
 
+@connection_options
 def dashboard(
-    broker: Broker = DEFAULT_BROKER,
-    fleet: Fleet = "default",
+    conn: Connection = Connection(),
     run: Path = typer.Option(None, "--run", help="Follow RUN/status.json instead of the broker."),
-    username: Username = None,
-    password: Password = None,
-    password_file: PasswordFile = None,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8080, help="Port (0: a free one)."),
     web_password: str = typer.Option(None, "--web-password", envvar="EDGEFL_DASHBOARD_PASSWORD",
@@ -66,7 +49,7 @@ def dashboard(
     else:
         from edgefl.runtime.status import StatusFeed
 
-        feed = StatusFeed(connection_address(broker, username, password, ca_file, cert_file, key_file, password_file), fleet).start()
+        feed = StatusFeed(conn.address(), conn.fleet).start()
         source = feed.latest
     try:
         run_dashboard(source, host=host, port=port, password=web_password, reference=ref,

@@ -11,20 +11,7 @@ import json
 import typer
 from rich.table import Table
 
-from edgefl.cli.common import (
-    DEFAULT_BROKER,
-    Broker,
-    CaFile,
-    CertFile,
-    Fleet,
-    KeyFile,
-    Password,
-    PasswordFile,
-    Username,
-    connection_address,
-    load_profile,
-    serve_models,
-)
+from edgefl.cli.common import Connection, connection_options, load_profile, serve_models
 from edgefl.report.console import out
 
 app = typer.Typer(
@@ -57,18 +44,12 @@ def profile(
 
 
 @app.command("register")
+@connection_options
 def register(
     device_id: str = typer.Option(..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."),
-    broker: Broker = DEFAULT_BROKER,
-    fleet: Fleet = "default",
+    conn: Connection = Connection(),
     tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
     profile_file: str = typer.Option(None, "--profile", help="Profile JSON; default: measure this machine."),
-    username: Username = None,
-    password: Password = None,
-    password_file: PasswordFile = None,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
     timeout: float = typer.Option(60.0, help="Seconds to wait for the server's answer."),
     as_json: bool = typer.Option(False, "--json", help="Print the assignment as JSON."),
 ) -> None:
@@ -76,9 +57,9 @@ def register(
     from edgefl.models.spec import ModelSpec
     from edgefl.runtime.device import register_once
 
-    address = connection_address(broker, username, password, ca_file, cert_file, key_file, password_file)
+    address = conn.address()
     meta = register_once(
-        broker=broker, fleet=fleet, device_id=device_id, tier=tier, profile=load_profile(profile_file),
+        broker=conn.broker, fleet=conn.fleet, device_id=device_id, tier=tier, profile=load_profile(profile_file),
         username=address.username, password=address.password, timeout=timeout,
         ca_file=address.ca_file, cert_file=address.cert_file, key_file=address.key_file,
     )
@@ -90,18 +71,12 @@ def register(
 
 
 @app.command("agent")
+@connection_options
 def agent(
     device_id: str = typer.Option(..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (its MQTT username)."),
-    broker: Broker = DEFAULT_BROKER,
-    fleet: Fleet = "default",
+    conn: Connection = Connection(),
     models_dir: str = typer.Option(None, envvar="EDGEFL_MODELS_DIR", help="Where models are kept (default ~/.local/share/edgefl/models)."),
     input_shape: str = typer.Option(None, help="Refuse models whose input is not C,H,W (default: that of the active model)."),
-    username: Username = None,
-    password: Password = None,
-    password_file: PasswordFile = None,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
 ) -> None:
     """Receive model rollouts (edgefl deploy) until stopped: check, install, keep the previous version, report.
     One line per install, rollback or refused model."""
@@ -111,5 +86,4 @@ def agent(
         typer.echo(f"[{device_id}] {line}")
         sys.stdout.flush()
 
-    address = connection_address(broker, username, password, ca_file, cert_file, key_file, password_file)
-    serve_models(address, fleet, device_id, models_dir, input_shape, say)
+    serve_models(conn.address(), conn.fleet, device_id, models_dir, input_shape, say)

@@ -54,20 +54,24 @@ def export(
         typer.echo(json.dumps(results))
         return
     for r in results:
-        if r.get("skipped"):
-            err.print(f"[yellow]skipped[/] {r['device_id']}: {r['skipped']}", highlight=False)
-            continue
-        who = f"{r['device_id']} " if "device_id" in r else ""
-        line = f"[bold green]exported[/] {who}{r['model']} → {r['path']} ({r['size_bytes'] / 1024:.0f} KiB"
-        line += f", max |Δ| vs PyTorch {max(map(float, r['parity_max_abs_diff'].values())):.1e}"
-        if "accuracy" in r:
-            line += f", accuracy {100 * r['accuracy']:.2f}%"
+        _print_result(r)
+
+
+def _print_result(r: dict) -> None:
+    if r.get("skipped"):
+        err.print(f"[yellow]skipped[/] {r['device_id']}: {r['skipped']}", highlight=False)
+        return
+    who = f"{r['device_id']} " if "device_id" in r else ""
+    line = f"[bold green]exported[/] {who}{r['model']} → {r['path']} ({r['size_bytes'] / 1024:.0f} KiB"
+    line += f", max |Δ| vs PyTorch {max(map(float, r['parity_max_abs_diff'].values())):.1e}"
+    if "accuracy" in r:
+        line += f", accuracy {100 * r['accuracy']:.2f}%"
+    err.print(line + ")", highlight=False)
+    if r["batch_norm"].startswith("frozen"):
+        err.print(f"  static BatchNorm {r['batch_norm']}", highlight=False)
+    if "int8" in r:
+        q = r["int8"]
+        line = f"  int8 → {q['path']} ({q['size_bytes'] / 1024:.0f} KiB, {q['size_ratio']:.2f}× the size"
+        if "accuracy" in q and "accuracy" in r:
+            line += f", accuracy {100 * q['accuracy']:.2f}% ({100 * (q['accuracy'] - r['accuracy']):+.2f} points)"
         err.print(line + ")", highlight=False)
-        if r["batch_norm"].startswith("frozen"):
-            err.print(f"  static BatchNorm {r['batch_norm']}", highlight=False)
-        if "int8" in r:
-            q = r["int8"]
-            line = f"  int8 → {q['path']} ({q['size_bytes'] / 1024:.0f} KiB, {q['size_ratio']:.2f}× the size"
-            if "accuracy" in q and "accuracy" in r:
-                line += f", accuracy {100 * q['accuracy']:.2f}% ({100 * (q['accuracy'] - r['accuracy']):+.2f} points)"
-            err.print(line + ")", highlight=False)

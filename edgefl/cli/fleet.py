@@ -9,18 +9,7 @@ from typing import Any
 
 import typer
 
-from edgefl.cli.common import (
-    DEFAULT_BROKER,
-    Broker,
-    CaFile,
-    CertFile,
-    Fleet,
-    KeyFile,
-    Password,
-    PasswordFile,
-    Username,
-    connection_address,
-)
+from edgefl.cli.common import Connection, connection_options
 from edgefl.report.console import out
 
 app = typer.Typer(help="Look at a running fleet.", no_args_is_help=True)
@@ -52,23 +41,27 @@ def result_line(result: dict[str, Any]) -> str:
     return f"result: {100 * acc:.1f}% mean accuracy over {result.get('devices')} devices ({how.get(result.get('measured_by'), result.get('measured_by'))})"
 
 
+def _where(s: dict[str, Any], now: float) -> str:
+    """Where the server's run is: waiting, in a round (and when it closes), or over."""
+    phase = s.get("phase")
+    if phase == "waiting":
+        return f"waiting for devices: {s.get('registered', 0)} of {s.get('expected', '?')} registered"
+    if phase in ("finished", "interrupted", "stopped"):
+        return f"{phase} after round {s.get('round') or 0} of {s.get('rounds')}"
+    deadline = s.get("deadline")
+    closes = f", closes in {max(0.0, deadline - now):.0f}s" if deadline else ""
+    what = "final evaluation" if s.get("final_evaluation") else phase
+    return f"{what} round {s.get('round')} of {s.get('rounds')}{closes}"
+
+
 def render(status: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     now = float(status.get("time") or time.time())
     s = status.get("server", {})
-    deadline = s.get("deadline")
-    closes = f", closes in {max(0.0, deadline - now):.0f}s" if deadline else ""
     conn = f" (server {s['connection']})" if s.get("connection") else ""
-    phase = s.get("phase")
-    if phase == "waiting":
-        where = f"waiting for devices: {s.get('registered', 0)} of {s.get('expected', '?')} registered"
-    elif phase in ("finished", "interrupted", "stopped"):
-        where = f"{phase} after round {s.get('round') or 0} of {s.get('rounds')}"
-    else:
-        what = "final evaluation" if s.get("final_evaluation") else phase
-        where = f"{what} round {s.get('round')} of {s.get('rounds')}{closes}"
+    where = _where(s, now)
     out.print(f"fleet [bold]{status.get('fleet')}[/] run {s.get('run')} ({s.get('algorithm')}): "
               f"{where}{conn}; status as of {_ago(now, time.time())}", highlight=False)
     result = s.get("result")
@@ -108,16 +101,10 @@ def render(status: dict[str, Any]) -> None:
 
 
 @app.command("status")
+@connection_options
 def status(
-    broker: Broker = DEFAULT_BROKER,
-    fleet: Fleet = "default",
+    conn: Connection = Connection(),
     run: Path = typer.Option(None, "--run", help="Read RUN/status.json instead of the broker."),
-    username: Username = None,
-    password: Password = None,
-    password_file: PasswordFile = None,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
     timeout: float = typer.Option(5.0, help="Seconds to wait for the retained status."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
@@ -128,7 +115,7 @@ def status(
     if run is not None:
         data = read_status_from_run(run)
     else:
-        data = read_status_from_broker(connection_address(broker, username, password, ca_file, cert_file, key_file, password_file), fleet, timeout)
+        data = read_status_from_broker(conn.address(), conn.fleet, timeout)
     if as_json:
         typer.echo(json.dumps(data, sort_keys=True))
         return

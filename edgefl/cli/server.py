@@ -10,26 +10,19 @@ import typer
 from edgefl.cli.common import (
     ALGORITHM_HELP,
     DATASET_HELP,
-    DEFAULT_BROKER,
     MODEL_HELP,
-    Broker,
-    CaFile,
-    CertFile,
-    Fleet,
-    KeyFile,
-    Password,
-    PasswordFile,
+    Connection,
     ServerOpt,
     ServerOptBetas,
     ServerOptEps,
     ServerOptLr,
-    Username,
     check_run_names,
-    connection_address,
+    connection_options,
     interrupted,
     parse_betas,
-    parse_pairs,
     read_password,
+    resolve_run,
+    run_settings,
     split_list,
 )
 from edgefl.report.console import Feedback, err
@@ -38,9 +31,9 @@ app = typer.Typer(help="Run a fleet's server over MQTT.", no_args_is_help=True)
 
 
 @app.command("start")
+@connection_options
 def start(
-    broker: Broker = DEFAULT_BROKER,
-    fleet: Fleet = "default",
+    conn: Connection = Connection(),
     algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
     option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
     secagg: bool = typer.Option(False, "--secagg", help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of the updates (-o secagg=on); docs/privacy.md."),
@@ -78,91 +71,83 @@ def start(
     wait: float = typer.Option(None, help="Give up if min-devices are not ready after this many seconds."),
     broker_wait: float = typer.Option(None, "--broker-wait", help="Seconds to wait for an unreachable broker before exiting with code 4 (default: forever, retried after 1, 2, 4 … 30 s)."),
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
-    username: Username = None,
-    password: Password = None,
-    password_file: PasswordFile = None,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
     metrics_port: int = typer.Option(None, "--metrics-port", envvar="EDGEFL_METRICS_PORT",
                                      help="Serve Prometheus metrics of the fleet on this port (/metrics)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics listen on (loopback by default)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
 ) -> None:
     """Wait for devices, then run the rounds; devices may join later, late ones are recorded."""
-    from edgefl.config import load_toml
+    from edgefl.errors import ConfigError
 
-    explicit = load_toml(config) if config else {}
+    if final_deadline is not None and final_deadline <= 0:
+        raise ConfigError(f"--final-deadline must be positive (got {final_deadline:g})")
+    if test_samples is not None and test_samples < 1:
+        raise ConfigError(f"--test-samples must be at least 1 (got {test_samples})")
     flags = {
         "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "min_fit": min_fit, "fraction": fraction,
         "dataset": dataset, "data_dir": data_dir, "train_samples": train_samples, "model": model,
         "tiers": split_list(tiers), "width": width, "feature_dim": feature_dim, "epochs": epochs,
         "steps": steps, "batch_size": batch_size, "optimizer": optimizer, "lr": lr,
         "eval_every": eval_every, "server_opt": server_opt, "server_opt_lr": server_opt_lr,
-        "server_opt_betas": parse_betas(server_opt_betas), "server_opt_eps": server_opt_eps, "seed": seed, "out_dir": str(out) if out else None, "run_name": run_name,
-    }
-    explicit.update({k: v for k, v in flags.items() if v is not None})
-    if option:
-        explicit["options"] = {**explicit.get("options", {}), **parse_pairs(option, "option")}
-    if secagg:
-        explicit["options"] = {**explicit.get("options", {}), "secagg": "on"}
+        "server_opt_betas": parse_betas(server_opt_betas), "server_opt_eps": server_opt_eps, "seed": seed,
+        "out_dir": str(out) if out else None, "run_name": run_name,
+    }  # fmt: skip
+    explicit = run_settings(config, flags, option, {"secagg": "on" if secagg else None})
     explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1))
     check_run_names(explicit)  # names and values, before torch is imported
-    password = read_password(password, password_file)
-    from edgefl.retry import Backoff
-    from edgefl.runtime.device import wait_for_broker
+    password = read_password(conn.password, conn.password_file)
+    _wait_for_broker(conn, broker_wait)
 
-    # as `edgefl train` does, before torch is imported: say which broker, retry with backoff, exit 4
-    # after --broker-wait
-    address = connection_address(broker, username, password, ca_file, cert_file, key_file)
-    wait_for_broker(address, wait=broker_wait, backoff=Backoff(), option="--broker-wait",
-                    say=lambda line: err.print(line, highlight=False, soft_wrap=True))
-
-    from edgefl.algorithms import get_algorithm
-    from edgefl.config import resolve_config
     from edgefl.runtime.server import ServeOptions, serve
 
-    algo = get_algorithm(explicit.get("algorithm", "fedavg"))
-    cfg = resolve_config(explicit, dict(algo.defaults))
+    cfg, total = resolve_run(explicit)  # dp options included
     opts = ServeOptions(
-        broker=broker, fleet=fleet, deadline=deadline, checkpoint_dir=checkpoint_dir,
-        wait_for_devices=wait, max_bytes=max_bytes, username=username, password=password,
-        ca_file=ca_file, cert_file=cert_file, key_file=key_file, gone_after=gone_after,
-        max_weight_ratio=max_weight_ratio,
-        metrics_port=metrics_port, metrics_host=metrics_host,
+        broker=conn.broker, fleet=conn.fleet, deadline=deadline, checkpoint_dir=checkpoint_dir,
+        wait_for_devices=wait, max_bytes=max_bytes, username=conn.username, password=password,
+        ca_file=conn.ca_file, cert_file=conn.cert_file, key_file=conn.key_file, gone_after=gone_after,
+        max_weight_ratio=max_weight_ratio, metrics_port=metrics_port, metrics_host=metrics_host,
         final_deadline=final_deadline, test_samples=test_samples,
     )
-    from edgefl.errors import ConfigError, RunInterrupted
-
-    if final_deadline is not None and final_deadline <= 0:
-        raise ConfigError(f"--final-deadline must be positive (got {final_deadline:g})")
-    if test_samples is not None and test_samples < 1:
-        raise ConfigError(f"--test-samples must be at least 1 (got {test_samples})")
-    from edgefl.runtime.setup import resolve_method
-
-    total = cfg.rounds + resolve_method(cfg.algorithm, cfg.options).needs.closing_rounds  # dp options included
-
     feedback = Feedback(err, rounds=total, quiet=as_json)
-
-    def on_round(r: dict) -> None:
-        mean = r["eval"]["mean_accuracy"] if "eval" in r else None
-        acc = f" acc {100 * mean:.1f}% (device-reported)" if mean is not None else (" acc -" if "eval" in r else "")
-        feedback.round_done(f"round {r['round']}/{total}: {len(r['completed'])}/{len(r['selected'])} devices{acc}"
-                            + (f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""))
-
-    if metrics_port is not None:
-        feedback.line(f"metrics: http://{metrics_host}:{metrics_port}/metrics")
-        if metrics_host not in ("127.0.0.1", "localhost", "::1"):
-            err.print("[yellow]warning:[/] the metrics listen beyond loopback and ask for no password (firewall the port)")
-    from edgefl.report.recorder import result_text
+    _say_metrics(feedback, metrics_host, metrics_port)
+    from edgefl.errors import RunInterrupted
 
     try:
         with feedback:
-            summary = serve(cfg, opts, on_round=on_round, on_progress=feedback.progress_hook, say=feedback.line)
+            summary = serve(cfg, opts, on_round=lambda r: feedback.round_done(round_line(r, total)),
+                            on_progress=feedback.progress_hook, say=feedback.line)
     except RunInterrupted as e:
         interrupted(e, as_json)
     if as_json:
         typer.echo(json.dumps(summary))
         return
+    from edgefl.report.recorder import result_text
+
     err.print(f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in {summary['wall_seconds']:.0f} s", highlight=False)
     err.print(f"results: {summary['run_dir']}")
+
+
+def _wait_for_broker(conn: Connection, broker_wait: float | None) -> None:
+    """As ``edgefl train`` does, before torch is imported: say which broker, retry with backoff,
+    exit 4 after ``--broker-wait``."""
+    from edgefl.retry import Backoff
+    from edgefl.runtime.device import wait_for_broker
+
+    wait_for_broker(conn.address(), wait=broker_wait, backoff=Backoff(), option="--broker-wait",
+                    say=lambda line: err.print(line, highlight=False, soft_wrap=True))
+
+
+def _say_metrics(feedback: Feedback, host: str, port: int | None) -> None:
+    if port is None:
+        return
+    feedback.line(f"metrics: http://{host}:{port}/metrics")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print("[yellow]warning:[/] the metrics listen beyond loopback and ask for no password (firewall the port)")
+
+
+def round_line(r: dict, total: int) -> str:
+    """A round's line: devices done, the devices' reported accuracy, who failed."""
+    mean = r["eval"]["mean_accuracy"] if "eval" in r else None
+    acc = f" acc {100 * mean:.1f}% (device-reported)" if mean is not None else (" acc -" if "eval" in r else "")
+    failed = f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""
+    return f"round {r['round']}/{total}: {len(r['completed'])}/{len(r['selected'])} devices{acc}{failed}"

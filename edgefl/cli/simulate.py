@@ -20,7 +20,8 @@ from edgefl.cli.common import (
     check_run_names,
     interrupted,
     parse_betas,
-    parse_pairs,
+    resolve_run,
+    run_settings,
     split_list,
 )
 from edgefl.errors import ConfigError
@@ -104,9 +105,6 @@ def simulate(
     secagg: bool = typer.Option(False, "--secagg", help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of the updates (-o secagg=on); docs/privacy.md."),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
-    from edgefl.config import load_toml
-
-    explicit = load_toml(config) if config else {}
     flags = {
         "algorithm": algorithm,
         "dataset": dataset,
@@ -145,94 +143,108 @@ def simulate(
         "run_name": run_name,
         "threads": threads,
     }
-    explicit.update({k: v for k, v in flags.items() if v is not None})
-    if option:
-        explicit["options"] = {**explicit.get("options", {}), **parse_pairs(option, "option")}
-    privacy = {"dp": dp, "dp_target_epsilon": target_epsilon, "dp_delta": delta, "dp_clip": clip, "dp_noise_multiplier": noise_multiplier}
-    if any(v is not None for v in privacy.values()):  # the dp options every method takes (docs/privacy.md)
-        explicit["options"] = {**explicit.get("options", {}), **{k: str(v) for k, v in privacy.items() if v is not None}}
-    if secagg:
-        explicit["options"] = {**explicit.get("options", {}), "secagg": "on"}
-    if explicit.get("fleet_file") and "clients" not in explicit:  # the fleet file names the devices
-        from edgefl.profiling import load_fleet
-
-        explicit["clients"] = len(load_fleet(explicit["fleet_file"]))
+    privacy = {"dp": dp, "dp_target_epsilon": target_epsilon, "dp_delta": delta, "dp_clip": clip,
+               "dp_noise_multiplier": noise_multiplier}  # the dp options every method takes (docs/privacy.md)
+    explicit = run_settings(config, flags, option, privacy | {"secagg": "on" if secagg else None})
+    _fleet_file_clients(explicit)
     check_run_names(explicit)  # names and values, before torch is imported
     if transport not in ("memory", "mqtt"):
         raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
+    if workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (got {workers})")
 
-    from edgefl.algorithms import get_algorithm
-    from edgefl.config import resolve_config
+    cfg, total = resolve_run(explicit)
+    _check_names(cfg)
+    feedback = Feedback(err, rounds=total, quiet=quiet)
+    if not quiet:
+        err.print(_headline(cfg, transport, workers), highlight=False)
+    from edgefl.errors import RunInterrupted
+
+    try:
+        with feedback:
+            summary = _run(cfg, transport, feedback, total, broker=broker, workers=workers, backend=backend,
+                           ray_address=ray_address)
+            if compare_local:
+                _attach_local(cfg, summary, feedback, reference_cache)
+    except RunInterrupted as e:
+        interrupted(e, as_json)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    _print_summary(summary)
+
+
+def _fleet_file_clients(explicit: dict) -> None:
+    """A fleet file names the devices: as many clients as it has (unless --clients says)."""
+    if explicit.get("fleet_file") and "clients" not in explicit:
+        from edgefl.profiling import load_fleet
+
+        explicit["clients"] = len(load_fleet(explicit["fleet_file"]))
+
+
+def _check_names(cfg) -> None:
+    """Unknown dataset or model family: fail before any progress is drawn."""
     from edgefl.data import dataset_info
     from edgefl.models import family_tiers
-    from edgefl.runtime.simulation import simulate as run_simulation
 
-    algo = get_algorithm(explicit.get("algorithm", "fedavg"))
-    cfg = resolve_config(explicit, dict(algo.defaults))
-    # fail on unknown names before any progress is drawn
     dataset_info(cfg.dataset)
     family_tiers(cfg.model)
 
-    from edgefl.runtime.setup import resolve_method
 
-    total = cfg.rounds + resolve_method(cfg.algorithm, cfg.options).needs.closing_rounds
+def _headline(cfg, transport: str, workers: int) -> str:
+    from edgefl.models import family_tiers
 
-    feedback = Feedback(err, rounds=total, quiet=quiet)
+    tiers = ", ".join(cfg.tiers or family_tiers(cfg.model))
+    processes = f", {workers} worker processes" if transport == "memory" and workers != 1 else ""
+    return (f"[bold]{cfg.algorithm}[/] on {cfg.dataset}: {cfg.clients} devices, tiers {tiers}, "
+            f"{cfg.rounds} rounds, transport {transport}{processes}")
 
+
+def _run(cfg, transport: str, feedback: Feedback, total: int, *, broker, workers: int, backend: str, ray_address) -> dict:
+    """The run, in memory or over MQTT, with one line per round."""
     def on_round(r: dict) -> None:
-        """One line per round: what a healthy run looks like at a glance."""
-        done = len(r["completed"])
-        line = f"round {r['round']:>3}/{total}  devices {done}/{len(r['selected'])}"
-        if "eval" in r:
-            acc = r["eval"]["mean_accuracy"]
-            line += f"  accuracy {100 * acc:5.1f}%" if acc is not None else "  accuracy     -"
-        line += f"  up {r['bytes_up_total'] / 1e6:7.3f} MB  down {r['bytes_down_total'] / 1e6:7.3f} MB  {r['round_seconds']:5.1f} s"
-        if r["failed"]:
-            line += f"  [yellow]failed: {', '.join(sorted(r['failed']))}[/]"
-        if "privacy" in r:  # ε spent so far, per device
-            eps = r["privacy"]["epsilon"]
-            line += "\n      ε " + "  ".join(f"{d} {e:.2f}" for d, e in eps.items()) + f"  (target {r['privacy']['target_epsilon']:g})"
-        feedback.round_done(line)
+        feedback.round_done(round_line(r, total))
 
-    if not quiet:
-        err.print(f"[bold]{cfg.algorithm}[/] on {cfg.dataset}: {cfg.clients} devices, tiers {', '.join(cfg.tiers or family_tiers(cfg.model))}, "
-                  f"{cfg.rounds} rounds, transport {transport}" + (f", {workers} worker processes" if transport == "memory" and workers != 1 else ""),
-                  highlight=False)
-    if workers < 0:
-        raise ConfigError(f"--workers must be >= 0 (got {workers})")
+    if transport == "mqtt":
+        from edgefl.runtime.fleet import simulate_mqtt
+
+        return simulate_mqtt(cfg, broker=broker, on_round=on_round, on_progress=feedback.progress_hook,
+                             entry=device_entry, say=feedback.line)
+    from edgefl.runtime.parallel import default_workers
+    from edgefl.runtime.simulation import simulate as run_simulation
 
     def on_event(name: str, info: dict) -> None:
         if name == "final_evaluation_done" and info.get("failed"):
             feedback.line(f"final evaluation: {info['answered']} of {info['devices']} devices answered")
 
-    from edgefl.errors import RunInterrupted
+    return run_simulation(cfg, on_round=on_round, workers=workers or default_workers(), backend=backend,
+                          ray_address=ray_address, on_progress=feedback.progress_hook, on_event=on_event)
 
-    try:
-        with feedback:
-            if transport == "mqtt":
-                from edgefl.runtime.fleet import simulate_mqtt
 
-                summary = simulate_mqtt(cfg, broker=broker, on_round=on_round, on_progress=feedback.progress_hook, entry=device_entry,
-                                        say=feedback.line)
-            else:
-                if workers == 0:
-                    from edgefl.runtime.parallel import default_workers
+def _attach_local(cfg, summary: dict, feedback: Feedback, reference_cache: Path | None) -> None:
+    from edgefl.report.recorder import attach_reference
+    from edgefl.runtime.reference import local_reference
 
-                    workers = default_workers()
-                summary = run_simulation(cfg, on_round=on_round, workers=workers, backend=backend, ray_address=ray_address,
-                                         on_progress=feedback.progress_hook, on_event=on_event)
-            if compare_local:
-                from edgefl.report.recorder import attach_reference
-                from edgefl.runtime.reference import local_reference
+    feedback.line("Local reference (the same devices without federation)…")
+    attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, "local", reference_cache))
 
-                feedback.line("Local reference (the same devices without federation)…")
-                attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, "local", reference_cache))
-    except RunInterrupted as e:
-        interrupted(e, as_json)
 
-    if as_json:
-        typer.echo(json.dumps(summary))
-        return
+def round_line(r: dict, total: int) -> str:
+    """One line per round: what a healthy run looks like at a glance."""
+    line = f"round {r['round']:>3}/{total}  devices {len(r['completed'])}/{len(r['selected'])}"
+    if "eval" in r:
+        acc = r["eval"]["mean_accuracy"]
+        line += f"  accuracy {100 * acc:5.1f}%" if acc is not None else "  accuracy     -"
+    line += f"  up {r['bytes_up_total'] / 1e6:7.3f} MB  down {r['bytes_down_total'] / 1e6:7.3f} MB  {r['round_seconds']:5.1f} s"
+    if r["failed"]:
+        line += f"  [yellow]failed: {', '.join(sorted(r['failed']))}[/]"
+    if "privacy" in r:  # ε spent so far, per device
+        eps = r["privacy"]["epsilon"]
+        line += "\n      ε " + "  ".join(f"{d} {e:.2f}" for d, e in eps.items()) + f"  (target {r['privacy']['target_epsilon']:g})"
+    return line
+
+
+def _print_summary(summary: dict) -> None:
     from edgefl.report.recorder import result_text
 
     err.print(f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in {summary['wall_seconds']:.0f} s", highlight=False)

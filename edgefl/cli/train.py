@@ -28,16 +28,9 @@ import typer
 
 from edgefl.cli.common import (
     DATASET_HELP,
-    DEFAULT_BROKER,
-    Broker,
-    CaFile,
-    CertFile,
-    Fleet,
-    KeyFile,
-    Password,
-    PasswordFile,
-    Username,
+    Connection,
     connection_address,
+    connection_options,
     load_profile,
     serve_models,
 )
@@ -122,20 +115,14 @@ def _source(ctx: typer.Context, name: str) -> str:
     return {"COMMANDLINE": "option", "ENVIRONMENT": "env"}.get(kind, "default")
 
 
+@connection_options
 def train(
     ctx: typer.Context,
-    broker: Broker = DEFAULT_BROKER,
-    fleet: Fleet = "default",
+    conn: Connection = Connection(),
     device_id: str = typer.Option(None, "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."),
     data: str = typer.Option(None, help="DATASET[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]. " + DATASET_HELP),
     tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
     profile: Path = typer.Option(None, help="Profile JSON (edgefl device profile --json); default: measure this machine."),
-    username: Username = None,
-    password: Password = None,
-    password_file: PasswordFile = None,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
     config: Path = typer.Option(None, "--config", envvar="EDGEFL_CONFIG", help="TOML file of settings (options and environment variables win over it)."),
     wait: float = typer.Option(None, "--wait", help="Seconds to wait for an unreachable broker before exiting with code 4 (default: forever)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved settings and where each came from, then exit."),
@@ -149,12 +136,10 @@ def train(
     """Serve rounds for a fleet's server: one line per round (round, tier, local loss, last local
     accuracy, bytes up/down, seconds); waits for the broker and reconnects by itself; exits when
     the run is over."""
-    values = {
-        "broker": broker, "fleet": fleet, "device_id": device_id, "data": data, "tier": tier,
-        "profile": profile, "username": username, "password": password, "password_file": password_file,
-        "wait": wait, "delay": delay, "max_bytes": max_bytes, "threads": threads,
-        "save_model": save_model, "export": export, "ca_file": ca_file, "cert_file": cert_file,
-        "key_file": key_file, "models_dir": models_dir,
+    values = conn.values() | {
+        "device_id": device_id, "data": data, "tier": tier, "profile": profile, "wait": wait, "delay": delay,
+        "max_bytes": max_bytes, "threads": threads, "save_model": save_model, "export": export,
+        "models_dir": models_dir,
     }  # fmt: skip
     sources = {key: _source(ctx, key) for key in values}
     if print_config:

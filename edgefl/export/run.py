@@ -16,7 +16,6 @@ tier: that of the first device (by id) holding the tier.
 
 from __future__ import annotations
 
-import json
 import logging
 import zlib
 from collections.abc import Callable
@@ -27,7 +26,7 @@ import numpy as np
 
 from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import device_model_path, load_device_model, read_model_file
-from edgefl.export.errors import ModelFileError
+from edgefl.export.deployment import run_devices
 from edgefl.export.onnx_export import DEFAULT_OPSET, DEFAULT_TOLERANCE, export_model
 from edgefl.export.quantize import FORMATS, quantize_int8
 from edgefl.inference import Predictor
@@ -37,19 +36,6 @@ log = logging.getLogger(__name__)
 
 QUANTIZE_CHOICES = ("int8",)
 PARITY_SAMPLES = 56  # 56 = 8 batches of 7, 56 of 1
-
-
-def run_devices(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """The run's config and device id → tier, from run_dir/config.json."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise ModelFileError(f"{run_dir} is not a run directory (no config.json)")
-    try:
-        config = json.loads(path.read_text())
-        tiers = {d: str(entry["spec"]["tier"]) for d, entry in config["fleet"].items()}
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ModelFileError(f"{path} is not a readable run config: {exc}") from None
-    return config, tiers
 
 
 def choose_devices(
