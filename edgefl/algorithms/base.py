@@ -42,6 +42,7 @@ objects run in the in-memory simulation and over MQTT. Algorithms never import a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +51,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 from torch import nn
 
 from edgefl.algorithms.server_opt import ServerOptimizer, ServerOptSettings
@@ -357,34 +359,36 @@ def algorithm_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _coerce(value: Any, typ: Any, key: str, method: str) -> Any:
-    origin = typing.get_origin(typ)
-    if origin is typing.Literal:
-        choices = typing.get_args(typ)
-        if value not in choices:
-            raise ConfigError(f"{method} option {key}={value!r}: choose one of {', '.join(map(str, choices))}")
-        return value
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() == "none"):
-            return None
-        return _coerce(value, args[0], key, method)
-    if origin is tuple:
-        (inner, *_) = typing.get_args(typ)
-        items = value.split(",") if isinstance(value, str) else list(value)
-        return tuple(_coerce(v, inner, key, method) for v in items if v != "")
+#: Options given as text (``-o key=value``) or TOML: numbers are accepted where text is declared.
+_OPTION_INPUT = ConfigDict(coerce_numbers_to_str=True)
+
+
+@functools.cache
+def _validator(typ: Any) -> TypeAdapter:
+    return TypeAdapter(typ, config=_OPTION_INPUT)
+
+
+def _option_value(value: Any, typ: Any, key: str, method: str) -> Any:
+    """One option's value, validated by pydantic against its declared type; from text, ``none``
+    is None (an optional option), ``a,b`` a tuple, and ``yes``/``no``/``1``/``0`` a flag."""
+    args = typing.get_args(typ)
+    optional = type(None) in args
+    base = next(a for a in args if a is not type(None)) if optional else typ
+    if isinstance(value, str) and optional and value.strip().lower() == "none":
+        return None
+    given = value
+    if isinstance(value, str) and typing.get_origin(base) is tuple:
+        value = [v for v in value.split(",") if v.strip()]
     try:
-        if typ is bool:
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        return typ(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{method} option {key}={value!r} is not a valid {getattr(typ, '__name__', typ)}") from None
+        return _validator(typ).validate_python(value)
+    except ValidationError:
+        value = given
+    if typing.get_origin(base) is Literal:
+        raise ConfigError(f"{method} option {key}={value!r}: choose one of {', '.join(map(str, typing.get_args(base)))}")
+    if typing.get_origin(base) is tuple:
+        inner = typing.get_args(base)[0]
+        raise ConfigError(f"{method} option {key}={value!r} is not a valid comma-separated list of {inner.__name__}")
+    raise ConfigError(f"{method} option {key}={value!r} is not a valid {getattr(base, '__name__', base)}")
 
 
 def parse_options(cls: type, raw: Mapping[str, Any], method: str) -> Any:
@@ -395,7 +399,7 @@ def parse_options(cls: type, raw: Mapping[str, Any], method: str) -> Any:
         valid = ", ".join(sorted(fields)) or "(none)"
         raise ConfigError(f"{method} has no option {', '.join(unknown)}; its options are: {valid}")
     hints = typing.get_type_hints(cls)
-    values = {k: _coerce(v, hints[k], k, method) for k, v in raw.items()}
+    values = {k: _option_value(v, hints[k], k, method) for k, v in raw.items()}
     try:
         return cls(**values)
     except ValueError as e:

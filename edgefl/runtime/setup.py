@@ -37,6 +37,7 @@ from edgefl.errors import ConfigError
 from edgefl.privacy import PrivacySettings, Release, split_privacy_options
 from edgefl.privacy.secagg import SecAggSettings, split_secagg_options
 from edgefl.privacy.secagg_halves import SecAggDevice, SecAggServer, check_secagg, device_clip
+from edgefl.runtime.dataspec import DataSpec
 
 if TYPE_CHECKING:
     from edgefl.algorithms import (
@@ -147,112 +148,6 @@ def resolve_method(name: str, raw_options: dict[str, Any], public_share: float |
 
 
 # --- data ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """Where a party's data come from: a dataset and, for simulated fleets, demos and benchmarks,
-    the partition of it that ``edgefl simulate`` makes (same subsampling, server's share and
-    partitioner), of which a device takes one shard.
-
-    As text (``edgefl train --data``)::
-
-        NAME[:shard=I/N,partition=iid|dirichlet|shards,alpha=A,k=K,seed=S,min_size=M,
-              train_samples=T,test_samples=U,eval_samples=E,public=F,dir=PATH]
-    """
-
-    dataset: str
-    shard: tuple[int, int] | None = None  # (index, count)
-    partition: str = "iid"
-    alpha: float = 0.5
-    classes_per_client: int = 2
-    seed: int = 0
-    min_size: int = 10
-    train_samples: int | None = None
-    test_samples: int | None = None
-    eval_samples: int = 2000
-    public: float | None = None  # None: the method's share (from the assignment)
-    data_dir: str | None = None
-    validation_samples: int | None = None  # evaluate on training samples held out (tuning runs)
-
-    _KEYS = {
-        "shard": "shard",
-        "partition": "partition",
-        "alpha": "alpha",
-        "k": "classes_per_client",
-        "classes_per_client": "classes_per_client",
-        "seed": "seed",
-        "min_size": "min_size",
-        "train_samples": "train_samples",
-        "test_samples": "test_samples",
-        "eval_samples": "eval_samples",
-        "public": "public",
-        "dir": "data_dir",
-        "validation_samples": "validation_samples",
-    }
-
-    @classmethod
-    def from_config(cfg_cls, cfg: RunConfig, index: int | None = None) -> DataSpec:
-        """Shard ``index`` of ``cfg``'s partition (None: the whole partition, every shard)."""
-        return cfg_cls(
-            dataset=cfg.dataset,
-            shard=(0 if index is None else index, cfg.clients),
-            partition=cfg.partition,
-            alpha=cfg.alpha,
-            classes_per_client=cfg.classes_per_client,
-            seed=cfg.seed,
-            min_size=cfg.min_size,
-            train_samples=cfg.train_samples,
-            test_samples=cfg.test_samples,
-            eval_samples=cfg.eval_samples,
-            public=cfg.public_fraction,
-            data_dir=cfg.data_dir,
-            validation_samples=cfg.validation_samples,
-        )
-
-    @classmethod
-    def parse(cls, text: str) -> DataSpec:
-        # a dataset name may itself hold ':' (imagefolder:DIR); options follow the last ':'
-        head, sep, tail = text.rpartition(":")
-        name, rest = (head, tail) if sep and ("=" in tail or not tail) else (text, "")
-        if not name:
-            raise ConfigError(f"--data {text!r}: name a dataset, e.g. fashion-mnist:shard=0/6")
-        values: dict[str, Any] = {"dataset": name}
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
-        for item in filter(None, rest.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep or key.strip() not in cls._KEYS:
-                raise ConfigError(f"--data option {item!r}: use key=value with keys {', '.join(sorted(cls._KEYS))}")
-            field_name = cls._KEYS[key.strip()]
-            value = value.strip()
-            try:
-                if field_name == "shard":
-                    i, _, n = value.partition("/")
-                    values["shard"] = (int(i), int(n))
-                elif field_name in ("partition", "data_dir"):
-                    values[field_name] = value
-                elif "float" in str(types[field_name]):
-                    values[field_name] = float(value)
-                else:
-                    values[field_name] = int(value)
-            except ValueError:
-                raise ConfigError(f"--data option {item!r} has an invalid value") from None
-        spec = cls(**values)
-        if spec.shard is not None and not 0 <= spec.shard[0] < spec.shard[1]:
-            raise ConfigError(f"--data shard {spec.shard[0]}/{spec.shard[1]}: need 0 <= I < N")
-        return spec
-
-    def to_string(self) -> str:
-        parts = []
-        if self.shard is not None:
-            parts.append(f"shard={self.shard[0]}/{self.shard[1]}")
-        for key in ("partition", "alpha", "classes_per_client", "seed", "min_size", "train_samples", "test_samples", "eval_samples", "public", "validation_samples"):
-            value = getattr(self, key)
-            if value is not None:
-                parts.append(f"{'k' if key == 'classes_per_client' else key}={value}")
-        if self.data_dir:
-            parts.append(f"dir={self.data_dir}")
-        return f"{self.dataset}:{','.join(parts)}"
 
 
 def subsample(data: ArrayDataset, n: int | None, seed: int) -> ArrayDataset:
