@@ -105,8 +105,9 @@ def device_specs(url: str, fleet: str, n: int, *, test_samples: int = 50, eval_s
     further DataSpec fields (``train_samples``) or DeviceOptions fields (``register_every``)."""
     from dataclasses import fields
 
-    from edgefl.runtime.device import DataSpec, DeviceOptions
-    from edgefl.runtime.simulation import device_ids
+    from edgefl.runtime.dataspec import DataSpec
+    from edgefl.runtime.device import DeviceOptions
+    from edgefl.runtime.setup import device_ids
 
     data_fields = {f.name for f in fields(DataSpec)}
     data = {k: v for k, v in more.items() if k in data_fields}

@@ -60,7 +60,7 @@ def test_fedavg_server_weights_by_sample_count(tmp_path):
 def _server(cls, cfg):
     from edgefl.algorithms import DeviceRecord
     from edgefl.data import dataset_info
-    from edgefl.runtime.simulation import fleet_specs
+    from edgefl.runtime.setup import fleet_specs
 
     info = dataset_info("synthetic")
     specs = fleet_specs(cfg, ["d00", "d01"], info)

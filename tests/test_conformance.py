@@ -437,7 +437,7 @@ SPECS = default_specs()
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", list(SPECS), ids=[f"{s.name}-{'+'.join(m)}" for s, m in SPECS.items()])
 def test_every_tier_exports_to_onnx(tmp_path, spec):
-    from edgefl.export import export_model
+    from edgefl.export.onnx_export import export_model
     from edgefl.models import build_model
 
     torch.manual_seed(0)

@@ -9,17 +9,10 @@ import pytest
 import torch
 
 from edgefl.data import load_dataset
-from edgefl.export import (
-    ExportError,
-    ModelFileError,
-    check_parity,
-    export_model,
-    load_device_model,
-    load_model_file,
-    quantize_int8,
-    read_metadata,
-    save_model_file,
-)
+from edgefl.export.checkpoint import load_device_model, load_model_file, save_model_file
+from edgefl.export.errors import ExportError, ModelFileError
+from edgefl.export.onnx_export import check_parity, export_model, read_metadata
+from edgefl.export.quantize import quantize_int8
 from edgefl.inference import Predictor
 from edgefl.models import ModelSpec, build_model, family_names, family_tiers
 
@@ -242,7 +235,8 @@ def test_a_simulation_saves_every_device_model_as_it_was_evaluated(tmp_path):
     from conftest import tiny_config
 
     from edgefl.algorithms.training import evaluate
-    from edgefl.runtime.simulation import simulate, subsample
+    from edgefl.runtime.setup import subsample
+    from edgefl.runtime.simulation import simulate
 
     cfg = tiny_config(tmp_path, algorithm="local", model="cnn", tiers=("1", "2", "3"))
     summary = simulate(cfg)

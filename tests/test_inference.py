@@ -8,7 +8,8 @@ import torch
 
 from edgefl.cli.main import main
 from edgefl.data import load_dataset
-from edgefl.export import InferenceError, ModelFileError, export_model
+from edgefl.export.errors import InferenceError, ModelFileError
+from edgefl.export.onnx_export import export_model
 from edgefl.inference import Predictor
 from edgefl.models import ModelSpec, build_model
 

@@ -15,7 +15,8 @@ from edgefl.algorithms import (
 from edgefl.data import load_dataset
 from edgefl.runtime.agent import DeviceAgent
 from edgefl.runtime.loop import LoopSettings, RoundLoop
-from edgefl.runtime.simulation import fleet_specs, simulate
+from edgefl.runtime.setup import fleet_specs
+from edgefl.runtime.simulation import simulate
 from edgefl.transport import InMemoryTransport
 from edgefl.wire import Payload
 from tests.conftest import tiny_config

@@ -4,8 +4,8 @@ PyTorch eager vs ONNX Runtime fp32 vs ONNX Runtime static int8 (QDQ, per-channel
 Models: every tier of the ResNet depth family, the CNN family, and the HierarchyFL hierarchies
 (multi-exit depth tiers 1–4 and width tiers 1/8–1). Each is first trained briefly on a
 Fashion-MNIST subsample (Adam, so accuracy means something), then exported with
-`edgefl.export.export_model` (parity checked on real test samples) and quantized with
-`edgefl.export.quantize_int8` (calibration on training samples). hierarchy-width keeps its
+`edgefl.export.onnx_export.export_model` (parity checked on real test samples) and quantized with
+`edgefl.export.quantize.quantize_int8` (calibration on training samples). hierarchy-width keeps its
 default static BatchNorm for training; the export freezes population statistics from the
 calibration images, and the eager numbers are those of that frozen model (the one deployed);
 `eager_static_accuracy` is the static model evaluated in batches of 1000 for reference.
@@ -41,8 +41,8 @@ from benchmarks.timing import invocation  # noqa: E402
 from edgefl.algorithms.base import TrainSettings  # noqa: E402
 from edgefl.algorithms.training import evaluate, train_local  # noqa: E402
 from edgefl.data import load_dataset  # noqa: E402
-from edgefl.export import export_model, quantize_int8  # noqa: E402
-from edgefl.export.onnx_export import INPUT_NAME, OUTPUT_NAME  # noqa: E402
+from edgefl.export.onnx_export import INPUT_NAME, OUTPUT_NAME, export_model  # noqa: E402
+from edgefl.export.quantize import quantize_int8  # noqa: E402
 from edgefl.inference import Predictor  # noqa: E402
 from edgefl.models import ModelSpec, build_model, family_tiers  # noqa: E402
 
@@ -144,7 +144,7 @@ def bench_one(family: str, tier: str, width: float, data: dict, args, workdir: P
     static_accuracy = None
     if report.batch_norm.startswith("frozen"):
         static_accuracy = evaluate(model, data["test_eval"])["accuracy"]
-        from edgefl.export import freeze_batch_statistics
+        from edgefl.export.onnx_export import freeze_batch_statistics
 
         model = freeze_batch_statistics(model, calibration)
     t0 = time.perf_counter()

@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 
+# Lazy on purpose: these two import torch; everything else here is read on torch-free devices (the
+# base install), through this package.
 def __getattr__(name: str) -> Any:
     if name not in _TORCH_NAMES:
         raise AttributeError(f"module 'edgefl.data' has no attribute {name!r}")

@@ -35,6 +35,9 @@ _NAMES = {
 __all__ = ["ModelSpec", *sorted(_NAMES)]
 
 
+# Lazy on purpose: these names import torch, and ModelSpec (above) must not: ONNX inference and
+# registration read it on torch-free devices (the base install). Loading them also registers the
+# families.
 def __getattr__(name: str) -> Any:
     if name not in _NAMES:
         raise AttributeError(f"module 'edgefl.models' has no attribute {name!r}")

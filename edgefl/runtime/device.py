@@ -441,7 +441,7 @@ class DeviceRuntime:
             save_model_file(model, self.opts.save_model, dataset=self.data_spec.dataset)
             self.say(f"saved the final model to {self.opts.save_model}")
         if self.opts.export:
-            from edgefl.export import export_model
+            from edgefl.export.onnx_export import export_model
 
             test = self.agent.eval_sets.get("test") or self.agent.eval_sets.get("quick")
             parity = test.images(np.arange(min(len(test), 64))) if test is not None else None

@@ -20,17 +20,7 @@ from edgefl.runtime.agent import DeviceAgent
 from edgefl.runtime.claims import label_summary
 from edgefl.runtime.interrupt import second_interrupt_exits
 from edgefl.runtime.loop import LoopSettings, RoundLoop
-from edgefl.runtime.setup import (  # noqa: F401  (re-exported: the library's older import path)
-    assemble,
-    build_server,
-    derive_seed,
-    device_ids,
-    fleet_specs,
-    profiled_tiers,
-    run_dir_for,
-    subsample,
-    train_settings,
-)
+from edgefl.runtime.setup import assemble, build_server, run_dir_for
 from edgefl.transport import Encoded, InMemoryTransport
 
 log = logging.getLogger(__name__)

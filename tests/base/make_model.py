@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from edgefl.data import load_dataset
-from edgefl.export import export_model
+from edgefl.export.onnx_export import export_model
 from edgefl.models import ModelSpec, build_model
 
 HERE = Path(__file__).parent
