@@ -184,7 +184,7 @@ def test_a_device_refuses_to_train_once_its_budget_is_spent(tmp_path):
 
 
 def test_group_norm_replaces_every_batch_norm_keeps_the_names_and_exports(tmp_path):
-    from edgefl.export import export_model
+    from edgefl.export.onnx_export import export_model
 
     info = dataset_info("synthetic")
     spec = ModelSpec("resnet", "10", info.num_classes, info.in_shape, width=0.25, mean=info.mean, std=info.std)
