@@ -42,11 +42,12 @@ from edgefl.errors import EdgeflError
 from edgefl.runtime import agent as agent_module
 from edgefl.runtime import device as device_module
 from edgefl.runtime.agent import DeviceAgent
+from edgefl.runtime.dataspec import DataSpec
 from edgefl.runtime.device import DeviceOptions, DeviceRuntime
 from edgefl.runtime.fleet import SIMULATED_PROFILE
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.server import ServeOptions, serve
-from edgefl.runtime.setup import DataSpec, assemble
+from edgefl.runtime.setup import assemble
 from edgefl.runtime.simulation import simulate
 from edgefl.transport import InMemoryTransport
 from edgefl.transport.broker import EmbeddedBroker

@@ -14,8 +14,9 @@ from PIL import Image
 
 from edgefl.data import dataset_info
 from edgefl.errors import ConfigError, WireError
+from edgefl.runtime.dataspec import DataSpec
 from edgefl.runtime.device import Assignment, align_classes
-from edgefl.runtime.setup import DataSpec, load_run_data
+from edgefl.runtime.setup import load_run_data
 
 FASHION = dataset_info("fashion-mnist").class_names
 

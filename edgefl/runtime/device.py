@@ -51,7 +51,7 @@ from edgefl.errors import (
 )
 from edgefl.models.spec import ModelSpec
 from edgefl.retry import Backoff, retry
-from edgefl.runtime.setup import DataSpec
+from edgefl.runtime.dataspec import DataSpec
 from edgefl.transport.broker import check_device_id
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
 from edgefl.transport.mqtt.connection import check_tls
