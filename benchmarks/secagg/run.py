@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine, write_json  # noqa: E402
+from benchmarks.common import write_json  # noqa: E402
+from benchmarks.timing import command_line, git_state, load, machine, niceness  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -85,7 +86,7 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
 
 def measure(devices: int, secagg: bool, rounds: int, drop: int) -> dict:
     with tempfile.TemporaryDirectory() as work:
-        load_before = machine()["loadavg_1_5_15"]
+        load_before = load()
         loop, params, inside = build(devices, secagg, drop, Path(work))
         out = []
         for r in range(rounds):
@@ -114,7 +115,7 @@ def measure(devices: int, secagg: bool, rounds: int, drop: int) -> dict:
             "median_unmask_seconds": statistics.median(x["unmask_seconds"] for x in steady) if secagg else None,
             "bytes_up_per_device": statistics.median(x["bytes_up"] for x in steady) / devices,
             "bytes_down_per_device": statistics.median(x["bytes_down"] for x in steady) / devices,
-            "load_before": load_before, "load_after": machine()["loadavg_1_5_15"],
+            "load_before": load_before, "load_after": load(),
         }
 
 
@@ -122,8 +123,10 @@ def markdown(results: dict) -> str:
     lines = [
         "# Secure aggregation: bytes and server time (in memory)",
         "",
-        f"Command: `{results['command']}` at commit {results['commit']}. Machine: {results['machine']['cores']} cores, "
-        f"load average {results['machine']['loadavg_1_5_15']} at the start (shared machine: the timings are under that load).",
+        f"Command: `{results['command']}` at commit {results['commit'][:12]}"
+        f"{'' if results['clean'] else ' (tree not clean)'}. Machine: {results['machine']['cores']} cores "
+        f"({results['machine']['cpu']}), load average {results['load_start']} at the start and {results['load_end']} "
+        "at the end (a shared machine: the timings are under that load).",
         f"FedAvg, CNN tier 2 at width 1 ({results['cells'][0]['float_parameters']:,} float parameters), synthetic data, "
         "1 local step per round, every device selected; medians over rounds 2..R. SecAgg on the full graph, "
         "threshold 0.6, fixed point clip 8 in Z/2^32.",
@@ -159,17 +162,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--drop", type=int, default=1, help="devices that leave after sharing, per SecAgg round")
     args = parser.parse_args(argv)
-    import subprocess
-
     import torch
 
     torch.set_num_threads(1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     results = {
-        "command": "python -m benchmarks.secagg.run " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": commit + ("+dirty" if dirty else ""),
+        "command": command_line("benchmarks.secagg.run", argv),
+        "niceness": niceness(),
+        **git_state(),
         "machine": machine(),
+        "torch_threads": 1,
+        "load_start": load(),
         "cells": [],
     }
     for n in args.devices:
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             results["cells"].append(cell)
             print(f"{n} devices, secagg={secagg}, drop={cell['dropped_per_round']}: server {cell['median_server_seconds']:.3f} s/round, "
                   f"up {cell['bytes_up_per_device'] / 1024:.1f} kB/device ({time.perf_counter() - t0:.0f} s)", flush=True)
+    results["load_end"] = load()
     write_json(HERE / "results.json", results)
     (HERE / "results.md").write_text(markdown(results))
 
