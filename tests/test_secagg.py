@@ -45,7 +45,11 @@ def protocol(updates, weights, *, drop=(), settings=SETTINGS, liar=None, unmask_
     t = server.set_roster(view["adverts"])
     view["sealed"] = {d: devices[d].share(server.roster, t) for d in ids}
     inbox = server.relay(view["sealed"])
-    view["masked"] = {d: devices[d].masked_input(inbox[d], updates[d], weights[d])[0] for d in ids if d not in drop}
+    view["masked"] = {
+        d: devices[d].masked_input(inbox[d], updates[d], weights[d])[0]
+        for d in ids
+        if d not in drop
+    }
     survivors = server.add_masked(view["masked"])
     holders = unmask_from or survivors
     view["shares"] = {d: devices[d].unmask(survivors) for d in holders}
@@ -96,9 +100,17 @@ def test_the_servers_view_does_not_give_back_any_devices_update(five):
     assert seed_owners.isdisjoint(key_owners)
     for d in server.survivors:
         # Attempt 1: the server removes d's self mask (it learns d's seed) ...
-        seed_shares = {points[h]: share_value(s[0][server.survivors.index(d)]) for h, s in view["shares"].items()}
-        seed = to_secret(combine(lagrange_weights(sorted(seed_shares)[:3]), [seed_shares[x] for x in sorted(seed_shares)[:3]]))
-        assert commitment(seed, CONTEXT) == view["adverts"][d][2 * KEY_BYTES:]
+        seed_shares = {
+            points[h]: share_value(s[0][server.survivors.index(d)])
+            for h, s in view["shares"].items()
+        }
+        seed = to_secret(
+            combine(
+                lagrange_weights(sorted(seed_shares)[:3]),
+                [seed_shares[x] for x in sorted(seed_shares)[:3]],
+            )
+        )
+        assert commitment(seed, CONTEXT) == view["adverts"][d][2 * KEY_BYTES :]
         rest = view["masked"][d] - prg(derive(seed, "self-mask", CONTEXT), n)
         # ... and is left with the update under the pairwise masks, which look uniform: decoding
         # it fails, and it is no closer to the update than a uniform draw is
@@ -116,7 +128,10 @@ def test_the_servers_view_does_not_give_back_any_devices_update(five):
     # and fewer than t shares of a secret (here: the survivors' t-1 = 2) give another secret
     some = {points[h]: share_value(s[0][0]) for h, s in list(view["shares"].items())[:2]}
     guess = to_secret(combine(lagrange_weights(sorted(some)), [some[x] for x in sorted(some)]))
-    assert guess is None or commitment(guess, CONTEXT) != view["adverts"][server.survivors[0]][2 * KEY_BYTES:]
+    assert (
+        guess is None
+        or commitment(guess, CONTEXT) != view["adverts"][server.survivors[0]][2 * KEY_BYTES :]
+    )
     # What it does learn is the sum
     assert np.abs(total - sum(weights[d] * updates[d] for d in server.survivors)).max() < 1e-7
 
@@ -191,7 +206,11 @@ def test_an_altered_or_misrouted_share_is_refused_by_its_recipient(five):
     altered["d1"] = bytes(box)
     with pytest.raises(SecAggError, match="fail authentication"):
         devices["d0"].masked_input(altered, updates["d0"], weights["d0"])
-    swapped = {**inbox["d4"], "d1": inbox["d4"]["d2"], "d2": inbox["d4"]["d1"]}  # relabelled senders
+    swapped = {
+        **inbox["d4"],
+        "d1": inbox["d4"]["d2"],
+        "d2": inbox["d4"]["d1"],
+    }  # relabelled senders
     with pytest.raises(SecAggError, match="fail authentication"):
         devices["d4"].masked_input(swapped, updates["d4"], weights["d4"])
 
@@ -205,7 +224,7 @@ def test_settings_are_checked():
     assert SecAggSettings(threshold=0.6).threshold_for(2) == 2
 
 
-# --- in the round loop (FedAvg, in memory) ------------------------------------------------------------
+# --- in the round loop (FedAvg, in memory) -------------------------------------------------
 
 
 def one_round(tmp_path, options, drop=(), stage="mask", clients=5, **overrides):
@@ -234,7 +253,9 @@ def one_round(tmp_path, options, drop=(), stage="mask", clients=5, **overrides):
     fleet = {d: DeviceRecord(spec=run.specs[d], num_samples=samples[d]) for d in run.ids}
     ctx = run.server_context(fleet)
     server = build_server(run.method, ctx)
-    loop = RoundLoop(server, ctx, transport, LoopSettings(rounds=1, algorithm=cfg.algorithm, eval_every=0))
+    loop = RoundLoop(
+        server, ctx, transport, LoopSettings(rounds=1, algorithm=cfg.algorithm, eval_every=0)
+    )
     record = loop.run_round(0)
     return record, {k: v for k, v in server.state_dict().items() if k.startswith("w/")}
 
@@ -251,7 +272,11 @@ def test_fedavg_with_secagg_gives_the_same_model_as_without(tmp_path, drop):
     assert record["completed"] == plain_record["completed"] == survivors
     info = record["secagg"]
     assert (info["advertised"], info["shared"], info["survivors"]) == (5, 5, len(survivors))
-    assert info["dropped"] == ([drop] if drop else []) and info["graph"] == "full" and info["threshold"] == 3
+    assert (
+        info["dropped"] == ([drop] if drop else [])
+        and info["graph"] == "full"
+        and info["threshold"] == 3
+    )
     if drop:
         assert record["failed"][drop].startswith("secagg mask:")
     # the server's record of the round holds no device's loss (it stays on the device)
@@ -278,7 +303,10 @@ def test_secagg_with_central_dp_gives_the_model_of_central_dp_without_it(tmp_pat
     # same draw as when it clips and averages the raw updates itself
     for k in plain:
         np.testing.assert_allclose(secure[k], plain[k], rtol=0, atol=1e-6, err_msg=k)
-    assert record["secagg"]["survivors"] == 5 and record["privacy"]["epsilon"] == plain_record["privacy"]["epsilon"]
+    assert (
+        record["secagg"]["survivors"] == 5
+        and record["privacy"]["epsilon"] == plain_record["privacy"]["epsilon"]
+    )
     assert "each device clips its own update to dp_clip=0.05" in caplog.text
 
 
@@ -289,7 +317,11 @@ def test_secagg_with_local_dp_masks_the_noised_update(tmp_path):
     for k in plain:  # the devices' noise is seeded per device and round: the same noised updates
         np.testing.assert_allclose(secure[k], plain[k], rtol=0, atol=1e-6, err_msg=k)
     assert record["secagg"]["survivors"] == 3
-    assert record["device_metrics"]["d00"]["dp_epsilon"] == plain_record["device_metrics"]["d00"]["dp_epsilon"] > 0
+    assert (
+        record["device_metrics"]["d00"]["dp_epsilon"]
+        == plain_record["device_metrics"]["d00"]["dp_epsilon"]
+        > 0
+    )
 
 
 def test_robust_defences_and_secagg(tmp_path, caplog):
@@ -300,7 +332,15 @@ def test_robust_defences_and_secagg(tmp_path, caplog):
     with pytest.raises(ConfigError, match="felo sends something else"):
         resolve_method("felo", {"secagg": "on"})
     with pytest.raises(ConfigError, match="dp_adaptive_quantile cannot apply"):
-        resolve_method("fedavg", {"secagg": "on", "dp": "central", "dp_noise_multiplier": "1", "dp_adaptive_quantile": "0.5"})
+        resolve_method(
+            "fedavg",
+            {
+                "secagg": "on",
+                "dp": "central",
+                "dp_noise_multiplier": "1",
+                "dp_adaptive_quantile": "0.5",
+            },
+        )
     from edgefl.privacy import secagg_halves
 
     secagg_halves._said.clear()

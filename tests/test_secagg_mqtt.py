@@ -13,24 +13,49 @@ from edgefl.runtime import simulation
 from edgefl.runtime.server import ServeOptions
 from edgefl.transport.broker import MosquittoBroker
 from tests.conftest import scaled, tiny_config
-from tests.test_server_device import finish, need_mosquitto, profile_file, serve_in_thread, spawn  # noqa: F401
+from tests.test_server_device import (  # noqa: F401
+    finish,
+    need_mosquitto,
+    profile_file,
+    serve_in_thread,
+    spawn,
+)
 
 pytestmark = pytest.mark.slow
 
 
-def test_fedavg_with_secagg_over_mosquitto_matches_the_in_memory_run(tmp_path, profile_file):  # noqa: F811
+def test_fedavg_with_secagg_over_mosquitto_matches_the_in_memory_run(
+    tmp_path,
+    profile_file,  # noqa: F811
+):
     need_mosquitto()
-    cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=2, clients=3, options={"secagg": "on"}, threads=1, fraction=1.0)
+    cfg = tiny_config(
+        tmp_path,
+        algorithm="fedavg",
+        rounds=2,
+        clients=3,
+        options={"secagg": "on"},
+        threads=1,
+        fraction=1.0,
+    )
     captured = []
-    simulation.simulate(cfg.model_copy(update={"run_name": "memory"}), on_done=lambda s: captured.append(s.state_dict()))
+    simulation.simulate(
+        cfg.model_copy(update={"run_name": "memory"}),
+        on_done=lambda s: captured.append(s.state_dict()),
+    )
     expected = captured[0]
 
     broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     try:
-        t, box = serve_in_thread(cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
-                                 ServeOptions(broker=broker.url, fleet="secagg", deadline=scaled(60)))
+        t, box = serve_in_thread(
+            cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
+            ServeOptions(broker=broker.url, fleet="secagg", deadline=scaled(60)),
+        )
         tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
-        procs = [spawn(broker.url, "secagg", cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)]) for i in range(3)]
+        procs = [
+            spawn(broker.url, "secagg", cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)])
+            for i in range(3)
+        ]
         t.join(scaled(300))
         codes = finish(procs)
     finally:
@@ -42,8 +67,15 @@ def test_fedavg_with_secagg_over_mosquitto_matches_the_in_memory_run(tmp_path, p
     assert set(got) == set(expected) and expected
     for k in expected:  # the unmasked sum is exact in the ring: the same model as in memory
         np.testing.assert_allclose(got[k], expected[k], rtol=1e-5, atol=1e-6, err_msg=k)
-    rounds = [json.loads(line) for line in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        json.loads(line)
+        for line in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()
+    ]
     for r in rounds:
         assert r["completed"] == ["d00", "d01", "d02"] and not r["failed"] and not r["rejected"]
-        assert r["secagg"]["survivors"] == 3 and r["secagg"]["threshold"] == 2 and r["secagg"]["dropped"] == []
+        assert (
+            r["secagg"]["survivors"] == 3
+            and r["secagg"]["threshold"] == 2
+            and r["secagg"]["dropped"] == []
+        )
         assert r["train_loss"] == {}  # no device's loss reaches the server

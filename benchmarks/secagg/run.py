@@ -49,9 +49,19 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
     from edgefl.transport import InMemoryTransport
 
     explicit = {
-        "algorithm": "fedavg", "dataset": "synthetic", "clients": devices, "rounds": 10,
-        "train_samples": 20 * devices, "test_samples": 100, "eval_samples": 50, "steps": 1, "batch_size": 8,
-        "min_size": 4, "width": 1.0, "out_dir": str(work), "run_name": "bench",
+        "algorithm": "fedavg",
+        "dataset": "synthetic",
+        "clients": devices,
+        "rounds": 10,
+        "train_samples": 20 * devices,
+        "test_samples": 100,
+        "eval_samples": 50,
+        "steps": 1,
+        "batch_size": 8,
+        "min_size": 4,
+        "width": 1.0,
+        "out_dir": str(work),
+        "run_name": "bench",
         "options": {"secagg": "on"} if secagg else {},
     }
     from edgefl.algorithms import get_algorithm
@@ -79,8 +89,14 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
     fleet = {d: DeviceRecord(spec=run.specs[d], num_samples=samples[d]) for d in run.ids}
     ctx = run.server_context(fleet)
     server = build_server(run.method, ctx)
-    loop = RoundLoop(server, ctx, transport, LoopSettings(rounds=10, algorithm="fedavg", eval_every=0))
-    params = sum(int(v.size) for k, v in server.state_dict().items() if k.startswith("w/") and v.dtype.kind == "f")
+    loop = RoundLoop(
+        server, ctx, transport, LoopSettings(rounds=10, algorithm="fedavg", eval_every=0)
+    )
+    params = sum(
+        int(v.size)
+        for k, v in server.state_dict().items()
+        if k.startswith("w/") and v.dtype.kind == "f"
+    )
     return loop, params, inside
 
 
@@ -94,28 +110,42 @@ def measure(devices: int, secagg: bool, rounds: int, drop: int) -> dict:
             rec = loop.run_round(r)
             cpu = time.process_time() - cpu0
             device = sum(rec["reply_seconds"].values())
-            out.append({
-                "round": r + 1,
-                "completed": len(rec["completed"]),
-                "bytes_down": rec["bytes_down_total"],
-                "bytes_up": rec["bytes_up_total"],
-                "round_seconds": rec["round_seconds"],
-                "device_seconds": device,
-                "server_seconds": rec["round_seconds"] - device,
-                "server_cpu_seconds": cpu - (inside["cpu"] - device0),
-                **({"unmask_seconds": rec["secagg"]["stage_seconds"]["unmask_server"],
-                    "dropped": rec["secagg"]["dropped"]} if secagg else {}),
-            })
+            out.append(
+                {
+                    "round": r + 1,
+                    "completed": len(rec["completed"]),
+                    "bytes_down": rec["bytes_down_total"],
+                    "bytes_up": rec["bytes_up_total"],
+                    "round_seconds": rec["round_seconds"],
+                    "device_seconds": device,
+                    "server_seconds": rec["round_seconds"] - device,
+                    "server_cpu_seconds": cpu - (inside["cpu"] - device0),
+                    **(
+                        {
+                            "unmask_seconds": rec["secagg"]["stage_seconds"]["unmask_server"],
+                            "dropped": rec["secagg"]["dropped"],
+                        }
+                        if secagg
+                        else {}
+                    ),
+                }
+            )
         steady = out[1:] or out  # the first round warms caches up
         return {
-            "devices": devices, "secagg": secagg, "dropped_per_round": drop if secagg else 0,
-            "float_parameters": params, "rounds": out,
+            "devices": devices,
+            "secagg": secagg,
+            "dropped_per_round": drop if secagg else 0,
+            "float_parameters": params,
+            "rounds": out,
             "median_server_seconds": statistics.median(x["server_seconds"] for x in steady),
             "median_server_cpu_seconds": statistics.median(x["server_cpu_seconds"] for x in steady),
-            "median_unmask_seconds": statistics.median(x["unmask_seconds"] for x in steady) if secagg else None,
+            "median_unmask_seconds": statistics.median(x["unmask_seconds"] for x in steady)
+            if secagg
+            else None,
             "bytes_up_per_device": statistics.median(x["bytes_up"] for x in steady) / devices,
             "bytes_down_per_device": statistics.median(x["bytes_down"] for x in steady) / devices,
-            "load_before": load_before, "load_after": load(),
+            "load_before": load_before,
+            "load_after": load(),
         }
 
 
@@ -135,7 +165,9 @@ def markdown(results: dict) -> str:
         "|---:|:---|---:|---:|---:|---:|---:|---:|:---|",
     ]
     for c in results["cells"]:
-        unmask = f"{c['median_unmask_seconds']:.3f}" if c["median_unmask_seconds"] is not None else "-"
+        unmask = (
+            f"{c['median_unmask_seconds']:.3f}" if c["median_unmask_seconds"] is not None else "-"
+        )
         lines.append(
             f"| {c['devices']} | {'yes' if c['secagg'] else 'no'} | {c['dropped_per_round']} | "
             f"{c['bytes_up_per_device'] / 1024:.1f} kB | {c['bytes_down_per_device'] / 1024:.1f} kB | "
@@ -160,7 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--drop", type=int, default=1, help="devices that leave after sharing, per SecAgg round")
+    parser.add_argument(
+        "--drop", type=int, default=1, help="devices that leave after sharing, per SecAgg round"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -179,8 +213,11 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             cell = measure(n, secagg, args.rounds, drop)
             results["cells"].append(cell)
-            print(f"{n} devices, secagg={secagg}, drop={cell['dropped_per_round']}: server {cell['median_server_seconds']:.3f} s/round, "
-                  f"up {cell['bytes_up_per_device'] / 1024:.1f} kB/device ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(
+                f"{n} devices, secagg={secagg}, drop={cell['dropped_per_round']}: server {cell['median_server_seconds']:.3f} s/round, "
+                f"up {cell['bytes_up_per_device'] / 1024:.1f} kB/device ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
     results["load_end"] = load()
     write_json(HERE / "results.json", results)
     (HERE / "results.md").write_text(markdown(results))

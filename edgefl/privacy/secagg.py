@@ -100,7 +100,11 @@ class SecAggSettings:
     def as_options(self) -> dict[str, str]:
         if not self.on:
             return {}
-        return {"secagg": "on", "secagg_threshold": repr(self.threshold), "secagg_clip": repr(self.clip)}
+        return {
+            "secagg": "on",
+            "secagg_threshold": repr(self.threshold),
+            "secagg_clip": repr(self.clip),
+        }
 
 
 def split_secagg_options(raw: Mapping[str, object]) -> tuple[dict[str, object], SecAggSettings]:
@@ -131,7 +135,9 @@ def encode(vector: np.ndarray, weight: float, settings: SecAggSettings) -> tuple
     clip cut."""
     v = np.asarray(vector, np.float64)
     clipped = int(np.count_nonzero(np.abs(v) > settings.clip))
-    q = np.rint(np.clip(v, -settings.clip, settings.clip) * (weight * settings.scale)).astype(np.int64)
+    q = np.rint(np.clip(v, -settings.clip, settings.clip) * (weight * settings.scale)).astype(
+        np.int64
+    )
     return np.concatenate([q, np.zeros(CANARIES, np.int64)]).astype(np.uint32), clipped
 
 
@@ -142,8 +148,10 @@ def decode(total: np.ndarray, devices: int, settings: SecAggSettings) -> np.ndar
     body, canaries = signed[:-CANARIES], signed[-CANARIES:]
     bound = 2 ** (RING_BITS - 1 - HEADROOM_BITS) + devices
     if np.any(canaries != 0) or np.any(np.abs(body) > bound):
-        raise SecAggError("the unmasked sum still carries a mask: a device's masked input does not match the "
-                          "masks it shared (or a share was wrong and went unnoticed); the round's sum is refused")
+        raise SecAggError(
+            "the unmasked sum still carries a mask: a device's masked input does not match the "
+            "masks it shared (or a share was wrong and went unnoticed); the round's sum is refused"
+        )
     return body.astype(np.float64) / settings.scale
 
 
@@ -165,7 +173,8 @@ class DeviceRound:
         self.advert = channel_pk + mask_pk + commitment(self.seed, context)
         self.roster: dict[str, bytes] = {}
         self.threshold = 0
-        self.held: dict[str, tuple[int, int]] = {}  # peer → (its seed share, its key share) for me
+        # peer → (its seed share, its key share) for me
+        self.held: dict[str, tuple[int, int]] = {}
         self.peers: list[str] = []  # the peers whose shares I hold (my view of U2, less me)
         self.revealed: dict[str, str] = {}  # peer → "seed" or "key": what I told the server
         self.stage = "advertised"
@@ -177,8 +186,9 @@ class DeviceRound:
             raise SecAggError(f"the roster does not carry {self.me}'s own keys")
         if len(roster) < threshold or threshold < 2:
             raise SecAggError(f"a roster of {len(roster)} devices with threshold {threshold}")
-        if len({bytes(a[:KEY_BYTES]) for a in roster.values()}) < len(roster) or \
-                len({bytes(a[KEY_BYTES:2 * KEY_BYTES]) for a in roster.values()}) < len(roster):
+        if len({bytes(a[:KEY_BYTES]) for a in roster.values()}) < len(roster) or len(
+            {bytes(a[KEY_BYTES : 2 * KEY_BYTES]) for a in roster.values()}
+        ) < len(roster):
             raise SecAggError("two devices of the roster advertise the same key")
         self.roster, self.threshold = {k: bytes(v) for k, v in roster.items()}, threshold
         points = points_of(self.roster)
@@ -188,12 +198,18 @@ class DeviceRound:
         out = {}
         for peer, x in points.items():
             if peer != self.me:
-                key = derive(agree(self.channel_sk, self.roster[peer][:KEY_BYTES]), "channel", self.context)
-                out[peer] = seal(key, self.context, self.me, peer, share_bytes(seeds[x]) + share_bytes(keys[x]))
+                key = derive(
+                    agree(self.channel_sk, self.roster[peer][:KEY_BYTES]), "channel", self.context
+                )
+                out[peer] = seal(
+                    key, self.context, self.me, peer, share_bytes(seeds[x]) + share_bytes(keys[x])
+                )
         self.stage = "shared"
         return out
 
-    def masked_input(self, sealed: Mapping[str, bytes], update: np.ndarray, weight: float) -> tuple[np.ndarray, int]:
+    def masked_input(
+        self, sealed: Mapping[str, bytes], update: np.ndarray, weight: float
+    ) -> tuple[np.ndarray, int]:
         """My weighted update, masked; ``sealed``: the shares each peer that shared (U2) sealed
         for me. Also returns the number of coordinates the fixed-point clip cut."""
         self._expect("shared", "masked input")
@@ -201,11 +217,15 @@ class DeviceRound:
         if unknown:
             raise SecAggError(f"shares from {unknown[0]!r}, which is not a peer of this round")
         if len(sealed) + 1 < self.threshold:
-            raise SecAggError(f"only {len(sealed) + 1} devices shared keys; the threshold is {self.threshold}")
+            raise SecAggError(
+                f"only {len(sealed) + 1} devices shared keys; the threshold is {self.threshold}"
+            )
         if not 0 < weight <= 1:
             raise SecAggError(f"a weight of {weight} (must be in (0, 1])")
         for peer, box in sealed.items():
-            key = derive(agree(self.channel_sk, self.roster[peer][:KEY_BYTES]), "channel", self.context)
+            key = derive(
+                agree(self.channel_sk, self.roster[peer][:KEY_BYTES]), "channel", self.context
+            )
             plain = open_sealed(key, self.context, peer, self.me, box)
             self.held[peer] = (share_value(plain[:SHARE_BYTES]), share_value(plain[SHARE_BYTES:]))
         self.peers = sorted(sealed)
@@ -221,24 +241,32 @@ class DeviceRound:
         """My shares of the survivors' seeds (in ``survivors``' order) and of the dropped peers'
         mask keys (in sorted order). Refuses a request that would reveal both kinds for a peer."""
         if self.stage not in ("masked", "unmasked"):
-            raise SecAggError(f"an unmasking request before this device sent its masked input ({self.stage})")
+            raise SecAggError(
+                f"an unmasking request before this device sent its masked input ({self.stage})"
+            )
         alive = list(survivors)
         if len(set(alive)) != len(alive) or self.me not in alive:
             raise SecAggError("the survivors' list repeats a device or leaves this one out")
         outside = sorted(set(alive) - set(self.peers) - {self.me})
         if outside:
-            raise SecAggError(f"{outside[0]!r} is named a survivor, but it sent this device no shares")
+            raise SecAggError(
+                f"{outside[0]!r} is named a survivor, but it sent this device no shares"
+            )
         if len(alive) < self.threshold:
             raise SecAggError(f"{len(alive)} survivors; the threshold is {self.threshold}")
         dropped = sorted(set(self.peers) - set(alive))
         asked = {**dict.fromkeys(alive, "seed"), **dict.fromkeys(dropped, "key")}
         both = sorted(p for p, kind in asked.items() if self.revealed.get(p, kind) != kind)
         if both:
-            raise SecAggError(f"refused: the server asks for both the seed and the mask key of {both[0]!r} "
-                              "(that would unmask its update)")
+            raise SecAggError(
+                f"refused: the server asks for both the seed and the mask key of {both[0]!r} "
+                "(that would unmask its update)"
+            )
         self.revealed.update(asked)
         self.stage = "unmasked"
-        return [share_bytes(self.held[p][0]) for p in alive], [share_bytes(self.held[p][1]) for p in dropped]
+        return [share_bytes(self.held[p][0]) for p in alive], [
+            share_bytes(self.held[p][1]) for p in dropped
+        ]
 
     def _expect(self, stage: str, what: str) -> None:
         if self.stage != stage:
@@ -252,7 +280,7 @@ def points_of(roster: Mapping[str, bytes]) -> dict[str, int]:
 
 def pair_key(sk, peer_advert: bytes, context: str) -> bytes:
     """The PRG key of a pair's mask: X25519 of one's mask key and the peer's, through HKDF."""
-    return derive(agree(sk, bytes(peer_advert[KEY_BYTES:2 * KEY_BYTES])), "pair-mask", context)
+    return derive(agree(sk, bytes(peer_advert[KEY_BYTES : 2 * KEY_BYTES])), "pair-mask", context)
 
 
 # --- the server ----------------------------------------------------------------------------------
@@ -276,22 +304,28 @@ class ServerRound:
         self.roster = {d: bytes(a) for d, a in sorted(adverts.items())}
         self.threshold = self.settings.threshold_for(len(self.roster))
         if len(self.roster) < self.threshold:
-            raise SecAggError(f"{len(self.roster)} devices advertised keys; secure aggregation needs at least "
-                              f"{self.threshold}")
+            raise SecAggError(
+                f"{len(self.roster)} devices advertised keys; secure aggregation needs at least "
+                f"{self.threshold}"
+            )
         return self.threshold
 
     def relay(self, sealed: Mapping[str, Mapping[str, bytes]]) -> dict[str, dict[str, bytes]]:
         """U2 and what each of its devices is to receive: recipient → {sender: sealed shares}."""
         self.shared = sorted(sealed)
         if len(self.shared) < self.threshold:
-            raise SecAggError(f"{len(self.shared)} devices shared keys; the threshold is {self.threshold}")
+            raise SecAggError(
+                f"{len(self.shared)} devices shared keys; the threshold is {self.threshold}"
+            )
         return {r: {s: sealed[s][r] for s in self.shared if s != r} for r in self.shared}
 
     def add_masked(self, masked: Mapping[str, np.ndarray]) -> list[str]:
         """Sum the masked inputs (U3); returns the survivors to name in the unmasking request."""
         self.survivors = sorted(masked)
         if len(self.survivors) < self.threshold:
-            raise SecAggError(f"{len(self.survivors)} masked inputs arrived; the threshold is {self.threshold}")
+            raise SecAggError(
+                f"{len(self.survivors)} masked inputs arrived; the threshold is {self.threshold}"
+            )
         total = None
         for d in self.survivors:
             y = np.asarray(masked[d]).view(np.uint32)
@@ -307,18 +341,28 @@ class ServerRound:
         """The sum of the survivors' weighted updates, from the survivors' shares (holder →
         (seed shares in survivors' order, key shares in dropped order))."""
         if len(shares) < self.threshold:
-            raise SecAggError(f"{len(shares)} devices sent their shares; the threshold is {self.threshold}")
+            raise SecAggError(
+                f"{len(shares)} devices sent their shares; the threshold is {self.threshold}"
+            )
         points, cache = points_of(self.roster), {}
         total = self.total.copy()
         for i, v in enumerate(self.survivors):
-            owner = self.roster[v][2 * KEY_BYTES:]
-            seed = self._recover(v, {points[h]: share_value(s[0][i]) for h, s in shares.items()},
-                                 lambda secret, c=owner: commitment(secret, self.context) == c, cache)
+            owner = self.roster[v][2 * KEY_BYTES :]
+            seed = self._recover(
+                v,
+                {points[h]: share_value(s[0][i]) for h, s in shares.items()},
+                lambda secret, c=owner: commitment(secret, self.context) == c,
+                cache,
+            )
             total -= prg(derive(seed, "self-mask", self.context), len(total))
         for i, v in enumerate(self.dropped):
-            public = self.roster[v][KEY_BYTES:2 * KEY_BYTES]
-            sk = self._recover(v, {points[h]: share_value(s[1][i]) for h, s in shares.items()},
-                               lambda secret, p=public: public_of(secret) == p, cache)
+            public = self.roster[v][KEY_BYTES : 2 * KEY_BYTES]
+            sk = self._recover(
+                v,
+                {points[h]: share_value(s[1][i]) for h, s in shares.items()},
+                lambda secret, p=public: public_of(secret) == p,
+                cache,
+            )
             for u in self.survivors:  # u added sign(u, v)·PRG(k_uv): take it out
                 mask = prg(pair_key(sk, self.roster[u], self.context), len(total))
                 total = total - mask if _pair_sign(u, v) > 0 else total + mask

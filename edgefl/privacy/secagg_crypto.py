@@ -61,8 +61,9 @@ def public_bytes(sk: X25519PrivateKey) -> bytes:
 
 
 def private_bytes(sk: X25519PrivateKey) -> bytes:
-    return sk.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                            serialization.NoEncryption())
+    return sk.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
 
 
 def agree(sk: X25519PrivateKey | bytes, peer_public: bytes) -> bytes:
@@ -77,8 +78,12 @@ def agree(sk: X25519PrivateKey | bytes, peer_public: bytes) -> bytes:
 
 def derive(secret: bytes, label: str, context: str) -> bytes:
     """A 32-byte key for one use (``label``) in one ``context`` (run and round), by HKDF-SHA256."""
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-                info=f"edgefl-secagg|{label}|{context}".encode())
+    hkdf = HKDF(
+        algorithm=hashes.SHA256(),
+        length=32,
+        salt=None,
+        info=f"edgefl-secagg|{label}|{context}".encode(),
+    )
     return hkdf.derive(secret)
 
 
@@ -109,11 +114,16 @@ def open_sealed(key: bytes, context: str, sender: str, recipient: str, sealed: b
     """The plaintext of :func:`seal`'s output; SecAggError when it was not sealed by this pair
     for this run, round and direction, or was changed on the way."""
     try:
-        return ChaCha20Poly1305(key).decrypt(bytes(sealed[:NONCE_BYTES]), bytes(sealed[NONCE_BYTES:]),
-                                             _aad(context, sender, recipient))
+        return ChaCha20Poly1305(key).decrypt(
+            bytes(sealed[:NONCE_BYTES]),
+            bytes(sealed[NONCE_BYTES:]),
+            _aad(context, sender, recipient),
+        )
     except InvalidTag:
-        raise SecAggError(f"the shares {sender} sent {recipient} fail authentication "
-                          "(forged, altered, or relayed under another name)") from None
+        raise SecAggError(
+            f"the shares {sender} sent {recipient} fail authentication "
+            "(forged, altered, or relayed under another name)"
+        ) from None
 
 
 def prg(key: bytes, length: int) -> np.ndarray:
@@ -130,7 +140,9 @@ def share_secret(secret: bytes, xs: Sequence[int], threshold: int) -> dict[int, 
     them give it back, fewer reveal nothing about it."""
     if not 1 <= threshold <= len(xs):
         raise SecAggError(f"a threshold of {threshold} for {len(xs)} shares")
-    coefficients = [int.from_bytes(secret, "big")] + [secrets.randbelow(PRIME) for _ in range(threshold - 1)]
+    coefficients = [int.from_bytes(secret, "big")] + [
+        secrets.randbelow(PRIME) for _ in range(threshold - 1)
+    ]
     out = {}
     for x in xs:
         y = 0
@@ -173,8 +185,14 @@ def share_value(raw: bytes) -> int:
     return y
 
 
-def recover(shares: Mapping[int, int], threshold: int, valid, *, tries: int = 64,
-            weights_cache: dict | None = None) -> tuple[bytes, list[int]]:
+def recover(
+    shares: Mapping[int, int],
+    threshold: int,
+    valid,
+    *,
+    tries: int = 64,
+    weights_cache: dict | None = None,
+) -> tuple[bytes, list[int]]:
     """The secret that ``shares`` (x → y) hold and passes ``valid`` (its check against what its
     owner committed to), and the points whose shares disagree with it (their holders lied).
 

@@ -42,7 +42,12 @@ STAGE, CONTEXT, THRESHOLD, WEIGHT = "secagg", "secagg_context", "secagg_threshol
 STAGES = ("keys", "shares", "mask", "unmask")
 #: Arrays (all under secagg/): ids ([n, 64] ASCII, zero-padded), adverts, sealed shares, …
 IDS, ADVERTS, SEALED = "secagg/ids", "secagg/adverts", "secagg/sealed"
-ADVERT, MASKED, SEED_SHARES, KEY_SHARES = "secagg/advert", "secagg/masked", "secagg/seed_shares", "secagg/key_shares"
+ADVERT, MASKED, SEED_SHARES, KEY_SHARES = (
+    "secagg/advert",
+    "secagg/masked",
+    "secagg/seed_shares",
+    "secagg/key_shares",
+)
 ID_BYTES = 64
 #: The round's one uplink after unmasking: the average, and how many devices it averages.
 SUM, DEVICES = "secagg", "secagg_devices"
@@ -84,30 +89,51 @@ def stack(items: Sequence[bytes], width: int) -> np.ndarray:
 
 
 def float_layout(arrays: Mapping[str, np.ndarray]) -> list[tuple[str, tuple[int, ...]]]:
-    """The float tensors of a model, in name order, with their shapes: the masked vector's layout."""
-    return [(k, tuple(np.shape(v))) for k, v in sorted(arrays.items()) if np.asarray(v).dtype.kind == "f"]
+    """The float tensors of a model, in name order, with their shapes: the masked vector's
+    layout."""
+    return [
+        (k, tuple(np.shape(v)))
+        for k, v in sorted(arrays.items())
+        if np.asarray(v).dtype.kind == "f"
+    ]
 
 
 def check_secagg(method: str, release: Any, options: Any, privacy: Any) -> None:
     """ConfigError when secure aggregation cannot protect this method's uplink as configured;
     a warning where an option changes meaning under it (robust defences the server cannot apply)."""
-    if method not in SUPPORTED or release is None or release.stats is not None or release.whole != ("w/",):
-        raise ConfigError(f"secure aggregation sums one global model's weights: {method} sends something else "
-                          f"(supported: {', '.join(SUPPORTED)})")
+    if (
+        method not in SUPPORTED
+        or release is None
+        or release.stats is not None
+        or release.whole != ("w/",)
+    ):
+        raise ConfigError(
+            f"secure aggregation sums one global model's weights: {method} sends something else "
+            f"(supported: {', '.join(SUPPORTED)})"
+        )
     aggregator = getattr(options, "aggregator", "mean")
     if aggregator != "mean":
-        raise ConfigError(f"aggregator={aggregator} cannot apply with secure aggregation: the server never sees a "
-                          "single device's update, only the sum (use aggregator=mean)")
+        raise ConfigError(
+            f"aggregator={aggregator} cannot apply with secure aggregation: the server never "
+            "sees a single device's update, only the sum (use aggregator=mean)"
+        )
     if privacy.adaptive_quantile:
-        raise ConfigError("dp_adaptive_quantile cannot apply with secure aggregation: it counts the updates whose "
-                          "norm is under the clip, and the server never sees one")
+        raise ConfigError(
+            "dp_adaptive_quantile cannot apply with secure aggregation: it counts the updates "
+            "whose norm is under the clip, and the server never sees one"
+        )
     if getattr(options, "clip_norm", 0.0) > 0:
-        _say_once(f"secure aggregation: clip_norm={options.clip_norm:g} is applied by each device to its own update "
-                  "before masking (the server cannot see updates): it bounds honest devices only")
+        _say_once(
+            f"secure aggregation: clip_norm={options.clip_norm:g} is applied by each device to "
+            "its own update before masking (the server cannot see updates): it bounds honest "
+            "devices only"
+        )
     if privacy.mode == "central":
-        _say_once(f"secure aggregation with dp=central: each device clips its own update to dp_clip={privacy.clip:g} "
-                  "before masking (the server cannot), weights are equal, and the server adds the noise to the "
-                  "unmasked average")
+        _say_once(
+            "secure aggregation with dp=central: each device clips its own update to "
+            f"dp_clip={privacy.clip:g} before masking (the server cannot), weights are equal, and "
+            "the server adds the noise to the unmasked average"
+        )
 
 
 _said: set[str] = set()
@@ -168,18 +194,26 @@ class SecAggDevice:
                 raise SecAggError("the masked-input request carries no model to train")
             meta = {k: v for k, v in payload.meta.items() if not k.startswith("secagg")}
             self.inner.receive(round, Payload(weights, meta))
-            self.received = {k: np.array(v, np.float64) for k, v in weights.items() if np.asarray(v).dtype.kind == "f"}
+            self.received = {
+                k: np.array(v, np.float64)
+                for k, v in weights.items()
+                if np.asarray(v).dtype.kind == "f"
+            }
 
     def fit(self, round: int) -> Payload:
         if self.request is None or self.request[0] != round:
-            raise SecAggError("a training request without a secure aggregation stage (this run uses secagg)")
+            raise SecAggError(
+                "a training request without a secure aggregation stage (this run uses secagg)"
+            )
         _, stage, p = self.request
         self.request = None
         context = str(p.meta.get(CONTEXT, ""))
         n = len(self.inner.ctx.train_data)
         if stage == "keys":
             self.state = DeviceRound(self.inner.ctx.device_id, context, self.settings)
-            return Payload({ADVERT: np.frombuffer(self.state.advert, np.uint8).copy()}, {"num_samples": n})
+            return Payload(
+                {ADVERT: np.frombuffer(self.state.advert, np.uint8).copy()}, {"num_samples": n}
+            )
         state = self.state
         if state is None or state.context != context:
             raise SecAggError(f"a {stage} request for another round than this device's keys")
@@ -188,12 +222,20 @@ class SecAggDevice:
             adverts = rows(p.arrays[ADVERTS])
             if len(adverts) != len(ids):
                 raise SecAggError("the roster's ids and keys differ in number")
-            sealed = state.share(dict(zip(ids, adverts, strict=True)), int(p.meta.get(THRESHOLD, 0)))
-            return Payload({SEALED: stack([sealed[d] for d in ids if d != state.me], SEALED_BYTES)}, {"num_samples": n})
+            sealed = state.share(
+                dict(zip(ids, adverts, strict=True)), int(p.meta.get(THRESHOLD, 0))
+            )
+            return Payload(
+                {SEALED: stack([sealed[d] for d in ids if d != state.me], SEALED_BYTES)},
+                {"num_samples": n},
+            )
         if stage == "mask":
             return self._masked(round, state, p, n)
         seeds, keys = state.unmask(ids_of(p.arrays[IDS]))
-        return Payload({SEED_SHARES: stack(seeds, SHARE_BYTES), KEY_SHARES: stack(keys, SHARE_BYTES)}, {"num_samples": n})
+        return Payload(
+            {SEED_SHARES: stack(seeds, SHARE_BYTES), KEY_SHARES: stack(keys, SHARE_BYTES)},
+            {"num_samples": n},
+        )
 
     def _masked(self, round: int, state: DeviceRound, p: Payload, n: int) -> Payload:
         senders = ids_of(p.arrays[IDS])
@@ -207,16 +249,28 @@ class SecAggDevice:
         layout = float_layout(up.arrays)
         if [k for k, _ in layout] != sorted(self.received):
             raise SecAggError("the trained model's float tensors differ from the model received")
-        delta = np.concatenate([(np.asarray(up.arrays[k], np.float64) - self.received[k]).ravel() for k, _ in layout])
-        if self.l2_clip > 0:  # central DP's clip (or clip_norm): the server cannot clip a masked update
+        delta = np.concatenate(
+            [(np.asarray(up.arrays[k], np.float64) - self.received[k]).ravel() for k, _ in layout]
+        )
+        if (
+            self.l2_clip > 0
+        ):  # central DP's clip (or clip_norm): the server cannot clip a masked update
             norm = float(np.linalg.norm(delta))
             if norm > self.l2_clip:
                 delta *= self.l2_clip / norm
-        masked, clipped = state.masked_input(dict(zip(senders, sealed, strict=True)), delta, float(weight))
+        masked, clipped = state.masked_input(
+            dict(zip(senders, sealed, strict=True)), delta, float(weight)
+        )
         if clipped:
-            log.warning("device %s: %d coordinates of its update exceed secagg_clip=%g and were clipped",
-                        state.me, clipped, self.settings.clip)
-        arrays = {k: np.asarray(v) for k, v in up.arrays.items() if np.asarray(v).dtype.kind in "iu"}
+            log.warning(
+                "device %s: %d coordinates of its update exceed secagg_clip=%g and were clipped",
+                state.me,
+                clipped,
+                self.settings.clip,
+            )
+        arrays = {
+            k: np.asarray(v) for k, v in up.arrays.items() if np.asarray(v).dtype.kind in "iu"
+        }
         arrays[MASKED] = masked.view(np.int32)
         meta = {"num_samples": n, **{k: v for k, v in up.meta.items() if k == "dp_epsilon"}}
         return Payload(arrays, meta)
@@ -253,25 +307,42 @@ class SecAggServer:
         if stage == "shares":
             return {SEALED: array_spec(u8, (n - 1, SEALED_BYTES))}
         if stage == "unmask":
-            return {SEED_SHARES: array_spec(u8, (n, SHARE_BYTES)), KEY_SHARES: array_spec(u8, (dropped, SHARE_BYTES))}
+            return {
+                SEED_SHARES: array_spec(u8, (n, SHARE_BYTES)),
+                KEY_SHARES: array_spec(u8, (dropped, SHARE_BYTES)),
+            }
         model = self.model()
         length = sum(int(np.prod(s)) for _, s in float_layout(model)) + CANARIES
-        ints = {k: array_spec(np.asarray(v).dtype, np.shape(v)) for k, v in model.items() if np.asarray(v).dtype.kind in "iu"}
+        ints = {
+            k: array_spec(np.asarray(v).dtype, np.shape(v))
+            for k, v in model.items()
+            if np.asarray(v).dtype.kind in "iu"
+        }
         return {MASKED: array_spec(np.int32, (length,)), **ints}
 
-    def average(self, total: np.ndarray, weight: float, clear: Mapping[str, Mapping[str, np.ndarray]],
-                weights: Mapping[str, float]) -> dict[str, np.ndarray]:
+    def average(
+        self,
+        total: np.ndarray,
+        weight: float,
+        clear: Mapping[str, Mapping[str, np.ndarray]],
+        weights: Mapping[str, float],
+    ) -> dict[str, np.ndarray]:
         """The global model plus the weighted average of the updates (the unmasked ``total``
         divided by the survivors' ``weight``); integer tensors averaged in the clear."""
         model = self.model()
         out, at = {}, 0
         for k, shape in float_layout(model):
             size = int(np.prod(shape))
-            out[k] = (np.asarray(model[k], np.float64) + total[at: at + size].reshape(shape) / weight).astype(model[k].dtype)
+            out[k] = (
+                np.asarray(model[k], np.float64) + total[at : at + size].reshape(shape) / weight
+            ).astype(model[k].dtype)
             at += size
         for k, v in model.items():
             if k not in out:
-                mean = sum(weights[d] * np.asarray(c[k], np.float64) for d, c in clear.items()) / weight
+                mean = (
+                    sum(weights[d] * np.asarray(c[k], np.float64) for d, c in clear.items())
+                    / weight
+                )
                 out[k] = np.rint(mean).astype(np.asarray(v).dtype)
         return out
 
@@ -283,7 +354,9 @@ class SecAggServer:
         if set(uplinks) != {SUM}:
             raise SecAggError("a secure-aggregation server is given single devices' updates")
         if self.central_dp:
-            return self.inner.central_aggregate(round, uplinks, devices=int(uplinks[SUM].meta[DEVICES]))
+            return self.inner.central_aggregate(
+                round, uplinks, devices=int(uplinks[SUM].meta[DEVICES])
+            )
         return self.inner.aggregate(round, uplinks)
 
     def round_report(self) -> dict[str, Any]:

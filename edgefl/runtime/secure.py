@@ -90,16 +90,22 @@ class SecureRound:
     def _run(self, selected: list[str]) -> tuple[Any, dict[str, Payload]]:
         server, p = self.server, self.protocol
         # 0. advertise keys
-        ex = self.exchange("keys", {d: Payload({}, self.meta("keys")) for d in selected},
-                           lambda d: server.stage_specs("keys"))
+        ex = self.exchange(
+            "keys",
+            {d: Payload({}, self.meta("keys")) for d in selected},
+            lambda d: server.stage_specs("keys"),
+        )
         adverts = {d: bytes(r.payload.arrays[ADVERT]) for d, r in ex.replies.items()}
         weights = self.weights(ex)
         t = p.set_roster(adverts)
         ids = list(p.roster)
         # 1. share keys (sealed for each peer; the server only relays)
         roster = {IDS: ids_array(ids), ADVERTS: stack([p.roster[d] for d in ids], ADVERT_BYTES)}
-        ex = self.exchange("shares", {d: Payload(roster, self.meta("shares", **{THRESHOLD: t})) for d in ids},
-                           lambda d: server.stage_specs("shares", len(ids)))
+        ex = self.exchange(
+            "shares",
+            {d: Payload(roster, self.meta("shares", **{THRESHOLD: t})) for d in ids},
+            lambda d: server.stage_specs("shares", len(ids)),
+        )
         sealed = {}
         for s, r in ex.replies.items():
             boxes = rows(r.payload.arrays[SEALED])
@@ -110,23 +116,42 @@ class SecureRound:
         for d in p.shared:
             down = server.downlink(self.round, d)
             senders = sorted(inbox[d])
-            arrays = {**down.arrays, IDS: ids_array(senders), SEALED: stack([inbox[d][s] for s in senders], SEALED_BYTES)}
-            payloads[d] = Payload(arrays, {**down.meta, **self.meta("mask", **{WEIGHT: weights[d]})})
+            arrays = {
+                **down.arrays,
+                IDS: ids_array(senders),
+                SEALED: stack([inbox[d][s] for s in senders], SEALED_BYTES),
+            }
+            payloads[d] = Payload(
+                arrays, {**down.meta, **self.meta("mask", **{WEIGHT: weights[d]})}
+            )
         masked_ex = self.exchange("mask", payloads, lambda d: server.stage_specs("mask"))
         masked = {d: r.payload.arrays[MASKED] for d, r in masked_ex.replies.items()}
-        clear = {d: {k: v for k, v in r.payload.arrays.items() if k != MASKED} for d, r in masked_ex.replies.items()}
+        clear = {
+            d: {k: v for k, v in r.payload.arrays.items() if k != MASKED}
+            for d, r in masked_ex.replies.items()
+        }
         survivors = p.add_masked(masked)
         dropped = p.dropped
         # 3. unmasking: the survivors' shares of the survivors' seeds and the dropped devices' keys
-        ex = self.exchange("unmask", {d: Payload({IDS: ids_array(survivors)}, self.meta("unmask")) for d in survivors},
-                           lambda d: server.stage_specs("unmask", len(survivors), len(dropped)))
-        shares = {h: (rows(r.payload.arrays[SEED_SHARES]), rows(r.payload.arrays[KEY_SHARES])) for h, r in ex.replies.items()}
+        ex = self.exchange(
+            "unmask",
+            {d: Payload({IDS: ids_array(survivors)}, self.meta("unmask")) for d in survivors},
+            lambda d: server.stage_specs("unmask", len(survivors), len(dropped)),
+        )
+        shares = {
+            h: (rows(r.payload.arrays[SEED_SHARES]), rows(r.payload.arrays[KEY_SHARES]))
+            for h, r in ex.replies.items()
+        }
         t0 = time.perf_counter()
         total = p.unmask(shares)
         self.seconds["unmask_server"] = time.perf_counter() - t0
         if p.liars:
-            log.warning("round %d: secure aggregation: shares that do not fit their owner's commitment came from %s",
-                        self.round + 1, ", ".join(sorted(p.liars)))
+            log.warning(
+                "round %d: secure aggregation: shares that do not fit their owner's commitment "
+                "came from %s",
+                self.round + 1,
+                ", ".join(sorted(p.liars)),
+            )
         weight = sum(weights[d] for d in survivors)
         average = server.average(total, weight, clear, weights)
         self.out.replies = {d: masked_ex.replies[d] for d in survivors}
@@ -138,8 +163,13 @@ class SecureRound:
         claim is (runtime/claims.py), over the total; 1/n under central DP (equal weights)."""
         if self.server.central_dp:
             return {d: 1.0 / len(ex.replies) for d in ex.replies}
-        claims = {d: Payload({}, {"num_samples": r.payload.meta["num_samples"]}) for d, r in ex.replies.items()}
-        bounded, _ = bound_uplinks(self.round, claims, self.loop.ctx.fleet, self.loop.settings.weight_ratio)
+        claims = {
+            d: Payload({}, {"num_samples": r.payload.meta["num_samples"]})
+            for d, r in ex.replies.items()
+        }
+        bounded, _ = bound_uplinks(
+            self.round, claims, self.loop.ctx.fleet, self.loop.settings.weight_ratio
+        )
         counts = {d: float(q.meta["num_samples"]) for d, q in bounded.items()}
         total = sum(counts.values())
         return {d: c / total for d, c in counts.items()} if total > 0 else {}
@@ -158,8 +188,9 @@ class SecureRound:
         }
 
 
-def secure_round(loop: Any, round: int, selected: list[str], out: Any) -> tuple[Any, dict[str, Payload]]:
+def secure_round(
+    loop: Any, round: int, selected: list[str], out: Any
+) -> tuple[Any, dict[str, Payload]]:
     """The round's exchanges (recorded in ``out``, an empty Exchange) and its one uplink (none
     when the round failed)."""
     return SecureRound(loop, round, out).run(selected)
-
