@@ -25,6 +25,7 @@ machine's load average before and after each configuration.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -174,6 +175,23 @@ def markdown(results: dict) -> str:
             f"{c['median_server_cpu_seconds']:.3f} | {c['median_server_seconds']:.3f} | {unmask} | "
             f"{c['load_before']} → {c['load_after']} |"
         )
+    lines.append("")
+    for n in sorted({c["devices"] for c in results["cells"]}):
+        plain = next(c for c in results["cells"] if c["devices"] == n and not c["secagg"])
+        for c in (c for c in results["cells"] if c["devices"] == n and c["secagg"]):
+            cpu = c["median_server_cpu_seconds"] / plain["median_server_cpu_seconds"]
+            up = c["bytes_up_per_device"] / plain["bytes_up_per_device"] - 1
+            down = c["bytes_down_per_device"] / plain["bytes_down_per_device"] - 1
+            lines.append(
+                f"- {n} devices, {c['dropped_per_round']} dropped: SecAgg's server CPU time is "
+                f"{cpu:.1f}x the plain round's; bytes per device {100 * up:+.1f} % up, "
+                f"{100 * down:+.1f} % down"
+                + (
+                    " (averaged over the round's devices: the dropped one sends no masked input)."
+                    if c["dropped_per_round"]
+                    else "."
+                )
+            )
     lines += [
         "",
         "Server CPU seconds = this process's CPU time in the round − its CPU time inside the devices' handlers",
@@ -195,7 +213,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--drop", type=int, default=1, help="devices that leave after sharing, per SecAgg round"
     )
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite results.md from results.json"
+    )
     args = parser.parse_args(argv)
+    if args.report_only:
+        (HERE / "results.md").write_text(markdown(json.loads((HERE / "results.json").read_text())))
+        return
     import torch
 
     torch.set_num_threads(1)
