@@ -81,7 +81,8 @@ def page(result: dict) -> str:
         "",
         f"Code {result['commit']}; machine {result['machine']['cores']} cores, load (1/5/15 min) at the start "
         f"{result['machine']['loadavg_1_5_15']}, at the end {result['loadavg_at_end']}; {result['wall_minutes']} min in all "
-        f"({result['cpu_minutes']} CPU min; two runs at a time).",
+        f"({result['cpu_minutes']} CPU min; two runs at a time)."
+        + ("" if result["complete"] else f" **Interrupted**: {len(cells)} of the planned cells ran; the rest are missing."),
         "",
         "| training images (a device: about) | ε (δ = 1e-5) | mean accuracy ± sd over seeds | per seed | "
         "noise multiplier z (min–max over devices) | ε spent (max over devices) |",
@@ -129,17 +130,19 @@ def main(argv: list[str] | None = None) -> None:
             for seed in (SEEDS[:1] if args.quick else SEEDS) for epsilon in EPSILONS]
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(WORKERS) as pool:
         futures = [pool.submit(run_cell, *cell, args.quick, Path(tmp)) for cell in todo]
-        for future in futures:
+        for done, future in enumerate(futures, 1):
             cell = future.result()
             result["cells"].append(cell)
             print(f"ε={cell['epsilon']} seed {cell['seed']} n={cell['train_samples']}: {cell['mean_accuracy'] * 100:.1f} % in "
                   f"{cell['wall_seconds']} s ({cell['cpu_seconds']} s CPU)", file=sys.stderr)
-    result["cpu_minutes"] = round(sum(c["cpu_seconds"] for c in result["cells"]) / 60, 1)
-    result["wall_minutes"] = round((time.perf_counter() - start) / 60, 1)
-    result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    if not args.quick:
-        write_json(HERE / "dp_sgd.json", result)
-        (HERE / "dp_sgd.md").write_text(page(result))
+            # written after every cell (an interrupted run keeps what it measured, and says so)
+            result["complete"] = done == len(todo)
+            result["cpu_minutes"] = round(sum(c["cpu_seconds"] for c in result["cells"]) / 60, 1)
+            result["wall_minutes"] = round((time.perf_counter() - start) / 60, 1)
+            result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+            if not args.quick:
+                write_json(HERE / "dp_sgd.json", result)
+                (HERE / "dp_sgd.md").write_text(page(result))
     print(page(result))
 
 
