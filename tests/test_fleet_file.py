@@ -113,6 +113,34 @@ def test_simulate_with_fleet_assigns_tiers_by_profile(tmp_path):
     assert set(summary["client_accuracy"]) == {"slow-0", "slow-1", "fast"}
 
 
+@pytest.mark.slow
+def test_the_same_fleet_file_gives_the_same_devices_and_tiers_in_memory_and_over_mqtt(tmp_path):
+    # Prepare: a fleet file whose tier policy gives its devices different tiers
+    from edgefl.runtime.fleet import simulate_mqtt
+
+    fleet = _two_speed_fleet(tmp_path)
+    cfg = tiny_config(tmp_path, algorithm="local", model="cnn", tiers=None, clients=3, fleet_file=str(fleet),
+                      rounds=1, threads=1)
+    # Execute: the in-memory run, then the same configuration over MQTT (one process per device)
+    memory = simulate(cfg.model_copy(update={"run_name": "memory"}), plots=False)
+    mqtt = simulate_mqtt(cfg.model_copy(update={"run_name": "mqtt"}), deadline=240)
+
+    # Assert: the same device ids, in the same order, with the same tiers, and each device
+    # registered with its profile from the fleet file
+    def fleet_of(summary):
+        config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
+        return config["fleet"]
+
+    in_memory, over_mqtt = fleet_of(memory), fleet_of(mqtt)
+    tiers = {d: v["spec"]["tier"] for d, v in in_memory.items()}
+    assert tiers == {"slow-0": "1", "slow-1": "1", "fast": "5"}
+    assert {d: v["spec"]["tier"] for d, v in over_mqtt.items()} == tiers
+    assert sorted(mqtt["client_accuracy"]) == sorted(memory["client_accuracy"]) == sorted(tiers)
+    assert {d: v["profile"]["name"] for d, v in over_mqtt.items()} == {
+        "slow-0": "slow-board", "slow-1": "slow-board", "fast": "fast-board"}
+    assert {d: v["num_samples"] for d, v in over_mqtt.items()} == {d: v["num_samples"] for d, v in in_memory.items()}
+
+
 def test_simulate_refuses_fleet_of_other_size(tmp_path):
     cfg = tiny_config(tmp_path, algorithm="local", clients=4, fleet_file=str(_two_speed_fleet(tmp_path)))
 

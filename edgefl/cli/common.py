@@ -160,14 +160,12 @@ def run_settings(config: Path | None, flags: dict, option: list[str] | None, opt
 
 
 def resolve_run(explicit: dict):
-    """The :class:`~edgefl.config.RunConfig` of ``explicit`` over the method's defaults, and the
-    rounds it runs in all (training and the method's closing rounds). Imports torch."""
-    from edgefl.algorithms import get_algorithm
-    from edgefl.config import resolve_config
-    from edgefl.runtime.setup import resolve_method
+    """The :class:`~edgefl.config.RunConfig` of ``explicit`` over the method's defaults, and its
+    method (:func:`~edgefl.runtime.method.configure`: the algorithm looked up and its options
+    parsed once; ``method.total_rounds(cfg.rounds)`` the rounds it runs in all). Imports torch."""
+    from edgefl.runtime.method import configure
 
-    cfg = resolve_config(explicit, dict(get_algorithm(explicit.get("algorithm", "fedavg")).defaults))
-    return cfg, cfg.rounds + resolve_method(cfg.algorithm, cfg.options).needs.closing_rounds
+    return configure(explicit)
 
 
 def check_run_names(explicit: dict) -> None:

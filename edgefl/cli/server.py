@@ -100,7 +100,8 @@ def start(
 
     from edgefl.runtime.server import ServeOptions, serve
 
-    cfg, total = resolve_run(explicit)  # dp options included
+    cfg, method = resolve_run(explicit)
+    total = method.total_rounds(cfg.rounds)  # dp options included
     opts = ServeOptions(
         broker=conn.broker, fleet=conn.fleet, deadline=deadline, checkpoint_dir=checkpoint_dir,
         wait_for_devices=wait, max_bytes=max_bytes, username=conn.username, password=password,
@@ -115,7 +116,7 @@ def start(
     try:
         with feedback:
             summary = serve(cfg, opts, on_round=lambda r: feedback.round_done(round_line(r, total)),
-                            on_progress=feedback.progress_hook, say=feedback.line)
+                            on_progress=feedback.progress_hook, say=feedback.line, method=method)
     except RunInterrupted as e:
         interrupted(e, as_json)
     if as_json:

@@ -153,16 +153,16 @@ def simulate(
     if workers < 0:
         raise ConfigError(f"--workers must be >= 0 (got {workers})")
 
-    cfg, total = resolve_run(explicit)
+    cfg, method = resolve_run(explicit)
     _check_names(cfg)
-    feedback = Feedback(err, rounds=total, quiet=quiet)
+    feedback = Feedback(err, rounds=method.total_rounds(cfg.rounds), quiet=quiet)
     if not quiet:
         err.print(_headline(cfg, transport, workers), highlight=False)
     from edgefl.errors import RunInterrupted
 
     try:
         with feedback:
-            summary = _run(cfg, transport, feedback, total, broker=broker, workers=workers, backend=backend,
+            summary = _run(cfg, method, transport, feedback, broker=broker, workers=workers, backend=backend,
                            ray_address=ray_address)
             if compare_local:
                 _attach_local(cfg, summary, feedback, reference_cache)
@@ -200,8 +200,10 @@ def _headline(cfg, transport: str, workers: int) -> str:
             f"{cfg.rounds} rounds, transport {transport}{processes}")
 
 
-def _run(cfg, transport: str, feedback: Feedback, total: int, *, broker, workers: int, backend: str, ray_address) -> dict:
+def _run(cfg, method, transport: str, feedback: Feedback, *, broker, workers: int, backend: str, ray_address) -> dict:
     """The run, in memory or over MQTT, with one line per round."""
+    total = method.total_rounds(cfg.rounds)
+
     def on_round(r: dict) -> None:
         feedback.round_done(round_line(r, total))
 
@@ -209,7 +211,7 @@ def _run(cfg, transport: str, feedback: Feedback, total: int, *, broker, workers
         from edgefl.runtime.fleet import simulate_mqtt
 
         return simulate_mqtt(cfg, broker=broker, on_round=on_round, on_progress=feedback.progress_hook,
-                             entry=device_entry, say=feedback.line)
+                             entry=device_entry, say=feedback.line, method=method)
     from edgefl.runtime.parallel import default_workers
     from edgefl.runtime.simulation import simulate as run_simulation
 
@@ -218,7 +220,7 @@ def _run(cfg, transport: str, feedback: Feedback, total: int, *, broker, workers
             feedback.line(f"final evaluation: {info['answered']} of {info['devices']} devices answered")
 
     return run_simulation(cfg, on_round=on_round, workers=workers or default_workers(), backend=backend,
-                          ray_address=ray_address, on_progress=feedback.progress_hook, on_event=on_event)
+                          ray_address=ray_address, on_progress=feedback.progress_hook, on_event=on_event, method=method)
 
 
 def _attach_local(cfg, summary: dict, feedback: Feedback, reference_cache: Path | None) -> None:

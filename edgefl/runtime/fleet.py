@@ -3,8 +3,9 @@
 ``simulate_mqtt(cfg)`` is ``edgefl simulate --transport mqtt``: the same run as the in-memory
 simulation (same shards, tiers, seeds), but every device is an ``edgefl train`` process talking
 to the server (in this process) through a broker — the embedded amqtt one unless a URL is given.
-Devices get shard *i* of the partition the simulator would make and tier ``tiers[i % len]``, so
-results match the in-memory run for the same seed.
+Device *i* of :func:`~edgefl.runtime.setup.plan_fleet` (the fleet file's devices and the tiers
+its tier policy chooses, or d00, d01, … with the run's tiers in turn) gets shard *i* of the
+partition the simulator makes and its tier, so results match the in-memory run for the same seed.
 
 Device processes are forked from a fork server that has already imported torch and edgefl
 (:class:`DeviceLauncher`, :mod:`edgefl.runtime.processes`), so a fleet of N processes does not pay N interpreter start-ups and torch
@@ -30,7 +31,7 @@ from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
 from edgefl.runtime.processes import has_fork_server, preloaded_context
 from edgefl.runtime.server import ServeOptions, serve
-from edgefl.runtime.setup import DataSpec, device_ids, run_dir_for, run_tiers
+from edgefl.runtime.setup import DataSpec, Method, plan_fleet, resolve_method, run_dir_for
 from edgefl.transport.broker import EmbeddedBroker
 
 log = logging.getLogger(__name__)
@@ -178,12 +179,16 @@ def simulate_mqtt(
     verbose: bool = False,
     entry: Callable[[], None] | None = None,
     say: Callable[[str], None] | None = None,
+    method: Method | None = None,
 ) -> dict[str, Any]:
     """``cfg``'s run with a broker, this process as the server and one process per device
     (forked from a fork server into ``entry``, the CLI's entry point, or exec'd without one:
-    :class:`DeviceLauncher`)."""
+    :class:`DeviceLauncher`). ``method``: ``cfg``'s method as
+    :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here)."""
     if cfg.validation_samples:
         raise ConfigError("validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the test split")
+    method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
+    plan = plan_fleet(cfg, method)  # the devices and tiers the in-memory run has
     embedded = None
     if broker is None:
         embedded = EmbeddedBroker(port=0).start()
@@ -193,24 +198,24 @@ def simulate_mqtt(
     cfg = cfg.model_copy(update={"run_name": run_dir.name})  # the server must write to the same dir
     log_dir = run_dir / "device-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    tiers = run_tiers(cfg)
     launcher = DeviceLauncher(entry)
     procs: list[DeviceProcess | subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="edgefl-fleet-") as tmp:
-        profile_file = Path(tmp) / "profile.json"
-        profile_file.write_text(json.dumps(SIMULATED_PROFILE))
+        profiles = plan.profiles()  # a fleet file's profiles; without one, the simulated profile
         threads = max(1, (os.cpu_count() or 1) // max(1, cfg.clients))
         try:
-            for i, device_id in enumerate(device_ids(cfg.clients)):
+            for i, device_id in enumerate(plan.ids):
+                profile_file = Path(tmp) / f"{device_id}.json"
+                profile_file.write_text(json.dumps(profiles.get(device_id, SIMULATED_PROFILE)))
                 cmd = device_command(
-                    broker, fleet, device_id, data_spec_for(cfg, i), tier=tiers[i % len(tiers)],
+                    broker, fleet, device_id, data_spec_for(cfg, i), tier=plan.tiers[device_id],
                     profile_file=profile_file, threads=threads, verbose=verbose,
                 )
                 procs.append(launcher.start(cmd, log_dir / f"{device_id}.log"))
             opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline, wait_for_devices=max(120.0, 20.0 * cfg.clients))
             full = cfg.model_copy(update={"min_devices": cfg.clients})
             # the devices send their final models to the server, which writes run_dir/models (edgefl.runtime.ending)
-            summary = serve(full, opts, on_round=on_round, on_progress=on_progress, say=say)
+            summary = serve(full, opts, on_round=on_round, on_progress=on_progress, say=say, method=method)
             summary["broker"] = "embedded amqtt" if embedded else broker
             summary["device_processes"] = len(procs)
             return summary

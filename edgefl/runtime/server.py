@@ -23,7 +23,6 @@ the new server epoch and keep their models when the assignment is unchanged).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -39,19 +38,16 @@ from edgefl.data import dataset_info
 from edgefl.errors import (
     ConfigError,
     EdgeflError,
-    RunInterrupted,
     RunRejectedError,
     TransportError,
     WireError,
 )
 from edgefl.models import ModelSpec
-from edgefl.report import RunRecorder
-from edgefl.report.recorder import finish_run, result_text, run_summary
-from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, label_summary
+from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO
 from edgefl.runtime.ending import Availability, FinalProgress, ModelArrays, save_final_models
-from edgefl.runtime.interrupt import second_interrupt_exits
-from edgefl.runtime.loop import LoopSettings, RoundLoop
+from edgefl.runtime.run import Ending, RunLifecycle, loop_settings
 from edgefl.runtime.setup import (
+    Method,
     build_server,
     model_spec,
     resolve_method,
@@ -239,15 +235,17 @@ def serve(
     on_done: Callable[[ServerHalf], None] | None = None,
     on_progress: Callable[..., None] | None = None,
     say: Callable[[str], None] | None = None,
+    method: Method | None = None,
 ) -> dict[str, Any]:
     """Run a federated job over MQTT; returns the same summary as ``simulate``. ``on_progress``
     follows the registration ("register": ready devices of ``min_devices``, with their names)
     and each exchange (:class:`~edgefl.runtime.loop.RoundLoop`); ``say`` gets the final
     evaluation's lines (default: the log). Ctrl-C ends the run with the rounds completed: the
-    record is written, marked interrupted, and RunInterrupted raised."""
+    record is written, marked interrupted, and RunInterrupted raised. ``method``: ``cfg``'s
+    method as :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here)."""
     say = say or log.info
     t_start = time.perf_counter()
-    method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
+    method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     server_optimizer(cfg, method)  # a server optimizer the method cannot take: refused before devices wait
     if cfg.aggregation == "async":
         raise ConfigError("--aggregation async runs in memory only for now (edgefl simulate); over MQTT the rounds are synchronous")
@@ -296,7 +294,7 @@ def serve(
     if on_started:
         on_started(transport)
     log.info("server %s of fleet %s is up on %s; waiting for %d devices", transport.epoch, opts.fleet, address, cfg.min_devices)
-    ended = "stopped"  # what the retained server status says when this process leaves
+    phase = "stopped"  # what the retained server status says when this process leaves
     progress = FinalProgress(status, say)
     try:
         registry.wait_ready(cfg.min_devices, opts.wait_for_devices, on_progress)
@@ -304,29 +302,30 @@ def serve(
         registry.apply(fleet)
         ctx = server_context(cfg, method, info.num_classes, fleet, public, settings=registry.settings)
         server = build_server(method, ctx)
-        settings = LoopSettings(
-            rounds=cfg.rounds,
+        settings = loop_settings(
+            cfg,
             fleet=opts.fleet,
-            algorithm=cfg.algorithm,
             run_id=transport.epoch,  # devices learn it at registration; replies must echo it
             timeout=opts.deadline,
             final_timeout=opts.final_deadline if opts.final_deadline is not None else 2 * opts.deadline,
             final_samples=opts.test_samples,
             finish_on_interrupt=True,
             interrupt_timeout=min(opts.deadline, 30.0),
-            eval_every=cfg.eval_every,
             checkpoint_dir=opts.checkpoint_dir,
             stop_when_all_fail=False,  # a real fleet can be all offline for a round
             weight_ratio=opts.max_weight_ratio,
         )
         resuming = opts.checkpoint_dir is not None and (Path(opts.checkpoint_dir) / "progress.json").exists()
-        previous = (run_dir / "rounds.jsonl").read_text() if resuming and (run_dir / "rounds.jsonl").exists() else ""
-        recorder = RunRecorder(run_dir)
-        if previous:
-            recorder.rounds_path.write_text(previous)
-        rounds: list[dict[str, Any]] = []
+        life = RunLifecycle(cfg, method, run_dir, on_round=on_round, keep_rounds=resuming, started=t_start)
+        loop = life.loop(server, ctx, Encoded(ObservedTransport(transport, status), limits), settings,
+                         before_round=lambda r: registry.apply(ctx.fleet), on_progress=on_progress, available=available,
+                         collect_models=None if method.privacy.on_device else ModelArrays(lambda d: ctx.fleet[d].spec),
+                         on_event=progress.on_event)
+        if loop.start_round:
+            log.info("resuming after round %d from %s", loop.start_round, opts.checkpoint_dir)
+        resumed_at = loop.start_round + 1 if loop.start_round else 0  # from 1; 0: not resumed
 
-        def record(r: dict[str, Any]) -> None:
+        def annotate(r: dict[str, Any]) -> None:
             stats = transport.take_stats()
             r["transport"] = {
                 "published_down": stats.bytes_down,
@@ -339,37 +338,14 @@ def serve(
                 "chunks_sent_total": dataclasses.asdict(transport.chunker.stats),
                 "chunks_received_total": dataclasses.asdict(transport.reassembly.stats),
             }
-            rounds.append(r)
             status.round_recorded(r)
-            recorder.append_round(r)
-            if on_round:
-                on_round(r)
 
-        loop = RoundLoop(server, ctx, Encoded(ObservedTransport(transport, status), limits), settings, on_round=record,
-                         before_round=lambda r: registry.apply(ctx.fleet), on_progress=on_progress, available=available,
-                         collect_models=None if method.privacy.on_device else ModelArrays(lambda d: ctx.fleet[d].spec),
-                         on_event=progress.on_event)
-        if loop.start_round:
-            log.info("resuming after round %d from %s", loop.start_round, opts.checkpoint_dir)
-        resumed_at = loop.start_round + 1 if loop.start_round else 0  # from 1; 0: not resumed
+        def config() -> dict[str, Any]:
+            return {"transport": "mqtt", "broker": str(address), "fleet_name": opts.fleet, "deadline": opts.deadline,
+                    "final_deadline": settings.final_timeout, "resumed_at_round": resumed_at}
 
-        def write_config() -> None:  # again at the end: devices that joined mid-run are in the fleet too
-            recorder.write_config({
-                **cfg.model_dump(mode="json"),
-                "transport": "mqtt",
-                "broker": str(address),
-                "fleet_name": opts.fleet,
-                "deadline": opts.deadline,
-                "final_deadline": settings.final_timeout,
-                "resumed_at_round": resumed_at,
-                "fleet": {d: {"spec": r.spec.to_dict(), "num_samples": r.num_samples, "profile": r.profile} for d, r in ctx.fleet.items()},
-            })
-
-        write_config()
-        final = loop.run()
-        with second_interrupt_exits() if final["interrupted"] else contextlib.nullcontext():
+        def save_models(final: dict[str, Any]) -> dict[str, Any]:
             transport.announce_end()
-            write_config()
             saved = save_final_models(run_dir, loop.final_models, {d: r.spec for d, r in ctx.fleet.items()}, cfg.dataset)
             missing = sorted(set(ctx.fleet) - set(saved))
             if method.privacy.on_device:
@@ -378,22 +354,17 @@ def serve(
             elif missing:
                 say(f"no final model from {', '.join(missing)} (offline or past the deadline at the end): "
                     f"{'they are' if len(missing) > 1 else 'it is'} left out of {run_dir / 'models'}")
-            summary = run_summary(
-                cfg, final, rounds, {d: r.spec.tier for d, r in ctx.fleet.items()},
-                transport="mqtt", resumed_at_round=resumed_at, registrations_rejected=registry.rejected,
-                models_saved=saved, models_missing=missing,
-                wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
-            )
-            finish_run(recorder, label_summary(summary))
-            ended = "interrupted" if final["interrupted"] else "finished"
-            status.finished(None if final["interrupted"] else final, result_of(summary), phase=ended)
-        if final["interrupted"]:
-            raise RunInterrupted(f"{result_text(summary)}; the record is in {run_dir}", summary)
-        if on_done:
-            on_done(server)
-        return summary
+            return {"transport": "mqtt", "resumed_at_round": resumed_at, "registrations_rejected": registry.rejected,
+                    "models_saved": saved, "models_missing": missing}
+
+        def ended(final: dict[str, Any], summary: dict[str, Any]) -> None:
+            nonlocal phase
+            phase = "interrupted" if final["interrupted"] else "finished"
+            status.finished(None if final["interrupted"] else final, result_of(summary), phase=phase)
+
+        return life.run(Ending(config=config, annotate=annotate, save_models=save_models, ended=ended), on_done)
     except KeyboardInterrupt:  # before the first round (or while the record was written)
-        ended = "interrupted"
+        phase = "interrupted"
         status.finished(None, phase="interrupted")
         raise
     finally:
@@ -402,5 +373,5 @@ def serve(
             metrics.shutdown()
             metrics.server_close()
         publisher.stop()
-        transport.left_as(ended)
+        transport.left_as(phase)
         transport.close()

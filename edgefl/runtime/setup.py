@@ -8,7 +8,8 @@ The three programs that start a run go through here and nowhere else:
 
 - ``edgefl simulate`` (:mod:`edgefl.runtime.simulation`) calls :func:`assemble`;
 - the MQTT server (:mod:`edgefl.runtime.server`) calls :func:`resolve_method`,
-  :func:`server_public`, :func:`spec_for_tier` and :func:`server_context`;
+  :func:`server_public`, :func:`model_spec` and :func:`server_context`, and its simulated
+  fleet (:mod:`edgefl.runtime.fleet`) :func:`plan_fleet`, as :func:`assemble` does;
 - a device process (:mod:`edgefl.runtime.device`) calls :func:`build_device` with its
   :class:`DataSpec` and the server's assignment.
 
@@ -123,12 +124,33 @@ class Method:
         return self.algorithm.device.privacy_release(self.options)
 
 
+    def total_rounds(self, rounds: int) -> int:
+        """A run's exchanges: its training rounds and the closing rounds the method declares."""
+        return rounds + self.needs.closing_rounds
+
+
 def resolve_method(name: str, raw_options: dict[str, Any], public_share: float | None = None) -> Method:
     """The method ``name`` with ``raw_options`` parsed and its needs declared; ``public_share``
     (the run's ``public_fraction`` setting) overrides the share the method declares."""
     from edgefl.algorithms import get_algorithm
 
-    algorithm = get_algorithm(name)
+    return _method(get_algorithm(name), raw_options, public_share)
+
+
+def configure(explicit: dict[str, Any]) -> tuple[RunConfig, Method]:
+    """Settings given explicitly (a command's flags, a config file) → the validated run
+    configuration over the algorithm's defaults, and its method: the algorithm is looked up and
+    its options parsed once, here. ``simulate`` and ``serve`` take the method as it is."""
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import resolve_config
+
+    algorithm = get_algorithm(explicit.get("algorithm", "fedavg"))
+    cfg = resolve_config(explicit, dict(algorithm.defaults))
+    return cfg, _method(algorithm, cfg.options, cfg.public_fraction)
+
+
+def _method(algorithm: Algorithm, raw_options: dict[str, Any], public_share: float | None) -> Method:
+    name = algorithm.name
     own, privacy = split_privacy_options(raw_options)
     own, secagg = split_secagg_options(own)
     options = algorithm.parse_options(own)
@@ -290,11 +312,11 @@ def build_device(
     if method.privacy.on_device:  # local DP: the device protects its uplink itself
         from edgefl.privacy.seam import PrivateDevice
 
-        half = PrivateDevice(half, method.privacy, method.release, rounds + method.needs.closing_rounds)
+        half = PrivateDevice(half, method.privacy, method.release, method.total_rounds(rounds))
     elif method.privacy.trains_privately:  # DP-SGD: the device trains with per-sample clipping and noise
         from edgefl.privacy.dpsgd import SgdDevice
 
-        half = SgdDevice(half, method.privacy, method.release, rounds + method.needs.closing_rounds)
+        half = SgdDevice(half, method.privacy, method.release, method.total_rounds(rounds))
     if method.secagg.on:  # the update leaves the device masked; central DP's clip happens here
         half = SecAggDevice(half, method.secagg, device_clip(method.privacy, method.options))
     return half
@@ -306,7 +328,7 @@ def build_server(method: Method, ctx: ServerContext) -> ServerHalf:
     if method.privacy.on:
         from edgefl.privacy.seam import PrivateServer
 
-        server = PrivateServer(server, method.privacy, method.release, ctx.rounds + ctx.closing_rounds)
+        server = PrivateServer(server, method.privacy, method.release, method.total_rounds(ctx.rounds))
     if method.secagg.on:
         server = SecAggServer(server, method.secagg, central_dp=method.privacy.mode == "central")
     return server
@@ -413,9 +435,10 @@ class RunAssembly:
         return server_context(self.cfg, self.method, self.data.info.num_classes, fleet, self.data.public, settings=self.settings)
 
 
-def assemble(cfg: RunConfig) -> RunAssembly:
-    """``cfg``'s whole run: the method, the data and its partition, each device's model spec."""
-    method = resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
+def assemble(cfg: RunConfig, method: Method | None = None) -> RunAssembly:
+    """``cfg``'s whole run: the method (``method``: as :func:`configure` resolved it), the data
+    and its partition, each device's model spec."""
+    method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     server_optimizer(cfg, method)  # refused before any data are loaded
     if cfg.aggregation == "async" and not method.needs.asynchronous:
         able = [m for m in registered_methods() if m[1].asynchronous]
@@ -426,18 +449,39 @@ def assemble(cfg: RunConfig) -> RunAssembly:
     if cfg.aggregation == "async" and method.privacy.mode == "central":
         raise ConfigError("--aggregation async with --dp central is not supported: the server's privacy ledger "
                           "and budget check work per synchronous round; use --dp local")
-    fleet_file = None
-    if cfg.fleet_file:  # device profiles whose tiers the tier policy chooses
-        from edgefl.profiling import read_fleet
-
-        fleet_file = read_fleet(cfg.fleet_file)
-        if len(fleet_file.ids) != cfg.clients:
-            raise ConfigError(f"fleet file {cfg.fleet_file} has {len(fleet_file.ids)} devices, but clients={cfg.clients}")
     data = load_run_data(DataSpec.from_config(cfg), method.needs.public_share)
-    ids = fleet_file.ids if fleet_file else device_ids(cfg.clients)
-    device_tiers = None
-    if fleet_file:
-        sizes = {d: len(data.parts[i]) for i, d in enumerate(ids)}
-        device_tiers = profiled_tiers(cfg, fleet_file, data.info, sizes)
-    specs = fleet_specs(cfg, ids, data.info, device_tiers)
-    return RunAssembly(cfg, method, train_settings(cfg), data, ids, specs, fleet_file)
+    plan = plan_fleet(cfg, method, data)
+    specs = fleet_specs(cfg, plan.ids, data.info, plan.tiers)
+    return RunAssembly(cfg, method, train_settings(cfg), data, plan.ids, specs, plan.fleet_file)
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """A simulated fleet, in memory or over MQTT: its device ids (in shard order) and tiers."""
+
+    ids: list[str]
+    tiers: dict[str, str]
+    fleet_file: Any = None  # profiling.Fleet when the tiers came from device profiles
+
+    def profiles(self) -> dict[str, dict[str, Any]]:
+        """Each device's profile from the fleet file (none without one)."""
+        return {d: p.to_dict() for d, p in self.fleet_file.devices} if self.fleet_file else {}
+
+
+def plan_fleet(cfg: RunConfig, method: Method, data: RunData | None = None) -> FleetPlan:
+    """The devices of ``cfg``'s fleet file with the tiers its tier policy chooses for their
+    shards of ``data`` (loaded here when not given), or without one ``clients`` devices d00, d01,
+    … with the run's tiers in turn (device i gets tier i mod #tiers)."""
+    if not cfg.fleet_file:
+        tiers = run_tiers(cfg)
+        ids = device_ids(cfg.clients)
+        return FleetPlan(ids, {d: tiers[i % len(tiers)] for i, d in enumerate(ids)})
+    from edgefl.profiling import read_fleet
+
+    fleet_file = read_fleet(cfg.fleet_file)
+    if len(fleet_file.ids) != cfg.clients:
+        raise ConfigError(f"fleet file {cfg.fleet_file} has {len(fleet_file.ids)} devices, but clients={cfg.clients}")
+    if data is None:
+        data = load_run_data(DataSpec.from_config(cfg), method.needs.public_share)
+    sizes = {d: len(data.parts[i]) for i, d in enumerate(fleet_file.ids)}
+    return FleetPlan(fleet_file.ids, profiled_tiers(cfg, fleet_file, data.info, sizes), fleet_file)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -12,15 +11,11 @@ import torch
 
 from edgefl.algorithms import DeviceRecord, ServerHalf
 from edgefl.config import RunConfig
-from edgefl.errors import ConfigError, RunInterrupted
+from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import save_device_models
-from edgefl.report import RunRecorder
-from edgefl.report.recorder import finish_run, result_text, run_summary
 from edgefl.runtime.agent import DeviceAgent
-from edgefl.runtime.claims import label_summary
-from edgefl.runtime.interrupt import second_interrupt_exits
-from edgefl.runtime.loop import LoopSettings, RoundLoop
-from edgefl.runtime.setup import assemble, build_server, run_dir_for
+from edgefl.runtime.run import Ending, RunLifecycle, loop_settings
+from edgefl.runtime.setup import Method, assemble, build_server, run_dir_for
 from edgefl.transport import Encoded, InMemoryTransport
 
 log = logging.getLogger(__name__)
@@ -37,6 +32,7 @@ def simulate(
     ray_address: str | None = None,
     on_progress: Callable[..., None] | None = None,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    method: Method | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` in memory; writes config, rounds.jsonl, summary and (``plots``) plots to the
     run dir. ``on_done`` is given the server half when the run is over (as ``serve`` does).
@@ -46,7 +42,8 @@ def simulate(
     that many Ray actors (:mod:`edgefl.runtime.ray_pool`; ``ray_address`` joins an existing
     cluster). The results are those of the sequential run at the same threads per device.
     ``on_progress`` follows each exchange, ``on_event`` hears of the final evaluation
-    (:class:`~edgefl.runtime.loop.RoundLoop`).
+    (:class:`~edgefl.runtime.loop.RoundLoop`). ``method``: ``cfg``'s method as
+    :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here).
 
     Ctrl-C ends the run with the rounds completed: rounds.jsonl, the summary (each device's last
     per-round evaluation, marked interrupted), the plots and the models as they are are written,
@@ -56,7 +53,7 @@ def simulate(
         torch.set_num_threads(cfg.threads)
     if cfg.aggregation == "async" and (workers > 1 or backend != "processes"):
         raise ConfigError("--aggregation async runs its devices one at a time in this process: leave --workers at 1 and --backend at processes")
-    run = assemble(cfg)
+    run = assemble(cfg, method)
     quick, test = run.data.evals["quick"], run.data.evals["test"]
     halves = {}
     if backend not in ("processes", "ray"):
@@ -89,45 +86,15 @@ def simulate(
 
 
 def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start, on_progress=None, on_event=None) -> dict[str, Any]:
-    specs, test = run.specs, run.data.evals["test"]
+    specs, test, public = run.specs, run.data.evals["test"], run.data.public
     fleet = {d: DeviceRecord(spec=specs[d], num_samples=samples[d]) for d in run.ids}
-
     server_ctx = run.server_context(fleet)
-    server = build_server(run.method, server_ctx)
-    public = run.data.public
-    fleet_file = run.fleet_file
-    ids = run.ids
     run_dir = run_dir_for(cfg)
-    recorder = RunRecorder(run_dir)
-    recorder.write_config(
-        {
-            **cfg.model_dump(mode="json"),
-            "resolved_options": run.method.options_dict(),
-            "fleet": {d: {"spec": specs[d].to_dict(), "num_samples": fleet[d].num_samples} for d in ids},
-            **({"profiles": {d: p.name for d, p in fleet_file.devices}} if fleet_file else {}),
-            "public_samples": 0 if public is None else len(public),
-        }
-    )
-    rounds: list[dict[str, Any]] = []
+    life = RunLifecycle(cfg, run.method, run_dir, on_round=on_round, plots=plots, started=t_start)
+    life.loop(build_server(run.method, server_ctx), server_ctx, transport, loop_settings(cfg),
+              on_progress=on_progress, on_event=on_event)
 
-    def record(r: dict[str, Any]) -> None:
-        rounds.append(r)
-        recorder.append_round(r)
-        if on_round:
-            on_round(r)
-
-    loop = RoundLoop(
-        server,
-        server_ctx,
-        transport,
-        LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=cfg.eval_every, timeout=cfg.timeout,
-                     buffer=cfg.buffer_size),
-        on_round=record,
-        on_progress=on_progress,
-        on_event=on_event,
-    )
-    final = loop.run()
-    with second_interrupt_exits() if final["interrupted"] else contextlib.nullcontext():
+    def save_models(final: dict[str, Any]) -> dict[str, Any]:
         # Each device's final model, for `edgefl export` (safetensors with the spec in its metadata).
         try:
             if halves:
@@ -138,14 +105,11 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
             if not final["interrupted"]:
                 raise
             log.warning("the models of the interrupted run could not be saved: %s", e)
-        summary = run_summary(
-            cfg, final, rounds, {d: s.tier for d, s in specs.items()},
-            test_samples=len(test), wall_seconds=time.perf_counter() - t_start, run_dir=run_dir,
-        )
-        finish_run(recorder, label_summary(summary), plots=plots)
-    if final["interrupted"]:
-        raise RunInterrupted(f"{result_text(summary)}; the record is in {run_dir}", summary)
-    if on_done:
-        on_done(server)
-    return summary
+        return {"test_samples": len(test)}
 
+    fleet_file = run.fleet_file
+    config = {
+        **({"profiles": {d: p.name for d, p in fleet_file.devices}} if fleet_file else {}),
+        "public_samples": 0 if public is None else len(public),
+    }
+    return life.run(Ending(config=lambda: config, save_models=save_models), on_done)
