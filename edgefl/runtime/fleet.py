@@ -184,7 +184,7 @@ def simulate_mqtt(
     """``cfg``'s run with a broker, this process as the server and one process per device
     (forked from a fork server into ``entry``, the CLI's entry point, or exec'd without one:
     :class:`DeviceLauncher`). ``method``: ``cfg``'s method as
-    :func:`~edgefl.runtime.method.configure` resolved it (None: resolved here)."""
+    :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here)."""
     if cfg.validation_samples:
         raise ConfigError("validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the test split")
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)

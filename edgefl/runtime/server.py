@@ -242,7 +242,7 @@ def serve(
     and each exchange (:class:`~edgefl.runtime.loop.RoundLoop`); ``say`` gets the final
     evaluation's lines (default: the log). Ctrl-C ends the run with the rounds completed: the
     record is written, marked interrupted, and RunInterrupted raised. ``method``: ``cfg``'s
-    method as :func:`~edgefl.runtime.method.configure` resolved it (None: resolved here)."""
+    method as :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here)."""
     say = say or log.info
     t_start = time.perf_counter()
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)

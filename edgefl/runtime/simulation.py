@@ -43,7 +43,7 @@ def simulate(
     cluster). The results are those of the sequential run at the same threads per device.
     ``on_progress`` follows each exchange, ``on_event`` hears of the final evaluation
     (:class:`~edgefl.runtime.loop.RoundLoop`). ``method``: ``cfg``'s method as
-    :func:`~edgefl.runtime.method.configure` resolved it (None: resolved here).
+    :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here).
 
     Ctrl-C ends the run with the rounds completed: rounds.jsonl, the summary (each device's last
     per-round evaluation, marked interrupted), the plots and the models as they are are written,
