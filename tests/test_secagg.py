@@ -348,3 +348,23 @@ def test_robust_defences_and_secagg(tmp_path, caplog):
     method = resolve_method("fedavg", {"secagg": "on", "clip_norm": "2"})
     assert method.secagg.on and method.options_dict()["secagg"] == "on"
     assert "clip_norm=2 is applied by each device to its own update" in caplog.text
+
+
+def test_simulate_secagg_flag_runs_fedavg_with_secure_aggregation(tmp_path):
+    from typer.testing import CliRunner
+
+    from edgefl.cli.main import app
+
+    args = ["simulate", "--algorithm", "fedavg", "--secagg", "--dataset", "synthetic",
+            "--clients", "3", "--rounds", "1", "--steps", "2", "--train-samples", "600",
+            "--test-samples", "100", "--eval-samples", "100", "--width", "0.25",
+            "--out", str(tmp_path), "--run-name", "r"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (record,) = [json.loads(line) for line in (tmp_path / "r" / "rounds.jsonl").read_text().splitlines()]
+    assert record["secagg"]["survivors"] == 3 and record["completed"] == ["d00", "d01", "d02"]
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["resolved_options"]["secagg"] == "on"
+    result = CliRunner().invoke(app, [*args[:3], "-o", "aggregator=median", *args[3:]])
+    assert isinstance(result.exception, ConfigError)  # the entry point prints it and exits 3
+    assert "cannot apply with secure aggregation" in str(result.exception)
