@@ -235,7 +235,7 @@ def test_a_simulation_saves_every_device_model_as_it_was_evaluated(tmp_path):
     from conftest import tiny_config
 
     from edgefl.algorithms.training import evaluate
-    from edgefl.runtime.setup import subsample
+    from edgefl.runtime.rundata import subsample
     from edgefl.runtime.simulation import simulate
 
     cfg = tiny_config(tmp_path, algorithm="local", model="cnn", tiers=("1", "2", "3"))

@@ -161,9 +161,9 @@ def run_settings(config: Path | None, flags: dict, option: list[str] | None, opt
 
 def resolve_run(explicit: dict):
     """The :class:`~edgefl.config.RunConfig` of ``explicit`` over the method's defaults, and its
-    method (:func:`~edgefl.runtime.setup.configure`: the algorithm looked up and its options
+    method (:func:`~edgefl.runtime.method.configure`: the algorithm looked up and its options
     parsed once; ``method.total_rounds(cfg.rounds)`` the rounds it runs in all). Imports torch."""
-    from edgefl.runtime.setup import configure
+    from edgefl.runtime.method import configure
 
     return configure(explicit)
 

@@ -29,9 +29,12 @@ from typing import Any
 
 from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
+from edgefl.runtime.dataspec import DataSpec
+from edgefl.runtime.derived import run_dir_for
+from edgefl.runtime.method import Method, resolve_method
 from edgefl.runtime.processes import has_fork_server, preloaded_context
 from edgefl.runtime.server import ServeOptions, serve
-from edgefl.runtime.setup import DataSpec, Method, plan_fleet, resolve_method, run_dir_for
+from edgefl.runtime.setup import plan_fleet
 from edgefl.transport.broker import EmbeddedBroker
 
 log = logging.getLogger(__name__)
@@ -184,7 +187,7 @@ def simulate_mqtt(
     """``cfg``'s run with a broker, this process as the server and one process per device
     (forked from a fork server into ``entry``, the CLI's entry point, or exec'd without one:
     :class:`DeviceLauncher`). ``method``: ``cfg``'s method as
-    :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here)."""
+    :func:`~edgefl.runtime.method.configure` resolved it (None: resolved here)."""
     if cfg.validation_samples:
         raise ConfigError("validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the test split")
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)

@@ -37,7 +37,7 @@ from edgefl.runtime.loop import LoopSettings, RoundLoop
 if TYPE_CHECKING:
     from edgefl.algorithms import ServerContext, ServerHalf
     from edgefl.config import RunConfig
-    from edgefl.runtime.setup import Method
+    from edgefl.runtime.method import Method
     from edgefl.transport.base import Transport
 
 Record = dict[str, Any]

@@ -44,19 +44,16 @@ from edgefl.errors import (
 )
 from edgefl.models import ModelSpec
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO
+from edgefl.runtime.derived import run_dir_for, run_tiers, train_settings
 from edgefl.runtime.ending import Availability, FinalProgress, ModelArrays, save_final_models
+from edgefl.runtime.method import Method, resolve_method
 from edgefl.runtime.run import Ending, RunLifecycle, loop_settings
 from edgefl.runtime.setup import (
-    Method,
     build_server,
     model_spec,
-    resolve_method,
-    run_dir_for,
-    run_tiers,
     server_context,
     server_optimizer,
     server_public,
-    train_settings,
 )
 from edgefl.runtime.status import FleetStatus, ObservedTransport, StatusPublisher, result_of
 from edgefl.transport.base import Encoded
@@ -242,7 +239,7 @@ def serve(
     and each exchange (:class:`~edgefl.runtime.loop.RoundLoop`); ``say`` gets the final
     evaluation's lines (default: the log). Ctrl-C ends the run with the rounds completed: the
     record is written, marked interrupted, and RunInterrupted raised. ``method``: ``cfg``'s
-    method as :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here)."""
+    method as :func:`~edgefl.runtime.method.configure` resolved it (None: resolved here)."""
     say = say or log.info
     t_start = time.perf_counter()
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)

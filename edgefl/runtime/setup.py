@@ -7,17 +7,18 @@
 The three programs that start a run go through here and nowhere else:
 
 - ``edgefl simulate`` (:mod:`edgefl.runtime.simulation`) calls :func:`assemble`;
-- the MQTT server (:mod:`edgefl.runtime.server`) calls :func:`resolve_method`,
-  :func:`server_public`, :func:`model_spec` and :func:`server_context`, and its simulated
-  fleet (:mod:`edgefl.runtime.fleet`) :func:`plan_fleet`, as :func:`assemble` does;
+- the MQTT server (:mod:`edgefl.runtime.server`) calls
+  :func:`~edgefl.runtime.method.resolve_method`, :func:`server_public`, :func:`model_spec` and
+  :func:`server_context`, and its simulated fleet (:mod:`edgefl.runtime.fleet`)
+  :func:`plan_fleet`, as :func:`assemble` does;
 - a device process (:mod:`edgefl.runtime.device`) calls :func:`build_device` with its
   :class:`DataSpec` and the server's assignment.
 
-Data are made in one function, :func:`load_run_data` (subsample, carve the server's share,
-partition), so a device process given shard *i* of a configuration holds exactly the samples,
-the public pool and (by :func:`device_half`) the initial model that the simulated device *i*
-holds. What a method needs from the run is its :class:`~edgefl.algorithms.base.MethodNeeds`
-declaration, read here by :func:`resolve_method`.
+Data are made in one function, :func:`~edgefl.runtime.rundata.load_run_data` (subsample, carve
+the server's share, partition), so a device process given shard *i* of a configuration holds
+exactly the samples, the public pool and (by :func:`build_device`) the initial model that the
+simulated device *i* holds. What a method needs from the run is its
+:class:`~edgefl.algorithms.base.MethodNeeds` declaration (:mod:`edgefl.runtime.method`).
 
 Heavy libraries (torch, through the algorithms and the data loaders) are imported inside the
 functions that use them, so importing this module stays cheap for the device CLI.
@@ -26,26 +27,21 @@ functions that use them, so importing this module stays cheap for the device CLI
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from edgefl.errors import ConfigError
-from edgefl.privacy import PrivacySettings, Release, split_privacy_options
-from edgefl.privacy.secagg import SecAggSettings, split_secagg_options
-from edgefl.privacy.secagg_halves import SecAggDevice, SecAggServer, check_secagg, device_clip
+from edgefl.privacy.secagg_halves import SecAggDevice, SecAggServer, device_clip
 from edgefl.runtime.dataspec import DataSpec
+from edgefl.runtime.derived import derive_seed, device_ids, run_tiers, train_settings
+from edgefl.runtime.method import Method, registered_methods, resolve_method, weight_methods
+from edgefl.runtime.rundata import RunData, load_run_data
 
 if TYPE_CHECKING:
     from edgefl.algorithms import (
         Algorithm,
         DeviceHalf,
         DeviceRecord,
-        MethodNeeds,
         ServerContext,
         ServerHalf,
         ServerOptSettings,
@@ -54,189 +50,6 @@ if TYPE_CHECKING:
     from edgefl.config import RunConfig
     from edgefl.data import ArrayDataset, DatasetInfo
     from edgefl.models import ModelSpec
-
-
-# --- names, seeds and settings -------------------------------------------------------------------
-
-
-def derive_seed(seed: int, name: str) -> int:
-    """A stable 31-bit seed for ``name`` (a device id) under the run seed."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:4], "little") & 0x7FFFFFFF
-
-
-def device_ids(n: int) -> list[str]:
-    width = max(2, len(str(n - 1)))
-    return [f"d{i:0{width}d}" for i in range(n)]
-
-
-def run_dir_for(cfg: RunConfig) -> Path:
-    name = cfg.run_name or f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}"
-    return Path(cfg.out_dir) / name
-
-
-def train_settings(cfg: RunConfig) -> TrainSettings:
-    from edgefl.algorithms import TrainSettings
-
-    return TrainSettings(
-        epochs=cfg.epochs,
-        steps=cfg.steps,
-        batch_size=cfg.batch_size,
-        optimizer=cfg.optimizer,
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-        lr_decay_rounds=tuple(cfg.lr_decay_rounds),
-        lr_gamma=cfg.lr_gamma,
-    )
-
-
-def run_tiers(cfg: RunConfig) -> list[str]:
-    from edgefl.models import family_tiers
-
-    return list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
-
-
-# --- the method ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Method:
-    """A registered algorithm with its parsed options and what it needs from this run."""
-
-    algorithm: Algorithm
-    options: Any
-    needs: MethodNeeds
-    #: Differential privacy (the ``dp*`` options every method takes; off by default).
-    privacy: PrivacySettings = PrivacySettings()
-    #: Secure aggregation (the ``secagg*`` options of weight methods; off by default).
-    secagg: SecAggSettings = SecAggSettings()
-
-    @property
-    def name(self) -> str:
-        return self.algorithm.name
-
-    def options_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self.options), **self.privacy.as_options(), **self.secagg.as_options()}
-
-    @property
-    def release(self) -> Release | None:
-        """What the method's devices send, as its device half declares it for these options."""
-        return self.algorithm.device.privacy_release(self.options)
-
-
-    def total_rounds(self, rounds: int) -> int:
-        """A run's exchanges: its training rounds and the closing rounds the method declares."""
-        return rounds + self.needs.closing_rounds
-
-
-def resolve_method(name: str, raw_options: dict[str, Any], public_share: float | None = None) -> Method:
-    """The method ``name`` with ``raw_options`` parsed and its needs declared; ``public_share``
-    (the run's ``public_fraction`` setting) overrides the share the method declares."""
-    from edgefl.algorithms import get_algorithm
-
-    return _method(get_algorithm(name), raw_options, public_share)
-
-
-def configure(explicit: dict[str, Any]) -> tuple[RunConfig, Method]:
-    """Settings given explicitly (a command's flags, a config file) → the validated run
-    configuration over the algorithm's defaults, and its method: the algorithm is looked up and
-    its options parsed once, here. ``simulate`` and ``serve`` take the method as it is."""
-    from edgefl.algorithms import get_algorithm
-    from edgefl.config import resolve_config
-
-    algorithm = get_algorithm(explicit.get("algorithm", "fedavg"))
-    cfg = resolve_config(explicit, dict(algorithm.defaults))
-    return cfg, _method(algorithm, cfg.options, cfg.public_fraction)
-
-
-def _method(algorithm: Algorithm, raw_options: dict[str, Any], public_share: float | None) -> Method:
-    name = algorithm.name
-    own, privacy = split_privacy_options(raw_options)
-    own, secagg = split_secagg_options(own)
-    options = algorithm.parse_options(own)
-    needs = algorithm.needs_for(options)
-    if public_share is not None and public_share != needs.public_share:
-        if needs.devices_hold_public and public_share <= 0:
-            raise ConfigError(f"{name} with these options has devices hold the public pool: public_fraction must be > 0")
-        needs = dataclasses.replace(needs, public_share=public_share)
-    method = Method(algorithm, options, needs, privacy, secagg)
-    if secagg.on:
-        check_secagg(name, method.release, options, privacy)
-    if privacy.on:
-        from edgefl.privacy.seam import check_release
-
-        check_release(name, method.release, privacy, sgd_ready=algorithm.device.dp_sgd_ready)
-    return method
-
-
-# --- data ----------------------------------------------------------------------------------------
-
-
-def subsample(data: ArrayDataset, n: int | None, seed: int) -> ArrayDataset:
-    if n is None or n >= len(data):
-        return data
-    idx = np.sort(np.random.default_rng([seed, 99]).choice(len(data), size=n, replace=False))
-    return data.subset(idx)
-
-
-@dataclass
-class RunData:
-    """A run's data as one party sees it: the (subsampled) training set, the evaluation sets,
-    the server's share carved out of the training set, and the partition of the rest."""
-
-    train: ArrayDataset
-    evals: dict[str, ArrayDataset]  # "quick" (per-round evaluation) and "test" (the final one)
-    public: ArrayDataset | None
-    pool: np.ndarray  # indices into ``train`` left to the devices
-    parts: list[np.ndarray] | None  # per shard, indices into ``pool``; None: no partition
-
-    @property
-    def info(self) -> DatasetInfo:
-        return self.train.info
-
-    def shard(self, index: int) -> ArrayDataset:
-        if self.parts is None:
-            return self.train
-        return self.train.subset(self.pool[self.parts[index]])
-
-
-def evaluation_split(spec: DataSpec, train: ArrayDataset) -> tuple[ArrayDataset, ArrayDataset]:
-    """(training pool, evaluation set): the test split, or with ``validation_samples`` a stratified
-    validation set carved from the training data (for tuning defaults; the test set is then never
-    read)."""
-    from edgefl.data import carve_public, load_dataset
-
-    if not spec.validation_samples:
-        return train, subsample(load_dataset(spec.dataset, "test", spec.data_dir), spec.test_samples, spec.seed + 1)
-    if spec.validation_samples >= len(train):
-        raise ConfigError(f"validation_samples={spec.validation_samples} leaves no training data of {len(train)}")
-    val_idx, rest = carve_public(train.y.numpy(), spec.validation_samples / len(train), seed=spec.seed + 7)
-    return train.subset(rest), train.subset(val_idx)
-
-
-def load_run_data(spec: DataSpec, public_share: float) -> RunData:
-    """The one way a run's data are made. Without a shard in ``spec`` the party holds the whole
-    (subsampled) training set and no public pool (a device on its own data)."""
-    from edgefl.data import carve_public, load_dataset, partition
-
-    public_share = public_share if spec.public is None else spec.public
-    train = subsample(load_dataset(spec.dataset, "train", spec.data_dir), spec.train_samples, spec.seed)
-    train, test = evaluation_split(spec, train)
-    quick = subsample(test, spec.eval_samples, spec.seed + 2)
-    evals = {"quick": quick, "test": test}
-    pool = np.arange(len(train))
-    if spec.shard is None:
-        return RunData(train, evals, None, pool, None)
-    labels = train.y.numpy()
-    public = None
-    if public_share > 0:
-        public_idx, pool = carve_public(labels, public_share, seed=spec.seed)
-        public = train.subset(public_idx)
-    parts = partition(
-        labels[pool], spec.shard[1], spec.partition, alpha=spec.alpha,
-        classes_per_client=spec.classes_per_client, seed=spec.seed, min_size=spec.min_size,
-    )
-    return RunData(train, evals, public, pool, parts)
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -383,22 +196,6 @@ def server_optimizer(cfg: RunConfig, method: Method) -> ServerOptSettings:
         raise ConfigError(f"--server-opt {cfg.server_opt} with --dp central is not supported: the noise is calibrated "
                           "for the plain average; use --dp local, or --server-opt fedavg")
     return settings
-
-
-def registered_methods() -> list[tuple[str, MethodNeeds]]:
-    """Every registered method with its declared needs at its default options."""
-    from edgefl.algorithms import algorithm_names, get_algorithm
-
-    out = []
-    for name in algorithm_names():
-        algorithm = get_algorithm(name)
-        out.append((name, algorithm.needs_for(algorithm.parse_options({}))))
-    return out
-
-
-def weight_methods() -> list[str]:
-    """The registered methods whose server averages weights with their default options."""
-    return [name for name, needs in registered_methods() if needs.averages_weights]
 
 
 @dataclass

@@ -14,8 +14,10 @@ from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import save_device_models
 from edgefl.runtime.agent import DeviceAgent
+from edgefl.runtime.derived import run_dir_for
+from edgefl.runtime.method import Method
 from edgefl.runtime.run import Ending, RunLifecycle, loop_settings
-from edgefl.runtime.setup import Method, assemble, build_server, run_dir_for
+from edgefl.runtime.setup import assemble, build_server
 from edgefl.transport import Encoded, InMemoryTransport
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ def simulate(
     cluster). The results are those of the sequential run at the same threads per device.
     ``on_progress`` follows each exchange, ``on_event`` hears of the final evaluation
     (:class:`~edgefl.runtime.loop.RoundLoop`). ``method``: ``cfg``'s method as
-    :func:`~edgefl.runtime.setup.configure` resolved it (None: resolved here).
+    :func:`~edgefl.runtime.method.configure` resolved it (None: resolved here).
 
     Ctrl-C ends the run with the rounds completed: rounds.jsonl, the summary (each device's last
     per-round evaluation, marked interrupted), the plots and the models as they are are written,
