@@ -165,6 +165,14 @@ def test_a_device_asked_for_both_shares_of_a_peer_refuses(five):
         devices["d0"].unmask([*ids, "mallory"])
 
 
+def test_a_device_refuses_a_threshold_lower_than_the_settings_give():
+    devices = {d: DeviceRound(d, CONTEXT, SETTINGS) for d in ("a", "b", "c", "d", "e")}
+    roster = {d: v.advert for d, v in devices.items()}
+    with pytest.raises(SecAggError, match="threshold 2 \\(the settings give 3\\)"):
+        devices["a"].share(roster, 2)
+    assert set(devices["b"].share(roster, 3)) == {"a", "c", "d", "e"}
+
+
 def test_a_liar_among_more_than_t_holders_is_named_and_the_sum_stays_exact(five):
     updates, weights = five
     total, server, _, _ = protocol(updates, weights, liar="d1")

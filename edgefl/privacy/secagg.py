@@ -184,8 +184,13 @@ class DeviceRound:
         self._expect("advertised", "share keys")
         if roster.get(self.me) != self.advert:
             raise SecAggError(f"the roster does not carry {self.me}'s own keys")
-        if len(roster) < threshold or threshold < 2:
-            raise SecAggError(f"a roster of {len(roster)} devices with threshold {threshold}")
+        if len(roster) < threshold or threshold != self.settings.threshold_for(len(roster)):
+            # the device computes t itself: a server that lowered it could rebuild a secret
+            # from fewer shares than the run's settings promise
+            raise SecAggError(
+                f"a roster of {len(roster)} devices with threshold {threshold} (the settings "
+                f"give {self.settings.threshold_for(len(roster))})"
+            )
         if len({bytes(a[:KEY_BYTES]) for a in roster.values()}) < len(roster) or len(
             {bytes(a[KEY_BYTES : 2 * KEY_BYTES]) for a in roster.values()}
         ) < len(roster):
