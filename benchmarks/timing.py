@@ -166,6 +166,16 @@ class Timing:
             "groups": {},
         }
 
+    @classmethod
+    def load_results(cls, path: Path, *, unit: str = "s", scale: float = 1.0) -> Timing:
+        """A finished run's Timing, read back from its results.json (to rewrite its page)."""
+        results = json.loads(Path(path).read_text())
+        timing = cls.__new__(cls)
+        timing.title, timing.out_dir = results["title"], Path(path).parent
+        timing.metric, timing.unit, timing.scale = results["metric"], unit, scale
+        timing.results = results
+        return timing
+
     def alternate(self, group: str, variants: Mapping[str, Callable[[], float | dict | None]],
                   repetitions: int, *, baseline: str | None = None,
                   on_sample: Callable[[dict], None] | None = None) -> list[dict]:
@@ -207,8 +217,9 @@ class Timing:
     def write(self, *, notes: list[str] = (), extra_md: list[str] = (),
               name: str = "results") -> dict:
         """Write ``<name>.json`` and ``<name>.md`` into the output folder; returns the results."""
-        self.results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        self.results["load_end"] = load()
+        if "finished" not in self.results:  # a page rewritten from saved results keeps its run's
+            self.results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+            self.results["load_end"] = load()
         self.results["notes"] = list(notes)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"{name}.json").write_text(json.dumps(self.results, indent=2) + "\n")

@@ -122,3 +122,15 @@ def test_a_command_built_from_argv_carries_the_real_niceness(monkeypatch):
         "nice -n 10 python -m benchmarks.fuzz.run --quick 'a b'")
     monkeypatch.setattr(timing, "niceness", lambda: 0)
     assert timing.command_line("benchmarks.fuzz.run", []) == "python -m benchmarks.fuzz.run"
+
+
+def test_a_page_rewritten_from_saved_results_keeps_the_run_s_record(tmp_path):
+    t = Timing("t", tmp_path, unit="ms", scale=1000)
+    t.alternate("g", {"x": lambda: 0.002, "y": lambda: 0.003}, 2, baseline="x")
+    saved = t.write(notes=["first"])
+    again = Timing.load_results(tmp_path / "results.json", unit="ms", scale=1000)
+    again.write(notes=["second"])
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["finished"] == saved["finished"] and res["load_end"] == saved["load_end"]
+    assert res["invocation"] == saved["invocation"] and res["notes"] == ["second"]
+    assert "| y | 3 |" in (tmp_path / "results.md").read_text()

@@ -200,9 +200,27 @@ def run_group(timing: Timing, n: int, floats: int, rounds: int, reps: int, proce
         broker.stop()
 
 
+def targets(timing: Timing) -> list[str]:
+    """The issue's targets, read off this run's numbers."""
+    lines = ["", "## Targets (issue #39)", ""]
+    for group, g in timing.results["groups"].items():
+        summary = g.get("summary", {})
+        ratio = (summary.get("edgefl mqtt") or {}).get("ratio_to_baseline")
+        if ratio:
+            verdict = "met" if ratio["median"] <= 1.3 else "missed"
+            lines.append(f"- {group}: edgefl over Mosquitto ÷ raw paho = {ratio['median']:.2f}× "
+                         f"(target ≤ 1.3×): **{verdict}**")
+        memory = (summary.get("edgefl memory") or {}).get("median")
+        if memory is not None and group.startswith("10 devices"):
+            verdict = "met" if memory <= 0.002 else "missed"
+            lines.append(f"- {group}: edgefl in memory {1000 * memory:.2f} ms per round "
+                         f"(target ≤ 2 ms at 10 devices): **{verdict}**")
+    return lines
+
+
 def comparisons(timing: Timing) -> list[str]:
-    """Paired ratios beyond the baseline column: Flower against edgefl in memory."""
-    lines = ["", "## Flower ÷ edgefl in memory (paired, same repetition)", ""]
+    """The targets, and paired ratios beyond the baseline column: Flower against edgefl in memory."""
+    lines = [*targets(timing), "", "## Flower ÷ edgefl in memory (paired, same repetition)", ""]
     for group, g in timing.results["groups"].items():
         for other in [v for v in g["variants"] if v.startswith("flower")]:
             r = paired_ratio(g["samples"], other, "edgefl memory")
@@ -226,7 +244,14 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=10, help="most device processes per run")
     ap.add_argument("--systems", default="raw,edgefl,flower")
     ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite results.md from results.json (no run)")
     args = ap.parse_args()
+    if args.report_only:
+        timing = Timing.load_results(args.out / "results.json", unit="ms", scale=1000)
+        timing.write(notes=notes(timing.results["settings"]), extra_md=comparisons(timing))
+        print((args.out / "results.md").read_text())
+        return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     log.setLevel(logging.INFO)
     devices = [3, 6] if args.quick else [int(x) for x in args.devices.split(",")]
