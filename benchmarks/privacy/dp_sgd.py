@@ -34,10 +34,24 @@ EPSILONS = (None, 8.0, 1.0)  # None: no DP
 CLIP = 1.0
 DELTA = 1e-5
 PROFILE = {
-    "algorithm": "fedavg", "model": "cnn", "tiers": ("2",), "width": 0.25,
-    "dataset": "fashion-mnist", "clients": 10, "partition": "dirichlet", "alpha": 0.5, "fraction": 1.0,
-    "rounds": 16, "lr_decay_rounds": (10,), "lr_gamma": 0.1, "epochs": 1,
-    "train_samples": 3000, "test_samples": 2000, "eval_samples": 500, "eval_every": 4, "threads": 1,
+    "algorithm": "fedavg",
+    "model": "cnn",
+    "tiers": ("2",),
+    "width": 0.25,
+    "dataset": "fashion-mnist",
+    "clients": 10,
+    "partition": "dirichlet",
+    "alpha": 0.5,
+    "fraction": 1.0,
+    "rounds": 16,
+    "lr_decay_rounds": (10,),
+    "lr_gamma": 0.1,
+    "epochs": 1,
+    "train_samples": 3000,
+    "test_samples": 2000,
+    "eval_samples": 500,
+    "eval_every": 4,
+    "threads": 1,
 }
 SIZES = (3000, 12000)  # training images of the whole fleet
 QUICK = {"rounds": 3, "lr_decay_rounds": (2,)}
@@ -48,19 +62,36 @@ def run_cell(epsilon: float | None, seed: int, size: int, quick: bool, out: Path
     from edgefl.config import resolve_config
     from edgefl.runtime.simulation import simulate
 
-    explicit = {**PROFILE, **(QUICK if quick else {}), "seed": seed, "out_dir": str(out),
-                "train_samples": size, "run_name": f"eps{epsilon}-s{seed}-n{size}"}
+    explicit = {
+        **PROFILE,
+        **(QUICK if quick else {}),
+        "seed": seed,
+        "out_dir": str(out),
+        "train_samples": size,
+        "run_name": f"eps{epsilon}-s{seed}-n{size}",
+    }
     if epsilon is not None:
-        explicit["options"] = {"dp": "sgd", "dp_target_epsilon": str(epsilon), "dp_delta": str(DELTA),
-                               "dp_clip": str(CLIP)}
+        explicit["options"] = {
+            "dp": "sgd",
+            "dp_target_epsilon": str(epsilon),
+            "dp_delta": str(DELTA),
+            "dp_clip": str(CLIP),
+        }
     cfg = resolve_config(explicit, dict(get_algorithm("fedavg").defaults))
     load = [round(x, 2) for x in os.getloadavg()]
     start, cpu = time.perf_counter(), time.process_time()
     summary = simulate(cfg, plots=False)
-    cell = {"epsilon": epsilon, "seed": seed, "train_samples": size, "mean_accuracy": summary["mean_accuracy"],
-            "accuracy_per_round": summary["accuracy_per_round"],
-            "client_accuracy": summary["client_accuracy"], "wall_seconds": round(time.perf_counter() - start, 1),
-            "cpu_seconds": round(time.process_time() - cpu, 1), "loadavg_1_5_15_at_start": load}
+    cell = {
+        "epsilon": epsilon,
+        "seed": seed,
+        "train_samples": size,
+        "mean_accuracy": summary["mean_accuracy"],
+        "accuracy_per_round": summary["accuracy_per_round"],
+        "client_accuracy": summary["client_accuracy"],
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "cpu_seconds": round(time.process_time() - cpu, 1),
+        "loadavg_1_5_15_at_start": load,
+    }
     privacy = summary.get("privacy")
     if privacy:
         cell["epsilon_spent"] = privacy["epsilon"]
@@ -82,7 +113,11 @@ def page(result: dict) -> str:
         f"Code {result['commit']}; machine {result['machine']['cores']} cores, load (1/5/15 min) at the start "
         f"{result['machine']['loadavg_1_5_15']}, at the end {result['loadavg_at_end']}; {result['wall_minutes']} min in all "
         f"({result['cpu_minutes']} CPU min; two runs at a time)."
-        + ("" if result["complete"] else f" **Interrupted**: {len(cells)} of the planned cells ran; the rest are missing."),
+        + (
+            ""
+            if result["complete"]
+            else f" **Interrupted**: {len(cells)} of the planned cells ran; the rest are missing."
+        ),
         "",
         "| training images (a device: about) | ε (δ = 1e-5) | mean accuracy ± sd over seeds | per seed | "
         "noise multiplier z (min–max over devices) | ε spent (max over devices) |",
@@ -102,8 +137,10 @@ def page(result: dict) -> str:
             z = f"{min(zs):.2f}–{max(zs):.2f}"
             spent = f"{max(v for c in mine for v in c['epsilon_spent'].values()):.3f}"
             name = f"{epsilon:g}"
-        lines.append(f"| {size:,} ({size // 10:,}) | {name} | {statistics.mean(accs) * 100:.1f} %{spread} | "
-                     f"{per_seed} | {z} | {spent} |")
+        lines.append(
+            f"| {size:,} ({size // 10:,}) | {name} | {statistics.mean(accs) * 100:.1f} %{spread} | "
+            f"{per_seed} | {z} | {spent} |"
+        )
     lines += [
         "",
         "Each device trains with Opacus's per-sample gradients: every step a Poisson sample of its",
@@ -118,23 +155,42 @@ def page(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 rounds, one seed (printed, not written)")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 rounds, one seed (printed, not written)"
+    )
     args = parser.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "edgefl"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    result = {"command": command_line("benchmarks.privacy.dp_sgd", argv),
-              "commit": commit + ("+dirty" if dirty else ""), "machine": machine(), "profile": PROFILE,
-              "clip": CLIP, "delta": DELTA, "cells": []}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "edgefl"], capture_output=True, text=True, cwd=HERE
+    ).stdout.strip()
+    result = {
+        "command": command_line("benchmarks.privacy.dp_sgd", argv),
+        "commit": commit + ("+dirty" if dirty else ""),
+        "machine": machine(),
+        "profile": PROFILE,
+        "clip": CLIP,
+        "delta": DELTA,
+        "cells": [],
+    }
     start = time.perf_counter()
-    todo = [(epsilon, seed, size) for size in (SIZES[:1] if args.quick else SIZES)
-            for seed in (SEEDS[:1] if args.quick else SEEDS) for epsilon in EPSILONS]
+    todo = [
+        (epsilon, seed, size)
+        for size in (SIZES[:1] if args.quick else SIZES)
+        for seed in (SEEDS[:1] if args.quick else SEEDS)
+        for epsilon in EPSILONS
+    ]
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(WORKERS) as pool:
         futures = [pool.submit(run_cell, *cell, args.quick, Path(tmp)) for cell in todo]
         for done, future in enumerate(futures, 1):
             cell = future.result()
             result["cells"].append(cell)
-            print(f"ε={cell['epsilon']} seed {cell['seed']} n={cell['train_samples']}: {cell['mean_accuracy'] * 100:.1f} % in "
-                  f"{cell['wall_seconds']} s ({cell['cpu_seconds']} s CPU)", file=sys.stderr)
+            print(
+                f"ε={cell['epsilon']} seed {cell['seed']} n={cell['train_samples']}: {cell['mean_accuracy'] * 100:.1f} % in "
+                f"{cell['wall_seconds']} s ({cell['cpu_seconds']} s CPU)",
+                file=sys.stderr,
+            )
             # written after every cell (an interrupted run keeps what it measured, and says so)
             result["complete"] = done == len(todo)
             result["cpu_minutes"] = round(sum(c["cpu_seconds"] for c in result["cells"]) / 60, 1)

@@ -55,4 +55,3 @@ def to_group_norm(model: nn.Module) -> int:
                 setattr(parent, name, norm)
                 count += 1
     return count
-

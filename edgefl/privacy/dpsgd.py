@@ -5,10 +5,11 @@ Each step of local training draws a Poisson sample of the device's data (each sa
 probability q, independently), computes each sample's gradient (Opacus's ``GradSampleModule``),
 clips it to L2 norm C (``--clip``), sums, adds Gaussian noise of standard deviation z·C and
 divides by the expected batch q·n (Opacus's ``DPOptimizer``); the method's optimizer then steps.
-A round is ``steps`` such steps: ``epochs`` × ⌈n / batch⌉ with q = 1 / ⌈n / batch⌉, Opacus's own
-convention, or ``--steps``. The batches and the noise are drawn from the operating system's
+A round is ``steps`` such steps: ``epochs`` × ⌈n / batch⌉ with q = 1 / ⌈n / batch⌉ (Opacus's
+own convention), or ``--steps``. The batches and the noise are drawn from the operating system's
 entropy on the device, never from the run's seeds (which the server assigns): amplification by
-subsampling needs a sample the adversary does not know, so a DP-SGD run does not repeat bit for bit.
+subsampling needs a sample the adversary does not know, so a DP-SGD run does not repeat bit for
+bit.
 
 Accounting (:func:`sgd_epsilon`): a round is the ``steps``-fold composition of the
 Poisson-subsampled Gaussian mechanism (q, z); a device's loss over its rounds is composed by
@@ -43,7 +44,10 @@ from edgefl.wire import Payload
 
 #: Neighbouring datasets of the reported ε ("replace": one sample replaced; "add_remove": one
 #: added or removed, Opacus's convention).
-RELATIONS = {"replace": NeighboringRelation.REPLACE_ONE, "add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE}
+RELATIONS = {
+    "replace": NeighboringRelation.REPLACE_ONE,
+    "add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE,
+}
 #: Discretisation of the privacy-loss distribution (pessimistic: ε is overestimated by < 0.3 %
 #: against 1e-4 in the cases of tests/test_dpsgd.py, at a tenth of the time), and the coarser one
 #: that brackets a calibration.
@@ -79,15 +83,21 @@ def sgd_plan(num_samples: int, settings: Any) -> SgdPlan:
 
 def _event(noise_multiplier: float, sample_rate: float, steps: int) -> dp_accounting.DpEvent:
     """One round as the library names it (what :func:`sgd_epsilon` composes)."""
-    step = dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
+    step = dp_accounting.PoissonSampledDpEvent(
+        sample_rate, dp_accounting.GaussianDpEvent(noise_multiplier)
+    )
     return dp_accounting.SelfComposedDpEvent(step, steps)
 
 
 @functools.lru_cache(maxsize=256)
-def _round_loss(noise_multiplier: float, sample_rate: float, steps: int, relation: str, interval: float):
+def _round_loss(
+    noise_multiplier: float, sample_rate: float, steps: int, relation: str, interval: float
+):
     """The privacy-loss distribution of one round (as the library's PLDAccountant builds it)."""
     step = pld.privacy_loss_distribution.from_gaussian_mechanism(
-        noise_multiplier, value_discretization_interval=interval, sampling_prob=sample_rate,
+        noise_multiplier,
+        value_discretization_interval=interval,
+        sampling_prob=sample_rate,
         neighboring_relation=RELATIONS[relation],
     )
     return step.self_compose(steps)
@@ -95,8 +105,13 @@ def _round_loss(noise_multiplier: float, sample_rate: float, steps: int, relatio
 
 @functools.lru_cache(maxsize=4096)
 def sgd_epsilon(
-    noise_multiplier: float, sample_rate: float, steps: int, delta: float, rounds: int = 1,
-    relation: str = "replace", interval: float = VALUE_INTERVAL,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    rounds: int = 1,
+    relation: str = "replace",
+    interval: float = VALUE_INTERVAL,
 ) -> float:
     """ε at ``delta`` of ``rounds`` rounds of ``steps`` Poisson-subsampled Gaussian steps (rate
     ``sample_rate``, noise multiplier ``noise_multiplier``), from privacy-loss distributions
@@ -108,7 +123,9 @@ def sgd_epsilon(
 
 
 @functools.lru_cache(maxsize=1024)
-def calibrate_sgd(target_epsilon: float, delta: float, sample_rate: float, steps: int, rounds: int) -> float:
+def calibrate_sgd(
+    target_epsilon: float, delta: float, sample_rate: float, steps: int, rounds: int
+) -> float:
     """The smallest noise multiplier (to 0.2 %) whose ``rounds`` rounds of ``steps`` steps stay
     within ``target_epsilon``:
     a bisection on a coarse distribution (fast) brackets it, one on :func:`sgd_epsilon`'s finds it
@@ -116,7 +133,10 @@ def calibrate_sgd(target_epsilon: float, delta: float, sample_rate: float, steps
     if steps <= 0 or rounds <= 0:
         raise ConfigError("nothing to calibrate: the run trains no step")
     if math.isinf(target_epsilon):
-        raise ConfigError("an infinite budget needs no noise; give a noise multiplier or a finite --target-epsilon")
+        raise ConfigError(
+            "an infinite budget needs no noise; "
+            "give a noise multiplier or a finite --target-epsilon"
+        )
 
     def bisect(epsilon: Callable[[float], float], low: float, high: float, tol: float) -> float:
         while epsilon(low) <= target_epsilon:
@@ -128,15 +148,27 @@ def calibrate_sgd(target_epsilon: float, delta: float, sample_rate: float, steps
             low, high = (low, mid) if epsilon(mid) <= target_epsilon else (mid, high)
         return high
 
-    rough = bisect(lambda z: sgd_epsilon(z, sample_rate, steps, delta, rounds, interval=COARSE_INTERVAL), 0.5, 2.0, 0.02)
-    return bisect(lambda z: sgd_epsilon(z, sample_rate, steps, delta, rounds), rough * 0.9, rough * 1.02, 2e-3)
+    rough = bisect(
+        lambda z: sgd_epsilon(z, sample_rate, steps, delta, rounds, interval=COARSE_INTERVAL),
+        0.5,
+        2.0,
+        0.02,
+    )
+    return bisect(
+        lambda z: sgd_epsilon(z, sample_rate, steps, delta, rounds), rough * 0.9, rough * 1.02, 2e-3
+    )
 
 
 class SgdLedger:
     """Per device, the rounds of DP-SGD run so far against a budget. A device's plan (its q and
     steps) and noise multiplier come from ``plan_of(device_id)`` and ``noise_of(plan)``."""
 
-    def __init__(self, settings: PrivacySettings, plan_of: Callable[[str], SgdPlan], noise_of: Callable[[SgdPlan], float]):
+    def __init__(
+        self,
+        settings: PrivacySettings,
+        plan_of: Callable[[str], SgdPlan],
+        noise_of: Callable[[SgdPlan], float],
+    ):
         self.delta, self.target_epsilon = settings.delta, settings.target_epsilon
         self.plan_of, self.noise_of = plan_of, noise_of
         self.counts: dict[str, int] = {}
@@ -148,7 +180,9 @@ class SgdLedger:
     def epsilon(self, device_id: str, extra: int = 0) -> float:
         """ε spent by ``device_id`` so far (after ``extra`` more rounds)."""
         plan, z = self.plan(device_id)
-        return sgd_epsilon(z, plan.sample_rate, plan.steps, self.delta, self.counts.get(device_id, 0) + extra)
+        return sgd_epsilon(
+            z, plan.sample_rate, plan.steps, self.delta, self.counts.get(device_id, 0) + extra
+        )
 
     def can_spend(self, device_id: str, count: int) -> bool:
         return self.epsilon(device_id, count) <= self.target_epsilon * (1 + 1e-9)
@@ -174,7 +208,11 @@ class SgdLedger:
 def sgd_ledger(settings: PrivacySettings, ctx: Any, rounds: int) -> SgdLedger:
     """The server's ledger: a device's plan from the size it registered (``ctx.fleet``) and the
     run's TrainSettings, as the device makes it from its data."""
-    return SgdLedger(settings, lambda d: sgd_plan(max(ctx.fleet[d].num_samples, 1), ctx.settings), noise_for(settings, rounds))
+    return SgdLedger(
+        settings,
+        lambda d: sgd_plan(max(ctx.fleet[d].num_samples, 1), ctx.settings),
+        noise_for(settings, rounds),
+    )
 
 
 def noise_for(settings: PrivacySettings, rounds: int) -> Callable[[SgdPlan], float]:
@@ -182,7 +220,9 @@ def noise_for(settings: PrivacySettings, rounds: int) -> Callable[[SgdPlan], flo
     ``rounds`` rounds within the budget (per plan: a device's sample rate depends on its size)."""
     if settings.noise_multiplier is not None:
         return lambda plan: settings.noise_multiplier
-    return lambda plan: calibrate_sgd(settings.target_epsilon, settings.delta, plan.sample_rate, plan.steps, max(rounds, 1))
+    return lambda plan: calibrate_sgd(
+        settings.target_epsilon, settings.delta, plan.sample_rate, plan.steps, max(rounds, 1)
+    )
 
 
 # --- the model and the training loop --------------------------------------------------------------
@@ -196,14 +236,18 @@ def check_trainable(model: torch.nn.Module, name: str) -> None:
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         found = sorted({type(e).__name__ + ": " + str(e).split(".")[0] for e in errors})
-        raise ConfigError(f"dp=sgd cannot train {name}: Opacus's ModuleValidator finds {'; '.join(found)} "
-                          "(a model with BatchNorm takes the model option norm=group)")
+        raise ConfigError(
+            f"dp=sgd cannot train {name}: Opacus's ModuleValidator finds {'; '.join(found)} "
+            "(a model with BatchNorm takes the model option norm=group)"
+        )
     state = model.state_dict()
     params = {k for k, _ in model.named_parameters()}
     buffers = sorted(k for k, v in state.items() if k not in params and v.is_floating_point())
     if buffers:
-        raise ConfigError(f"dp=sgd cannot train {name}: its float buffers {', '.join(buffers[:3])} would carry "
-                          "statistics of the private data outside DP-SGD")
+        raise ConfigError(
+            f"dp=sgd cannot train {name}: its float buffers {', '.join(buffers[:3])} would carry "
+            "statistics of the private data outside DP-SGD"
+        )
 
 
 def dp_sgd(
@@ -220,7 +264,9 @@ def dp_sgd(
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
-    data_loss, penalty = (loss_fn.data, loss_fn.penalty) if isinstance(loss_fn, PenalizedLoss) else (loss_fn, None)
+    data_loss, penalty = (
+        (loss_fn.data, loss_fn.penalty) if isinstance(loss_fn, PenalizedLoss) else (loss_fn, None)
+    )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     sampling = np.random.default_rng(secrets.randbits(128))  # the device's own entropy (module doc)
     noise = torch.Generator().manual_seed(secrets.randbits(63))
@@ -231,8 +277,13 @@ def dp_sgd(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus's notes on full backward hooks over image inputs
         gsm = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=True)
-    dp = DPOptimizer(optimizer, noise_multiplier=noise_multiplier, max_grad_norm=clip,
-                     expected_batch_size=plan.expected_batch, generator=noise)
+    dp = DPOptimizer(
+        optimizer,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=clip,
+        expected_batch_size=plan.expected_batch,
+        generator=noise,
+    )
     model.train()
     taken = 0
     try:
@@ -297,17 +348,22 @@ class SgdDevice:
     def train(self, model, data, settings, round, loss_fn, optimizer) -> dict[str, float]:
         """train_local's work within :meth:`fit` (edgefl.privacy.trainer)."""
         if model is not self.inner.model or data is not self.inner.ctx.train_data or self.trained:
-            raise EdgeflError("dp=sgd accounts for one round of training of the device's model on its own data "
-                              "per fit; this method trains otherwise")
+            raise EdgeflError(
+                "dp=sgd accounts for one round of training of the device's model on its own data "
+                "per fit; this method trains otherwise"
+            )
         self.trained += 1
-        steps = dp_sgd(model, data, self.plan, loss_fn, optimizer, self.settings.clip, self.noise_multiplier)
+        steps = dp_sgd(
+            model, data, self.plan, loss_fn, optimizer, self.settings.clip, self.noise_multiplier
+        )
         return {"dp_steps": float(steps)}
 
     def fit(self, round: int) -> Payload:
         me = self.inner.ctx.device_id
         if not self.ledger.can_spend(me, 1):
             raise PrivacyBudgetSpent(
-                f"privacy budget spent: ε = {self.ledger.epsilon(me):.3f} of {self.settings.target_epsilon:g} "
+                f"privacy budget spent: ε = {self.ledger.epsilon(me):.3f} "
+                f"of {self.settings.target_epsilon:g} "
                 f"(one more round would make it {self.ledger.epsilon(me, 1):.3f})"
             )
         self.trained = 0
@@ -317,7 +373,12 @@ class SgdDevice:
             raise EdgeflError("dp=sgd: the method's round trained nothing through train_local")
         loose = sorted(k for k in up.arrays if not self.release.covers(k))
         if loose:
-            raise EdgeflError(f"uplink arrays {', '.join(loose)} are not covered by the method's privacy declaration")
+            raise EdgeflError(
+                f"uplink arrays {', '.join(loose)} are not covered by the method's "
+                "privacy declaration"
+            )
         epsilon = self.ledger.spend(me, 1)
         # what the device computed on its data besides the weights (training loss …) stays here
-        return Payload(dict(up.arrays), {"num_samples": up.meta["num_samples"], "dp_epsilon": epsilon})
+        return Payload(
+            dict(up.arrays), {"num_samples": up.meta["num_samples"], "dp_epsilon": epsilon}
+        )

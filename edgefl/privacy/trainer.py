@@ -29,7 +29,7 @@ class PenalizedLoss:
         return self.data(x, y) + self.penalty()
 
 
-#: trainer(model, data, settings, round, loss_fn, optimizer) -> metrics, or None: train_local's own loop
+#: trainer(model, data, settings, round, loss_fn, optimizer) -> metrics; None: train_local's loop
 Trainer = Callable[..., dict[str, float]]
 
 _TRAINER: ContextVar[Trainer | None] = ContextVar("edgefl_local_trainer", default=None)
@@ -48,4 +48,3 @@ def local_trainer(trainer: Trainer) -> Iterator[None]:
         yield
     finally:
         _TRAINER.reset(token)
-
