@@ -30,10 +30,9 @@ def deploy(
     from edgefl.export.deployment import plan
     from edgefl.rollout import check_reports, publish_commands, rollout_messages
 
-    say = lambda line: err.print(line, highlight=False, markup=False)  # noqa: E731
-    targets = plan(run=run, onnx_dir=onnx_dir, model=model, devices=device, tier=tier, fmt=fmt, rollback=rollback, say=say)
+    targets = plan(run=run, onnx_dir=onnx_dir, model=model, devices=device, tier=tier, fmt=fmt, rollback=rollback, say=_say)
     name = version or f"{run.name if run is not None else Path(model or '').name.split('.')[0]}-{time.strftime('%Y%m%d%H%M%S')}"
-    messages, expect = rollout_messages(conn.fleet, targets, version=name, say=say)
+    messages, expect = rollout_messages(conn.fleet, targets, version=name, say=_say)
     reports = publish_commands(conn.address(), conn.fleet, messages, wait=wait, expect=expect)
     if as_json:  # the reports say it all: exit 0
         typer.echo(json.dumps(reports, sort_keys=True))
@@ -41,6 +40,10 @@ def deploy(
     for d, r in sorted(reports.items()):
         err.print(f"{d}: {_outcome(r)}", soft_wrap=True)
     check_reports(reports, expect)
+
+
+def _say(line: str) -> None:
+    err.print(line, highlight=False, markup=False)  # file names and versions are text
 
 
 def _outcome(report: dict) -> str:
