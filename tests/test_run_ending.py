@@ -167,6 +167,7 @@ def test_ctrl_c_on_the_simulate_command_writes_the_record_and_exits_130(tmp_path
     done = summary["rounds_completed"]
     assert summary["interrupted"] is True and 2 <= done < 200 and len(rounds.read_text().splitlines()) == done
     assert f"interrupted after round {done} of 200" in " ".join(stderr.split())
+    assert "interrupted interrupted" not in " ".join(stderr.split())  # said once
     assert (tmp_path / "r" / "accuracy.png").exists() and len(list((tmp_path / "r" / "models").iterdir())) == 3
 
 

@@ -94,10 +94,11 @@ DATASET_HELP = f"Dataset: {listing(d for d in DATASETS if d != 'imagefolder')}, 
 def interrupted(e, as_json: bool) -> None:
     """Ctrl-C ended a run after its record was written (RunInterrupted): say what it holds, exit 130."""
     from rich.console import Console
+    from rich.markup import escape
 
     if as_json:
         typer.echo(json.dumps(e.summary))
-    Console(stderr=True).print(f"[yellow]interrupted[/] {e}", highlight=False)
+    Console(stderr=True).print(f"[yellow]{escape(str(e))}[/]", highlight=False)  # "interrupted after round …"
     raise typer.Exit(int(e.exit_code))
 
 
