@@ -154,3 +154,34 @@ def test_export_a_run_then_infer_its_accuracy(tmp_path, monkeypatch, capsys):
     code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "x.onnx")],
                         monkeypatch, capsys)
     assert code == 3 and "must be a directory" in err
+
+
+def test_a_run_exports_on_a_machine_without_its_dataset(tmp_path, monkeypatch, capsys):
+    """A fleet's server never held the devices' data: export checks parity on random images, says the
+    accuracy was not measured, and refuses what needs training images (int8, static BatchNorm)."""
+    import edgefl.data
+    from edgefl.errors import DataNotFoundError
+
+    _cli_ok(["simulate", "-a", "fedavg", "--dataset", "synthetic", "--clients", "2", "--rounds", "1", "--steps", "3",
+             "--width", "0.25", "--train-samples", "300", "--test-samples", "100", "--out", str(tmp_path), "--run-name", "r",
+             "--quiet", "--json"], monkeypatch, capsys)
+    _cli_ok(["simulate", "-a", "local", "--dataset", "synthetic", "--model", "hierarchy-width", "--tiers", "1/8",
+             "--width", "0.25", "--clients", "1", "--rounds", "1", "--steps", "3", "--train-samples", "300",
+             "--test-samples", "100", "--out", str(tmp_path), "--run-name", "bn", "--quiet", "--json"], monkeypatch, capsys)
+
+    def absent(name, split, data_dir=None):
+        raise DataNotFoundError(f"{name} ({split}) not found. Looked in: nowhere")
+
+    monkeypatch.setattr(edgefl.data, "load_dataset", absent)  # this machine has no copy of the dataset
+    (report, _) = json.loads(_cli_ok(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "onnx"),
+                                      "--json"], monkeypatch, capsys))
+    assert "accuracy" not in report and "not found" in report["accuracy_not_measured"]
+    assert report["parity_max_abs_diff"] and max(report["parity_max_abs_diff"].values()) <= report["tolerance"]
+    infer = json.loads(_cli_ok(["infer", str(tmp_path / "onnx" / "d01.onnx"), "--dataset", "synthetic", "--json"],
+                               monkeypatch, capsys))
+    assert all(k == v for k, v in infer["class_map"].items()) and len(infer["class_map"]) == 10  # the dataset's names
+    code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "q"), "--quantize", "int8"],
+                        monkeypatch, capsys)
+    assert code == 3 and "int8 calibrates on training images" in err
+    code, _, err = _run(["export", "--run", str(tmp_path / "bn"), "--all", "--out", str(tmp_path / "bn-onnx")], monkeypatch, capsys)
+    assert code == 3 and "batch statistics" in err

@@ -24,10 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from edgefl.errors import ConfigError
+from edgefl.errors import ConfigError, DataNotFoundError
 from edgefl.export.checkpoint import device_model_path, load_device_model, read_model_file
 from edgefl.export.deployment import run_devices
-from edgefl.export.onnx_export import DEFAULT_OPSET, DEFAULT_TOLERANCE, export_model
+from edgefl.export.onnx_export import (
+    DEFAULT_OPSET,
+    DEFAULT_TOLERANCE,
+    export_model,
+    uses_batch_statistics,
+)
 from edgefl.export.quantize import FORMATS, quantize_int8
 from edgefl.inference import Predictor
 from edgefl.models import EdgeModel
@@ -66,22 +71,41 @@ def _out_paths(out: Path, names: list[str]) -> list[Path]:
 
 
 class _Data:
-    """Test and training samples of the dataset the models were trained on, loaded once."""
+    """Test and training samples of the dataset the models were trained on, loaded once.
+
+    A machine without that dataset (a fleet's server: the devices hold the data) still exports:
+    the ONNX model is checked against PyTorch on seeded random images of the model's input shape,
+    the accuracy is not measured, and int8 (which calibrates on training images) is refused."""
 
     def __init__(self, dataset: str, data_dir: str | None, seed: int):
-        from edgefl.data import load_dataset
+        from edgefl.data import dataset_info, load_dataset
 
-        self.test = load_dataset(dataset, "test", data_dir)
-        self.train = load_dataset(dataset, "train", data_dir)
-        self.class_names = list(self.test.info.class_names)
-        self.seed = seed
+        self.seed, self.missing = seed, None
+        try:
+            self.test = load_dataset(dataset, "test", data_dir)
+            self.train = load_dataset(dataset, "train", data_dir)
+            self.info = self.test.info
+        except DataNotFoundError as e:
+            self.test = self.train = None
+            self.info = dataset_info(dataset)
+            self.missing = f"{e}".split(". Looked in")[0]
+            log.warning("%s: the models are checked against PyTorch on %d random images, their accuracy is "
+                        "not measured (pass --data-dir to measure it)", self.missing, PARITY_SAMPLES)
+        self.class_names = list(self.info.class_names)
 
     def parity_images(self):
+        if self.test is None:
+            import torch
+
+            g = torch.Generator().manual_seed(self.seed)
+            return torch.rand((PARITY_SAMPLES, *self.info.in_shape), generator=g)
         return self.test.images(np.arange(min(PARITY_SAMPLES, len(self.test))))
 
     def calibration_images(self, n: int, key: str):
         """Calibration samples drawn for ``key`` (a device id) alone: exporting one device gives
         the same file whether or not other devices are exported in the same call."""
+        if self.train is None:
+            return None
         rng = np.random.default_rng([self.seed, 8, zlib.crc32(key.encode())])
         idx = np.sort(rng.choice(len(self.train), size=min(n, len(self.train)), replace=False))
         return self.train.images(idx)
@@ -107,11 +131,15 @@ def export_one(
         raise ConfigError(f"--int8-format {int8_format!r}; choose one of: {', '.join(FORMATS)}")
     if calibration_samples < 1:
         raise ConfigError(f"--calibration-samples must be positive, got {calibration_samples}")
-    if tuple(data.test.info.in_shape) != tuple(model.spec.in_shape):
+    if tuple(data.info.in_shape) != tuple(model.spec.in_shape):
         raise ConfigError(
             f"{model.spec.name} takes inputs {model.spec.in_shape}, but dataset "
-            f"{data.test.info.name!r} has {data.test.info.in_shape}; pass the dataset it was trained on"
+            f"{data.info.name!r} has {data.info.in_shape}; pass the dataset it was trained on"
         )
+    if quantize == "int8" and data.missing:
+        raise ConfigError(f"--quantize int8 calibrates on training images: {data.missing}")
+    if data.missing and uses_batch_statistics(model):
+        raise ConfigError(f"{model.spec.name} freezes its batch statistics on training images: {data.missing}")
     key = (metadata or {}).get("edgefl.device_id") or out_path.stem
     calibration = data.calibration_images(calibration_samples, key)
     report = export_model(
@@ -125,7 +153,9 @@ def export_one(
         metadata=metadata,
     )
     result: dict[str, Any] = report.to_dict()
-    if test_samples != 0:
+    if data.missing:
+        result["accuracy_not_measured"] = data.missing
+    elif test_samples != 0:
         result["accuracy"] = Predictor(out_path).evaluate(data.test, limit=test_samples)["accuracy"]
     if quantize == "int8":
         q = quantize_int8(out_path, out_path.with_suffix(".int8.onnx"), calibration, format=int8_format)
