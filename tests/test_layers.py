@@ -13,7 +13,7 @@ ROOT = Path(edgefl.__file__).parent
 #: What each part of the library may import (besides itself). Everything else is a layering error.
 ALLOWED = {
     "cli": {"names", "retry", "edgefl", "rollout", "dashboard", "runtime", "algorithms", "transport", "wire", "profiling", "export", "inference", "models", "data", "report", "config", "errors", "privacy"},
-    "runtime": {"retry", "privacy", "algorithms", "transport", "wire", "profiling", "export", "models", "data", "report", "config", "errors"},
+    "runtime": {"retry", "privacy", "algorithms", "transport", "wire", "profiling", "export", "inference", "models", "data", "report", "config", "errors"},
     "algorithms": {"privacy", "wire", "models", "data", "errors"},
     "privacy": {"wire", "data", "errors"},  # differential privacy: declarations, mechanisms, accounting
     "transport": {"retry", "wire", "errors"},
