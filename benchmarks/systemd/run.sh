@@ -19,6 +19,7 @@ MIRROR=${MIRROR:-http://deb.debian.org/debian}
 [ "$(id -u)" = 0 ] || { echo "run as root: it boots systemd in a namespace" >&2; exit 1; }
 WORK=$(mktemp -d /var/tmp/edgefl-systemd.XXXXXX)
 LOG=$WORK/log.txt
+COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +dirty)"   # before the logs land beside it
 say() { echo "[systemd-check $(date +%H:%M:%S)] $*" | tee -a "$LOG"; }
 
 # Raspberry Pi OS Lite is Debian 12 with systemd, sudo and python3; python3-venv comes from the doc.
@@ -104,7 +105,7 @@ set -u
 check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then echo "PASS $name"; else echo "FAIL $name"; fi; }
 for _ in $(seq 120); do systemctl is-active -q edgefl-server || break; sleep 2; done
 journalctl -u edgefl-server --no-pager | tail -3
-check "server finished with a result" grep -q "mean accuracy" /var/lib/edgefl/runs/lab/summary.md
+check "server finished with a result" grep -q "mean test accuracy" /var/lib/edgefl/runs/lab/summary.md
 check "the device's model reached the run" test -s /var/lib/edgefl/runs/lab/models/pi-07.safetensors
 cd /root
 /opt/edgefl/venv/bin/edgefl export --run /var/lib/edgefl/runs/lab --all --out /root/onnx 2>&1 | tail -1
@@ -145,23 +146,28 @@ CHK
   rm -rf "$r"
 done
 
-"$HOST_PY" - "$REPO/$HERE" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +dirty)" "$(cut -d' ' -f1-3 /proc/loadavg)" <<PY
-import json, sys, datetime
+for k in "${!R[@]}"; do printf '%s\t%s\n' "$k" "${R[$k]}"; done > "$WORK/results.tsv"
+"$HOST_PY" - "$REPO/$HERE" "$COMMIT" \
+  "$(cut -d' ' -f1-3 /proc/loadavg)" "$WORK/results.tsv" <<'PY'
+import datetime
+import json
+import sys
 from pathlib import Path
-out, commit, load = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-r = {$(for k in "${!R[@]}"; do printf '"%s": """%s""", ' "$k" "${R[$k]}"; done)}
+
+out, commit, load, tsv = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+r = dict(line.split("\t", 1) for line in tsv.read_text().splitlines() if "\t" in line)
 res = {"commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
        "load_at_end": load, "results": dict(sorted(r.items()))}
 (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
 lines = ["# docs/deployment.md §4 run literally under systemd", "",
-         f"`sudo bash benchmarks/systemd/run.sh` at `{commit}`, {res['date']}, load at the end {load}.",
+         f"`sudo bash benchmarks/systemd/run.sh` at `{commit}`, {res['date']}, load (1/5/15 min) at the end {load}.",
          "Debian 12 (debootstrap minbase + systemd, sudo, python3), systemd as PID 1 in its own PID and mount",
          "namespaces; the command lines are the doc's own (`benchmarks/systemd/docsteps.py` names each",
-         "replacement: scp, the editor, the printed passwords, the follow-mode journal). Logs beside this file.", ""]
+         "replacement: scp, the editors, the printed passwords, the follow-mode journal). Logs beside this file.", ""]
 for mode in ("root", "user"):
-    who = "as root (sudo left out, sudo -u → runuser)" if mode == "root" else "as a normal user with sudo"
+    who = "As root (sudo left out, sudo -u → runuser)" if mode == "root" else "As a normal user with sudo"
     lines += [f"## {who}", "", f"- the doc's commands exited {r.get(mode + '.steps_rc')} in {r.get(mode + '.steps_s')} s",
-              f"- exported model on the device's own image folders: accuracy {r.get(mode + '.accuracy')}"]
+              f"- the exported model on the device's own image folders: accuracy {r.get(mode + '.accuracy')}"]
     lines += [f"- {c}" for c in r.get(mode + ".checks", "").split(";") if c]
     lines.append("")
 (out / "results.md").write_text("\n".join(lines))
