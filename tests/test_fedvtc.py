@@ -321,7 +321,7 @@ def test_finish_fine_tunes_on_s_over_c_samples_per_known_class():
 
 def test_fine_tune_runs_at_finetune_lr_by_default_and_at_the_runs_lr_with_none(monkeypatch):
     # Prepare: record the lr of every optimizer the fine-tune makes (the run's lr is 0.01)
-    import edgefl.algorithms.fedvtc as fedvtc
+    import edgefl.algorithms.fedvtc.device as fedvtc
 
     seen, original = [], fedvtc.make_optimizer
 

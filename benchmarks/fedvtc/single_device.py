@@ -17,7 +17,8 @@ import torch
 from benchmarks.fedvtc import oracle
 from benchmarks.runner import ROOT
 from edgefl.algorithms import DeviceContext, TrainSettings, get_algorithm
-from edgefl.algorithms.fedvtc import generate, load_oracle, local_prototypes
+from edgefl.algorithms.fedproto import local_prototypes
+from edgefl.algorithms.fedvtc import generate, load_oracle
 from edgefl.algorithms.training import evaluate
 from edgefl.data import load_dataset
 from edgefl.models import ModelSpec
