@@ -22,9 +22,13 @@ device predicting one class while it holds two or more) and no centralized run e
 stable recipes the chosen one has the highest mean final validation accuracy over the two settings
 (each setting's mean over its seeds, averaged).
 
+The cells run in the order that decides the rule soonest (:func:`cells`); once it is decided the
+remaining cells may be left unrun, and the page lists them.
+
 Run it at a clean commit with ``nice -n 10 python -m benchmarks.foundation.recipes`` (``--workers
-N``; ``--report-only`` rewrites recipes.json/recipes.md from the cached cells; ``--draft`` runs from
-uncommitted code, marked). Cells are cached in ``recipes_cells/`` like a benchmark's.
+N``; ``--report-only`` rewrites recipes.json/recipes.md from the cached cells, run or not;
+``--draft`` runs from uncommitted code, marked). Cells are cached in ``recipes_cells/`` like a
+benchmark's.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from pathlib import Path
 if not __package__:  # run as a file from any directory: the repository on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import gates, provenance  # noqa: E402
+from benchmarks import gates  # noqa: E402
 from benchmarks.cache import Cache, DirtyCode, _clean, run_cells  # noqa: E402
 from benchmarks.cells import Cell  # noqa: E402
 from benchmarks.common import machine  # noqa: E402
@@ -48,6 +52,7 @@ from benchmarks.foundation import profile  # noqa: E402
 HERE = Path(__file__).resolve().parent
 SEEDS = (10, 11, 12, 13, 14)  # not foundation's seeds (0–4)
 #: name → the recipe's settings; the current default last (it ran before; here on the validation split)
+CURRENT = "sgd 0.05 m0.9"  # FedAvg's and Local's default before this sweep
 CANDIDATES = {
     "sgd 0.01 m0.9": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9},
     "sgd 0.05 m0.9": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9},
@@ -62,73 +67,104 @@ VALIDATION = {"validation_samples": 1000, "eval_samples": 1000}
 
 
 def cells(quick: bool = False) -> list[Cell]:
+    """Every cell of the sweep, in the order that decides the rule soonest: the current default's
+    first two centralized seeds (the bound that declined), then every cell of the other candidate,
+    then the rest."""
     base = {**profile(quick), **VALIDATION}
     if quick:
         base.update(validation_samples=300, eval_samples=300)
     seeds = SEEDS[:1] if quick else SEEDS
-    return [Cell(name, setting, seed, {**base, **SETTINGS[setting], **recipe}, role="sweep")
-            for name, recipe in CANDIDATES.items() for setting in SETTINGS for seed in seeds]
+    every = [Cell(name, setting, seed, {**base, **SETTINGS[setting], **recipe}, role="sweep")
+             for name, recipe in CANDIDATES.items() for setting in SETTINGS for seed in seeds]
+    first = [c for c in every if c.method == CURRENT and c.setting == "centralized" and c.seed in seeds[:2]]
+    others = [c for c in every if c.method != CURRENT]
+    return list(dict.fromkeys(first + others + every))
 
 
-def summarize(records: list[dict]) -> dict:
-    """Per candidate and setting: final and peak validation accuracy, the drop, collapsed runs;
-    the stable candidates and the chosen one (the rule in the module's docstring)."""
-    rows, stable, score = [], {}, {}
+def unstable(record: dict) -> list[str]:
+    """Why a sweep run is unstable (empty: it is not): the collapse gate, and for a centralized run
+    an end more than :data:`MAX_DROP` points below its peak."""
+    why = gates.run_collapse(record)
+    drop = 100 * (peak(record) - record["final_accuracy"])
+    if record["setting"] == "centralized" and drop > MAX_DROP:
+        why.append(f"declined {drop:.1f} points from its peak (> {MAX_DROP:g})")
+    return why
+
+
+def peak(record: dict) -> float:
+    return max(p["accuracy"] for p in record["per_round"] if p.get("accuracy") is not None)
+
+
+def summarize(records: list[dict | None], every: list[Cell]) -> dict:
+    """Per candidate and setting: final and peak validation accuracy, the drop, unstable runs; each
+    candidate's status (stable: every cell run, none unstable; unstable: a run unstable; else
+    undecided) and the chosen one (the rule in the module's docstring: decided once no candidate
+    that could still win is undecided)."""
+    done = [r for r in records if r is not None]
+    rows, status, score = [], {}, {}
     for name in CANDIDATES:
-        stable[name], means = True, []
+        means, bad, complete = [], False, True
         for setting in SETTINGS:
-            rs = [r for r in records if r["method"] == name and r["setting"] == setting]
+            planned = [c for c in every if c.method == name and c.setting == setting]
+            rs = sorted((r for r in done if r["method"] == name and r["setting"] == setting), key=lambda r: r["seed"])
+            complete = complete and len(rs) == len(planned)
+            why = {r["seed"]: w for r in rs if (w := unstable(r))}
+            bad = bad or bool(why)
             finals = [r["final_accuracy"] for r in rs]
-            peaks = [max(p["accuracy"] for p in r["per_round"] if p.get("accuracy") is not None) for r in rs]
-            collapsed = {r["seed"]: gates.run_collapse(r) for r in rs}
-            if setting == "centralized":
-                for r, peak in zip(rs, peaks, strict=True):
-                    if 100 * (peak - r["final_accuracy"]) > MAX_DROP:
-                        collapsed[r["seed"]] = [*collapsed[r["seed"]], f"declined {100 * (peak - r['final_accuracy']):.1f} "
-                                                f"points from its peak (> {MAX_DROP:g})"]
-            collapsed = {s: why for s, why in collapsed.items() if why}
-            stable[name] = stable[name] and not collapsed
-            means.append(statistics.fmean(finals))
-            rows.append({"recipe": name, "setting": setting, "seeds": [r["seed"] for r in rs],
-                         "final": finals, "peak": peaks,
-                         "mean": statistics.fmean(finals), "sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-                         "min": min(finals), "max_drop": max(p - f for p, f in zip(peaks, finals, strict=True)),
-                         "slope": statistics.fmean(slopes) if (slopes := [r["slope"] for r in rs
-                                                                          if r.get("slope") is not None]) else None,
-                         "collapsed": collapsed})
-        score[name] = statistics.fmean(means)
-    candidates = [n for n in CANDIDATES if stable[n]]
-    chosen = max(candidates, key=score.__getitem__) if candidates else None
-    return {"rows": rows, "stable": stable, "score": score, "chosen": chosen,
-            "chosen_recipe": CANDIDATES.get(chosen)}
+            means.append(statistics.fmean(finals) if finals else None)
+            slopes = [r["slope"] for r in rs if r.get("slope") is not None]
+            rows.append({"recipe": name, "setting": setting, "planned": len(planned), "seeds": [r["seed"] for r in rs],
+                         "final": finals, "peak": [peak(r) for r in rs],
+                         "mean": statistics.fmean(finals) if finals else None,
+                         "sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+                         "min": min(finals, default=None),
+                         "max_drop": max((peak(r) - r["final_accuracy"] for r in rs), default=None),
+                         "slope": statistics.fmean(slopes) if slopes else None, "unstable": why})
+        status[name] = "unstable" if bad else "stable" if complete else "undecided"
+        score[name] = statistics.fmean(means) if None not in means else None
+    stable = [n for n in CANDIDATES if status[n] == "stable"]
+    best = max(stable, key=score.__getitem__) if stable else None
+    # decided: the best stable candidate, once no undecided candidate remains
+    chosen = best if best and all(status[n] != "undecided" for n in CANDIDATES) else None
+    return {"rows": rows, "status": status, "score": score, "chosen": chosen,
+            "chosen_recipe": CANDIDATES.get(chosen),
+            "not_run": [c.label for c, r in zip(every, records, strict=True) if r is None]}
 
 
 def markdown(result: dict) -> str:
-    pct = lambda x: f"{100 * x:.2f}"  # noqa: E731
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{100 * x:.2f}"
+
+    chosen = (f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})." if result["chosen"]
+              else "**Not decided yet** (a candidate that could still win has cells to run)."
+              if "undecided" in result["status"].values() else "**No candidate is stable.**")
     lines = ["# The CNN family's default recipe: a stability sweep on a validation split", "",
-             (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "",
-             f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})." if result["chosen"]
-             else "**No candidate is stable.**", "",
-             "| recipe | setting | seeds | final val. acc % (mean ± sd) | lowest run | largest peak → final drop | "
+             (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
+             "| recipe | setting | runs | final val. acc % (mean ± sd) | lowest run | largest peak → final drop | "
              "last-quarter slope | unstable runs |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        why = "; ".join(f"seed {s}: {', '.join(w)}" for s, w in r["collapsed"].items()) or "none"
-        lines.append(f"| {r['recipe']} | {r['setting']} | {len(r['seeds'])} | {pct(r['mean'])} ± {pct(r['sd'])} | "
-                     f"{pct(r['min'])} | {pct(r['max_drop'])} points | "
-                     + ("—" if r["slope"] is None else f"{r['slope']:.2f}") + f" | {why} |")
-    lines += ["", "| recipe | stable (no unstable run) | mean over the two settings % |", "|---|---|---|"]
-    lines += [f"| {n} | {'yes' if result['stable'][n] else 'no'} | {pct(result['score'][n])} |" for n in CANDIDATES]
+        why = "; ".join(f"seed {s}: {', '.join(w)}" for s, w in r["unstable"].items()) or "none"
+        drop = "—" if r["max_drop"] is None else f"{pct(r['max_drop'])} points"
+        slope = "—" if r["slope"] is None else f"{r['slope']:.2f}"
+        lines.append(f"| {r['recipe']} | {r['setting']} | {len(r['seeds'])} of {r['planned']} | {pct(r['mean'])} ± "
+                     f"{pct(r['sd'])} | {pct(r['min'])} | {drop} | {slope} | {why} |")
+    lines += ["", "| recipe | status | mean over the two settings % |", "|---|---|---|"]
+    lines += [f"| {n} | {result['status'][n]} | {pct(result['score'][n])} |" for n in CANDIDATES]
+    if result["not_run"]:
+        lines += ["", f"Not run ({len(result['not_run'])} cells; the rule was decided without them, or the run is "
+                  "unfinished): " + ", ".join(f"`{x}`" for x in result["not_run"]) + "."]
     lines += ["", "Per run (final / peak validation accuracy %):", ""]
     for r in result["rows"]:
         runs = ", ".join(f"s{s} {pct(f)}/{pct(p)}" for s, f, p in zip(r["seeds"], r["final"], r["peak"], strict=True))
-        lines.append(f"- {r['recipe']}, {r['setting']}: {runs}")
+        lines.append(f"- {r['recipe']}, {r['setting']}: {runs or 'not run'}")
     m = result["machine"]
     lines += ["", "## Provenance", "",
               "Cells by the commit they ran at: " + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ".",
               f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load (1/5/15 min) "
               f"{m['before'].get('loadavg_1_5_15')} at the start ({m['before'].get('date')}), "
               f"{m['after'].get('loadavg_1_5_15')} at the end ({m['after'].get('date')}); "
-              f"{sum(result['wall_seconds'])/60:.0f} cell-minutes in all (one torch thread per cell).", ""]
+              f"{sum(result['wall_seconds']) / 60:.0f} cell-minutes in all (one torch thread per cell; two cells "
+              "at a time on a machine shared with other work, so wall times are rough).", ""]
     return "\n".join(lines)
 
 
@@ -141,28 +177,27 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     out = (Path.cwd() / "runs" / "bench-quick" / "recipes") if args.quick else HERE
     cache = Cache(out / "recipes_cells", draft=args.draft)
-    todo = cells(args.quick)
-    before = machine()
+    every = cells(args.quick)
+    previous = json.loads((out / "recipes.json").read_text()) if (out / "recipes.json").exists() else {}
+    before = previous.get("machine", {}).get("before") or machine()
     if args.report_only:
-        records = [cache.find(c) for c in todo]
-        if any(r is None for r in records):
-            raise SystemExit("some cells are not cached yet; run without --report-only")
+        records = [cache.find(c) for c in every]
     else:
         try:
-            records = run_cells(todo, cache, workers=max(1, args.workers), tmp_root=out / "tmp")
+            records = run_cells(every, cache, workers=max(1, args.workers), tmp_root=out / "tmp")
         except DirtyCode as e:
             raise SystemExit(str(e)) from None
-    result = summarize(records)
+    done = [r for r in records if r is not None]
+    result = summarize(records, every)
     commits: dict[str, int] = {}
-    for r in records:
+    for r in done:
         commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
-    previous = json.loads((out / "recipes.json").read_text()) if args.report_only and (out / "recipes.json").exists() else {}
+    after = previous["machine"]["after"] if args.report_only and previous.get("machine") else machine()
     result.update(command="nice -n 10 python -m benchmarks.foundation.recipes" + (" --quick" if args.quick else ""),
-                  machine=previous.get("machine") or {"before": before, "after": machine()},
-                  code=provenance.code_version(), commits=commits,
-                  wall_seconds=[r["wall_seconds"] for r in records],
+                  machine={"before": before, "after": after}, commits=commits,
+                  wall_seconds=[r["wall_seconds"] for r in done],
                   runs=[{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "per_round", "slope",
-                                               "code", "code_hash", "config")} for r in records])
+                                               "code", "code_hash", "config")} for r in done])
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipes.json").write_text(json.dumps(_clean(result), indent=1) + "\n")
     (out / "recipes.md").write_text(markdown(result))
