@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from edgefl.algorithms.base import Algorithm, DeviceHalf, NoOptions, ServerHalf, register
+from edgefl.algorithms.fedavg import PAPER_DEFAULTS
 from edgefl.algorithms.training import train_local
 from edgefl.privacy import Release
 from edgefl.wire import Payload
@@ -37,6 +38,6 @@ register(
         device=LocalDevice,
         server=LocalServer,
         options=NoOptions,
-        defaults={"model": "cnn", "tiers": ("2",), "optimizer": "sgd", "lr": 0.05, "batch_size": 32, "epochs": 1},
+        defaults=PAPER_DEFAULTS,  # FedAvg's: the same CNN and recipe, without communication
     )
 )
