@@ -64,6 +64,11 @@ SETTINGS = {
     "centralized": {"algorithm": "local", "partition": "iid", "clients": 1},
 }
 VALIDATION = {"validation_samples": 1000, "eval_samples": 1000}
+#: where the cells' commits are (they ran on a branch that was then rebased onto main)
+PROVENANCE_NOTE = ("`c104fac` and `c283b50` are this sweep's commits before its branch was rebased onto main (as "
+                   "`feccd7c` and `8cb6abd`); each is `a15455e` (main) plus `benchmarks/foundation/recipes.py` alone, "
+                   "so the `edgefl` package every cell ran is `a15455e`'s: code hash `78ddf369e91e96a9`, recorded in "
+                   "every cell.")
 
 
 def cells(quick: bool = False) -> list[Cell]:
@@ -159,7 +164,8 @@ def markdown(result: dict) -> str:
         lines.append(f"- {r['recipe']}, {r['setting']}: {runs or 'not run'}")
     m = result["machine"]
     lines += ["", "## Provenance", "",
-              "Cells by the commit they ran at: " + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ".",
+              "Cells by the commit they ran at: " + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items())
+              + ". " + PROVENANCE_NOTE,
               f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load (1/5/15 min) "
               f"{m['before'].get('loadavg_1_5_15')} at the start ({m['before'].get('date')}), "
               f"{m['after'].get('loadavg_1_5_15')} at the end ({m['after'].get('date')}); "
