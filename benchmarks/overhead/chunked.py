@@ -107,8 +107,7 @@ def raw_round_trip(url: str, n: int, nbytes: int, rounds: int, watch: MemoryWatc
     try:
         if echo.stdout.readline().strip() != "ready":
             raise RuntimeError("raw echo clients did not start")
-        hub = RawServer(url, prefix, n)
-        hub.c.max_inflight_messages_set(100)
+        hub = RawServer(url, prefix, n, max_inflight=100)
         data = os.urandom(nbytes)
         seconds = [hub.round(data) for _ in range(rounds)]
         hub.close()

@@ -37,7 +37,7 @@ def connect(c: mqtt.Client, url: str) -> None:
 class RawServer:
     """One client publishing ``PREFIX/k/down`` to devices 0..n-1 and collecting ``PREFIX/k/up``."""
 
-    def __init__(self, url: str, prefix: str, n: int):
+    def __init__(self, url: str, prefix: str, n: int, max_inflight: int | None = None):
         self.prefix, self.n = prefix, n
         self.lock = threading.Condition()
         self.replies: set[int] = set()
@@ -46,6 +46,8 @@ class RawServer:
         self.c.on_connect = lambda c, u, f, r, p: c.subscribe(f"{prefix}/+/up", qos=1)
         self.c.on_subscribe = lambda *a: self.subscribed.set()
         self.c.on_message = self._on_message
+        if max_inflight is not None:
+            self.c.max_inflight_messages_set(max_inflight)
         connect(self.c, url)
         if not self.subscribed.wait(60):
             raise RuntimeError("the raw server did not subscribe")
