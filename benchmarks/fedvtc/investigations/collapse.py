@@ -10,7 +10,7 @@ class for four generators, each decoding latents v ~ N(c, diag σ²):
 Plus, per device, the mean distance of its class means from the global prototypes against the
 mean within-class spread of its latents (is z pulled onto c at all?).
 
-    python -m benchmarks.fedvtc.collapse [--tc-weight W] [--lr LR] [--optimizer sgd|adam] [--rounds R]
+    python -m benchmarks.fedvtc.investigations.collapse [--tc-weight W] [--lr LR] [--optimizer sgd|adam] [--rounds R]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ training terms, the device's test accuracy (1,000 test images), the oracle's sha
 per class assigned to the intended class, the device's own model's share, and how much the
 per-class mean images differ (0: ψ decodes every class to the same image).
 
-    python -m benchmarks.fedvtc.single_device TC_WEIGHT LR sgd|adam
+    python -m benchmarks.fedvtc.investigations.single_device TC_WEIGHT LR sgd|adam
 """
 
 from __future__ import annotations
