@@ -73,10 +73,10 @@ def test_defences_are_options_of_fedavg_fedprox_and_fedproto():
 
 
 def _knowledge_server(options):
-    from edgefl.algorithms.felo import KnowledgeServer
+    from edgefl.algorithms.felo import FedHeServer
     from tests.test_felo import server_ctx
 
-    return KnowledgeServer(server_ctx(["10"] * 10), options)
+    return FedHeServer(server_ctx(["10"] * 10), options)
 
 
 def _logit_uploads(c, attacked):
@@ -117,10 +117,10 @@ def test_fedhe_defences_keep_two_of_ten_label_flippers_out_of_the_class_logits(o
 
 
 def test_felo_clip_bounds_features_and_weights_too():
-    from edgefl.algorithms.felo import FeloOptions, KnowledgeServer
+    from edgefl.algorithms.felo import FeloOptions, FeloServer
     from tests.test_felo import server_ctx
 
-    server = KnowledgeServer(server_ctx(["10", "10"]), FeloOptions(clip_norm=1.0))
+    server = FeloServer(server_ctx(["10", "10"]), FeloOptions(clip_norm=1.0))
     d = server.feature_dim
     arch = next(iter(server.weights))
     start = {k: v.copy() for k, v in server.weights[arch].items()}

@@ -18,10 +18,13 @@ from edgefl.algorithms import (
 )
 from edgefl.algorithms.cvae import CVAE, conditional_fit, generate, train_cvae
 from edgefl.algorithms.felo import (
+    FedHeDevice,
+    FedHeOptions,
+    FeloDevice,
     FeloOptions,
-    KnowledgeDevice,
-    KnowledgeServer,
+    FeloServer,
     LossTerms,
+    VeloDevice,
     VeloOptions,
     VeloServer,
     felo_loss,
@@ -83,7 +86,7 @@ def reference_means(payloads, key):
 # -- server averaging ------------------------------------------------------------------------------
 def test_server_class_averages_match_numpy_with_missing_classes_and_devices():
     # Prepare: three devices; d02 misses round 0 entirely, classes 5-9 are never reported.
-    server = KnowledgeServer(server_ctx(["10", "14", "10"]), FeloOptions(average_weights=False))
+    server = FeloServer(server_ctx(["10", "14", "10"]), FeloOptions(average_weights=False))
     rng = np.random.default_rng(0)
     round0 = {"d00": uplink([3, 1, 2, 0, 0, 0, 0, 0, 0, 0], rng), "d01": uplink([0, 4, 0, 7, 0, 0, 0, 0, 0, 0], rng)}
     round1 = {"d02": uplink([5, 0, 0, 0, 1, 0, 0, 0, 0, 0], rng)}
@@ -106,7 +109,7 @@ def test_server_class_averages_match_numpy_with_missing_classes_and_devices():
 
 
 def test_server_history_is_bounded_per_class():
-    server = KnowledgeServer(server_ctx(["10"]), FeloOptions(history=2, average_weights=False))
+    server = FeloServer(server_ctx(["10"]), FeloOptions(history=2, average_weights=False))
     rng = np.random.default_rng(1)
     ups = [uplink([1, 0, 0, 0, 0, 0, 0, 0, 0, 2], rng) for _ in range(3)]
     for r, p in enumerate(ups):
@@ -116,7 +119,7 @@ def test_server_history_is_bounded_per_class():
 
 
 def test_server_ignores_malformed_knowledge():
-    server = KnowledgeServer(server_ctx(["10", "10"]), FeloOptions(average_weights=False))
+    server = FeloServer(server_ctx(["10", "10"]), FeloOptions(average_weights=False))
     rng = np.random.default_rng(2)
     good = uplink([2] * C, rng)
     bad = uplink([2] * C, rng, d=7)  # wrong feature dim
@@ -126,16 +129,16 @@ def test_server_ignores_malformed_knowledge():
 
 def test_fleet_with_different_feature_dims_needs_a_common_one():
     with pytest.raises(ConfigError, match="feature-dim"):
-        KnowledgeServer(server_ctx(["10", "50"]), FeloOptions())
+        FeloServer(server_ctx(["10", "50"]), FeloOptions())
     fleet = {"a": DeviceRecord(spec("10", 32)), "b": DeviceRecord(spec("50", 32))}
-    server = KnowledgeServer(ServerContext(C, fleet, TrainSettings(), rounds=2, seed=0), FeloOptions())
+    server = FeloServer(ServerContext(C, fleet, TrainSettings(), rounds=2, seed=0), FeloOptions())
     assert server.feature_dim == 32
 
 
 # -- same-architecture averaging -------------------------------------------------------------------
 def test_weights_are_averaged_only_within_an_architecture():
     # Prepare: d00, d02 are ResNet10; d01, d03 ResNet14; d03 does not report.
-    server = KnowledgeServer(server_ctx(["10", "14", "10", "14"]), FeloOptions())
+    server = FeloServer(server_ctx(["10", "14", "10", "14"]), FeloOptions())
     init14 = {k: v.copy() for k, v in server.downlink(0, "d03").arrays.items() if k.startswith("w/")}
     rng = np.random.default_rng(3)
 
@@ -158,7 +161,7 @@ def test_weights_are_averaged_only_within_an_architecture():
     w14 = server.downlink(1, "d01").arrays
     for k, v in init14.items():
         np.testing.assert_array_equal(w14[k], v)
-    device14 = KnowledgeDevice(DeviceContext("d01", spec("14"), _data(20), TrainSettings(), 0, 10), FeloOptions())
+    device14 = FeloDevice(DeviceContext("d01", spec("14"), _data(20), TrainSettings(), 0, 10), FeloOptions())
     assert {k[2:] for k in w14 if k.startswith("w/")} == set(device14.model.state_dict())
     assert {k for k in w10 if k.startswith("w/")} != {k for k in w14 if k.startswith("w/")}
     # Execute: now a ResNet14 device reports; ResNet10 keeps its average
@@ -172,9 +175,13 @@ def _data(n, seed=0):
     return load_dataset("synthetic", "train").subset(np.arange(seed, seed + n))
 
 
+#: The device half of each method's options type (one each).
+DEVICES = {FedHeOptions: FedHeDevice, FeloOptions: FeloDevice, VeloOptions: VeloDevice}
+
+
 def _device(options, rounds=20):
     ctx = DeviceContext("d00", spec("10"), _data(64), TrainSettings(steps=2, batch_size=16), seed=0, rounds=rounds)
-    return KnowledgeDevice(ctx, options)
+    return DEVICES[type(options)](ctx, options)
 
 
 def _knowledge(known, d=64, seed=0):
@@ -260,14 +267,14 @@ def test_device_uplink_holds_class_means_of_what_it_trained_on():
     assert up.arrays["point"].shape == (len(labels), 64)
     # no weights came down (no other device shares its architecture), so none go up
     assert not any(k.startswith("w/") for k in up.arrays) and up.meta["distill"] is False
-    server = KnowledgeServer(server_ctx(["10", "10"]), VeloOptions(points_per_class=3))
+    server = VeloServer(server_ctx(["10", "10"]), VeloOptions(points_per_class=3))
     device.receive(1, server.downlink(1, "d00"))
     assert any(k.startswith("w/") for k in device.fit(1).arrays)
 
 
 def test_a_device_whose_architecture_no_other_device_has_exchanges_no_weights():
     # Prepare: ResNet10 twice, ResNet14 once
-    server = KnowledgeServer(server_ctx(["10", "14", "10"]), FeloOptions())
+    server = FeloServer(server_ctx(["10", "14", "10"]), FeloOptions())
     # Execute / Assert: the lone ResNet14 gets knowledge only, and none of its weights are expected
     lone, shared = server.downlink(0, "d01").arrays, server.downlink(0, "d00").arrays
     assert not any(k.startswith("w/") for k in lone) and {"logit", "known", "feat"} <= set(lone)
@@ -453,15 +460,15 @@ def test_expected_uplink_matches_what_devices_send():
     from edgefl.wire import array_spec
     from edgefl.wire.schema import check_arrays
 
-    for options, server_cls in ((VeloOptions(), VeloServer), (FeloOptions(), KnowledgeServer)):
+    for options, server_cls in ((VeloOptions(), VeloServer), (FeloOptions(), FeloServer)):
         server = server_cls(server_ctx(["10", "14", "10", "14"]), options)
-        device = KnowledgeDevice(DeviceContext("d01", spec("14"), _data(32), TrainSettings(steps=1, batch_size=16), 0, 10), options)
+        device = DEVICES[type(options)](DeviceContext("d01", spec("14"), _data(32), TrainSettings(steps=1, batch_size=16), 0, 10), options)
         device.receive(0, server.downlink(0, "d01"))
         up = device.fit(0)
         check_arrays(up.arrays, server.expected_uplink("d01"))  # a well-formed uplink passes
         with pytest.raises(WireError, match="undeclared array|shape"):
             check_arrays(up.arrays, server.expected_uplink("d00"))  # ResNet14 weights where ResNet10's are due
-    he = KnowledgeServer(server_ctx(["10"]), get_algorithm("fedhe").parse_options({}))
+    he = get_algorithm("fedhe").server(server_ctx(["10"]), get_algorithm("fedhe").parse_options({}))
     assert he.expected_uplink("d00") == {"logit": array_spec(np.float32, (C, C)), "count": array_spec(np.int64, (C,))}
 
 
