@@ -47,8 +47,9 @@ def _validation(raw: dict[str, Any] | None, projected: dict[str, Any] | None) ->
     if not (raw and projected):
         return []
     lines = ["**The projection on the validation split** (1,000 training images held out; the benchmark's fleet "
-             "and rounds; seeds 0–1), validation accuracy % and collapsed runs, before (raw, the code at "
-             f"{raw['rows'][0]['code']}) and after (projected, {projected['rows'][0]['code']}):", "",
+             "and rounds; seeds 0–1), validation accuracy % and collapsed devices, before the projection (raw: "
+             "the same code with edgefl/privacy/mechanisms.py as before commit 8aabe9e, run from an export) and with "
+             f"it (projected, at {projected['rows'][0]['code']}):", "",
              "| method | seed | raw | projected |", "|---|---|---|---|"]
     by = {(r["method"], r["seed"]): r for r in raw["rows"]}
     for r in projected["rows"]:
