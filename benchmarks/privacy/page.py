@@ -148,4 +148,15 @@ def diagnostics(results: dict[str, Any]) -> str:
         if name in stats:
             lines += _stats(title, stats[name])
     lines += _validation(_load("diagnose-validate-raw.json"), _load("diagnose-validate-projected.json"))
+    mia = _load("mia.json")
+    if mia and mia["rows"] and "method" in mia["rows"][0]:
+        lines += ["## Membership inference at the same ε (mia.md)", "",
+                  "A white-box server scores each candidate image by the distance of its statistics vector to the "
+                  "uplinked mean of its class (one release of a device of about 60 images; 20 devices × 3 seeds; "
+                  "chance 0.5; `python -m benchmarks.privacy.mia`, at " + str(mia.get("code", "—")) + "). The weight "
+                  "methods (FedAvg, FedDW) are not attacked.", "",
+                  "| method | ε | attack AUC (mean ± sd over devices) | largest |", "|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['epsilon']} | {r['auc_mean']:.3f} ± {r['auc_sd']:.3f} | {r['auc_max']:.3f} |"
+                  for r in mia["rows"]]
+        lines.append("")
     return "\n".join(lines)
