@@ -195,9 +195,44 @@ def validate(tag: str, workers: int = 1) -> dict:
     return {"tag": tag, "rows": rows}
 
 
+def stops(seed: int = 0) -> dict:
+    """DP-FedAvg (central) and FedDW (local) at ε = 8 with the benchmark's settings (test split, as
+    the grid): the round the run stops at (every device failing) and the accuracy per round before."""
+    from benchmarks.privacy import FEDAVG, FEDDW, label, options, profile
+    from edgefl.errors import EdgeflError
+    from edgefl.runtime.simulation import simulate
+
+    rows = []
+    for method, settings in (("fedavg", FEDAVG), ("feddw", FEDDW)):
+        explicit = {**profile(False), **settings, "options": options(method, 8), "seed": seed, "threads": 1,
+                    "out_dir": "/tmp/privbench-stops", "run_name": f"{method}-{seed}"}
+        cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
+        seen: list[dict] = []
+
+        def on_round(r: dict, seen=seen) -> None:
+            acc = (r.get("eval") or {}).get("mean_accuracy")
+            seen.append({"round": r.get("round"), "accuracy": acc, "completed": len(r.get("completed", [])),
+                         "failed": len(r.get("failed", {})) + len(r.get("rejected", {}))})
+
+        try:
+            summary = simulate(cfg, on_round, plots=False)
+            row = {"cell": label(method, 8), "stopped": None, "final_accuracy": summary["mean_accuracy"]}
+        except EdgeflError as e:
+            row = {"cell": label(method, 8), "stopped": str(e)}
+        rows.append({**row, "seed": seed, "rounds": seen})
+        print(json.dumps(rows[-1]), flush=True)
+    return {"rows": rows}
+
+
 def main(argv: list[str]) -> None:
     from benchmarks.privacy import CLIPS, FEDAVG, FEDDW, FEDPROTO, FELO, options, profile
 
+    if argv and argv[0] == "stops":
+        t0, before = time.perf_counter(), machine()
+        out = stops()
+        out.update(wall_seconds=time.perf_counter() - t0, machine={"before": before, "after": machine()})
+        (HERE / "diagnose-stops.json").write_text(json.dumps(out, indent=1) + "\n")
+        return
     if argv and argv[0] == "validate":
         t0, before = time.perf_counter(), machine()
         out = validate(argv[1])
