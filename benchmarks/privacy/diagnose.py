@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import machine  # noqa: E402
+from benchmarks.provenance import code_version  # noqa: E402
 from edgefl.algorithms import get_algorithm  # noqa: E402
 from edgefl.config import resolve_config  # noqa: E402
 from edgefl.privacy.accountant import calibrate_noise  # noqa: E402
@@ -195,17 +196,20 @@ def validate(tag: str, workers: int = 1) -> dict:
     return {"tag": tag, "rows": rows}
 
 
-def stops(seed: int = 0) -> dict:
-    """DP-FedAvg (central) and FedDW (local) at ε = 8 with the benchmark's settings (test split, as
-    the grid): the round the run stops at (every device failing) and the accuracy per round before."""
+def stops(method: str, points, path: Path) -> dict:
+    """DP-FedAvg (central) or FedDW (local) with the benchmark's settings (test split, as the grid)
+    at each (ε, seed) of ``points``: the final accuracy, or the round the run stopped at (every
+    device failing), and the accuracy and failed devices per round. Rows land in ``path`` as they finish."""
     from benchmarks.privacy import FEDAVG, FEDDW, label, options, profile
     from edgefl.errors import EdgeflError
     from edgefl.runtime.simulation import simulate
 
-    rows = []
-    for method, settings in (("fedavg", FEDAVG), ("feddw", FEDDW)):
-        explicit = {**profile(False), **settings, "options": options(method, 8), "seed": seed, "threads": 1,
-                    "out_dir": "/tmp/privbench-stops", "run_name": f"{method}-{seed}"}
+    settings = {"fedavg": FEDAVG, "feddw": FEDDW}[method]
+    out = json.loads(path.read_text()) if path.exists() else {"rows": []}
+    done = {(r["epsilon"], r["seed"]) for r in out["rows"]}
+    for eps, seed in [p for p in points if p not in done]:
+        explicit = {**profile(False), **settings, "options": options(method, eps), "seed": seed, "threads": 1,
+                    "out_dir": "/tmp/privbench-stops", "run_name": f"{method}-{eps}-{seed}"}
         cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
         seen: list[dict] = []
 
@@ -216,22 +220,21 @@ def stops(seed: int = 0) -> dict:
 
         try:
             summary = simulate(cfg, on_round, plots=False)
-            row = {"cell": label(method, 8), "stopped": None, "final_accuracy": summary["mean_accuracy"]}
+            row = {"cell": label(method, eps), "stopped": None, "final_accuracy": summary["mean_accuracy"]}
         except EdgeflError as e:
-            row = {"cell": label(method, 8), "stopped": str(e)}
-        rows.append({**row, "seed": seed, "rounds": seen})
-        print(json.dumps(rows[-1]), flush=True)
-    return {"rows": rows}
+            row = {"cell": label(method, eps), "stopped": str(e)}
+        out["rows"].append({**row, "epsilon": eps, "seed": seed, "code": code_version(), "rounds": seen})
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        print(json.dumps(out["rows"][-1])[:300], flush=True)
+    return out
 
 
 def main(argv: list[str]) -> None:
     from benchmarks.privacy import CLIPS, FEDAVG, FEDDW, FEDPROTO, FELO, options, profile
 
-    if argv and argv[0] == "stops":
-        t0, before = time.perf_counter(), machine()
-        out = stops()
-        out.update(wall_seconds=time.perf_counter() - t0, machine={"before": before, "after": machine()})
-        (HERE / "diagnose-stops.json").write_text(json.dumps(out, indent=1) + "\n")
+    if argv and argv[0] == "stops":  # stops METHOD: ε = 8 seeds 0–2, then ε = 1, then ε = 4
+        points = [(e, s) for e in (8, 1, 4) for s in (0, 1, 2)]
+        stops(argv[1], points, HERE / f"diagnose-stops-{argv[1]}.json")
         return
     if argv and argv[0] == "validate":
         t0, before = time.perf_counter(), machine()
