@@ -21,12 +21,13 @@ CLIPS = {"felo": "9", "fedproto": "7", "fedavg": "1.5", "feddw": "0.77"}
 MODES = {"felo": "local", "fedproto": "local", "feddw": "local", "fedavg": "central"}
 
 
-#: Methods whose runs under DP stop before their last round, every device failing (the loop ends a
-#: simulation where no device completes a round): DP-FedAvg's noise on the mean (z·C/10 per
-#: coordinate) and FedDW's local noise on its weights (z·2C per coordinate) blow the models up
-#: until every device's training loss passes 1e12 or turns non-finite. Seen in the first run of
-#: the declared grid (it died with the first such cell, DP-FedAvg at ε = 8) and measured by
-#: ``python -m benchmarks.privacy.diagnose stops`` (diagnose-stops.json); shown on the page, no cell.
+#: Methods whose DP runs are measured outside the runner: DP-FedAvg (central) and FedDW (local DP
+#: on its weights). Their models diverge under the noise (accuracy at or below chance; devices'
+#: training losses past 1e12 or non-finite, refused), and a run where every device fails a round is
+#: ended by the loop with an error; the first run of the declared grid died on such a cell (the
+#: runner stops at a cell that raises). ``python -m benchmarks.privacy.diagnose stops METHOD`` runs
+#: each (ε, seed) of the grid with the same settings and records the final accuracy or the round
+#: the run stopped at (diagnose-stops-*.json); the page shows them beside the cells.
 STOPS = ("fedavg", "feddw")
 
 

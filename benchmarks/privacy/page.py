@@ -95,12 +95,21 @@ def verdicts(results: dict[str, Any]) -> str:
             n = sum(1 for k in collapsed if k.startswith(f"{method} ε={eps}|"))
             fallen += n if eps != "∞" else 0
             parts.append(f"ε={eps} {acc[0]:.1f} ± {acc[1]:.1f} %" + (f" ({n} of {acc[2]} runs collapsed)" if n else ""))
+        stopped = (_load(f"diagnose-stops-{method}.json") or {}).get("rows", [])
+        for eps in (8, 4, 1):
+            rs = sorted((r for r in stopped if r["epsilon"] == eps), key=lambda r: r["seed"])
+            if rs:
+                parts.append(f"ε={eps} (`diagnose stops`; chance 10 %) " + ", ".join(
+                    f"seed {r['seed']}: " + (f"{100 * r['final_accuracy']:.1f} %" if r["stopped"] is None
+                                             else f"stopped at round {len(r['rounds']) + 1}, every device failing")
+                    for r in rs))
         if not parts:
             continue
         line = f"- **{method}**: " + ", ".join(parts)
         if local is not None:
             line += f"; Local (no uplink) {local[0]:.1f} ± {local[1]:.1f} %"
         dp = [a[0] for e in ("8", "4", "1") if (a := _accuracy(runs, f"{method} ε={e}")) is not None]
+        dp += [100 * r["final_accuracy"] for r in stopped if r["stopped"] is None]
         below = local is not None and dp and max(dp) < local[0]
         verdict = "stays below Local at every ε ≤ 8" if below else "measured"
         if method == "fedavg" and weights:
