@@ -134,8 +134,9 @@ def private_class_stats(
     absent (count 0, zero rows, no row in a ``classes`` layout). With ``reduce="mean"`` each
     class's noisy mean (its rows of every block, concatenated) is projected onto the ball of
     radius ``clip``: the true mean of vectors clipped to ``clip`` lies in that ball, a convex set,
-    so the projection never moves the release farther from it (benchmarks/privacy/diagnose.md
-    measures by how much it brings it closer). Everything after the noise is post-processing."""
+    so the projection never moves the release farther from it (the diagnostics of
+    benchmarks/privacy/results.md measure by how much it brings it closer). Everything after the
+    noise is post-processing."""
     count_std = noise_multiplier * SENSITIVITY
     noisy_counts = np.asarray(counts, np.float64) + rng.normal(0.0, count_std, np.shape(counts))
     present = noisy_counts >= max(1.0, PRESENT_SIGMAS * count_std)
