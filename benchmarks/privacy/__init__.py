@@ -65,7 +65,8 @@ FELO = {"algorithm": "felo", **HETERO}
 FEDPROTO = {"algorithm": "fedproto", **HETERO}
 #: FedAvg and FedDW: CNN tier 2 at width 0.25, each method's defaults otherwise (FedDW's head and
 #: Adam; one local epoch as every method here).
-FEDAVG = {"algorithm": "fedavg", "model": "cnn", "tiers": ("2",), "width": 0.25}
+#: (lr pinned at 0.05, the default these cells ran with: the CNN default became 0.01 after them)
+FEDAVG = {"algorithm": "fedavg", "model": "cnn", "tiers": ("2",), "width": 0.25, "lr": 0.05}
 FEDDW = {"algorithm": "feddw", "model": "cnn", "tiers": ("2",), "width": 0.25}
 METHODS = {"fedavg": FEDAVG, "felo": FELO, "fedproto": FEDPROTO, "feddw": FEDDW}
 
@@ -132,6 +133,10 @@ each update to C, averages with equal weights and adds noise z·C/n per coordina
 
 Clips (the median of the measured norms at round 0 on a validation split, rounded; the diagnostics
 below): Felo {CLIPS['felo']}, FedProto {CLIPS['fedproto']}, FedAvg {CLIPS['fedavg']}, FedDW {CLIPS['feddw']}.
+DP-FedAvg and FedDW under DP have no cells: their models diverge and some runs end with every
+device failing a round, which the runner treats as a bug and stops at (the first run of this
+grid died so); `python -m benchmarks.privacy.diagnose stops METHOD` ran every (ε, seed) of them
+with the same settings (diagnose-stops-*.json; shown under "What holds").
 A device's noisy per-class means (Felo, FedProto) are projected onto the C-ball before the uplink
 (post-processing, ε unchanged; edgefl/privacy/mechanisms.py): on the validation fleet it cuts the
 release's error 2–3× (below), and without it devices diverged (non-finite logits and prototypes).
