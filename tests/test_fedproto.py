@@ -14,7 +14,7 @@ from edgefl.algorithms import (
 )
 from edgefl.algorithms.fedproto import (
     FedProtoDevice,
-    PrototypeServer,
+    FedProtoServer,
     local_prototypes,
     pack_prototypes,
     prototype_loss,
@@ -35,7 +35,7 @@ def _spec(tier="2", feature_dim=980):
 def _server(n=4, rounds=5, **options):
     fleet = {f"d{i:02d}": DeviceRecord(_spec(str(1 + i % 5)), 10) for i in range(n)}
     ctx = ServerContext(10, fleet, TrainSettings(), rounds=rounds, seed=0, fraction=0.25)
-    return PrototypeServer(ctx, get_algorithm("fedproto").parse_options(options))
+    return FedProtoServer(ctx, get_algorithm("fedproto").parse_options(options))
 
 
 def test_local_prototypes_are_eval_mode_class_means_of_the_features():
@@ -117,4 +117,4 @@ def test_device_regularises_towards_received_prototypes():
 def test_fedproto_needs_a_common_feature_dimension():
     fleet = {"d00": DeviceRecord(_spec(feature_dim=None), 10)}
     with pytest.raises(ConfigError, match="feature_dim"):
-        PrototypeServer(ServerContext(10, fleet, TrainSettings(), rounds=1, seed=0), get_algorithm("fedproto").parse_options({}))
+        FedProtoServer(ServerContext(10, fleet, TrainSettings(), rounds=1, seed=0), get_algorithm("fedproto").parse_options({}))

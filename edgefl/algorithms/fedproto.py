@@ -146,12 +146,6 @@ class PrototypeServer(ServerHalf):
         self.table = PrototypeTable(ctx.num_classes, self.dim)
         self.device_classes: dict[str, list[int]] = {}
 
-    def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
-        full_from = self.ctx.rounds - getattr(self.options, "full_last_rounds", 0)
-        if round >= full_from:
-            return sorted(device_ids)
-        return super().select(round, device_ids, rng)
-
     def prototype_downlink(self, device_id: str) -> dict[str, np.ndarray]:
         return pack_prototypes(self.table.select(self.device_classes.get(device_id)))
 
@@ -205,6 +199,20 @@ class FedProtoOptions(Defences):
             raise ValueError("lam must be >= 0")
         if self.full_last_rounds < 0:
             raise ValueError("full_last_rounds must be >= 0")
+
+
+class FedProtoServer(PrototypeServer):
+    """FedProto's server: the prototype averaging, and every device in the last
+    ``full_last_rounds`` training rounds."""
+
+    def __init__(self, ctx, options: FedProtoOptions):
+        super().__init__(ctx, options)
+        self.options: FedProtoOptions = options
+
+    def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
+        if round >= self.ctx.rounds - self.options.full_last_rounds:
+            return sorted(device_ids)
+        return super().select(round, device_ids, rng)
 
 
 def prototype_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
@@ -273,7 +281,7 @@ register(
         name="fedproto",
         description="FedProto: share per-class prototypes; regularise local features towards the global ones",
         device=FedProtoDevice,
-        server=PrototypeServer,
+        server=FedProtoServer,
         options=FedProtoOptions,
         defaults=PROTOTYPE_DEFAULTS,
     )

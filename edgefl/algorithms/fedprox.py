@@ -29,13 +29,15 @@ def proximal_term(model: torch.nn.Module, anchor: list[torch.Tensor]) -> torch.T
 
 
 class FedProxDevice(GlobalModelDevice):
+    anchor: list[torch.Tensor] | None = None  # the received global weights (none before any)
+
     def receive(self, round: int, payload: Payload) -> None:
         super().receive(round, payload)
         self.anchor = [p.detach().clone() for p in self.model.parameters()]
 
     def loss_fn(self, round: int):
         mu = self.options.mu
-        anchor = getattr(self, "anchor", None) or [p.detach().clone() for p in self.model.parameters()]
+        anchor = self.anchor or [p.detach().clone() for p in self.model.parameters()]
         # the penalty is of the weights alone: DP-SGD adds its gradient after the noise
         return PenalizedLoss(lambda x, y: F.cross_entropy(self.model(x), y), lambda: 0.5 * mu * proximal_term(self.model, anchor))
 

@@ -58,9 +58,9 @@ class ServerOptSettings:
             raise ValueError(f"server optimizer {self.name!r}: choose one of {', '.join(NAMES)}")
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"server optimizer lr must be a finite number > 0 (got {self.lr})")
-        for key in ("beta1", "beta2"):
-            if not 0 <= getattr(self, key) < 1:
-                raise ValueError(f"server optimizer {key} must be in [0, 1) (got {getattr(self, key)})")
+        for key, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
+            if not 0 <= beta < 1:
+                raise ValueError(f"server optimizer {key} must be in [0, 1) (got {beta})")
         if not (self.eps > 0 and math.isfinite(self.eps)):
             raise ValueError(f"server optimizer eps (tau) must be a finite number > 0 (got {self.eps})")
 
