@@ -442,3 +442,42 @@ def test_simulate_prints_epsilon_per_device_per_round_and_stops_at_the_target(tm
     lines = [line for line in result.output.splitlines() if line.strip().startswith("ε ")]
     assert len(lines) == 2 and all(all(d in line for d in ("d00", "d01", "d02")) for line in lines)
     assert "d00 8.00" in lines[-1] and "(target 8)" in lines[-1]
+
+
+def test_privacy_noise_comes_from_the_process_own_entropy_unless_a_simulation_repeats(tmp_path, monkeypatch):
+    """Noise drawn from the run seed could be regenerated and subtracted by whoever knows the seed
+    (the server assigns it; config.json records it). A device process and the MQTT server draw it
+    from their own entropy; only the simulations, which must repeat, draw it from the seed."""
+    from edgefl.algorithms import DeviceRecord, TrainSettings
+    from edgefl.models import ModelSpec
+    from edgefl.privacy.declare import REPEATABLE_NOISE_ENV
+    from edgefl.privacy.seam import noise_rng
+    from edgefl.runtime.dataspec import DataSpec
+    from edgefl.runtime.device import Assignment, build_assigned
+    from edgefl.runtime.setup import assemble, build_server, resolve_method
+
+    assert noise_rng([1, 2, 3]).normal(size=4).tolist() == noise_rng([1, 2, 3]).normal(size=4).tolist()
+    assert noise_rng(None).normal(size=4).tolist() != noise_rng(None).normal(size=4).tolist()
+
+    options = {"dp": "local", "dp_target_epsilon": "8", "dp_clip": "1"}
+    spec = ModelSpec(family="cnn", tier="2", num_classes=10, in_shape=(1, 28, 28), width=0.25)
+    a = Assignment(spec, "fedavg", options, TrainSettings(steps=2), 3, 0, 0.0, "e1", True)
+    monkeypatch.delenv(REPEATABLE_NOISE_ENV, raising=False)
+    device, _ = build_assigned(DataSpec.parse("synthetic:shard=0/2"), a, "d00")
+    up = device.inner.fit(1).arrays
+    releases = [device.protect(up, 1) for _ in range(2)]
+    assert device.repeatable is False
+    assert any(not np.array_equal(releases[0][k], releases[1][k]) for k in up)  # fresh noise each time
+    monkeypatch.setenv(REPEATABLE_NOISE_ENV, "1")  # a device process a simulation started
+    device, _ = build_assigned(DataSpec.parse("synthetic:shard=0/2"), a, "d00")
+    assert device.repeatable is True
+    releases = [device.protect(up, 1) for _ in range(2)]
+    assert all(np.array_equal(releases[0][k], releases[1][k]) for k in up)
+
+    cfg = tiny_config(tmp_path, algorithm="fedavg", options={**options, "dp": "central"})
+    run = assemble(cfg)  # the in-memory simulation
+    ctx = run.server_context({d: DeviceRecord(spec=run.specs[d], num_samples=10) for d in run.ids})
+    assert run.method.repeatable_noise and build_server(run.method, ctx).repeatable is True
+    method = resolve_method("fedavg", {**options, "dp": "central"})  # what `server start` resolves
+    assert method.repeatable_noise is False
+    assert build_server(method, ctx).repeatable is False

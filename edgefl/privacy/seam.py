@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,14 @@ log = logging.getLogger(__name__)
 
 #: Seed stream of a device's privacy noise (apart from its training streams).
 NOISE_STREAM = 7_777
+
+
+def noise_rng(seed: Sequence[int] | None) -> np.random.Generator:
+    """The generator of privacy noise: from this process's own entropy (``secrets``), or from
+    ``seed`` in a simulation that must repeat. Noise drawn from the run seed could be
+    regenerated, and subtracted, by whoever knows that seed: the server that assigns it, anyone
+    who reads the run's config.json."""
+    return np.random.default_rng(list(seed) if seed is not None else secrets.randbits(128))
 #: Adaptive clipping's learning rate η_C (geometric update; Andrew et al.'s default).
 CLIP_LR = 0.2
 
@@ -87,8 +96,9 @@ class PrivateDevice:
     #: no model leaves the device un-noised: it keeps its final model (edgefl train --save-model)
     sends_final_model = False
 
-    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int):
+    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int, *, repeatable: bool = False):
         self.inner, self.settings, self.release = inner, settings, release
+        self.repeatable = repeatable  # noise from the run seed (a simulation); else the device's own entropy
         self.noise_multiplier = noise_multiplier_for(settings, release, rounds)
         self.ledger = Ledger(self.noise_multiplier, settings.delta, settings.target_epsilon)
         self.received: dict[str, np.ndarray] = {}
@@ -126,7 +136,7 @@ class PrivateDevice:
         loose = sorted(k for k in arrays if not release.covers(k))
         if loose:
             raise EdgeflError(f"uplink arrays {', '.join(loose)} are not covered by the method's privacy declaration")
-        rng = np.random.default_rng([ctx.seed, round, NOISE_STREAM])
+        rng = noise_rng([ctx.seed, round, NOISE_STREAM] if self.repeatable else None)
         out = dict(arrays)
         if release.whole:
             out = private_whole(out, release, self.received, s.clip, self.noise_multiplier, rng)
@@ -142,8 +152,9 @@ class PrivateDevice:
 class PrivateServer:
     """A server half with a privacy ledger per device, and central DP when ``dp=central``."""
 
-    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int):
+    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int, *, repeatable: bool = False):
         self.inner, self.settings, self.release = inner, settings, release
+        self.repeatable = repeatable  # central DP's noise from the run seed (a simulation); else entropy
         self.parts = release.parts  # mechanisms a device's round composes (dp=sgd: one round of DP-SGD)
         if settings.trains_privately:
             from edgefl.privacy.dpsgd import sgd_ledger
@@ -212,7 +223,7 @@ class PrivateServer:
             clipped[d] = Payload(arrays, {**p.meta, "num_samples": 1})  # equal weights: sensitivity C
         metrics = dict(self.inner.aggregate(round, clipped))
         n = devices or len(uplinks)
-        rng = self.inner.ctx.rng(round, stream=NOISE_STREAM)
+        rng = self.inner.ctx.rng(round, stream=NOISE_STREAM) if self.repeatable else noise_rng(None)
         state = dict(self.inner.state_dict())
         std = self.update_noise * self.clip / n  # N(0, (z_Δ·C)²) on the sum, divided by n
         for k in whole_names(state, release):

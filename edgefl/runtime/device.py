@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import queue
 import random
 import socket
@@ -163,9 +164,12 @@ def build_assigned(data: DataSpec, a: Assignment, device_id: str):
     """The device half and evaluation sets that the run assembly builds for this device: exactly
     what the in-memory simulation builds for the same configuration and shard, its labels in the
     run's class order (:func:`align_classes`)."""
+    from edgefl.privacy.declare import REPEATABLE_NOISE_ENV
     from edgefl.runtime.setup import build_device, load_run_data, resolve_method
 
     method = resolve_method(a.algorithm, a.options, a.public_fraction)
+    if os.environ.get(REPEATABLE_NOISE_ENV) == "1":  # a device process a simulation started itself
+        method = dataclasses.replace(method, repeatable_noise=True)
     run_data = align_classes(load_run_data(data, method.needs.public_share), a.classes)
     shard = data.shard[0] if data.shard is not None else 0
     half = build_device(method, device_id, a.spec, run_data, shard, a.settings, a.seed, a.rounds)

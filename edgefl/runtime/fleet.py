@@ -16,6 +16,7 @@ fork server (Windows), each device is a fresh ``python -m edgefl.cli.main train`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -29,6 +30,7 @@ from typing import Any
 
 from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
+from edgefl.privacy.declare import REPEATABLE_NOISE_ENV
 from edgefl.runtime.dataspec import DataSpec
 from edgefl.runtime.derived import run_dir_for
 from edgefl.runtime.method import Method, resolve_method
@@ -87,9 +89,9 @@ def device_command(
     return cmd
 
 
-def start_device(cmd: Sequence[str], log_path: Path | None = None) -> subprocess.Popen:
+def start_device(cmd: Sequence[str], log_path: Path | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     try:
         return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env)
     finally:
@@ -159,13 +161,15 @@ class DeviceLauncher:
     def launch(self) -> str:
         return "fork" if self.ctx is not None else "exec"
 
-    def start(self, cmd: Sequence[str], log_path: Path | None = None) -> DeviceProcess | subprocess.Popen:
-        """``cmd`` as :func:`device_command` makes it: ``python -m edgefl.cli.main ARGS…``."""
+    def start(self, cmd: Sequence[str], log_path: Path | None = None, env: dict[str, str] | None = None) -> DeviceProcess | subprocess.Popen:
+        """``cmd`` as :func:`device_command` makes it: ``python -m edgefl.cli.main ARGS…``; ``env``
+        is added to the device's environment."""
         if self.ctx is None or list(cmd[:3]) != [sys.executable, "-m", "edgefl.cli.main"]:
-            return start_device(cmd, log_path)
+            return start_device(cmd, log_path, env)
         argv = list(cmd)[3:]
         log = None if log_path is None else str(log_path)
-        process = self.ctx.Process(target=_device_main, args=(self.entry, argv, log, {**os.environ, "PYTHONUNBUFFERED": "1"}),
+        environ = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        process = self.ctx.Process(target=_device_main, args=(self.entry, argv, log, environ),
                                    name="edgefl-device", daemon=False)
         process.start()
         return DeviceProcess(process)
@@ -191,6 +195,7 @@ def simulate_mqtt(
     if cfg.validation_samples:
         raise ConfigError("validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the test split")
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
+    method = dataclasses.replace(method, repeatable_noise=True)  # a simulation repeats: its devices too (below)
     plan = plan_fleet(cfg, method)  # the devices and tiers the in-memory run has
     embedded = None
     if broker is None:
@@ -214,7 +219,7 @@ def simulate_mqtt(
                     broker, fleet, device_id, data_spec_for(cfg, i), tier=plan.tiers[device_id],
                     profile_file=profile_file, threads=threads, verbose=verbose,
                 )
-                procs.append(launcher.start(cmd, log_dir / f"{device_id}.log"))
+                procs.append(launcher.start(cmd, log_dir / f"{device_id}.log", {REPEATABLE_NOISE_ENV: "1"}))
             opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline, wait_for_devices=max(120.0, 20.0 * cfg.clients))
             full = cfg.model_copy(update={"min_devices": cfg.clients})
             # the devices send their final models to the server, which writes run_dir/models (edgefl.runtime.ending)

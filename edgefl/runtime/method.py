@@ -34,6 +34,9 @@ class Method:
     privacy: PrivacySettings = PrivacySettings()
     #: Secure aggregation (the ``secagg*`` options of weight methods; off by default).
     secagg: SecAggSettings = SecAggSettings()
+    #: Privacy noise drawn from the run seed, so that a simulation repeats (the simulations set it);
+    #: a real device and a real server draw it from their own entropy.
+    repeatable_noise: bool = False
 
     @property
     def name(self) -> str:

@@ -125,7 +125,7 @@ def build_device(
     if method.privacy.on_device:  # local DP: the device protects its uplink itself
         from edgefl.privacy.seam import PrivateDevice
 
-        half = PrivateDevice(half, method.privacy, method.release, method.total_rounds(rounds))
+        half = PrivateDevice(half, method.privacy, method.release, method.total_rounds(rounds), repeatable=method.repeatable_noise)
     elif method.privacy.trains_privately:  # DP-SGD: the device trains with per-sample clipping and noise
         from edgefl.privacy.dpsgd import SgdDevice
 
@@ -141,7 +141,7 @@ def build_server(method: Method, ctx: ServerContext) -> ServerHalf:
     if method.privacy.on:
         from edgefl.privacy.seam import PrivateServer
 
-        server = PrivateServer(server, method.privacy, method.release, method.total_rounds(ctx.rounds))
+        server = PrivateServer(server, method.privacy, method.release, method.total_rounds(ctx.rounds), repeatable=method.repeatable_noise)
     if method.secagg.on:
         server = SecAggServer(server, method.secagg, central_dp=method.privacy.mode == "central")
     return server
@@ -234,8 +234,10 @@ class RunAssembly:
 
 def assemble(cfg: RunConfig, method: Method | None = None) -> RunAssembly:
     """``cfg``'s whole run: the method (``method``: as :func:`configure` resolved it), the data
-    and its partition, each device's model spec."""
+    and its partition, each device's model spec. A simulation repeats: its privacy noise comes
+    from the run seed (``Method.repeatable_noise``)."""
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
+    method = dataclasses.replace(method, repeatable_noise=True)
     server_optimizer(cfg, method)  # refused before any data are loaded
     if cfg.aggregation == "async" and not method.needs.asynchronous:
         able = [m for m in registered_methods() if m[1].asynchronous]
