@@ -14,8 +14,8 @@ from PIL import Image
 
 from edgefl.data import dataset_info
 from edgefl.errors import ConfigError, WireError
+from edgefl.runtime.assignment import Assignment, align_classes
 from edgefl.runtime.dataspec import DataSpec
-from edgefl.runtime.device import Assignment, align_classes
 from edgefl.runtime.setup import load_run_data
 
 FASHION = dataset_info("fashion-mnist").class_names
@@ -76,7 +76,7 @@ def test_the_assignment_carries_the_run_classes_and_checks_them():
 
 
 def test_the_device_half_trains_on_labels_in_the_run_order(tmp_path):
-    from edgefl.runtime.device import build_assigned
+    from edgefl.runtime.assignment import build_assigned
 
     root = _folder(tmp_path / "d", ["trouser", "bag"])
     half, evals = build_assigned(DataSpec.parse(f"imagefolder:{root}"), _assignment(classes=FASHION), "pi-07")

@@ -452,8 +452,8 @@ def test_privacy_noise_comes_from_the_process_own_entropy_unless_a_simulation_re
     from edgefl.models import ModelSpec
     from edgefl.privacy.declare import REPEATABLE_NOISE_ENV
     from edgefl.privacy.seam import noise_rng
+    from edgefl.runtime.assignment import Assignment, build_assigned
     from edgefl.runtime.dataspec import DataSpec
-    from edgefl.runtime.device import Assignment, build_assigned
     from edgefl.runtime.setup import assemble, build_server, resolve_method
 
     assert noise_rng([1, 2, 3]).normal(size=4).tolist() == noise_rng([1, 2, 3]).normal(size=4).tolist()

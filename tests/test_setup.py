@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from edgefl.runtime.assignment import Assignment, build_assigned
 from edgefl.runtime.dataspec import DataSpec
-from edgefl.runtime.device import Assignment, build_assigned
 from edgefl.runtime.setup import assemble, resolve_method
 from tests.conftest import tiny_config
 

@@ -193,7 +193,7 @@ class Registry:
                 self.rejected += 1
             log.warning("rejected a registration from %s: %s", device_id, e)
             return None
-        from edgefl.runtime.device import Assignment
+        from edgefl.runtime.assignment import Assignment
 
         a = Assignment(spec, self.cfg.algorithm, dict(self.cfg.options), self.settings, self.cfg.rounds, self.cfg.seed, self.public_fraction, self.epoch, ready, self.classes)
         return encode(Envelope("assign", 0, device_id, fleet=self.opts.fleet, tier=spec.tier, payload=Payload({}, a.to_meta())))
