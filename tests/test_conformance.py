@@ -203,8 +203,9 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family)
         for d in r["selected"]:
             assert sent["published_down"][d] == r["bytes_down"][d] * (1 + sent["retries"].get(d, 0)), (r["round"], d)
             assert sent["received_up"][d] >= r["bytes_up"][d] > 0
-        if not sent["dropped"]:  # no duplicate replies: exactly what was declared
-            assert sum(sent["received_up"].values()) == r["bytes_up_total"]
+        assert sum(sent["received_up"].values()) >= r["bytes_up_total"]
+        if not sent["dropped"] and not sent["retries"]:  # no re-sent request, no duplicate reply: exactly
+            assert sum(sent["received_up"].values()) == r["bytes_up_total"]  # what was declared
 
 
 # --- checkpoint → resume --------------------------------------------------------------------------
