@@ -1,0 +1,82 @@
+"""Accuracy against the privacy budget ε, from the committed results (no run here):
+
+    python -m benchmarks.privacy.epsilon_plot      # writes benchmarks/privacy/epsilon.png
+
+Felo and FedProto (local DP) and every ε = ∞ point are the runner's cells (results.json);
+DP-FedAvg (central DP) and FedDW (local DP) under a budget are `diagnose stops` runs
+(diagnose-stops-*.json; stopped runs, every device failing a round, are counted and left out of
+the mean); FedAvg with DP-SGD is dp_sgd.json's fleet of the same size. Means over 3 seeds,
+bars one standard deviation; Local and the two bounds as lines."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).parent
+BUDGETS = ["1", "4", "8", "∞"]
+
+
+def _points() -> dict[str, dict[str, list[float]]]:
+    acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    results = json.loads((HERE / "results.json").read_text())
+    for run in results["runs"]:
+        method, _, eps = run["method"].partition(" ε=")
+        if method != "local":
+            acc[method][eps].append(run["final_accuracy"])
+    for name in ("fedavg", "feddw"):
+        for row in json.loads((HERE / f"diagnose-stops-{name}.json").read_text())["rows"]:
+            eps = row["cell"].partition(" ε=")[2]
+            acc[name][eps].append(row.get("final_accuracy"))  # None: the run stopped
+    for cell in json.loads((HERE / "dp_sgd.json").read_text())["cells"]:
+        if cell["train_samples"] == 3000:
+            eps = "∞" if cell["epsilon"] is None else f"{cell['epsilon']:g}"
+            acc["fedavg DP-SGD"][eps].append(cell["mean_accuracy"])
+    return acc, results
+
+
+def main() -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc, results = _points()
+    local = statistics.mean(r["final_accuracy"] for r in results["runs"] if r["method"] == "local")
+    labels = {"felo": "Felo (local DP)", "fedproto": "FedProto (local DP)", "fedavg": "FedAvg (central DP)",
+              "feddw": "FedDW (local DP)", "fedavg DP-SGD": "FedAvg (DP-SGD on the device)"}
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (method, label) in enumerate(labels.items()):
+        xs, ys, sds, notes = [], [], [], []
+        for x, eps in enumerate(BUDGETS):
+            values = acc[method].get(eps, [])
+            done = [100 * v for v in values if v is not None]
+            if done:
+                xs.append(x + (i - 2) * 0.06)
+                ys.append(statistics.mean(done))
+                sds.append(statistics.stdev(done) if len(done) > 1 else 0.0)
+            if len(done) < len(values):
+                notes.append((x + (i - 2) * 0.06, f"{len(values) - len(done)} of {len(values)} stopped"))
+        ax.errorbar(xs, ys, yerr=sds, marker="o", capsize=3, label=label)
+        for x, text in notes:
+            ax.annotate(text, (x, 22), fontsize=7, rotation=90, va="bottom", ha="center")
+    bounds = results["bounds"]
+    ax.axhline(100 * bounds["centralized"], ls=":", c="k", lw=1, label=f"centralized bound {100 * bounds['centralized']:.1f} %")
+    ax.axhline(100 * bounds["local_iid"], ls="-.", c="grey", lw=1, label=f"Local-IID bound {100 * bounds['local_iid']:.1f} %")
+    ax.axhline(100 * local, ls="--", c="grey", lw=1, label=f"Local (no uplink) {100 * local:.1f} %")
+    ax.set_xticks(range(len(BUDGETS)), [f"ε = {b}" for b in BUDGETS])
+    ax.set_xlabel("privacy budget per device (δ = 1e-5)")
+    ax.set_ylabel("final test accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("Fashion-MNIST Dir(0.5), 10 devices, 16 rounds, 3 seeds", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    out = HERE / "epsilon.png"
+    fig.savefig(out, dpi=120)
+    return out
+
+
+if __name__ == "__main__":
+    print(main())
