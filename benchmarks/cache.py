@@ -11,15 +11,14 @@ its commit unless the cache is a draft's (``--draft``).
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Any
 
 from benchmarks import provenance
 from benchmarks.cells import Cell, _worker_init, run_cell
+from edgefl.report.recorder import json_safe
 
 #: the commit (``+dirty`` where the code differs from it) a measurement runs at: the timing benchmarks' record
 code_version = provenance.code_version
@@ -79,7 +78,7 @@ class Cache:
     def put(self, cell: Cell, record: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.path(cell).with_suffix(".tmp")
-        tmp.write_text(json.dumps(_clean(record), indent=1) + "\n")
+        tmp.write_text(json.dumps(json_safe(record), indent=1) + "\n")
         tmp.replace(self.path(cell))  # atomic: an interrupted write never leaves half a record
 
 
@@ -130,15 +129,3 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
                     log(f"[{done_count}/{len(todo)}] {cell.label}: {100 * record['final_accuracy']:.2f}% "
                         f"in {record['wall_seconds']:.0f}s ({time.perf_counter() - t0:.0f}s elapsed)")
     return [records[c] for c in cells]
-
-
-
-def _clean(obj: Any) -> Any:
-    """``obj`` as JSON can hold it: non-finite floats become null, keys strings, tuples lists."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj

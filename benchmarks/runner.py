@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gates, provenance
-from benchmarks.cache import Cache, DirtyCode, _clean, code_version, run_cells
+from benchmarks.cache import Cache, DirtyCode, code_version, run_cells
 from benchmarks.cells import (
     ADDED_OPTIONS,
     ADDED_SETTINGS,
@@ -89,6 +89,7 @@ from benchmarks.claims import (
 from benchmarks.common import machine
 from benchmarks.figures import band_panel, plot_results
 from benchmarks.pages import pct, results_markdown, runs_table, write_readme_index
+from edgefl.report.recorder import json_safe
 
 __all__ = [
     "ADDED_OPTIONS", "ADDED_SETTINGS", "BENCHMARKS", "COUNTED", "KINDS", "RECORD_VERSION", "ROOT",
@@ -235,7 +236,7 @@ def check(bench: Benchmark, methods: Sequence[str], setting: str, seeds: Sequenc
     result = {"benchmark": bench.name, "setting": setting, "methods": list(methods), "seeds": list(seeds),
               "code": provenance.code_version(bench.record_extras), "code_hash": cache.code_hash, "gates": gate,
               "claims": verdicts, "runs": [{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "code")} for r in runs]}
-    (out / "check.json").write_text(json.dumps(_clean(result), indent=1) + "\n")
+    (out / "check.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
     for r in runs:
         print(f"{r['method']:>20} seed {r['seed']}: {100 * r['final_accuracy']:.2f} %")
     if not verdicts:
@@ -307,7 +308,7 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
         # a report rewritten from cached cells: the machine is that of the run that made them
         previous = json.loads((out / "results.json").read_text())
         results["machine"] = previous.get("machine", results["machine"])
-    (out / "results.json").write_text(json.dumps(_clean(results), indent=1) + "\n")
+    (out / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
     plot_results(results, out)
     figures = bench.figures(results, out) if bench.figures is not None else ""
     (out / "results.md").write_text(results_markdown(bench, results, figures))

@@ -35,6 +35,15 @@ SETTINGS = SecAggSettings(on=True)
 CONTEXT = "run0|0"
 
 
+def after_sharing(ids, settings=SETTINGS):
+    """Devices ``ids`` and a server through advertising and sharing keys: (devices, server, the
+    sealed shares the server relayed to each device)."""
+    devices = {d: DeviceRound(d, CONTEXT, settings) for d in ids}
+    server = ServerRound(CONTEXT, settings)
+    t = server.set_roster({d: v.advert for d, v in devices.items()})
+    return devices, server, server.relay({d: v.share(server.roster, t) for d, v in devices.items()})
+
+
 def protocol(updates, weights, *, drop=(), settings=SETTINGS, liar=None, unmask_from=None):
     """One round between the server and devices with ``updates``; the devices in ``drop`` leave
     after sharing. Returns (the server's sum, the server, the devices, the server's view)."""
@@ -151,10 +160,7 @@ def test_a_masked_input_is_independent_of_the_update():
 def test_a_device_asked_for_both_shares_of_a_peer_refuses(five):
     updates, weights = five
     ids = sorted(updates)
-    devices = {d: DeviceRound(d, CONTEXT, SETTINGS) for d in ids}
-    server = ServerRound(CONTEXT, SETTINGS)
-    t = server.set_roster({d: v.advert for d, v in devices.items()})
-    inbox = server.relay({d: v.share(server.roster, t) for d, v in devices.items()})
+    devices, server, inbox = after_sharing(ids)
     for d in ids:
         devices[d].masked_input(inbox[d], updates[d], weights[d])
     devices["d0"].unmask(ids)  # d1 survived: its seed share is revealed
@@ -189,10 +195,7 @@ def test_a_liar_among_exactly_t_holders_fails_the_round_loudly(five):
 def test_a_masked_input_that_does_not_match_its_masks_fails_loudly(five):
     updates, weights = five
     ids = sorted(updates)
-    devices = {d: DeviceRound(d, CONTEXT, SETTINGS) for d in ids}
-    server = ServerRound(CONTEXT, SETTINGS)
-    t = server.set_roster({d: v.advert for d, v in devices.items()})
-    inbox = server.relay({d: v.share(server.roster, t) for d, v in devices.items()})
+    devices, server, inbox = after_sharing(ids)
     masked = {d: devices[d].masked_input(inbox[d], updates[d], weights[d])[0] for d in ids}
     # d3 masks with a seed other than the one it shared (or adds anything the masks do not explain)
     masked["d3"] = masked["d3"] + prg(b"\x01" * 32, len(masked["d3"]))
@@ -204,10 +207,7 @@ def test_a_masked_input_that_does_not_match_its_masks_fails_loudly(five):
 def test_an_altered_or_misrouted_share_is_refused_by_its_recipient(five):
     updates, weights = five
     ids = sorted(updates)
-    devices = {d: DeviceRound(d, CONTEXT, SETTINGS) for d in ids}
-    server = ServerRound(CONTEXT, SETTINGS)
-    t = server.set_roster({d: v.advert for d, v in devices.items()})
-    inbox = server.relay({d: v.share(server.roster, t) for d, v in devices.items()})
+    devices, server, inbox = after_sharing(ids)
     altered = dict(inbox["d0"])
     box = bytearray(altered["d1"])
     box[20] ^= 1

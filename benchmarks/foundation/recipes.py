@@ -44,10 +44,11 @@ if not __package__:  # run as a file from any directory: the repository on the p
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import gates  # noqa: E402
-from benchmarks.cache import Cache, DirtyCode, _clean, run_cells  # noqa: E402
+from benchmarks.cache import Cache, DirtyCode, run_cells  # noqa: E402
 from benchmarks.cells import Cell  # noqa: E402
 from benchmarks.common import machine  # noqa: E402
 from benchmarks.foundation import profile  # noqa: E402
+from edgefl.report.recorder import json_safe  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SEEDS = (10, 11, 12, 13, 14)  # not foundation's seeds (0–4)
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
                   runs=[{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "per_round", "slope",
                                                "code", "code_hash", "config")} for r in done])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "recipes.json").write_text(json.dumps(_clean(result), indent=1) + "\n")
+    (out / "recipes.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
     (out / "recipes.md").write_text(markdown(result))
     print(f"chosen: {result['chosen']} {result['chosen_recipe']}; results: {out / 'recipes.md'}")
     return result

@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import machine, write_json
+from benchmarks.privacy import profile
 from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
@@ -33,23 +34,12 @@ WORKERS = 2
 EPSILONS = (None, 8.0, 1.0)  # None: no DP
 CLIP = 1.0
 DELTA = 1e-5
-PROFILE = {
+PROFILE = {  # the privacy benchmark's fleet (benchmarks.privacy.profile), FedAvg's CNN at width 0.25
+    **profile(quick=False),
     "algorithm": "fedavg",
     "model": "cnn",
     "tiers": ("2",),
     "width": 0.25,
-    "dataset": "fashion-mnist",
-    "clients": 10,
-    "partition": "dirichlet",
-    "alpha": 0.5,
-    "fraction": 1.0,
-    "rounds": 16,
-    "lr_decay_rounds": (10,),
-    "lr_gamma": 0.1,
-    "epochs": 1,
-    "train_samples": 3000,
-    "test_samples": 2000,
-    "eval_samples": 500,
     "eval_every": 4,
     "threads": 1,
 }

@@ -27,16 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.common import write_json  # noqa: E402
-from benchmarks.timing import command_line, git_state, load, machine, niceness  # noqa: E402
+from benchmarks.common import write_json
+from benchmarks.timing import command_line, git_state, load, machine, niceness
 
 HERE = Path(__file__).resolve().parent
 

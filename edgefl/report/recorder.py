@@ -10,14 +10,14 @@ from typing import Any
 from edgefl.report.runfiles import read_rounds  # noqa: F401  (re-exported)
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """JSON-safe: NaN becomes null (the JSON spec has no NaN)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -29,14 +29,14 @@ class RunRecorder:
         self.rounds_path.write_text("")
 
     def write_config(self, config: dict[str, Any]) -> None:
-        (self.run_dir / "config.json").write_text(json.dumps(_clean(config), indent=2) + "\n")
+        (self.run_dir / "config.json").write_text(json.dumps(json_safe(config), indent=2) + "\n")
 
     def append_round(self, record: dict[str, Any]) -> None:
         with self.rounds_path.open("a") as f:
-            f.write(json.dumps(_clean(record)) + "\n")
+            f.write(json.dumps(json_safe(record)) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
         (self.run_dir / "summary.md").write_text(summary_markdown(summary))
 
 
