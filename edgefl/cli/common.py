@@ -16,14 +16,56 @@ from edgefl.errors import ConfigError
 from edgefl.names import ALGORITHMS, DATASETS, MODEL_FAMILIES, listing
 
 # --- options every command that talks to the broker takes -------------------------------------
-Broker = Annotated[str, typer.Option("--broker", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port].")]
-Fleet = Annotated[str, typer.Option("--fleet", envvar="EDGEFL_FLEET", help="Fleet name (topics edgefl/<fleet>/...).")]
-Username = Annotated[str, typer.Option("--username", envvar="EDGEFL_USERNAME", help="MQTT username (default: from the URL).")]
-Password = Annotated[str, typer.Option("--password", envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"], help="MQTT password (prefer --password-file).")]
-PasswordFile = Annotated[Path, typer.Option("--password-file", envvar="EDGEFL_PASSWORD_FILE", help="File holding the MQTT password (e.g. systemd's $CREDENTIALS_DIRECTORY/password).")]
-CaFile = Annotated[str, typer.Option("--ca-file", envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://).")]
-CertFile = Annotated[str, typer.Option("--cert-file", envvar="EDGEFL_CERT_FILE", help="TLS: this client's certificate (edgefl broker add-device --certs).")]
-KeyFile = Annotated[str, typer.Option("--key-file", envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key.")]
+Broker = Annotated[
+    str,
+    typer.Option(
+        "--broker", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."
+    ),
+]
+Fleet = Annotated[
+    str,
+    typer.Option("--fleet", envvar="EDGEFL_FLEET", help="Fleet name (topics edgefl/<fleet>/...)."),
+]
+Username = Annotated[
+    str,
+    typer.Option(
+        "--username", envvar="EDGEFL_USERNAME", help="MQTT username (default: from the URL)."
+    ),
+]
+Password = Annotated[
+    str,
+    typer.Option(
+        "--password",
+        envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"],
+        help="MQTT password (prefer --password-file).",
+    ),
+]
+PasswordFile = Annotated[
+    Path,
+    typer.Option(
+        "--password-file",
+        envvar="EDGEFL_PASSWORD_FILE",
+        help="File holding the MQTT password (e.g. systemd's $CREDENTIALS_DIRECTORY/password).",
+    ),
+]
+CaFile = Annotated[
+    str,
+    typer.Option(
+        "--ca-file", envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://)."
+    ),
+]
+CertFile = Annotated[
+    str,
+    typer.Option(
+        "--cert-file",
+        envvar="EDGEFL_CERT_FILE",
+        help="TLS: this client's certificate (edgefl broker add-device --certs).",
+    ),
+]
+KeyFile = Annotated[
+    str,
+    typer.Option("--key-file", envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
+]
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 
 
@@ -41,30 +83,50 @@ class Connection:
     key_file: str | None = None
 
     def address(self):
-        """The :class:`~edgefl.transport.mqtt.BrokerAddress` (the password file read: exit 3 if unreadable)."""
-        return connection_address(self.broker, self.username, self.password, self.ca_file, self.cert_file,
-                                  self.key_file, self.password_file)
+        """The :class:`~edgefl.transport.mqtt.BrokerAddress` (the password file read: exit 3 if
+        unreadable)."""
+        return connection_address(
+            self.broker,
+            self.username,
+            self.password,
+            self.ca_file,
+            self.cert_file,
+            self.key_file,
+            self.password_file,
+        )
 
     def values(self) -> dict:
         return asdict(self)
 
 
 #: Each field of :class:`Connection`: its option (the aliases above).
-_CONNECTION_OPTIONS = {"broker": Broker, "fleet": Fleet, "username": Username, "password": Password,
-                       "password_file": PasswordFile, "ca_file": CaFile, "cert_file": CertFile, "key_file": KeyFile}
+_CONNECTION_OPTIONS = {
+    "broker": Broker,
+    "fleet": Fleet,
+    "username": Username,
+    "password": Password,
+    "password_file": PasswordFile,
+    "ca_file": CaFile,
+    "cert_file": CertFile,
+    "key_file": KeyFile,
+}
 
 
 def connection_options(command):
-    """The broker/TLS/fleet options, declared once: ``command`` takes ``conn: Connection = Connection()``
-    and Typer sees, in its place, ``--broker --fleet --username --password --password-file --ca-file
-    --cert-file --key-file`` (with their environment variables); the command gets them as one
-    :class:`Connection`."""
+    """The broker/TLS/fleet options, declared once: ``command`` takes ``conn: Connection =
+    Connection()`` and Typer sees, in its place, ``--broker --fleet --username --password
+    --password-file --ca-file --cert-file --key-file`` (with their environment variables); the
+    command gets them as one :class:`Connection`."""
     signature = inspect.signature(command, eval_str=True)
     params = list(signature.parameters.values())
     at = [p.name for p in params].index("conn")
     defaults = Connection()
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name), annotation=alias)
-             for name, alias in _CONNECTION_OPTIONS.items()]
+    added = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name), annotation=alias
+        )
+        for name, alias in _CONNECTION_OPTIONS.items()
+    ]
     params = params[:at] + added + params[at + 1:]
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
 
@@ -80,10 +142,31 @@ def connection_options(command):
 
 
 # --- the server optimizer (simulate and server start) ---------------------------------------------
-ServerOpt = Annotated[str, typer.Option("--server-opt", help="Server optimizer over the averaged weights: fedavg (plain averaging), fedavgm, fedadagrad, fedyogi or fedadam (Reddi et al. 2021).")]
-ServerOptLr = Annotated[float, typer.Option("--server-opt-lr", help="Server learning rate eta (default: the optimizer's, see docs/simulation.md).")]
-ServerOptBetas = Annotated[str, typer.Option("--server-opt-betas", help="beta1,beta2 (default 0.9,0.99; FedAvgM's momentum is beta1).")]
-ServerOptEps = Annotated[float, typer.Option("--server-opt-eps", help="tau, the adaptive optimizers' epsilon (default 1e-3).")]
+ServerOpt = Annotated[
+    str,
+    typer.Option(
+        "--server-opt",
+        help="Server optimizer over the averaged weights: fedavg (plain averaging), fedavgm, "
+        "fedadagrad, fedyogi or fedadam (Reddi et al. 2021).",
+    ),
+]
+ServerOptLr = Annotated[
+    float,
+    typer.Option(
+        "--server-opt-lr",
+        help="Server learning rate eta (default: the optimizer's, see docs/simulation.md).",
+    ),
+]
+ServerOptBetas = Annotated[
+    str,
+    typer.Option(
+        "--server-opt-betas", help="beta1,beta2 (default 0.9,0.99; FedAvgM's momentum is beta1)."
+    ),
+]
+ServerOptEps = Annotated[
+    float,
+    typer.Option("--server-opt-eps", help="tau, the adaptive optimizers' epsilon (default 1e-3)."),
+]
 
 # --- the registries' choices, for --help (edgefl.names: known without importing torch) --------
 ALGORITHM_HELP = f"Method: {listing(ALGORITHMS)}; default fedavg."
@@ -92,13 +175,16 @@ DATASET_HELP = f"Dataset: {listing(d for d in DATASETS if d != 'imagefolder')}, 
 
 
 def interrupted(e, as_json: bool) -> None:
-    """Ctrl-C ended a run after its record was written (RunInterrupted): say what it holds, exit 130."""
+    """Ctrl-C ended a run after its record was written (RunInterrupted): say what it holds, exit
+    130."""
     from rich.console import Console
     from rich.markup import escape
 
     if as_json:
         typer.echo(json.dumps(e.summary))
-    Console(stderr=True).print(f"[yellow]{escape(str(e))}[/]", highlight=False)  # "interrupted after round …"
+    Console(stderr=True).print(
+        f"[yellow]{escape(str(e))}[/]", highlight=False
+    )  # "interrupted after round …"
     raise typer.Exit(int(e.exit_code))
 
 
@@ -109,15 +195,28 @@ def read_password(password: str | None, password_file: Path | str | None) -> str
     try:
         return Path(password_file).read_text().strip()
     except OSError as e:
-        raise ConfigError(f"cannot read the password file {password_file} (--password-file): {e.strerror or e}") from None
+        raise ConfigError(
+            f"cannot read the password file {password_file} (--password-file): {e.strerror or e}"
+        ) from None
 
 
-def connection_address(broker: str, username: str | None, password: str | None, ca_file: str | None,
-                       cert_file: str | None, key_file: str | None, password_file: Path | str | None = None):
+def connection_address(
+    broker: str,
+    username: str | None,
+    password: str | None,
+    ca_file: str | None,
+    cert_file: str | None,
+    key_file: str | None,
+    password_file: Path | str | None = None,
+):
     from edgefl.transport.mqtt import BrokerAddress
 
     password = read_password(password, password_file)
-    return BrokerAddress.parse(broker).with_credentials(username, password).with_tls(ca_file, cert_file, key_file)
+    return (
+        BrokerAddress.parse(broker)
+        .with_credentials(username, password)
+        .with_tls(ca_file, cert_file, key_file)
+    )
 
 
 def split_list(value: str | None) -> tuple[str, ...] | None:
@@ -126,13 +225,16 @@ def split_list(value: str | None) -> tuple[str, ...] | None:
 
 
 def parse_betas(value: str | None) -> tuple[float, float] | None:
-    """``--server-opt-betas 0.9,0.99``: two numbers (their ranges are the run configuration's check)."""
+    """``--server-opt-betas 0.9,0.99``: two numbers (their ranges are the run configuration's
+    check)."""
     if value is None:
         return None
     try:
         b1, b2 = (float(v) for v in value.split(","))
     except ValueError:
-        raise typer.BadParameter(f"--server-opt-betas {value!r}: give two numbers, e.g. 0.9,0.99") from None
+        raise typer.BadParameter(
+            f"--server-opt-betas {value!r}: give two numbers, e.g. 0.9,0.99"
+        ) from None
     return b1, b2
 
 
@@ -147,14 +249,19 @@ def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
     return out
 
 
-def run_settings(config: Path | None, flags: dict, option: list[str] | None, options: dict | None = None) -> dict:
+def run_settings(
+    config: Path | None, flags: dict, option: list[str] | None, options: dict | None = None
+) -> dict:
     """A run's explicit settings: the ``--config`` TOML file, the flags given (None: not given) over
-    it, and the method's options (``-o key=value``, then ``options`` given, as strings) over its own."""
+    it, and the method's options (``-o key=value``, then ``options`` given, as strings) over its
+    own."""
     from edgefl.config import load_toml
 
     explicit = load_toml(config) if config else {}
     explicit.update({k: v for k, v in flags.items() if v is not None})
-    extra = parse_pairs(option, "option") | {k: str(v) for k, v in (options or {}).items() if v is not None}
+    extra = parse_pairs(option, "option") | {
+        k: str(v) for k, v in (options or {}).items() if v is not None
+    }
     if extra:
         explicit["options"] = {**explicit.get("options", {}), **extra}
     return explicit
@@ -196,8 +303,11 @@ def load_profile(path: Path | None) -> dict | None:
     return data
 
 
-def serve_models(address, fleet: str, device_id: str, models_dir: str | None, input_shape: str | None, say) -> None:
-    """Be the device's model agent (``edgefl device agent``, ``edgefl train --models-dir``) until stopped."""
+def serve_models(
+    address, fleet: str, device_id: str, models_dir: str | None, input_shape: str | None, say
+) -> None:
+    """Be the device's model agent (``edgefl device agent``, ``edgefl train --models-dir``) until
+    stopped."""
     import signal
     import threading
 
@@ -215,7 +325,10 @@ def serve_models(address, fleet: str, device_id: str, models_dir: str | None, in
     store = ModelStore(resolve_models_dir(models_dir), expected_input_shape=shape)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
-    say(f"model agent of {device_id} in fleet {fleet}: {store.dir} (active: {(store.active() or {}).get('version')})")
+    say(
+        f"model agent of {device_id} in fleet {fleet}: {store.dir} (active: "
+        f"{(store.active() or {}).get('version')})"
+    )
     try:
         run_agent(address, fleet, device_id, store, stop=stop, say=say)
     except KeyboardInterrupt:

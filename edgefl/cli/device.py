@@ -46,40 +46,69 @@ def profile(
 @app.command("register")
 @connection_options
 def register(
-    device_id: str = typer.Option(..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."),
+    device_id: str = typer.Option(
+        ...,
+        "--device-id",
+        envvar="EDGEFL_DEVICE_ID",
+        help="This device's id (also its MQTT username).",
+    ),
     conn: Connection = Connection(),
-    tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
-    profile_file: str = typer.Option(None, "--profile", help="Profile JSON; default: measure this machine."),
+    tier: str = typer.Option(
+        None, help="Ask for this tier instead of the server's profile-based choice."
+    ),
+    profile_file: str = typer.Option(
+        None, "--profile", help="Profile JSON; default: measure this machine."
+    ),
     timeout: float = typer.Option(60.0, help="Seconds to wait for the server's answer."),
     as_json: bool = typer.Option(False, "--json", help="Print the assignment as JSON."),
 ) -> None:
-    """Send this device's profile to the fleet's server and print the model it assigns (then exit)."""
+    """Send this device's profile to the fleet's server and print the model it assigns (then
+    exit)."""
     from edgefl.models.spec import ModelSpec
     from edgefl.runtime.device import register_once
 
     address = conn.address()
     meta = register_once(
-        broker=conn.broker, fleet=conn.fleet, device_id=device_id, tier=tier, profile=load_profile(profile_file),
-        username=address.username, password=address.password, timeout=timeout,
-        ca_file=address.ca_file, cert_file=address.cert_file, key_file=address.key_file,
+        broker=conn.broker,
+        fleet=conn.fleet,
+        device_id=device_id,
+        tier=tier,
+        profile=load_profile(profile_file),
+        username=address.username,
+        password=address.password,
+        timeout=timeout,
+        ca_file=address.ca_file,
+        cert_file=address.cert_file,
+        key_file=address.key_file,
     )
     if as_json:
         typer.echo(json.dumps(meta))
         return
     spec = ModelSpec.from_dict(json.loads(meta["spec"]))
-    out.print(f"[bold green]registered[/] {device_id} with server {meta['epoch']}: {spec.name} for {meta['algorithm']}, {meta['rounds']} rounds")
+    out.print(
+        f"[bold green]registered[/] {device_id} with server {meta['epoch']}: {spec.name} for "
+        f"{meta['algorithm']}, {meta['rounds']} rounds"
+    )
 
 
 @app.command("agent")
 @connection_options
 def agent(
-    device_id: str = typer.Option(..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (its MQTT username)."),
+    device_id: str = typer.Option(
+        ..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (its MQTT username)."
+    ),
     conn: Connection = Connection(),
-    models_dir: str = typer.Option(None, envvar="EDGEFL_MODELS_DIR", help="Where models are kept (default ~/.local/share/edgefl/models)."),
-    input_shape: str = typer.Option(None, help="Refuse models whose input is not C,H,W (default: that of the active model)."),
+    models_dir: str = typer.Option(
+        None,
+        envvar="EDGEFL_MODELS_DIR",
+        help="Where models are kept (default ~/.local/share/edgefl/models).",
+    ),
+    input_shape: str = typer.Option(
+        None, help="Refuse models whose input is not C,H,W (default: that of the active model)."
+    ),
 ) -> None:
-    """Receive model rollouts (edgefl deploy) until stopped: check, install, keep the previous version, report.
-    One line per install, rollback or refused model."""
+    """Receive model rollouts (edgefl deploy) until stopped: check, install, keep the previous
+    version, report. One line per install, rollback or refused model."""
     import sys
 
     def say(line: str) -> None:

@@ -16,17 +16,39 @@ def export(
     out: Path = typer.Option(..., "--out", help="Output .onnx file (one model) or directory."),
     run: Path = typer.Option(None, "--run", help="Run directory written by a simulation."),
     device: str = typer.Option(None, "--device", help="Export this device's model."),
-    tier: str = typer.Option(None, "--tier", help="Export one model of this tier (the first device holding it)."),
+    tier: str = typer.Option(
+        None, "--tier", help="Export one model of this tier (the first device holding it)."
+    ),
     all_devices: bool = typer.Option(False, "--all", help="Export every device's model."),
-    checkpoint: Path = typer.Option(None, "--checkpoint", help="A model file (.safetensors with edgefl spec metadata) instead of --run."),
-    dataset: str = typer.Option(None, "--dataset", help="Dataset of a --checkpoint when its metadata names none. " + DATASET_HELP),
+    checkpoint: Path = typer.Option(
+        None,
+        "--checkpoint",
+        help="A model file (.safetensors with edgefl spec metadata) instead of --run.",
+    ),
+    dataset: str = typer.Option(
+        None,
+        "--dataset",
+        help="Dataset of a --checkpoint when its metadata names none. " + DATASET_HELP,
+    ),
     data_dir: str = typer.Option(None, "--data-dir", help="Directory holding the dataset files."),
     opset: int = typer.Option(17, "--opset", help="ONNX opset."),
     quantize: str = typer.Option(None, "--quantize", help="Also write a static int8 model (int8)."),
-    int8_format: str = typer.Option("qdq", "--int8-format", help="qdq (for TensorRT/CUDA and CPU) or qoperator (smaller, CPU only)."),
-    calibration_samples: int = typer.Option(256, "--calibration-samples", help="Training samples for int8 calibration (and static BatchNorm)."),
-    test_samples: int = typer.Option(None, "--test-samples", help="Test samples for the accuracy report (default all; 0 skips)."),
-    tolerance: float = typer.Option(1e-4, "--tolerance", help="Parity tolerance, relative to max(1, max |logit|)."),
+    int8_format: str = typer.Option(
+        "qdq",
+        "--int8-format",
+        help="qdq (for TensorRT/CUDA and CPU) or qoperator (smaller, CPU only).",
+    ),
+    calibration_samples: int = typer.Option(
+        256,
+        "--calibration-samples",
+        help="Training samples for int8 calibration (and static BatchNorm).",
+    ),
+    test_samples: int = typer.Option(
+        None, "--test-samples", help="Test samples for the accuracy report (default all; 0 skips)."
+    ),
+    tolerance: float = typer.Option(
+        1e-4, "--tolerance", help="Parity tolerance, relative to max(1, max |logit|)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON on stdout."),
 ) -> None:
     """Export trained models to ONNX (checked, parity-verified against PyTorch), optionally int8."""
@@ -44,11 +66,21 @@ def export(
     }
     if run is not None:
         with Feedback(err, quiet=as_json) as feedback:
-            results = export_run(run, out, device=device, tier=tier, all_devices=all_devices, data_dir=data_dir,
-                                 on_progress=feedback.progress_hook, **options)
+            results = export_run(
+                run,
+                out,
+                device=device,
+                tier=tier,
+                all_devices=all_devices,
+                data_dir=data_dir,
+                on_progress=feedback.progress_hook,
+                **options,
+            )
     else:
         if device is not None or tier is not None or all_devices:
-            raise ConfigError("--device/--tier/--all choose models of a --run, not of a --checkpoint")
+            raise ConfigError(
+                "--device/--tier/--all choose models of a --run, not of a --checkpoint"
+            )
         results = export_checkpoint(checkpoint, out, dataset=dataset, data_dir=data_dir, **options)
     if as_json:
         typer.echo(json.dumps(results))
@@ -62,7 +94,9 @@ def _print_result(r: dict) -> None:
         err.print(f"[yellow]skipped[/] {r['device_id']}: {r['skipped']}", highlight=False)
         return
     who = f"{r['device_id']} " if "device_id" in r else ""
-    line = f"[bold green]exported[/] {who}{r['model']} → {r['path']} ({r['size_bytes'] / 1024:.0f} KiB"
+    line = (
+        f"[bold green]exported[/] {who}{r['model']} → {r['path']} ({r['size_bytes'] / 1024:.0f} KiB"
+    )
     line += f", max |Δ| vs PyTorch {max(map(float, r['parity_max_abs_diff'].values())):.1e}"
     if "accuracy" in r:
         line += f", accuracy {100 * r['accuracy']:.2f}%"
@@ -71,7 +105,13 @@ def _print_result(r: dict) -> None:
         err.print(f"  static BatchNorm {r['batch_norm']}", highlight=False)
     if "int8" in r:
         q = r["int8"]
-        line = f"  int8 → {q['path']} ({q['size_bytes'] / 1024:.0f} KiB, {q['size_ratio']:.2f}× the size"
+        line = (
+            f"  int8 → {q['path']} ({q['size_bytes'] / 1024:.0f} KiB, {q['size_ratio']:.2f}× the "
+            "size"
+        )
         if "accuracy" in q and "accuracy" in r:
-            line += f", accuracy {100 * q['accuracy']:.2f}% ({100 * (q['accuracy'] - r['accuracy']):+.2f} points)"
+            line += (
+                f", accuracy {100 * q['accuracy']:.2f}% "
+                f"({100 * (q['accuracy'] - r['accuracy']):+.2f} points)"
+            )
         err.print(line + ")", highlight=False)

@@ -1,4 +1,5 @@
-"""``edgefl fleet``: what a fleet is doing, from its server's retained status message or a run directory."""
+"""``edgefl fleet``: what a fleet is doing, from its server's retained status message or a run
+directory."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ def _ago(t: float | None, now: float) -> str:
     if not t:
         return "-"
     s = max(0.0, now - float(t))
-    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.0f}h ago"
+    return (
+        f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.0f}h ago"
+    )
 
 
 def _bytes(n: int | None) -> str:
@@ -32,20 +35,35 @@ def _bytes(n: int | None) -> str:
 
 
 def result_line(result: dict[str, Any]) -> str:
-    """The run's result in words: 'result: 71.3% mean accuracy over 3 devices (final evaluation)'."""
+    """The run's result in words: 'result: 71.3% mean accuracy over 3 devices (final
+    evaluation)'."""
     acc = result.get("mean_accuracy")
-    how = {"final-evaluation": "final evaluation", "last-round": "each device's last per-round evaluation",
-           "mixed": "final evaluation; " + ", ".join(f"{d} from round {r}" for d, r in sorted((result.get("from_last_round") or {}).items()))}
+    how = {
+        "final-evaluation": "final evaluation",
+        "last-round": "each device's last per-round evaluation",
+        "mixed": "final evaluation; "
+        + ", ".join(
+            f"{d} from round {r}" for d, r in sorted((result.get("from_last_round") or {}).items())
+        ),
+    }
     if acc is None:
-        return f"result: not measured (no device answered an evaluation in {result.get('rounds_completed', 0)} rounds)"
-    return f"result: {100 * acc:.1f}% mean accuracy over {result.get('devices')} devices ({how.get(result.get('measured_by'), result.get('measured_by'))})"
+        return (
+            "result: not measured (no device answered an evaluation in "
+            f"{result.get('rounds_completed', 0)} rounds)"
+        )
+    return (
+        f"result: {100 * acc:.1f}% mean accuracy over {result.get('devices')} devices "
+        f"({how.get(result.get('measured_by'), result.get('measured_by'))})"
+    )
 
 
 def _where(s: dict[str, Any], now: float) -> str:
     """Where the server's run is: waiting, in a round (and when it closes), or over."""
     phase = s.get("phase")
     if phase == "waiting":
-        return f"waiting for devices: {s.get('registered', 0)} of {s.get('expected', '?')} registered"
+        return (
+            f"waiting for devices: {s.get('registered', 0)} of {s.get('expected', '?')} registered"
+        )
     if phase in ("finished", "interrupted", "stopped"):
         return f"{phase} after round {s.get('round') or 0} of {s.get('rounds')}"
     deadline = s.get("deadline")
@@ -69,26 +87,61 @@ def render(status: dict[str, Any]) -> None:
         out.print(result_line(result), highlight=False)
     privacy = s.get("privacy")
     if isinstance(privacy, dict):
-        out.print(f"differential privacy {privacy.get('mode')}: budget ε {privacy.get('target_epsilon')} at δ {privacy.get('delta')} per device", highlight=False)
+        out.print(
+            f"differential privacy {privacy.get('mode')}: budget ε "
+            f"{privacy.get('target_epsilon')} at δ {privacy.get('delta')} per device",
+            highlight=False,
+        )
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("device", "state", "tier", "model", "profile", "registered", "last seen", "last round", "up", "down", "model version", "last error"):
+    for col in (
+        "device",
+        "state",
+        "tier",
+        "model",
+        "profile",
+        "registered",
+        "last seen",
+        "last round",
+        "up",
+        "down",
+        "model version",
+        "last error",
+    ):
         table.add_column(col)
     if isinstance(privacy, dict):
         table.add_column("ε spent")
     colour = {"training": "green", "idle": "cyan", "late": "yellow", "gone": "red"}
     for device_id, d in sorted(status.get("devices", {}).items()):
         p = d.get("profile") or {}
-        profile = ", ".join(str(x) for x in (p.get("name"), p.get("arch"), f"{p['cores']} cores" if "cores" in p else None,
-                                               f"{p['ram_total_mb']} MB" if "ram_total_mb" in p else None) if x)
+        profile = ", ".join(
+            str(x)
+            for x in (
+                p.get("name"),
+                p.get("arch"),
+                f"{p['cores']} cores" if "cores" in p else None,
+                f"{p['ram_total_mb']} MB" if "ram_total_mb" in p else None,
+            )
+            if x
+        )
         state = d.get("state", "?")
         version = d.get("model_version") or "-"
         if d.get("model_error"):
             version += f" (refused: {d['model_error']})"
         # profiles and refusal reasons come from devices: shown as text, never as markup
-        cells = [escape(device_id), f"[{colour.get(state, 'white')}]{escape(str(state))}[/]", escape(str(d.get("tier") or "-")),
-                 escape(str(d.get("model") or "-")), escape(profile or "-"), _ago(d.get("registered_at"), now), _ago(d.get("last_seen"), now),
-                 "-" if d.get("last_round") is None else str(d["last_round"]), _bytes(d.get("bytes_up")), _bytes(d.get("bytes_down")),
-                 escape(version), escape(str(d.get("last_error") or "-"))]
+        cells = [
+            escape(device_id),
+            f"[{colour.get(state, 'white')}]{escape(str(state))}[/]",
+            escape(str(d.get("tier") or "-")),
+            escape(str(d.get("model") or "-")),
+            escape(profile or "-"),
+            _ago(d.get("registered_at"), now),
+            _ago(d.get("last_seen"), now),
+            "-" if d.get("last_round") is None else str(d["last_round"]),
+            _bytes(d.get("bytes_up")),
+            _bytes(d.get("bytes_down")),
+            escape(version),
+            escape(str(d.get("last_error") or "-")),
+        ]
         if isinstance(privacy, dict):
             eps = d.get("epsilon")
             cells.append(f"{eps:.2f}" if isinstance(eps, (int, float)) else "-")
@@ -96,8 +149,15 @@ def render(status: dict[str, Any]) -> None:
     out.print(table)
     acc = status.get("tier_accuracy") or {}
     if acc:
-        out.print("last evaluation: " + ", ".join(f"tier {t} {100 * a:.1f}%" for t, a in sorted(acc.items(), key=lambda x: (len(x[0]), x[0]))
-                                                  if a is not None), highlight=False)
+        out.print(
+            "last evaluation: "
+            + ", ".join(
+                f"tier {t} {100 * a:.1f}%"
+                for t, a in sorted(acc.items(), key=lambda x: (len(x[0]), x[0]))
+                if a is not None
+            ),
+            highlight=False,
+        )
 
 
 @app.command("status")
@@ -108,8 +168,8 @@ def status(
     timeout: float = typer.Option(5.0, help="Seconds to wait for the retained status."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
-    """Devices (tier, model, profile, registration, last seen, last round, bytes, state, model version),
-    the server's round and phase, and accuracy per tier."""
+    """Devices (tier, model, profile, registration, last seen, last round, bytes, state, model
+    version), the server's round and phase, and accuracy per tier."""
     from edgefl.runtime.status import read_status_from_broker, read_status_from_run
 
     if run is not None:

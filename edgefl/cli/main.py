@@ -39,7 +39,8 @@ from edgefl.report.console import err
 
 app = typer.Typer(
     name="edgefl",
-    help="Model-heterogeneous federated learning for edge fleets: simulate, deploy over MQTT, export to ONNX.",
+    help="Model-heterogeneous federated learning for edge fleets: simulate, deploy over MQTT, "
+    "export to ONNX.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -56,7 +57,9 @@ def _version(value: bool) -> None:
 def root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
 ) -> None:
     from edgefl.report.console import log_handler
 
@@ -92,7 +95,9 @@ def _fail(e: EdgeflError) -> None:
         raise e
     from rich.markup import escape
 
-    err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # "[train]" is text
+    err.print(
+        f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True
+    )  # "[train]" is text
     sys.exit(int(e.exit_code))
 
 

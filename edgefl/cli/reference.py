@@ -1,4 +1,5 @@
-"""The CLI's reference and shell completion scripts, generated from the Typer app (``make cli-docs``).
+"""The CLI's reference and shell completion scripts, generated from the Typer app (``make
+cli-docs``).
 
     python -m edgefl.cli.reference cli          # writes cli/README.md and cli/completion/*
 
@@ -16,15 +17,24 @@ PROG = "edgefl"
 
 #: Completion script file per shell, and how to load it.
 COMPLETIONS = {
-    "bash": ("edgefl.bash", "source cli/completion/edgefl.bash   # or copy it to /etc/bash_completion.d/edgefl"),
-    "zsh": ("_edgefl", "copy cli/completion/_edgefl into a directory of your $fpath, then: autoload -U compinit && compinit"),
+    "bash": (
+        "edgefl.bash",
+        "source cli/completion/edgefl.bash   # or copy it to /etc/bash_completion.d/edgefl",
+    ),
+    "zsh": (
+        "_edgefl",
+        "copy cli/completion/_edgefl into a directory of your $fpath, then: autoload -U compinit "
+        "&& compinit",
+    ),
     "fish": ("edgefl.fish", "cp cli/completion/edgefl.fish ~/.config/fish/completions/"),
 }
 
-HEADER = """<!-- Generated from the Typer app by `make cli-docs` (python -m edgefl.cli.reference cli); do not edit:
-     tests/test_cli_docs.py fails when this file and the code disagree. -->
-
-"""
+HEADER = (
+    "<!-- Generated from the Typer app by `make cli-docs` (python -m edgefl.cli.reference cli); "
+    "do not edit:\n"
+    "     tests/test_cli_docs.py fails when this file and the code disagree. -->\n"
+    "\n"
+)
 
 
 def reference_markdown() -> str:
@@ -38,7 +48,10 @@ def reference_markdown() -> str:
     ctx = typer.Context(command, info_name=PROG)
     docs = get_docs_for_click(obj=command, ctx=ctx, name=PROG, title=f"`{PROG}` command reference")
     shells = "\n".join(f"* {shell}: `{how}`" for shell, (_, how) in COMPLETIONS.items())
-    completion = f"\n\n## Shell completion\n\nThe scripts in `cli/completion/` complete commands and options:\n\n{shells}\n"
+    completion = (
+        "\n\n## Shell completion\n\nThe scripts in `cli/completion/` complete commands and "
+        f"options:\n\n{shells}\n"
+    )
     return HEADER + docs.strip() + completion
 
 
@@ -47,7 +60,9 @@ def completion_script(shell: str) -> str:
 
     from edgefl.cli.main import COMPLETE_VAR
 
-    return get_completion_script(prog_name=PROG, complete_var=COMPLETE_VAR, shell=shell).strip() + "\n"
+    return (
+        get_completion_script(prog_name=PROG, complete_var=COMPLETE_VAR, shell=shell).strip() + "\n"
+    )
 
 
 def render() -> dict[str, str]:

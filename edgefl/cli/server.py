@@ -35,21 +35,53 @@ app = typer.Typer(help="Run a fleet's server over MQTT.", no_args_is_help=True)
 def start(
     conn: Connection = Connection(),
     algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
-    option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
-    secagg: bool = typer.Option(False, "--secagg", help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of the updates (-o secagg=on); docs/privacy.md."),
+    option: list[str] = typer.Option(
+        None, "--option", "-o", help="Algorithm option key=value (repeatable)."
+    ),
+    secagg: bool = typer.Option(
+        False,
+        "--secagg",
+        help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of "
+        "the updates (-o secagg=on); docs/privacy.md.",
+    ),
     rounds: int = typer.Option(None, help="Training rounds."),
-    min_devices: int = typer.Option(None, help="Ready devices to wait for before the first round (start threshold only)."),
-    min_fit: int = typer.Option(None, help="Fewest devices a round trains (default: what --fraction implies)."),
+    min_devices: int = typer.Option(
+        None, help="Ready devices to wait for before the first round (start threshold only)."
+    ),
+    min_fit: int = typer.Option(
+        None, help="Fewest devices a round trains (default: what --fraction implies)."
+    ),
     fraction: float = typer.Option(None, help="Share of devices sampled each round."),
     deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
-    final_deadline: float = typer.Option(None, help="Seconds the final evaluation waits for the devices (default: twice --deadline); who misses it counts with its last per-round evaluation."),
-    test_samples: int = typer.Option(None, help="Test samples each device evaluates at the end (default: its whole test split)."),
-    gone_after: float = typer.Option(None, help="Fleet status: seconds without a connection before a device shows as gone (default: the deadline)."),
-    max_weight_ratio: float = typer.Option(10.0, min=0.0, help="No device's aggregation weight (num_samples, per-class counts) above this × the fleet's median declared size; 0: off."),
-    checkpoint_dir: Path = typer.Option(None, help="Checkpoint after every round; resume from here."),
-    dataset: str = typer.Option(None, help="The task's dataset (input shape, classes; public share). " + DATASET_HELP),
+    final_deadline: float = typer.Option(
+        None,
+        help="Seconds the final evaluation waits for the devices (default: twice --deadline); who "
+        "misses it counts with its last per-round evaluation.",
+    ),
+    test_samples: int = typer.Option(
+        None, help="Test samples each device evaluates at the end (default: its whole test split)."
+    ),
+    gone_after: float = typer.Option(
+        None,
+        help="Fleet status: seconds without a connection before a device shows as gone (default: "
+        "the deadline).",
+    ),
+    max_weight_ratio: float = typer.Option(
+        10.0,
+        min=0.0,
+        help="No device's aggregation weight (num_samples, per-class counts) above this × the "
+        "fleet's median declared size; 0: off.",
+    ),
+    checkpoint_dir: Path = typer.Option(
+        None, help="Checkpoint after every round; resume from here."
+    ),
+    dataset: str = typer.Option(
+        None, help="The task's dataset (input shape, classes; public share). " + DATASET_HELP
+    ),
     data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
-    train_samples: int = typer.Option(None, help="Training-set subsample the devices' shards come from."),
+    train_samples: int = typer.Option(
+        None, help="Training-set subsample the devices' shards come from."
+    ),
     model: str = typer.Option(None, help=MODEL_HELP),
     tiers: str = typer.Option(None, help="Comma-separated tiers the policy may assign."),
     width: float = typer.Option(None, help="Channel width multiplier."),
@@ -66,14 +98,29 @@ def start(
     eval_every: int = typer.Option(None, help="Evaluate every N rounds."),
     seed: int = typer.Option(None, help="Run seed (models, sampling; devices derive theirs)."),
     out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
-    run_name: str = typer.Option(None, help="Run directory name (keep it fixed to resume into it)."),
+    run_name: str = typer.Option(
+        None, help="Run directory name (keep it fixed to resume into it)."
+    ),
     config: Path = typer.Option(None, "--config", help="TOML file with run settings."),
-    wait: float = typer.Option(None, help="Give up if min-devices are not ready after this many seconds."),
-    broker_wait: float = typer.Option(None, "--broker-wait", help="Seconds to wait for an unreachable broker before exiting with code 4 (default: forever, retried after 1, 2, 4 … 30 s)."),
+    wait: float = typer.Option(
+        None, help="Give up if min-devices are not ready after this many seconds."
+    ),
+    broker_wait: float = typer.Option(
+        None,
+        "--broker-wait",
+        help="Seconds to wait for an unreachable broker before exiting with code 4 (default: "
+        "forever, retried after 1, 2, 4 … 30 s).",
+    ),
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
-    metrics_port: int = typer.Option(None, "--metrics-port", envvar="EDGEFL_METRICS_PORT",
-                                     help="Serve Prometheus metrics of the fleet on this port (/metrics)."),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics listen on (loopback by default)."),
+    metrics_port: int = typer.Option(
+        None,
+        "--metrics-port",
+        envvar="EDGEFL_METRICS_PORT",
+        help="Serve Prometheus metrics of the fleet on this port (/metrics).",
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", "--metrics-host", help="Address the metrics listen on (loopback by default)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
 ) -> None:
     """Wait for devices, then run the rounds; devices may join later, late ones are recorded."""
@@ -84,16 +131,20 @@ def start(
     if test_samples is not None and test_samples < 1:
         raise ConfigError(f"--test-samples must be at least 1 (got {test_samples})")
     flags = {
-        "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "min_fit": min_fit, "fraction": fraction,
-        "dataset": dataset, "data_dir": data_dir, "train_samples": train_samples, "model": model,
+        "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "min_fit": min_fit,
+        "fraction": fraction, "dataset": dataset, "data_dir": data_dir,
+        "train_samples": train_samples, "model": model,
         "tiers": split_list(tiers), "width": width, "feature_dim": feature_dim, "epochs": epochs,
         "steps": steps, "batch_size": batch_size, "optimizer": optimizer, "lr": lr,
         "eval_every": eval_every, "server_opt": server_opt, "server_opt_lr": server_opt_lr,
-        "server_opt_betas": parse_betas(server_opt_betas), "server_opt_eps": server_opt_eps, "seed": seed,
+        "server_opt_betas": parse_betas(server_opt_betas), "server_opt_eps": server_opt_eps,
+        "seed": seed,
         "out_dir": str(out) if out else None, "run_name": run_name,
     }  # fmt: skip
     explicit = run_settings(config, flags, option, {"secagg": "on" if secagg else None})
-    explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1))
+    explicit.setdefault(
+        "clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1)
+    )
     check_run_names(explicit)  # names and values, before torch is imported
     password = read_password(conn.password, conn.password_file)
     _wait_for_broker(conn, broker_wait)
@@ -103,11 +154,23 @@ def start(
     cfg, method = resolve_run(explicit)
     total = method.total_rounds(cfg.rounds)  # dp options included
     opts = ServeOptions(
-        broker=conn.broker, fleet=conn.fleet, deadline=deadline, checkpoint_dir=checkpoint_dir,
-        wait_for_devices=wait, max_bytes=max_bytes, username=conn.username, password=password,
-        ca_file=conn.ca_file, cert_file=conn.cert_file, key_file=conn.key_file, gone_after=gone_after,
-        max_weight_ratio=max_weight_ratio, metrics_port=metrics_port, metrics_host=metrics_host,
-        final_deadline=final_deadline, test_samples=test_samples,
+        broker=conn.broker,
+        fleet=conn.fleet,
+        deadline=deadline,
+        checkpoint_dir=checkpoint_dir,
+        wait_for_devices=wait,
+        max_bytes=max_bytes,
+        username=conn.username,
+        password=password,
+        ca_file=conn.ca_file,
+        cert_file=conn.cert_file,
+        key_file=conn.key_file,
+        gone_after=gone_after,
+        max_weight_ratio=max_weight_ratio,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        final_deadline=final_deadline,
+        test_samples=test_samples,
     )
     feedback = Feedback(err, rounds=total, quiet=as_json)
     _say_metrics(feedback, metrics_host, metrics_port)
@@ -124,7 +187,11 @@ def start(
         return
     from edgefl.report.recorder import result_text
 
-    err.print(f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in {summary['wall_seconds']:.0f} s", highlight=False)
+    err.print(
+        f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in "
+        f"{summary['wall_seconds']:.0f} s",
+        highlight=False,
+    )
     err.print(f"results: {summary['run_dir']}")
 
 
@@ -143,12 +210,22 @@ def _say_metrics(feedback: Feedback, host: str, port: int | None) -> None:
         return
     feedback.line(f"metrics: http://{host}:{port}/metrics")
     if host not in ("127.0.0.1", "localhost", "::1"):
-        err.print("[yellow]warning:[/] the metrics listen beyond loopback and ask for no password (firewall the port)")
+        err.print(
+            "[yellow]warning:[/] the metrics listen beyond loopback and ask for no password "
+            "(firewall the port)"
+        )
 
 
 def round_line(r: dict, total: int) -> str:
     """A round's line: devices done, the devices' reported accuracy, who failed."""
     mean = r["eval"]["mean_accuracy"] if "eval" in r else None
-    acc = f" acc {100 * mean:.1f}% (device-reported)" if mean is not None else (" acc -" if "eval" in r else "")
+    acc = (
+        f" acc {100 * mean:.1f}% (device-reported)"
+        if mean is not None
+        else (" acc -" if "eval" in r else "")
+    )
     failed = f", failed: {', '.join(sorted(r['failed']))}" if r["failed"] else ""
-    return f"round {r['round']}/{total}: {len(r['completed'])}/{len(r['selected'])} devices{acc}{failed}"
+    return (
+        f"round {r['round']}/{total}: {len(r['completed'])}/{len(r['selected'])} "
+        f"devices{acc}{failed}"
+    )

@@ -29,12 +29,14 @@ from edgefl.report.console import Feedback, err
 
 
 def device_entry() -> None:
-    """What a forked device process runs: ``edgefl <argv>`` as ``python -m edgefl.cli.main`` runs it,
-    the module named, not imported (edgefl.cli.main imports this module: no import circle). The
+    """What a forked device process runs: ``edgefl <argv>`` as ``python -m edgefl.cli.main`` runs
+    it, the module named, not imported (edgefl.cli.main imports this module: no import circle). The
     fork server has that module loaded already; running it again as ``__main__`` is the intent, so
     runpy's warning about it (which went into every device's log) is not shown."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*found in sys\.modules", category=RuntimeWarning)
+        warnings.filterwarnings(
+            "ignore", message=r".*found in sys\.modules", category=RuntimeWarning
+        )
         runpy.run_module("edgefl.cli.main", run_name="__main__", alter_sys=True)
 
 
@@ -46,33 +48,56 @@ def _rounds(value: str | None) -> tuple[int, ...] | None:
     try:
         return tuple(int(v) for v in value.split(","))
     except ValueError:
-        raise typer.BadParameter(f"--lr-decay-rounds {value!r}: give rounds as integers, e.g. 5,8") from None
+        raise typer.BadParameter(
+            f"--lr-decay-rounds {value!r}: give rounds as integers, e.g. 5,8"
+        ) from None
 
 
 def simulate(
     algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
-    option: list[str] = typer.Option(None, "--option", "-o", help="Algorithm option key=value (repeatable)."),
+    option: list[str] = typer.Option(
+        None, "--option", "-o", help="Algorithm option key=value (repeatable)."
+    ),
     dataset: str = typer.Option(None, help=DATASET_HELP),
     data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
     partition: str = typer.Option(None, help="iid, dirichlet or shards."),
     alpha: float = typer.Option(None, help="Dirichlet concentration (> 0)."),
-    classes_per_client: int = typer.Option(None, "--classes-per-client", "-k", help="Classes per device for shards."),
+    classes_per_client: int = typer.Option(
+        None, "--classes-per-client", "-k", help="Classes per device for shards."
+    ),
     clients: int = typer.Option(None, help="Number of devices."),
     fraction: float = typer.Option(None, help="Share of devices sampled each round, in (0, 1]."),
-    min_devices: int = typer.Option(None, help="Devices that must be ready before the first round (start threshold)."),
-    min_fit: int = typer.Option(None, help="Fewest devices a round trains (default: what --fraction implies)."),
+    min_devices: int = typer.Option(
+        None, help="Devices that must be ready before the first round (start threshold)."
+    ),
+    min_fit: int = typer.Option(
+        None, help="Fewest devices a round trains (default: what --fraction implies)."
+    ),
     rounds: int = typer.Option(None, help="Training rounds."),
     epochs: int = typer.Option(None, help="Local epochs per round."),
     steps: int = typer.Option(None, help="Local minibatch steps per round (instead of epochs)."),
     batch_size: int = typer.Option(None, help="Local batch size."),
     optimizer: str = typer.Option(None, help="sgd or adam."),
     lr: float = typer.Option(None, help="Learning rate."),
-    lr_decay_rounds: str = typer.Option(None, "--lr-decay-rounds", help="Comma-separated rounds (from 0) at which the lr is multiplied by 0.1 (a MultiStepLR; 'none' for no decay)."),
+    lr_decay_rounds: str = typer.Option(
+        None,
+        "--lr-decay-rounds",
+        help="Comma-separated rounds (from 0) at which the lr is multiplied by 0.1 (a "
+        "MultiStepLR; 'none' for no decay).",
+    ),
     model: str = typer.Option(None, help=MODEL_HELP),
-    tiers: str = typer.Option(None, help="Comma-separated tiers of the family, assigned round-robin to devices."),
-    fleet_file: Path = typer.Option(None, "--fleet-file", help="Fleet file (devices/*.yaml): device profiles; each device's tier by the tier policy."),
+    tiers: str = typer.Option(
+        None, help="Comma-separated tiers of the family, assigned round-robin to devices."
+    ),
+    fleet_file: Path = typer.Option(
+        None,
+        "--fleet-file",
+        help="Fleet file (devices/*.yaml): device profiles; each device's tier by the tier policy.",
+    ),
     width: float = typer.Option(None, help="Channel width multiplier (CPU-sized runs: 0.25)."),
-    feature_dim: int = typer.Option(None, help="Common feature dimension (adds a projection where needed)."),
+    feature_dim: int = typer.Option(
+        None, help="Common feature dimension (adds a projection where needed)."
+    ),
     seed: int = typer.Option(None, help="Seed for partition, models and sampling."),
     train_samples: int = typer.Option(None, help="Subsample the training set for quick runs."),
     test_samples: int = typer.Option(None, help="Subsample the test set for the final evaluation."),
@@ -80,29 +105,102 @@ def simulate(
     server_opt_lr: ServerOptLr = None,
     server_opt_betas: ServerOptBetas = None,
     server_opt_eps: ServerOptEps = None,
-    aggregation: str = typer.Option(None, help="sync (rounds) or async: aggregate every --buffer updates as they arrive, staleness-weighted (FedBuff; in memory)."),
-    buffer: int = typer.Option(None, help="With --aggregation async: updates per aggregation (default: min(10, clients))."),
-    eval_every: int = typer.Option(None, help="Evaluate every N rounds (on --eval-samples test samples)."),
-    eval_samples: int = typer.Option(None, help="Test samples for the per-round evaluation (the final one uses --test-samples)."),
+    aggregation: str = typer.Option(
+        None,
+        help="sync (rounds) or async: aggregate every --buffer updates as they arrive, "
+        "staleness-weighted (FedBuff; in memory).",
+    ),
+    buffer: int = typer.Option(
+        None, help="With --aggregation async: updates per aggregation (default: min(10, clients))."
+    ),
+    eval_every: int = typer.Option(
+        None, help="Evaluate every N rounds (on --eval-samples test samples)."
+    ),
+    eval_samples: int = typer.Option(
+        None, help="Test samples for the per-round evaluation (the final one uses --test-samples)."
+    ),
     out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
-    run_name: str = typer.Option(None, help="Name of the run directory (default: timestamp-algorithm-dataset-seed)."),
+    run_name: str = typer.Option(
+        None, help="Name of the run directory (default: timestamp-algorithm-dataset-seed)."
+    ),
     config: Path = typer.Option(None, "--config", help="TOML file with any of these settings."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars and no line per round: the result and errors only."),
-    transport: str = typer.Option("memory", help="memory, or mqtt: a broker, this process as server, one process per device."),
-    workers: int = typer.Option(1, "--workers", "-w", help="In memory: train the devices in this many worker processes (0: one per core); results match the sequential run's."),
-    threads: int = typer.Option(None, help="Torch threads per process (with --workers: per worker; default: the cores shared out)."),
-    backend: str = typer.Option("processes", help="In memory: processes (this machine) or ray (Ray actors; --workers of them)."),
-    ray_address: str = typer.Option(None, "--ray-address", help="With --backend ray: join this Ray cluster (e.g. 10.0.0.5:6379) instead of starting one."),
-    broker: str = typer.Option(None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."),
-    compare_local: bool = typer.Option(False, "--compare-local", help="Also report Local (the same devices without federation), run in memory or read from --reference-cache."),
-    reference_cache: Path = typer.Option(None, "--reference-cache", help="Directory caching reference runs by configuration."),
-    dp: str = typer.Option(None, "--dp", help="Differential privacy: local (devices noise their uplinks), central (the server noises the average of clipped updates) or sgd (devices train with DP-SGD, Opacus); docs/privacy.md."),
-    target_epsilon: float = typer.Option(None, "--target-epsilon", help="With --dp: each device's privacy budget ε; a device that spent it trains no more."),
-    delta: float = typer.Option(None, "--delta", help="With --dp: δ of the (ε, δ) guarantee (default 1e-5)."),
-    clip: float = typer.Option(None, "--clip", help="With --dp: the clip bound C (an update's L2 norm; a sample's statistics vector's; under sgd a sample's gradient's). Default 1."),
-    noise_multiplier: float = typer.Option(None, "--noise-multiplier", help="With --dp: noise std / sensitivity (default: the least that keeps the budget over all rounds)."),
-    secagg: bool = typer.Option(False, "--secagg", help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of the updates (-o secagg=on); docs/privacy.md."),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        help="No progress bars and no line per round: the result and errors only.",
+    ),
+    transport: str = typer.Option(
+        "memory", help="memory, or mqtt: a broker, this process as server, one process per device."
+    ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        "-w",
+        help="In memory: train the devices in this many worker processes (0: one per core); "
+        "results match the sequential run's.",
+    ),
+    threads: int = typer.Option(
+        None,
+        help="Torch threads per process (with --workers: per worker; default: the cores shared "
+        "out).",
+    ),
+    backend: str = typer.Option(
+        "processes",
+        help="In memory: processes (this machine) or ray (Ray actors; --workers of them).",
+    ),
+    ray_address: str = typer.Option(
+        None,
+        "--ray-address",
+        help="With --backend ray: join this Ray cluster (e.g. 10.0.0.5:6379) instead of starting "
+        "one.",
+    ),
+    broker: str = typer.Option(
+        None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."
+    ),
+    compare_local: bool = typer.Option(
+        False,
+        "--compare-local",
+        help="Also report Local (the same devices without federation), run in memory or read from "
+        "--reference-cache.",
+    ),
+    reference_cache: Path = typer.Option(
+        None, "--reference-cache", help="Directory caching reference runs by configuration."
+    ),
+    dp: str = typer.Option(
+        None,
+        "--dp",
+        help="Differential privacy: local (devices noise their uplinks), central (the server "
+        "noises the average of clipped updates) or sgd (devices train with DP-SGD, Opacus); "
+        "docs/privacy.md.",
+    ),
+    target_epsilon: float = typer.Option(
+        None,
+        "--target-epsilon",
+        help="With --dp: each device's privacy budget ε; a device that spent it trains no more.",
+    ),
+    delta: float = typer.Option(
+        None, "--delta", help="With --dp: δ of the (ε, δ) guarantee (default 1e-5)."
+    ),
+    clip: float = typer.Option(
+        None,
+        "--clip",
+        help="With --dp: the clip bound C (an update's L2 norm; a sample's statistics vector's; "
+        "under sgd a sample's gradient's). Default 1.",
+    ),
+    noise_multiplier: float = typer.Option(
+        None,
+        "--noise-multiplier",
+        help="With --dp: noise std / sensitivity (default: the least that keeps the budget over "
+        "all rounds).",
+    ),
+    secagg: bool = typer.Option(
+        False,
+        "--secagg",
+        help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of "
+        "the updates (-o secagg=on); docs/privacy.md.",
+    ),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
     flags = {
@@ -143,8 +241,13 @@ def simulate(
         "run_name": run_name,
         "threads": threads,
     }
-    privacy = {"dp": dp, "dp_target_epsilon": target_epsilon, "dp_delta": delta, "dp_clip": clip,
-               "dp_noise_multiplier": noise_multiplier}  # the dp options every method takes (docs/privacy.md)
+    privacy = {
+        "dp": dp,
+        "dp_target_epsilon": target_epsilon,
+        "dp_delta": delta,
+        "dp_clip": clip,
+        "dp_noise_multiplier": noise_multiplier,
+    }  # the dp options every method takes (docs/privacy.md)
     explicit = run_settings(config, flags, option, privacy | {"secagg": "on" if secagg else None})
     _fleet_file_clients(explicit)
     check_run_names(explicit)  # names and values, before torch is imported
@@ -162,8 +265,16 @@ def simulate(
 
     try:
         with feedback:
-            summary = _run(cfg, method, transport, feedback, broker=broker, workers=workers, backend=backend,
-                           ray_address=ray_address)
+            summary = _run(
+                cfg,
+                method,
+                transport,
+                feedback,
+                broker=broker,
+                workers=workers,
+                backend=backend,
+                ray_address=ray_address,
+            )
             if compare_local:
                 _attach_local(cfg, summary, feedback, reference_cache)
     except RunInterrupted as e:
@@ -200,7 +311,17 @@ def _headline(cfg, transport: str, workers: int) -> str:
             f"{cfg.rounds} rounds, transport {transport}{processes}")
 
 
-def _run(cfg, method, transport: str, feedback: Feedback, *, broker, workers: int, backend: str, ray_address) -> dict:
+def _run(
+    cfg,
+    method,
+    transport: str,
+    feedback: Feedback,
+    *,
+    broker,
+    workers: int,
+    backend: str,
+    ray_address,
+) -> dict:
     """The run, in memory or over MQTT, with one line per round."""
     total = method.total_rounds(cfg.rounds)
 
@@ -210,17 +331,34 @@ def _run(cfg, method, transport: str, feedback: Feedback, *, broker, workers: in
     if transport == "mqtt":
         from edgefl.runtime.fleet import simulate_mqtt
 
-        return simulate_mqtt(cfg, broker=broker, on_round=on_round, on_progress=feedback.progress_hook,
-                             entry=device_entry, say=feedback.line, method=method)
+        return simulate_mqtt(
+            cfg,
+            broker=broker,
+            on_round=on_round,
+            on_progress=feedback.progress_hook,
+            entry=device_entry,
+            say=feedback.line,
+            method=method,
+        )
     from edgefl.runtime.parallel import default_workers
     from edgefl.runtime.simulation import simulate as run_simulation
 
     def on_event(name: str, info: dict) -> None:
         if name == "final_evaluation_done" and info.get("failed"):
-            feedback.line(f"final evaluation: {info['answered']} of {info['devices']} devices answered")
+            feedback.line(
+                f"final evaluation: {info['answered']} of {info['devices']} devices answered"
+            )
 
-    return run_simulation(cfg, on_round=on_round, workers=workers or default_workers(), backend=backend,
-                          ray_address=ray_address, on_progress=feedback.progress_hook, on_event=on_event, method=method)
+    return run_simulation(
+        cfg,
+        on_round=on_round,
+        workers=workers or default_workers(),
+        backend=backend,
+        ray_address=ray_address,
+        on_progress=feedback.progress_hook,
+        on_event=on_event,
+        method=method,
+    )
 
 
 def _attach_local(cfg, summary: dict, feedback: Feedback, reference_cache: Path | None) -> None:
@@ -228,7 +366,12 @@ def _attach_local(cfg, summary: dict, feedback: Feedback, reference_cache: Path 
     from edgefl.runtime.reference import local_reference
 
     feedback.line("Local reference (the same devices without federation)…")
-    attach_reference(Path(summary["run_dir"]), summary, "local_reference", local_reference(cfg, "local", reference_cache))
+    attach_reference(
+        Path(summary["run_dir"]),
+        summary,
+        "local_reference",
+        local_reference(cfg, "local", reference_cache),
+    )
 
 
 def round_line(r: dict, total: int) -> str:
@@ -237,25 +380,44 @@ def round_line(r: dict, total: int) -> str:
     if "eval" in r:
         acc = r["eval"]["mean_accuracy"]
         line += f"  accuracy {100 * acc:5.1f}%" if acc is not None else "  accuracy     -"
-    line += f"  up {r['bytes_up_total'] / 1e6:7.3f} MB  down {r['bytes_down_total'] / 1e6:7.3f} MB  {r['round_seconds']:5.1f} s"
+    line += (
+        f"  up {r['bytes_up_total'] / 1e6:7.3f} MB  down {r['bytes_down_total'] / 1e6:7.3f} MB  "
+        f"{r['round_seconds']:5.1f} s"
+    )
     if r["failed"]:
         line += f"  [yellow]failed: {', '.join(sorted(r['failed']))}[/]"
     if "privacy" in r:  # ε spent so far, per device
         eps = r["privacy"]["epsilon"]
-        line += "\n      ε " + "  ".join(f"{d} {e:.2f}" for d, e in eps.items()) + f"  (target {r['privacy']['target_epsilon']:g})"
+        line += (
+            "\n      ε "
+            + "  ".join(f"{d} {e:.2f}" for d, e in eps.items())
+            + f"  (target {r['privacy']['target_epsilon']:g})"
+        )
     return line
 
 
 def _print_summary(summary: dict) -> None:
     from edgefl.report.recorder import result_text
 
-    err.print(f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in {summary['wall_seconds']:.0f} s", highlight=False)
+    err.print(
+        f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in "
+        f"{summary['wall_seconds']:.0f} s",
+        highlight=False,
+    )
     local = summary.get("local_reference")
     for tier, acc in summary["tier_accuracy"].items():
         ref = local["tier_accuracy"].get(tier) if local else None
-        extra = f"   (Local {100 * ref:.2f}%, {100 * (acc - ref):+.2f} points)" if ref is not None else ""
+        extra = (
+            f"   (Local {100 * ref:.2f}%, {100 * (acc - ref):+.2f} points)"
+            if ref is not None
+            else ""
+        )
         err.print(f"  tier {tier}: {100 * acc:.2f}%{extra}", highlight=False)
     if local and summary["mean_accuracy"] is not None:
-        err.print(f"Local, same devices without federation: {100 * local['mean_accuracy']:.2f}%; "
-                  f"the federation adds [bold]{100 * (summary['mean_accuracy'] - local['mean_accuracy']):+.2f} points[/]", highlight=False)
+        err.print(
+            f"Local, same devices without federation: {100 * local['mean_accuracy']:.2f}%; "
+            "the federation adds "
+            f"[bold]{100 * (summary['mean_accuracy'] - local['mean_accuracy']):+.2f} points[/]",
+            highlight=False,
+        )
     err.print(f"results: {summary['run_dir']}")

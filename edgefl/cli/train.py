@@ -9,7 +9,8 @@ then environment variables, then a TOML file (``--config``, or ``EDGEFL_CONFIG``
     fleet = "lab"                           # EDGEFL_FLEET
     device_id = "pi-07"                     # EDGEFL_DEVICE_ID
     username = "pi-07"                      # EDGEFL_USERNAME
-    password_file = "/etc/edgefl/password"  # EDGEFL_PASSWORD_FILE (or the password: EDGEFL_PASSWORD)
+    password_file = "/etc/edgefl/password"  # EDGEFL_PASSWORD_FILE
+                                            # (or the password: EDGEFL_PASSWORD)
     data = "imagefolder:/var/lib/edgefl/data"
 
 ``--print-config`` shows the result and where each value came from. Exit codes:
@@ -59,7 +60,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
     data = data.get("device", data)  # a [device] table, or the keys at the top level
     unknown = sorted(set(data) - set(FILE_KEYS))
     if unknown:
-        raise ConfigError(f"configuration file {path}: unknown keys {', '.join(unknown)}; known: {', '.join(FILE_KEYS)}")
+        raise ConfigError(
+            f"configuration file {path}: unknown keys {', '.join(unknown)}; known: "
+            f"{', '.join(FILE_KEYS)}"
+        )
     return {key.replace("-", "_"): value for key, value in data.items()}
 
 
@@ -67,7 +71,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
 REQUIRED = {"device_id": ("--device-id", "EDGEFL_DEVICE_ID"), "data": ("--data", None)}
 
 
-def merge(values: dict[str, Any], sources: dict[str, str], config: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+def merge(
+    values: dict[str, Any], sources: dict[str, str], config: Path | None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Options > environment > file > defaults. ``sources`` says where each value came from
     ("option", "env", "default"); file values fill those that came from defaults."""
     resolved, origin = dict(values), dict(sources)
@@ -79,7 +85,9 @@ def merge(values: dict[str, Any], sources: dict[str, str], config: Path | None) 
         try:
             resolved["password"] = Path(resolved["password_file"]).read_text().strip()
         except OSError as e:
-            raise ConfigError(f"cannot read the password file {resolved['password_file']}: {e.strerror or e}") from None
+            raise ConfigError(
+                f"cannot read the password file {resolved['password_file']}: {e.strerror or e}"
+            ) from None
         origin["password"] = f"password file {resolved['password_file']}"
     return resolved, origin
 
@@ -89,12 +97,18 @@ def require(resolved: dict[str, Any]) -> None:
     missing = []
     for key, (option, env) in REQUIRED.items():
         if not resolved.get(key):
-            missing.append(f"{option} (or {env}, or {key} = ... in the --config file)" if env else f"{option} (or {key} = ... in the --config file)")
+            missing.append(
+                f"{option} (or {env}, or {key} = ... in the --config file)"
+                if env
+                else f"{option} (or {key} = ... in the --config file)"
+            )
     if missing:
         raise ConfigError(f"edgefl train needs {' and '.join(missing)}")
 
 
-def resolve(values: dict[str, Any], sources: dict[str, str], config: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+def resolve(
+    values: dict[str, Any], sources: dict[str, str], config: Path | None
+) -> tuple[dict[str, Any], dict[str, str]]:
     resolved, origin = merge(values, sources, config)
     require(resolved)
     return resolved, origin
@@ -119,26 +133,64 @@ def _source(ctx: typer.Context, name: str) -> str:
 def train(
     ctx: typer.Context,
     conn: Connection = Connection(),
-    device_id: str = typer.Option(None, "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."),
-    data: str = typer.Option(None, help="DATASET[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]. " + DATASET_HELP),
-    tier: str = typer.Option(None, help="Ask for this tier instead of the server's profile-based choice."),
-    profile: Path = typer.Option(None, help="Profile JSON (edgefl device profile --json); default: measure this machine."),
-    config: Path = typer.Option(None, "--config", envvar="EDGEFL_CONFIG", help="TOML file of settings (options and environment variables win over it)."),
-    wait: float = typer.Option(None, "--wait", help="Seconds to wait for an unreachable broker before exiting with code 4 (default: forever)."),
-    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved settings and where each came from, then exit."),
-    delay: float = typer.Option(0.0, help="Extra seconds per training round (emulate a slow device)."),
+    device_id: str = typer.Option(
+        None,
+        "--device-id",
+        envvar="EDGEFL_DEVICE_ID",
+        help="This device's id (also its MQTT username).",
+    ),
+    data: str = typer.Option(
+        None,
+        help="DATASET[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]. "
+        + DATASET_HELP,
+    ),
+    tier: str = typer.Option(
+        None, help="Ask for this tier instead of the server's profile-based choice."
+    ),
+    profile: Path = typer.Option(
+        None, help="Profile JSON (edgefl device profile --json); default: measure this machine."
+    ),
+    config: Path = typer.Option(
+        None,
+        "--config",
+        envvar="EDGEFL_CONFIG",
+        help="TOML file of settings (options and environment variables win over it).",
+    ),
+    wait: float = typer.Option(
+        None,
+        "--wait",
+        help="Seconds to wait for an unreachable broker before exiting with code 4 (default: "
+        "forever).",
+    ),
+    print_config: bool = typer.Option(
+        False,
+        "--print-config",
+        help="Print the resolved settings and where each came from, then exit.",
+    ),
+    delay: float = typer.Option(
+        0.0, help="Extra seconds per training round (emulate a slow device)."
+    ),
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
     threads: int = typer.Option(None, help="Torch CPU threads."),
-    save_model: Path = typer.Option(None, help="When the run is over, save the final model here (.safetensors)."),
-    export: Path = typer.Option(None, help="When the run is over, export the final model to this ONNX file."),
-    models_dir: str = typer.Option(None, "--models-dir", help="When the run is over, stay as the model agent (edgefl device agent) with this store."),
+    save_model: Path = typer.Option(
+        None, help="When the run is over, save the final model here (.safetensors)."
+    ),
+    export: Path = typer.Option(
+        None, help="When the run is over, export the final model to this ONNX file."
+    ),
+    models_dir: str = typer.Option(
+        None,
+        "--models-dir",
+        help="When the run is over, stay as the model agent (edgefl device agent) with this store.",
+    ),
 ) -> None:
     """Serve rounds for a fleet's server: one line per round (round, tier, local loss, last local
     accuracy, bytes up/down, seconds); waits for the broker and reconnects by itself; exits when
     the run is over."""
     values = conn.values() | {
-        "device_id": device_id, "data": data, "tier": tier, "profile": profile, "wait": wait, "delay": delay,
-        "max_bytes": max_bytes, "threads": threads, "save_model": save_model, "export": export,
+        "device_id": device_id, "data": data, "tier": tier, "profile": profile, "wait": wait,
+        "delay": delay, "max_bytes": max_bytes, "threads": threads, "save_model": save_model,
+        "export": export,
         "models_dir": models_dir,
     }  # fmt: skip
     sources = {key: _source(ctx, key) for key in values}
@@ -146,11 +198,17 @@ def train(
         resolved, origin = merge(values, sources, config)
         for key in sorted(resolved):
             shown = "***" if key == SECRET and resolved[key] else resolved[key]
-            typer.echo(f"{key} = {json.dumps(shown if shown is None or isinstance(shown, int | float | bool) else str(shown))}  # {origin.get(key, 'default')}")
+            plain = shown is None or isinstance(shown, int | float | bool)
+            typer.echo(
+                f"{key} = {json.dumps(shown if plain else str(shown))}  "
+                f"# {origin.get(key, 'default')}"
+            )
         require(resolved)  # shown what there is; a missing setting fails as the run would (exit 3)
         return
     resolved, _ = resolve(values, sources, config)
-    check_dataset(str(resolved["data"]))  # an unknown dataset fails here, before the broker and torch
+    check_dataset(
+        str(resolved["data"])
+    )  # an unknown dataset fails here, before the broker and torch
 
     feedback = Feedback(out, what="rounds trained")
     served_rounds = re.compile(r"registered with server .*, (\d+) rounds$")
@@ -168,8 +226,10 @@ def train(
 
     wait_s = resolved["wait"]
     # said before the runtime (paho, numpy) is imported: a service's first line comes at once
-    say(f"waiting for broker {_without_password(str(resolved['broker']))} "
-        f"({'up to ' + format(float(wait_s), 'g') + ' s' if wait_s is not None else 'no time limit'})")
+    say(
+        f"waiting for broker {_without_password(str(resolved['broker']))} "
+        f"({'no time limit' if wait_s is None else 'up to ' + format(float(wait_s), 'g') + ' s'})"
+    )
     from edgefl.runtime.device import DeviceOptions, run_device
 
     opts = DeviceOptions(
@@ -196,6 +256,10 @@ def train(
     with feedback:
         served = run_device(opts)
     say(f"done: served {served} requests")
-    if resolved["models_dir"]:  # the run is over: receive the deployed model (edgefl deploy) until stopped
-        address = connection_address(opts.broker, opts.username, opts.password, opts.ca_file, opts.cert_file, opts.key_file)
+    if resolved[
+        "models_dir"
+    ]:  # the run is over: receive the deployed model (edgefl deploy) until stopped
+        address = connection_address(
+            opts.broker, opts.username, opts.password, opts.ca_file, opts.cert_file, opts.key_file
+        )
         serve_models(address, opts.fleet, opts.device_id, resolved["models_dir"], None, say)
