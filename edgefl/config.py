@@ -35,7 +35,8 @@ class RunConfig(BaseModel):
     train_samples: int | None = None  # subsample the training set (quick runs)
     test_samples: int | None = None  # subsample the test set for the final evaluation
     eval_samples: int = 2000  # test samples for per-round evaluation
-    validation_samples: int | None = None  # evaluate on this many training samples held out (tuning)
+    # evaluate on this many training samples held out (tuning)
+    validation_samples: int | None = None
     public_fraction: float | None = None  # override the algorithm's server-held share
 
     # fleet
@@ -48,7 +49,8 @@ class RunConfig(BaseModel):
     min_fit: int | None = None
     model: str = "cnn"
     tiers: tuple[str, ...] | None = None  # None: every tier of the family, round-robin over devices
-    fleet_file: str | None = None  # devices/*.yaml fleet: device ids + profiles; tiers by the tier policy
+    # devices/*.yaml fleet: device ids + profiles; tiers by the tier policy
+    fleet_file: str | None = None
     width: float = 1.0
     feature_dim: int | None = None
     head: str = "linear"
@@ -103,7 +105,15 @@ class RunConfig(BaseModel):
             raise ValueError(f"fraction must be in (0, 1] (got {v})")
         return v
 
-    @field_validator("clients", "rounds", "epochs", "batch_size", "min_devices", "classes_per_client", "eval_samples")
+    @field_validator(
+        "clients",
+        "rounds",
+        "epochs",
+        "batch_size",
+        "min_devices",
+        "classes_per_client",
+        "eval_samples",
+    )
     @classmethod
     def _positive(cls, v: int, info) -> int:
         if v < 1:
@@ -117,7 +127,18 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be > 0 (got {v})")
         return v
 
-    @field_validator("steps", "train_samples", "test_samples", "validation_samples", "feature_dim", "threads", "timeout", "min_fit", "server_opt_lr", "buffer")
+    @field_validator(
+        "steps",
+        "train_samples",
+        "test_samples",
+        "validation_samples",
+        "feature_dim",
+        "threads",
+        "timeout",
+        "min_fit",
+        "server_opt_lr",
+        "buffer",
+    )
     @classmethod
     def _optional_positive(cls, v, info):
         if v is not None and v <= 0:
@@ -152,9 +173,13 @@ class RunConfig(BaseModel):
         if self.min_fit is not None and self.min_fit > self.clients:
             raise ValueError(f"min_fit ({self.min_fit}) exceeds clients ({self.clients})")
         if self.buffer is not None and self.aggregation != "async":
-            raise ValueError("buffer is the size of an asynchronous aggregation: give aggregation=async too")
+            raise ValueError(
+                "buffer is the size of an asynchronous aggregation: give aggregation=async too"
+            )
         if self.buffer is not None and self.buffer > self.clients:
-            raise ValueError(f"buffer ({self.buffer}) exceeds clients ({self.clients}): it would never fill")
+            raise ValueError(
+                f"buffer ({self.buffer}) exceeds clients ({self.clients}): it would never fill"
+            )
         return self
 
 
@@ -177,7 +202,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
 
 
-def resolve_config(explicit: dict[str, Any], algorithm_defaults: dict[str, Any] | None = None) -> RunConfig:
+def resolve_config(
+    explicit: dict[str, Any], algorithm_defaults: dict[str, Any] | None = None
+) -> RunConfig:
     """Merge explicit settings over the algorithm's defaults, then validate.
 
     The algorithm's default tiers and model options belong to its default model: they apply only
@@ -189,9 +216,11 @@ def resolve_config(explicit: dict[str, Any], algorithm_defaults: dict[str, Any] 
         for key in ("tiers", "model_options"):
             if key not in explicit:
                 defaults.pop(key, None)
-    if explicit.get("fleet_file") and "tiers" not in explicit:  # the tier policy picks from every tier
+    # the tier policy picks from every tier
+    if explicit.get("fleet_file") and "tiers" not in explicit:
         defaults.pop("tiers", None)
-    if "epochs" in explicit and "steps" not in explicit:  # asking for epochs overrides a default step count
+    # asking for epochs overrides a default step count
+    if "epochs" in explicit and "steps" not in explicit:
         defaults.pop("steps", None)
     try:
         return RunConfig(**{**defaults, **explicit})

@@ -3,13 +3,17 @@
     EdgeflError                      base: the CLI prints its message on one line (exit 1)
     ├── ConfigError                  invalid option values or conflicting settings (exit 3)
     ├── UnknownNameError             a name not in a registry: algorithm, model, dataset … (exit 3)
-    ├── DataNotFoundError            dataset files missing; the message says how to get them (exit 3)
+    ├── DataNotFoundError            dataset files missing; the message says how to get them
+    │                                (exit 3)
     ├── MissingExtraError            an optional dependency layer is not installed (exit 7)
-    ├── WireError                    a message failed decoding or validation (never fatal to a server)
+    ├── WireError                    a message failed decoding or validation (never fatal to a
+    │                                server)
     ├── RunRejectedError             the server refused this device or its request (exit 6)
-    ├── ModelFileError               a model file is missing, unreadable or not what it claims to be (exit 3)
+    ├── ModelFileError               a model file is missing, unreadable or not what it claims to
+    │                                be (exit 3)
     ├── RunInterrupted               Ctrl-C ended a run after writing its record (exit 130)
-    ├── InferenceError               inputs that do not fit an exported model; also a ValueError (exit 3)
+    ├── InferenceError               inputs that do not fit an exported model; also a ValueError
+    │                                (exit 3)
     └── TransportError               the broker or a peer could not be reached (exit 1)
         ├── BrokerUnreachableError   no broker answered within the time allowed (exit 4)
         └── AuthenticationError      the broker refused the credentials (exit 5)
@@ -81,7 +85,10 @@ def install_hint(extra: str) -> str:
     except PackageNotFoundError:  # run from a source tree that was never installed
         installed = "VERSION"
     wheel = f"{DISTRIBUTION.replace('-', '_')}-{installed}-py3-none-any.whl"
-    return f"pip install './{wheel}[{extra}]' (the wheel you installed, or the repository: docs/install-pi-jetson.md)"
+    return (
+        f"pip install './{wheel}[{extra}]' (the wheel you installed, or the repository: "
+        "docs/install-pi-jetson.md)"
+    )
 
 
 class MissingExtraError(EdgeflError):
@@ -91,7 +98,10 @@ class MissingExtraError(EdgeflError):
 
     def __init__(self, module: str, extra: str, what: str = "this command"):
         self.module, self.extra = module, extra
-        super().__init__(f"{what} needs {module}, which is part of the [{extra}] install layer: {install_hint(extra)}")
+        super().__init__(
+            f"{what} needs {module}, which is part of the [{extra}] install layer: "
+            f"{install_hint(extra)}"
+        )
 
 
 class WireError(EdgeflError):

@@ -3,8 +3,10 @@
     from edgefl.inference import Predictor
     p = Predictor("d03.onnx")                 # CPU, or CUDA/TensorRT when onnxruntime has them
     p.input_shape, p.class_names, p.spec      # from the ONNX metadata written by `export_model`
-    classes = p.predict(images)               # images: [N, C, H, W] (or [C, H, W]) in [0, 1], or uint8
-    p.evaluate(load_dataset("fashion-mnist", "test"))   # {"accuracy": …, "samples": …, "seconds": …}
+    classes = p.predict(images)               # images: [N, C, H, W] (or [C, H, W]) in [0, 1],
+                                              # or uint8
+    p.evaluate(load_dataset("fashion-mnist", "test"))   # {"accuracy": …, "samples": …,
+                                                        #  "seconds": …}
 
 Preprocessing is read from the metadata: the model normalises with its mean/std *inside* the
 graph, so the only step outside is scaling pixels to [0, 1] (uint8 inputs are divided by 255).
@@ -85,7 +87,9 @@ def open_session(
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     try:
-        return ort.InferenceSession(model, sess_options=options, providers=resolve_providers(providers))
+        return ort.InferenceSession(
+            model, sess_options=options, providers=resolve_providers(providers)
+        )
     except InferenceError:
         raise
     except Exception as exc:  # onnxruntime raises its own pybind exception types
@@ -168,7 +172,8 @@ class Predictor:
             x = x[None]
         expected = "[N, " + ", ".join("?" if d is None else str(d) for d in self.input_shape) + "]"
         if x.ndim != 4 or any(
-            want is not None and got != want for got, want in zip(x.shape[1:], self.input_shape, strict=True)
+            want is not None and got != want
+            for got, want in zip(x.shape[1:], self.input_shape, strict=True)
         ):
             raise InferenceError(
                 f"input of shape {list(x.shape)} does not fit the model, which takes {expected} "
@@ -211,9 +216,11 @@ class Predictor:
                 img = img.convert("L" if channels == 1 else "RGB")
                 if height is not None and width is not None and img.size != (width, height):
                     if not resize:
-                        raise InferenceError(  # in the CLI's words (the API's resize=True is the same)
+                        # in the CLI's words (the API's resize=True is the same)
+                        raise InferenceError(
                             f"{path} is {img.size[0]}×{img.size[1]} pixels, but the model takes "
-                            f"{width}×{height}: run edgefl infer with --resize to scale pictures to it"
+                            f"{width}×{height}: run edgefl infer with --resize to scale pictures "
+                            "to it"
                         )
                     img = img.resize((width, height), Image.Resampling.BILINEAR)
                 pixels = np.asarray(img, dtype=np.uint8)
@@ -246,10 +253,14 @@ class Predictor:
         """Class indices [N]."""
         return self.logits(images, batch_size=batch_size).argmax(axis=1)
 
-    def evaluate(self, dataset: Any, *, batch_size: int = 256, limit: int | None = None) -> dict[str, float]:
+    def evaluate(
+        self, dataset: Any, *, batch_size: int = 256, limit: int | None = None
+    ) -> dict[str, float]:
         """Accuracy (0–1) on an `ArrayDataset` whose class order is the model's (its uint8 images
         go through the same preprocessing as any input); `limit` takes the first samples only."""
-        return self.evaluate_arrays(dataset.x.numpy(), dataset.y.numpy(), batch_size=batch_size, limit=limit)
+        return self.evaluate_arrays(
+            dataset.x.numpy(), dataset.y.numpy(), batch_size=batch_size, limit=limit
+        )
 
     def evaluate_arrays(
         self, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256, limit: int | None = None
@@ -296,7 +307,8 @@ def class_index_map(
     unknown_targets = sorted(v for v in mapping.values() if v not in exact)
     if unknown_targets:
         raise ConfigError(
-            f"the class mapping names classes the model does not have: {', '.join(unknown_targets)}; "
+            "the class mapping names classes the model does not have: "
+            f"{', '.join(unknown_targets)}; "
             f"the model's classes are: {', '.join(model_classes)}"
         )
     stray = sorted(set(mapping) - set(data_classes))
@@ -319,7 +331,8 @@ def class_index_map(
     if unmatched and not skip_unknown:
         raise ConfigError(
             f"the data's classes {', '.join(unmatched)} match none of the model's classes "
-            f"({', '.join(model_classes)}); name each class folder after a model class (case and punctuation "
+            f"({', '.join(model_classes)}); name each class folder after a model class (case and "
+            "punctuation "
             "aside: t-shirt-top is T-shirt/top), or map it: --class-map FOLDER=CLASS (repeatable), "
             "or leave those folders out: --skip-unknown-classes"
         )
@@ -327,10 +340,16 @@ def class_index_map(
     for name, i in zip(data_classes, index, strict=True):
         if i >= 0:
             taken.setdefault(i, []).append(name)
-    doubled = [f"{' and '.join(names)} -> {model_classes[i]}" for i, names in taken.items() if len(names) > 1]
+    doubled = [
+        f"{' and '.join(names)} -> {model_classes[i]}"
+        for i, names in taken.items()
+        if len(names) > 1
+    ]
     if doubled:
         raise ConfigError(f"several data classes map to one model class: {'; '.join(doubled)}")
-    return np.asarray(index, dtype=np.int64), {n: model_classes[i] for n, i in zip(data_classes, index, strict=True) if i >= 0}
+    return np.asarray(index, dtype=np.int64), {
+        n: model_classes[i] for n, i in zip(data_classes, index, strict=True) if i >= 0
+    }
 
 
 def _last_dim(shape: list) -> int | None:

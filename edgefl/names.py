@@ -36,9 +36,11 @@ MODEL_FAMILIES: dict[str, tuple[str, ...]] = {
     "torchvision": ("shufflenet_v2_x0_5", "mobilenet_v3_small", "efficientnet_b0", "resnet18"),
 }
 
-#: Dataset names (:func:`edgefl.data.dataset_names`); ``imagefolder`` is used as ``imagefolder:DIR``.
+#: Dataset names (:func:`edgefl.data.dataset_names`); ``imagefolder`` is used as
+#: ``imagefolder:DIR``.
 DATASETS: tuple[str, ...] = (
-    "cifar10", "cifar100", "cinic10", "fashion-mnist", "imagefolder", "mnist", "synthetic", "synthetic-rgb",
+    "cifar10", "cifar100", "cinic10", "fashion-mnist", "imagefolder", "mnist", "synthetic",
+    "synthetic-rgb",
 )  # fmt: skip
 
 

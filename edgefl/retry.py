@@ -31,11 +31,14 @@ class Backoff:
 
     def __post_init__(self) -> None:
         if not (self.initial > 0 and self.factor >= 1 and self.cap >= self.initial):
-            raise ConfigError(f"backoff needs initial > 0, factor >= 1 and cap >= initial, got {self}")
+            raise ConfigError(
+                f"backoff needs initial > 0, factor >= 1 and cap >= initial, got {self}"
+            )
 
     def delay(self, attempt: int) -> float:
         """The delay after ``attempt`` earlier failures (0: the first delay)."""
-        return min(self.initial * self.factor ** min(attempt, 64), self.cap)  # 64: no float overflow
+        # 64: no float overflow
+        return min(self.initial * self.factor ** min(attempt, 64), self.cap)
 
     def delays(self) -> Iterator[float]:
         return map(self.delay, itertools.count())

@@ -104,7 +104,9 @@ def decode_command(data: bytes, max_bytes: int) -> tuple[ModelCommand, bytes | N
         raise
     except ValidationError as e:
         first = e.errors()[0]
-        raise RolloutError(f"invalid model command: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+        raise RolloutError(
+            f"invalid model command: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
+        ) from None
     except Exception as e:  # noqa: BLE001 - safetensors raises its own types; all mean "malformed"
         raise RolloutError(f"malformed model message: {type(e).__name__}: {e}") from None
     model = arrays.get("model")
@@ -136,7 +138,9 @@ def input_shape_of(model: bytes | Path) -> list[int]:
     session = open_session(model if isinstance(model, bytes) else Path(model))
     inputs = session.get_inputs()
     if len(inputs) != 1:
-        raise RolloutError(f"the model has {len(inputs)} inputs; a classifier takes one image tensor")
+        raise RolloutError(
+            f"the model has {len(inputs)} inputs; a classifier takes one image tensor"
+        )
     dims = inputs[0].shape[1:]
     if not all(isinstance(d, int) for d in dims):
         raise RolloutError(f"the model's input shape {inputs[0].shape} is not fixed")
@@ -169,7 +173,10 @@ class ModelStore:
     def active_path(self) -> Path:
         entry = self.active()
         if entry is None:
-            raise ConfigError(f"no model is installed in {self.dir} (edgefl deploy puts one there); or give a model file")
+            raise ConfigError(
+                f"no model is installed in {self.dir} (edgefl deploy puts one there); or give a "
+                "model file"
+            )
         return self.dir / "versions" / f"{entry['version']}.onnx"
 
     def _save(self, state: dict[str, Any]) -> None:
@@ -177,29 +184,46 @@ class ModelStore:
         _atomic_write(self.state_path, json.dumps(state, indent=1, sort_keys=True).encode())
 
     def install(self, command: ModelCommand, model: bytes) -> dict[str, Any]:
-        """Check ``model`` against ``command`` and make it the active version; the old one is kept."""
+        """Check ``model`` against ``command`` and make it the active version; the old one is
+        kept."""
         digest = hashlib.sha256(model).hexdigest()
         if digest != command.digest:
-            raise RolloutError(f"digest mismatch for version {command.version}: announced {command.digest[:12]}…, received {digest[:12]}…")
+            raise RolloutError(
+                f"digest mismatch for version {command.version}: announced "
+                f"{command.digest[:12]}…, received {digest[:12]}…"
+            )
         try:
             shape = input_shape_of(model)
         except EdgeflError as e:
-            raise RolloutError(f"version {command.version} does not load in ONNX Runtime: {e}") from None
+            raise RolloutError(
+                f"version {command.version} does not load in ONNX Runtime: {e}"
+            ) from None
         if shape != list(command.input_shape):
-            raise RolloutError(f"version {command.version} takes input {shape}, not the announced {list(command.input_shape)}")
+            raise RolloutError(
+                f"version {command.version} takes input {shape}, not the announced "
+                f"{list(command.input_shape)}"
+            )
         with self.lock:
             state = self.state()
             current = state.get("active")
             expected = self.expected_input_shape or (current or {}).get("input_shape")
             if expected is not None and shape != list(expected):
-                raise RolloutError(f"version {command.version} takes input {shape}; this device's model takes {list(expected)}")
+                raise RolloutError(
+                    f"version {command.version} takes input {shape}; this device's model takes "
+                    f"{list(expected)}"
+                )
             versions = self.dir / "versions"
             versions.mkdir(parents=True, exist_ok=True)
             _atomic_write(versions / f"{command.version}.onnx", model)
-            entry = {"version": command.version, "digest": digest, "tier": command.tier, "format": command.format,
-                     "input_shape": shape, "installed_at": time.time()}
-            previous = [e for e in ([current] if current else []) + state.get("previous", []) if e["version"] != command.version]
-            state = {"active": entry, "previous": previous[: KEEP_VERSIONS - 1], "last_command": command.command_id}
+            entry = {"version": command.version, "digest": digest, "tier": command.tier,
+                     "format": command.format, "input_shape": shape, "installed_at": time.time()}
+            previous = [
+                e
+                for e in ([current] if current else []) + state.get("previous", [])
+                if e["version"] != command.version
+            ]
+            state = {"active": entry, "previous": previous[: KEEP_VERSIONS - 1],
+                     "last_command": command.command_id}
             self._save(state)
             self._prune(state)
         return entry
@@ -211,12 +235,15 @@ class ModelStore:
             previous = state.get("previous", [])
             pick = next((e for e in previous if command.version in (None, e["version"])), None)
             if pick is None:
-                raise RolloutError(f"no earlier version {command.version or ''} to return to".replace("  ", " "))
+                raise RolloutError(
+                    f"no earlier version {command.version or ''} to return to".replace("  ", " ")
+                )
             if not (self.dir / "versions" / f"{pick['version']}.onnx").is_file():
                 raise RolloutError(f"version {pick['version']} is no longer on this device")
             rest = [e for e in previous if e is not pick]
             state = {"active": pick, "previous": rest, "last_command": command.command_id}
-            self._save(state)  # the rolled-back-from version is dropped: a rollback is not undone by another
+            # the rolled-back-from version is dropped: a rollback is not undone by another
+            self._save(state)
         return pick
 
     def _prune(self, state: dict[str, Any]) -> None:
@@ -226,7 +253,8 @@ class ModelStore:
                 f.unlink(missing_ok=True)
 
     def apply(self, command: ModelCommand, model: bytes | None) -> dict[str, Any]:
-        """Run a command unless it was the last one applied (retained messages come again on reconnect)."""
+        """Run a command unless it was the last one applied (retained messages come again on
+        reconnect)."""
         state = self.state()
         if state.get("last_command") == command.command_id:
             return self.report()
@@ -239,8 +267,9 @@ class ModelStore:
     def report(self, error: str | None = None) -> dict[str, Any]:
         state = self.state()
         active = state.get("active") or {}
-        out = {"version": active.get("version"), "digest": active.get("digest"), "tier": active.get("tier"),
-               "format": active.get("format"), "previous": [e["version"] for e in state.get("previous", [])], "time": time.time()}
+        out = {"version": active.get("version"), "digest": active.get("digest"),
+               "tier": active.get("tier"), "format": active.get("format"),
+               "previous": [e["version"] for e in state.get("previous", [])], "time": time.time()}
         if error:
             out["error"] = error
         return out
@@ -264,8 +293,9 @@ def _connect(address, client_id: str, fleet: str, on_message=None, subscribe: tu
     return _Conn(address, client_id, Topics(fleet), will=will)
 
 
-def run_agent(address, fleet: str, device_id: str, store: ModelStore, *, max_bytes: int = 256 * 1024 * 1024,
-              stop: threading.Event | None = None, say: Callable[[str], None] | None = None) -> None:
+def run_agent(address, fleet: str, device_id: str, store: ModelStore, *,
+              max_bytes: int = 256 * 1024 * 1024, stop: threading.Event | None = None,
+              say: Callable[[str], None] | None = None) -> None:
     """Serve model commands for ``device_id`` until ``stop`` is set (or interrupted). Every install,
     rollback and refusal is one line through ``say`` (default: the log at INFO)."""
     from edgefl.transport.mqtt import Topics
@@ -285,15 +315,21 @@ def run_agent(address, fleet: str, device_id: str, store: ModelStore, *, max_byt
         try:
             command, model = decode_command(data, max_bytes)
             if command.device_id != device_id or command.fleet != fleet:
-                raise RolloutError(f"a model command for {command.device_id!r} in fleet {command.fleet!r}")
+                raise RolloutError(
+                    f"a model command for {command.device_id!r} in fleet {command.fleet!r}"
+                )
             before = (store.active() or {}).get("version")
             store.apply(command, model)
             after = (store.active() or {}).get("version")
             if command.action == "rollback":
-                say(f"rolled back from {before} to {after}" if before != after else f"rollback: {after} stays active")
+                say(
+                    f"rolled back from {before} to {after}"
+                    if before != after
+                    else f"rollback: {after} stays active"
+                )
             elif before != after:
-                say(f"installed {after} ({command.format or 'onnx'}, {command.size} bytes, sha256 {command.digest[:12]}…; "
-                    f"previous: {before})")
+                say(f"installed {after} ({command.format or 'onnx'}, {command.size} bytes, "
+                    f"sha256 {command.digest[:12]}…; previous: {before})")
             else:
                 say(f"{after} is already active")
             publish_report()
@@ -304,8 +340,8 @@ def run_agent(address, fleet: str, device_id: str, store: ModelStore, *, max_byt
     # the device's status topic says whether its agent is connected (its Last Will: offline), so
     # that `edgefl deploy` can tell an offline device from one that did not answer
     status_topic = topics.device(device_id, "status")
-    conn = _connect(address, f"edgefl-{fleet}-{device_id}-agent", fleet, on_message, (topics.device(device_id, "model"),),
-                    will=(status_topic, b"offline"))
+    conn = _connect(address, f"edgefl-{fleet}-{device_id}-agent", fleet, on_message,
+                    (topics.device(device_id, "model"),), will=(status_topic, b"offline"))
 
     def on_connected() -> None:
         conn.publish(status_topic, b"online", retain=True)
@@ -322,23 +358,30 @@ def run_agent(address, fleet: str, device_id: str, store: ModelStore, *, max_byt
         conn.stop()
 
 
-def deploy_command(fleet: str, device_id: str, model: bytes, *, version: str, tier: str = "", fmt: str = "") -> ModelCommand:
+def deploy_command(
+    fleet: str, device_id: str, model: bytes, *, version: str, tier: str = "", fmt: str = ""
+) -> ModelCommand:
     try:
-        return ModelCommand(action="deploy", fleet=fleet, device_id=device_id, command_id=uuid.uuid4().hex, version=version,
-                            digest=hashlib.sha256(model).hexdigest(), tier=tier, format=fmt, input_shape=input_shape_of(model),
-                            size=len(model))
+        return ModelCommand(action="deploy", fleet=fleet, device_id=device_id,
+                            command_id=uuid.uuid4().hex, version=version,
+                            digest=hashlib.sha256(model).hexdigest(), tier=tier, format=fmt,
+                            input_shape=input_shape_of(model), size=len(model))
     except ValidationError as e:
-        raise ConfigError(f"invalid deployment: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}") from None
+        raise ConfigError(
+            f"invalid deployment: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}"
+        ) from None
 
 
 def rollback_command(fleet: str, device_id: str, version: str | None = None) -> ModelCommand:
-    return ModelCommand(action="rollback", fleet=fleet, device_id=device_id, command_id=uuid.uuid4().hex, version=version)
+    return ModelCommand(action="rollback", fleet=fleet, device_id=device_id,
+                        command_id=uuid.uuid4().hex, version=version)
 
 
 def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: float = 0.0,
                      expect: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Publish each device its model message (retained); with ``wait``, collect the devices'
-    reports until each names its expected version ("*": any fresh report) or an error, or time runs out."""
+    reports until each names its expected version ("*": any fresh report) or an error, or time runs
+    out."""
     from edgefl.transport.mqtt import Topics
 
     topics = Topics(fleet)
@@ -359,7 +402,10 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
         reports[where[0]] = report
         if float(report.get("time", 0)) >= started:
             fresh[where[0]] = report
-        if expect is not None and all(d in fresh and (v in ("*", fresh[d].get("version")) or fresh[d].get("error")) for d, v in expect.items()):
+        if expect is not None and all(
+            d in fresh and (v in ("*", fresh[d].get("version")) or fresh[d].get("error"))
+            for d, v in expect.items()
+        ):
             done.set()
 
     status: dict[str, str] = {}
@@ -373,7 +419,9 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
         (on_status if topic.endswith("/status") else on_message)(topic, data)
 
     subscribe = (topics.device("+", "active"), topics.device("+", "status")) if wait > 0 else ()
-    conn = _connect(address, f"edgefl-{fleet}-deploy-{uuid.uuid4().hex[:6]}", fleet, on_any, subscribe).start()
+    conn = _connect(
+        address, f"edgefl-{fleet}-deploy-{uuid.uuid4().hex[:6]}", fleet, on_any, subscribe
+    ).start()
     try:
         for device_id, data in messages.items():
             info = conn.client.publish(topics.device(device_id, "model"), data, qos=1, retain=True)
@@ -387,9 +435,15 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
 
     def missing(d: str) -> dict[str, Any]:
         if status.get(d) == "offline":
-            why = "the device is offline; the model stays on the broker (retained) and installs when its agent connects"
+            why = (
+                "the device is offline; the model stays on the broker (retained) and installs "
+                "when its agent connects"
+            )
         elif d not in status and d not in reports:
-            why = "the device has never connected a model agent (edgefl device agent, or edgefl train --models-dir)"
+            why = (
+                "the device has never connected a model agent (edgefl device agent, or edgefl "
+                "train --models-dir)"
+            )
         else:
             why = f"no report from the device within {wait:g} s"
         return {"error": why, "status": status.get(d), "last_report": reports.get(d)}
@@ -406,7 +460,8 @@ def rollout_messages(fleet: str, targets, *, version: str, say: Callable[[str], 
     expect: dict[str, str] = {}
     for t in targets:
         if t.path is None:
-            messages[t.device], expect[t.device] = encode_command(rollback_command(fleet, t.device)), "*"
+            messages[t.device] = encode_command(rollback_command(fleet, t.device))
+            expect[t.device] = "*"
             continue
         data = Path(t.path).read_bytes()
         command = deploy_command(fleet, t.device, data, version=version, tier=t.tier, fmt=t.fmt)
@@ -418,9 +473,14 @@ def rollout_messages(fleet: str, targets, *, version: str, say: Callable[[str], 
 def check_reports(reports: dict[str, dict[str, Any]], expect: dict[str, str]) -> None:
     """Raise unless every device reported its expected version: exit 3 if one refused the model
     (it answered and said no), 1 if none refused but some did not answer (try again later)."""
-    failed = [d for d, r in reports.items() if r.get("error") or expect[d] not in ("*", r.get("version"))]
+    failed = [
+        d for d, r in reports.items() if r.get("error") or expect[d] not in ("*", r.get("version"))
+    ]
     if not failed:
         return
     refused = [d for d in failed if "version" in reports[d]]
     error = ConfigError if refused else EdgeflError
-    raise error(f"{len(failed)} of {len(reports)} devices did not take the model: {', '.join(sorted(failed))}")
+    raise error(
+        f"{len(failed)} of {len(reports)} devices did not take the model: "
+        f"{', '.join(sorted(failed))}"
+    )

@@ -10,7 +10,9 @@ from typing import Literal
 import numpy as np
 
 
-def weighted_average(items: Iterable[tuple[Mapping[str, np.ndarray], float]]) -> dict[str, np.ndarray]:
+def weighted_average(
+    items: Iterable[tuple[Mapping[str, np.ndarray], float]],
+) -> dict[str, np.ndarray]:
     """Σ wᵢ·aᵢ / Σ wᵢ per name, folded as the items arrive (memory does not grow with devices).
 
     Integer tensors (BatchNorm's ``num_batches_tracked``) are averaged and rounded back.
@@ -38,7 +40,9 @@ def weighted_average(items: Iterable[tuple[Mapping[str, np.ndarray], float]]) ->
     out = {}
     for k, s in sums.items():
         mean = s / total
-        out[k] = np.rint(mean).astype(dtypes[k]) if dtypes[k].kind in "iu" else mean.astype(dtypes[k])
+        out[k] = (
+            np.rint(mean).astype(dtypes[k]) if dtypes[k].kind in "iu" else mean.astype(dtypes[k])
+        )
     return out
 
 
@@ -77,8 +81,13 @@ def defences_of(options: object) -> Defences:
 
 
 def clip_to_norm(vector: np.ndarray, reference: np.ndarray | None, max_norm: float) -> np.ndarray:
-    """``vector`` moved toward ``reference`` (or 0) so that their distance is at most ``max_norm``."""
-    ref = np.zeros_like(vector, np.float64) if reference is None else np.asarray(reference, np.float64)
+    """``vector`` moved toward ``reference`` (or 0) so that their distance is at most
+    ``max_norm``."""
+    ref = (
+        np.zeros_like(vector, np.float64)
+        if reference is None
+        else np.asarray(reference, np.float64)
+    )
     delta = np.asarray(vector, np.float64) - ref
     norm = float(np.linalg.norm(delta))
     if max_norm <= 0 or norm <= max_norm:
@@ -86,22 +95,33 @@ def clip_to_norm(vector: np.ndarray, reference: np.ndarray | None, max_norm: flo
     return (ref + delta * (max_norm / norm)).astype(np.asarray(vector).dtype)
 
 
-def clip_update(arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], max_norm: float) -> dict[str, np.ndarray]:
+def clip_update(
+    arrays: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], max_norm: float
+) -> dict[str, np.ndarray]:
     """Weights whose update (their float tensors' distance from ``reference``, one L2 norm over
     all of them) is scaled down to ``max_norm``; integer tensors are kept."""
     floats = [k for k, v in arrays.items() if np.asarray(v).dtype.kind == "f" and k in reference]
-    norm = math.sqrt(sum(float(np.sum((np.asarray(arrays[k], np.float64) - reference[k]) ** 2)) for k in floats))
+    norm = math.sqrt(
+        sum(float(np.sum((np.asarray(arrays[k], np.float64) - reference[k]) ** 2)) for k in floats)
+    )
     if max_norm <= 0 or norm <= max_norm:
         return dict(arrays)
     scale = max_norm / norm
     out = dict(arrays)
     for k in floats:
         ref = np.asarray(reference[k], np.float64)
-        out[k] = (ref + (np.asarray(arrays[k], np.float64) - ref) * scale).astype(np.asarray(arrays[k]).dtype)
+        out[k] = (ref + (np.asarray(arrays[k], np.float64) - ref) * scale).astype(
+            np.asarray(arrays[k]).dtype
+        )
     return out
 
 
-def robust_stack(values: Sequence[np.ndarray], rule: Rule, trim: float = 0.2, weights: Sequence[float] | None = None) -> np.ndarray:
+def robust_stack(
+    values: Sequence[np.ndarray],
+    rule: Rule,
+    trim: float = 0.2,
+    weights: Sequence[float] | None = None,
+) -> np.ndarray:
     """Combine same-shaped arrays coordinate by coordinate (float64 result)."""
     stack = np.stack([np.asarray(v, np.float64) for v in values])
     if rule == "median":
@@ -114,7 +134,9 @@ def robust_stack(values: Sequence[np.ndarray], rule: Rule, trim: float = 0.2, we
     return np.tensordot(w / w.sum(), stack, axes=1)
 
 
-def robust_average(items: Sequence[tuple[Mapping[str, np.ndarray], float]], rule: Rule, trim: float = 0.2) -> dict[str, np.ndarray]:
+def robust_average(
+    items: Sequence[tuple[Mapping[str, np.ndarray], float]], rule: Rule, trim: float = 0.2
+) -> dict[str, np.ndarray]:
     """:func:`weighted_average` for ``mean``; otherwise the robust rule per name (unweighted:
     a weight is the device's own claim, and a robust rule must not trust it)."""
     if rule == "mean":

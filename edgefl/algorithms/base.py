@@ -9,8 +9,9 @@ Device half (one object per device, owns the device's model):
     ``fit(round) -> Payload``     local work; returns the uplink.
     ``expected_downlink()``       ``{array name: ArraySpec}`` of a non-empty downlink (arrays of a
                                  group may be absent together); the agent refuses any other.
-    ``finish(round, payload)``    the end of the run: default = ``receive`` (install the final model);
-                                 methods with a last local phase (FedVTC's fine-tuning) override it.
+    ``finish(round, payload)``    the end of the run: default = ``receive`` (install the final
+                                 model); methods with a last local phase (FedVTC's fine-tuning)
+                                 override it.
 
 Server half (one object per run):
     ``select(round, device_ids, rng)``       which devices work this round (default: a fraction,
@@ -130,9 +131,11 @@ class ServerContext:
     seed: int
     fraction: float = 1.0
     min_fit: int = 1  # the fewest devices a round trains (when that many are in the fleet)
-    public: ArrayDataset | None = None  # server-held data (HierarchyFL's labelled 1%, FedHeNN's pool)
+    # server-held data (HierarchyFL's labelled 1%, FedHeNN's pool)
+    public: ArrayDataset | None = None
     closing_rounds: int = 0  # rounds after training (the method's declared needs)
-    finish_trains: bool = False  # the final exchange changes the devices' models (the method's declared needs)
+    # the final exchange changes the devices' models (the method's declared needs)
+    finish_trains: bool = False
     #: The server optimizer that turns averaged weights into the new ones (``--server-opt``); only
     #: methods that declare ``averages_weights`` are given another than plain averaging.
     server_opt: ServerOptSettings = field(default_factory=ServerOptSettings)
@@ -148,7 +151,10 @@ class ServerContext:
         specs = self.specs()
         if len(specs) != 1:
             names = ", ".join(s.name for s in specs)
-            raise ConfigError(f"{method} trains one global model, but the fleet has {len(specs)} architectures ({names}); give one tier")
+            raise ConfigError(
+                f"{method} trains one global model, but the fleet has {len(specs)} architectures "
+                f"({names}); give one tier"
+            )
         return specs[0]
 
     def rng(self, round: int, stream: int = 0) -> np.random.Generator:
@@ -192,7 +198,9 @@ class DeviceHalf:
         the declaration of a downlink that carries weights for this model."""
         cache = self.__dict__.setdefault("_weight_specs", {})
         if prefix not in cache:
-            cache[prefix] = {k: spec_of(v) for k, v in state_to_arrays(self.model.state_dict(), prefix).items()}
+            cache[prefix] = {
+                k: spec_of(v) for k, v in state_to_arrays(self.model.state_dict(), prefix).items()
+            }
         return cache[prefix]
 
     def finish(self, round: int, payload: Payload) -> None:
@@ -225,15 +233,17 @@ class ServerHalf:
     def __init__(self, ctx: ServerContext, options: Any):
         self.ctx = ctx
         self.options = options
-        #: the one server step of a method that averages weights (:mod:`edgefl.algorithms.server_opt`);
-        #: its state belongs in the method's ``state_dict``
+        #: the one server step of a method that averages weights
+        #: (:mod:`edgefl.algorithms.server_opt`); its state belongs in the method's ``state_dict``
         self.server_opt = ServerOptimizer(ctx.server_opt)
 
     def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
         ids = sorted(device_ids)
         if not ids:
             return []
-        k = min(len(ids), max(self.ctx.min_fit, int(math.ceil(self.ctx.fraction * len(ids) - 1e-9))))
+        k = min(
+            len(ids), max(self.ctx.min_fit, int(math.ceil(self.ctx.fraction * len(ids) - 1e-9)))
+        )
         return sorted(rng.choice(ids, size=k, replace=False).tolist())
 
     def downlink(self, round: int, device_id: str) -> Payload:
@@ -334,7 +344,9 @@ class Algorithm:
         """The declaration for these (parsed) options."""
         needs = self.needs(options) if callable(self.needs) else self.needs
         if not isinstance(needs, MethodNeeds):
-            raise TypeError(f"{self.name}: needs must give a MethodNeeds, got {type(needs).__name__}")
+            raise TypeError(
+                f"{self.name}: needs must give a MethodNeeds, got {type(needs).__name__}"
+            )
         return needs
 
 
@@ -384,11 +396,19 @@ def _option_value(value: Any, typ: Any, key: str, method: str) -> Any:
     except ValidationError:
         value = given
     if typing.get_origin(base) is Literal:
-        raise ConfigError(f"{method} option {key}={value!r}: choose one of {', '.join(map(str, typing.get_args(base)))}")
+        raise ConfigError(
+            f"{method} option {key}={value!r}: choose one of "
+            f"{', '.join(map(str, typing.get_args(base)))}"
+        )
     if typing.get_origin(base) is tuple:
         inner = typing.get_args(base)[0]
-        raise ConfigError(f"{method} option {key}={value!r} is not a valid comma-separated list of {inner.__name__}")
-    raise ConfigError(f"{method} option {key}={value!r} is not a valid {getattr(base, '__name__', base)}")
+        raise ConfigError(
+            f"{method} option {key}={value!r} is not a valid comma-separated list of "
+            f"{inner.__name__}"
+        )
+    raise ConfigError(
+        f"{method} option {key}={value!r} is not a valid {getattr(base, '__name__', base)}"
+    )
 
 
 def parse_options(cls: type, raw: Mapping[str, Any], method: str) -> Any:

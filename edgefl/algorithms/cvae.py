@@ -29,7 +29,9 @@ class CVAE(nn.Module):
         d = feature_dim
         self.num_classes, self.feature_dim = num_classes, feature_dim
         self.embedding = nn.Embedding(num_classes, embed_dim)
-        self.encoder = nn.Sequential(nn.Linear(d + embed_dim, d), nn.BatchNorm1d(d), nn.ReLU(), nn.Linear(d, 2 * d))
+        self.encoder = nn.Sequential(
+            nn.Linear(d + embed_dim, d), nn.BatchNorm1d(d), nn.ReLU(), nn.Linear(d, 2 * d)
+        )
         self.decoder = nn.Sequential(nn.Linear(d + embed_dim, d), nn.Linear(d, d))
 
     def encode(self, s: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -63,29 +65,47 @@ def one_thread() -> Iterator[None]:
 
 
 def train_cvae(
-    model: CVAE, features: np.ndarray, labels: np.ndarray, *, epochs: int, batch_size: int, lr: float, seed: int
+    model: CVAE,
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
 ) -> list[float]:
     """``epochs`` shuffled passes over (features, labels); returns the mean loss of each epoch.
 
     Runs at one torch thread: its steps are 50 × (d + 512) matrices, too small to split, and a
     second thread only adds its hand-offs (5,000 points, 10 epochs, d = 64, on 2 cores with
-    OMP_WAIT_POLICY=PASSIVE as the ``edgefl`` command sets it: 4.0 s at one thread, 7.4 s at two)."""
+    OMP_WAIT_POLICY=PASSIVE as the ``edgefl`` command sets it: 4.0 s at one thread, 7.4 s at
+    two)."""
     with one_thread():
-        return _train_cvae(model, features, labels, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+        return _train_cvae(
+            model, features, labels, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed
+        )
 
 
 def _train_cvae(
-    model: CVAE, features: np.ndarray, labels: np.ndarray, *, epochs: int, batch_size: int, lr: float, seed: int
+    model: CVAE,
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
 ) -> list[float]:
     n = len(labels)
     if n == 0:
         return []
     s_all = torch.as_tensor(np.asarray(features, np.float32))
     y_all = torch.as_tensor(np.asarray(labels, np.int64))
-    # fused: one kernel updates all the CVAE's tensors, where the default CPU loop visits them one by
-    # one; the same update rule. Its thousands of tiny steps are bound by per-tensor overhead: 10
-    # epochs over 5,000 points took 2.7-3.5 s fused against 3.3-5.1 s with foreach kernels (which had
-    # cut 39 % off the loop, benchmarks/scale/parallel.md), alternating on 2 cores, the same final loss.
+    # fused: one kernel updates all the CVAE's tensors, where the default CPU loop visits them one
+    # by one; the same update rule. Its thousands of tiny steps are bound by per-tensor overhead: 10
+    # epochs over 5,000 points took 2.7-3.5 s fused against 3.3-5.1 s with foreach kernels (which
+    # had cut 39 % off the loop, benchmarks/scale/parallel.md), alternating on 2 cores, the same
+    # final loss.
     opt = torch.optim.Adam(model.parameters(), lr=lr, fused=True)
     gen = torch.Generator().manual_seed(seed)
     losses = []
@@ -130,15 +150,26 @@ def cvae_arrays(model: CVAE, prefix: str) -> dict[str, np.ndarray]:
 
 def load_cvae_arrays(model: CVAE, arrays: Mapping[str, np.ndarray], prefix: str) -> bool:
     """Load the arrays under ``prefix``; False (model untouched) when there are none."""
-    state = {k[len(prefix) :]: torch.as_tensor(np.array(v)) for k, v in arrays.items() if k.startswith(prefix)}
+    state = {
+        k[len(prefix) :]: torch.as_tensor(np.array(v))
+        for k, v in arrays.items()
+        if k.startswith(prefix)
+    }
     if not state:
         return False
     model.load_state_dict(state, strict=True)
     return True
 
 
-def conditional_fit(model: CVAE, features: np.ndarray, labels: np.ndarray, *, per_class: int = 50, seed: int = 0,
-                    steps: int = 200) -> tuple[float, float, float]:
+def conditional_fit(
+    model: CVAE,
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    per_class: int = 50,
+    seed: int = 0,
+    steps: int = 200,
+) -> tuple[float, float, float]:
     """How well the CVAE's samples carry their class: a softmax classifier is fitted on the real
     feature points (the CVAE's training data); returns (its accuracy on ``per_class`` generated
     features per class that has data, its accuracy on the real points — the ceiling, and the

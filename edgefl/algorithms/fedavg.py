@@ -25,7 +25,8 @@ WEIGHTS = "w/"
 class GlobalModelDevice(DeviceHalf):
     """Loads the global weights it receives, trains, and sends its weights back."""
 
-    dp_sgd_ready = True  # one train_local per round, cross-entropy (FedProx: plus its proximal penalty)
+    # one train_local per round, cross-entropy (FedProx: plus its proximal penalty)
+    dp_sgd_ready = True
 
     def receive(self, round: int, payload: Payload) -> None:
         state = arrays_to_state(payload.arrays, WEIGHTS)
@@ -46,7 +47,14 @@ class GlobalModelDevice(DeviceHalf):
         return None
 
     def fit(self, round: int) -> Payload:
-        stats = train_local(self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round), self.loss_fn(round))
+        stats = train_local(
+            self.model,
+            self.ctx.train_data,
+            self.ctx.settings,
+            round,
+            self.ctx.rng(round),
+            self.loss_fn(round),
+        )
         arrays = state_to_arrays(self.model.state_dict(), WEIGHTS)
         return Payload(arrays, {"num_samples": len(self.ctx.train_data), **stats})
 
@@ -70,10 +78,18 @@ class GlobalModelServer(ServerHalf):
         if not uplinks:
             return {}
         d = defences_of(self.options)  # optional bounds on a malicious update's influence
-        items = [({k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)}, float(p.meta["num_samples"])) for p in uplinks.values()]
+        items = [
+            (
+                {k: v for k, v in p.arrays.items() if k.startswith(WEIGHTS)},
+                float(p.meta["num_samples"]),
+            )
+            for p in uplinks.values()
+        ]
         if d.clip_norm > 0:
             items = [(clip_update(a, self.weights, d.clip_norm), w) for a, w in items]
-        self.weights = self.server_opt.step("global", self.weights, robust_average(items, d.aggregator, d.trim), self.trainable)
+        self.weights = self.server_opt.step(
+            "global", self.weights, robust_average(items, d.aggregator, d.trim), self.trainable
+        )
         return {}
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -88,16 +104,18 @@ class GlobalModelServer(ServerHalf):
         self.server_opt.load_state_dict(arrays)
 
 
-#: The CNN family's recipe (FedAvg, FedProx, Local): SGD lr 0.01 with momentum 0.9, chosen for stability
-#: over five seeds on a validation split by benchmarks/foundation/recipes.py (issue 37): at lr 0.05 a
-#: FedAvg run on Dir(0.1) fell to chance and the centralized bound declined from its peak.
+#: The CNN family's recipe (FedAvg, FedProx, Local): SGD lr 0.01 with momentum 0.9, chosen for
+#: stability over five seeds on a validation split by benchmarks/foundation/recipes.py (issue 37):
+#: at lr 0.05 a FedAvg run on Dir(0.1) fell to chance and the centralized bound declined from its
+#: peak.
 CNN_RECIPE = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9}
 PAPER_DEFAULTS = {"model": "cnn", "tiers": ("2",), **CNN_RECIPE, "batch_size": 32, "epochs": 1}
 
 register(
     Algorithm(
         name="fedavg",
-        description="FedAvg: average the weights of one shared architecture (weighted by data size)",
+        description="FedAvg: average the weights of one shared architecture (weighted by data "
+        "size)",
         device=GlobalModelDevice,
         server=GlobalModelServer,
         options=Defences,

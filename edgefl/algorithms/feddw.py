@@ -104,7 +104,9 @@ def dw_regularizer(weight: torch.Tensor, sl: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def soft_label_sums(model: torch.nn.Module, data, num_classes: int, temperature: float = 1.0, batch_size: int = 512):
+def soft_label_sums(
+    model: torch.nn.Module, data, num_classes: int, temperature: float = 1.0, batch_size: int = 512
+):
     """One eval-mode pass: per true class, the sum of softmax(logits/T) (C×C) and the count (C)."""
     was_training = model.training
     model.eval()
@@ -119,7 +121,11 @@ def soft_label_sums(model: torch.nn.Module, data, num_classes: int, temperature:
 
 
 def update_soft_labels(
-    prev: np.ndarray, sums: np.ndarray, counts: np.ndarray, momentum: float, missing_class: str = "onehot"
+    prev: np.ndarray,
+    sums: np.ndarray,
+    counts: np.ndarray,
+    momentum: float,
+    missing_class: str = "onehot",
 ) -> np.ndarray:
     """S ← m·S_prev + (1 − m)·S_new with S_new[y] = sums[y] / counts[y]; see the module doc."""
     c = prev.shape[0]
@@ -140,7 +146,11 @@ class FedDWDevice(GlobalModelDevice):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
         if ctx.spec.head != "feddw":
-            log.warning("FedDW expects head='feddw' (bias-free classifier); %s has head %r", ctx.spec.name, ctx.spec.head)
+            log.warning(
+                "FedDW expects head='feddw' (bias-free classifier); %s has head %r",
+                ctx.spec.name,
+                ctx.spec.head,
+            )
         self.sl = torch.eye(ctx.num_classes)
 
     def expected_downlink(self) -> dict[str, ArraySpec]:
@@ -159,7 +169,9 @@ class FedDWDevice(GlobalModelDevice):
     @classmethod
     def privacy_release(cls, options) -> Release:
         """FedAvg's weights, and per-class sums of each sample's soft label with the counts."""
-        return Release(whole=(WEIGHTS,), stats=ClassStats((SL_SUMS,), reduce="sum", counts=SL_COUNTS))
+        return Release(
+            whole=(WEIGHTS,), stats=ClassStats((SL_SUMS,), reduce="sum", counts=SL_COUNTS)
+        )
 
     def sample_vectors(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {SL_SUMS: torch.softmax(self.model(x) / self.options.temperature, dim=1)}
@@ -174,7 +186,9 @@ class FedDWDevice(GlobalModelDevice):
 
     def fit(self, round: int) -> Payload:
         up = super().fit(round)
-        sums, counts = soft_label_sums(self.model, self.ctx.train_data, self.ctx.num_classes, self.options.temperature)
+        sums, counts = soft_label_sums(
+            self.model, self.ctx.train_data, self.ctx.num_classes, self.options.temperature
+        )
         up.arrays[SL_SUMS] = sums.astype(np.float32)
         up.arrays[SL_COUNTS] = counts.astype(np.float32)
         up.meta["lam"] = self.options.lam_at(round)
@@ -214,9 +228,15 @@ class FedDWServer(GlobalModelServer):
         if self.options.cumulative:
             self.sums, self.counts = self.sums + sums, self.counts + counts
             sums, counts = self.sums, self.counts
-        self.sl = update_soft_labels(self.sl, sums, counts, self.options.sl_momentum, self.options.missing_class)
-        return {**metrics, "sl_diag_mean": float(np.mean(np.diag(self.sl))), "sl_classes_reported": float((counts > 0).sum()),
-                **self.relation_metrics()}
+        self.sl = update_soft_labels(
+            self.sl, sums, counts, self.options.sl_momentum, self.options.missing_class
+        )
+        return {
+            **metrics,
+            "sl_diag_mean": float(np.mean(np.diag(self.sl))),
+            "sl_classes_reported": float((counts > 0).sum()),
+            **self.relation_metrics(),
+        }
 
     def relation_metrics(self) -> dict[str, float]:
         """How close the global classifier's class relations come to the soft labels, the
@@ -235,10 +255,19 @@ class FedDWServer(GlobalModelServer):
 
     def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
         c = self.ctx.num_classes
-        return {**super().expected_uplink(device_id), SL_SUMS: array_spec(np.float32, (c, c)), SL_COUNTS: array_spec(np.float32, (c,))}
+        return {
+            **super().expected_uplink(device_id),
+            SL_SUMS: array_spec(np.float32, (c, c)),
+            SL_COUNTS: array_spec(np.float32, (c,)),
+        }
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {**super().state_dict(), "sl/S": self.sl, "sl/sums": self.sums, "sl/counts": self.counts}
+        return {
+            **super().state_dict(),
+            "sl/S": self.sl,
+            "sl/sums": self.sums,
+            "sl/counts": self.counts,
+        }
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
         super().load_state_dict(arrays)
@@ -262,7 +291,8 @@ PAPER_DEFAULTS = {
 register(
     Algorithm(
         name="feddw",
-        description="FedDW: FedAvg + soft-label (SL) vs classifier class-relation (CR) consistency regulariser",
+        description="FedDW: FedAvg + soft-label (SL) vs classifier class-relation (CR) "
+        "consistency regulariser",
         device=FedDWDevice,
         server=FedDWServer,
         options=FedDWOptions,

@@ -10,9 +10,9 @@ authors' code does (``rad_mode``).
 
 What travels (heterogeneous variant, the default). Weights stay on the device:
 
-- The server holds an unlabelled public pool (its declared ``MethodNeeds.public_share``: the run assembly
-  carves a stratified 2% of the training set, removed from device data; labels are never used).
-  RAD_t = ``rad_size`` samples drawn from the pool with the run seed and round t.
+- The server holds an unlabelled public pool (its declared ``MethodNeeds.public_share``: the run
+  assembly carves a stratified 2% of the training set, removed from device data; labels are never
+  used). RAD_t = ``rad_size`` samples drawn from the pool with the run seed and round t.
 - Downlink of round t: ``rad/x`` = RAD_t images (uint8) with ``rad/kbar`` = K̄_t (N×N), and
   ``probe/x`` = RAD_{t+1} images.
 - The device trains aligning to K̄_t on RAD_t, then publishes ``z`` = its eval-mode
@@ -96,7 +96,8 @@ class FedHeNNOptions:
 
 
 def rad_indices(seed: int, round: int, pool_size: int, size: int) -> np.ndarray:
-    """RAD_t: ``size`` distinct pool indices, drawn from (run seed, round) — reproducible anywhere."""
+    """RAD_t: ``size`` distinct pool indices, drawn from (run seed, round) — reproducible
+    anywhere."""
     rng = np.random.default_rng([seed, round, 4242])
     return np.sort(rng.choice(pool_size, size=min(size, pool_size), replace=False)).astype(np.int64)
 
@@ -124,12 +125,17 @@ class FedHeNNDevice(DeviceHalf):
         if x_key in payload.arrays:
             x = images_to_float(np.asarray(payload.arrays[x_key]))
             if tuple(x.shape[1:]) != tuple(self.ctx.spec.in_shape):
-                raise ValueError(f"{x_key} has shape {tuple(x.shape)}, expected [N, {self.ctx.spec.in_shape}]")
+                raise ValueError(
+                    f"{x_key} has shape {tuple(x.shape)}, expected [N, {self.ctx.spec.in_shape}]"
+                )
             return x
         if idx_key in payload.arrays:
             pool = self.ctx.public
             if pool is None:
-                raise ConfigError("rad_source=device needs the alignment pool on the device (DeviceContext.public)")
+                raise ConfigError(
+                    "rad_source=device needs the alignment pool on the device "
+                    "(DeviceContext.public)"
+                )
             idx = np.asarray(payload.arrays[idx_key]).astype(np.int64)
             if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= len(pool))):
                 raise ValueError(f"{idx_key} indexes outside the device's pool of {len(pool)}")
@@ -163,7 +169,11 @@ class FedHeNNDevice(DeviceHalf):
                 self.global_model.load_state_dict(state, strict=True)
             if self.rad is not None:
                 with torch.no_grad():
-                    self.target = KernelTarget(kernel(self.global_model.features(self.rad), o.kernel, o.rbf_scale), o.kernel, o.rbf_scale)
+                    self.target = KernelTarget(
+                        kernel(self.global_model.features(self.rad), o.kernel, o.rbf_scale),
+                        o.kernel,
+                        o.rbf_scale,
+                    )
         elif KBAR in payload.arrays and self.rad is not None:
             kbar = torch.from_numpy(np.asarray(payload.arrays[KBAR], np.float32).copy())
             n = self.rad.shape[0]
@@ -214,7 +224,14 @@ class FedHeNNDevice(DeviceHalf):
     def fit(self, round: int) -> Payload:
         o: FedHeNNOptions = self.options
         before = self.alignment()
-        stats = train_local(self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round), self.loss_fn(round))
+        stats = train_local(
+            self.model,
+            self.ctx.train_data,
+            self.ctx.settings,
+            round,
+            self.ctx.rng(round),
+            self.loss_fn(round),
+        )
         meta = {"num_samples": len(self.ctx.train_data), "eta": self.eta(round), **stats}
         after = self.alignment()
         if after is not None:
@@ -235,7 +252,9 @@ class FedHeNNServer(ServerHalf):
     def __init__(self, ctx, options: FedHeNNOptions):
         super().__init__(ctx, options)
         if ctx.public is None or len(ctx.public) < 2:
-            raise ConfigError("fedhenn needs an unlabelled alignment pool: set public_fraction > 0 (default 0.02)")
+            raise ConfigError(
+                "fedhenn needs an unlabelled alignment pool: set public_fraction > 0 (default 0.02)"
+            )
         self.pool: ArrayDataset = ctx.public
         self.kbar: np.ndarray | None = None
         self.kbar_round = -1  # the round whose RAD K̄ was computed on
@@ -248,7 +267,9 @@ class FedHeNNServer(ServerHalf):
         if round not in self._rad:
             if len(self._rad) > 4:
                 self._rad.pop(min(self._rad))
-            self._rad[round] = rad_indices(self.ctx.seed, round, len(self.pool), self.options.rad_size)
+            self._rad[round] = rad_indices(
+                self.ctx.seed, round, len(self.pool), self.options.rad_size
+            )
         return self._rad[round]
 
     def _set(self, arrays: dict, x_key: str, idx_key: str, idx: np.ndarray) -> None:
@@ -279,9 +300,13 @@ class FedHeNNServer(ServerHalf):
         metrics: dict[str, float] = {}
         cka = [float(p.meta["cka_after"]) for p in uplinks.values() if "cka_after" in p.meta]
         if cka:
-            metrics["cka_mean"] = float(np.mean(cka))  # the devices' alignment with K̄ after their training
-            before = [float(p.meta["cka_before"]) for p in uplinks.values() if "cka_before" in p.meta]
-            metrics["cka_before_mean"] = float(np.mean(before))  # and before it: what the round's η moved
+            # the devices' alignment with K̄ after their training
+            metrics["cka_mean"] = float(np.mean(cka))
+            before = [
+                float(p.meta["cka_before"]) for p in uplinks.values() if "cka_before" in p.meta
+            ]
+            # and before it: what the round's η moved
+            metrics["cka_before_mean"] = float(np.mean(before))
         if self.global_server is not None:
             self.global_server.aggregate(round, uplinks)
             return metrics
@@ -310,7 +335,8 @@ class FedHeNNServer(ServerHalf):
         if self.global_server is not None:
             return self.global_server.expected_uplink(device_id)
         dtype = np.float16 if self.options.z_float16 else np.float32
-        return {Z: array_spec(dtype, (None, None))}  # N×d, d per architecture; aggregate skips a Z of the wrong N
+        # N×d, d per architecture; aggregate skips a Z of the wrong N
+        return {Z: array_spec(dtype, (None, None))}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         out = {"kbar_round": np.array(self.kbar_round, np.int64)}
@@ -343,12 +369,15 @@ PAPER_DEFAULTS = {
 register(
     Algorithm(
         name="fedhenn",
-        description="FedHeNN: heterogeneous models aligned by CKA of their representations on a public alignment set",
+        description="FedHeNN: heterogeneous models aligned by CKA of their representations on a "
+        "public alignment set",
         device=FedHeNNDevice,
         server=FedHeNNServer,
         options=FedHeNNOptions,
         defaults=PAPER_DEFAULTS,
         # an unlabelled 2 % alignment pool; with rad_source=device every device holds it too
-        needs=lambda o: MethodNeeds(public_share=0.02, public_use="alignment", devices_hold_public=o.rad_source == "device"),
+        needs=lambda o: MethodNeeds(
+            public_share=0.02, public_use="alignment", devices_hold_public=o.rad_source == "device"
+        ),
     )
 )

@@ -50,7 +50,9 @@ PROTO_CLASSES = "proto_classes"
 
 # -- prototypes on the device -------------------------------------------------------------------
 @torch.no_grad()
-def local_prototypes(model: torch.nn.Module, data: ArrayDataset, batch_size: int = 256) -> dict[int, np.ndarray]:
+def local_prototypes(
+    model: torch.nn.Module, data: ArrayDataset, batch_size: int = 256
+) -> dict[int, np.ndarray]:
     """{class: mean feature} over ``data`` with the model in eval mode (float64 sums)."""
     was_training = model.training
     model.eval()
@@ -78,18 +80,36 @@ def pack_prototypes(protos: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
 
 def prototype_specs(dim: int) -> dict[str, ArraySpec]:
     """A downlink's prototypes (:func:`pack_prototypes`): absent before any class has one."""
-    return {PROTO: array_spec(np.float32, (None, dim), "prototypes"), PROTO_CLASSES: array_spec(np.int64, (None,), "prototypes")}
+    return {
+        PROTO: array_spec(np.float32, (None, dim), "prototypes"),
+        PROTO_CLASSES: array_spec(np.int64, (None,), "prototypes"),
+    }
 
 
-def unpack_prototypes(arrays: Mapping[str, np.ndarray], num_classes: int, dim: int) -> dict[int, np.ndarray]:
-    """The inverse of :func:`pack_prototypes`, checking classes and shapes (it came over the wire)."""
+def unpack_prototypes(
+    arrays: Mapping[str, np.ndarray], num_classes: int, dim: int
+) -> dict[int, np.ndarray]:
+    """The inverse of :func:`pack_prototypes`, checking classes and shapes (it came over the
+    wire)."""
     if PROTO not in arrays:
         return {}
-    protos, classes = np.asarray(arrays[PROTO]), np.asarray(arrays.get(PROTO_CLASSES, np.zeros(0, np.int64)))
+    protos, classes = (
+        np.asarray(arrays[PROTO]),
+        np.asarray(arrays.get(PROTO_CLASSES, np.zeros(0, np.int64))),
+    )
     if protos.ndim != 2 or protos.shape[1] != dim or classes.shape != (protos.shape[0],):
-        raise ConfigError(f"prototypes of shape {protos.shape} with {classes.shape} classes; expected [n, {dim}] and [n]")
-    if len(classes) and (classes.min() < 0 or classes.max() >= num_classes or len(set(classes.tolist())) != len(classes)):
-        raise ConfigError(f"prototype classes {classes.tolist()} are not distinct classes of 0..{num_classes - 1}")
+        raise ConfigError(
+            f"prototypes of shape {protos.shape} with {classes.shape} classes; expected [n, "
+            f"{dim}] and [n]"
+        )
+    if len(classes) and (
+        classes.min() < 0
+        or classes.max() >= num_classes
+        or len(set(classes.tolist())) != len(classes)
+    ):
+        raise ConfigError(
+            f"prototype classes {classes.tolist()} are not distinct classes of 0..{num_classes - 1}"
+        )
     return {int(c): protos[i] for i, c in enumerate(classes)}
 
 
@@ -101,16 +121,23 @@ class PrototypeTable:
         self.values = np.zeros((num_classes, dim), np.float32)
         self.known = np.zeros(num_classes, bool)
 
-    def aggregate(self, uploads: Sequence[Mapping[int, np.ndarray]], defences: Defences = Defences()) -> int:
+    def aggregate(
+        self, uploads: Sequence[Mapping[int, np.ndarray]], defences: Defences = Defences()
+    ) -> int:
         """c^y = unweighted mean over the uploads holding y (or the defences' robust rule, after
-        bounding each upload's distance from the current c^y); returns how many classes were updated."""
+        bounding each upload's distance from the current c^y); returns how many classes were
+        updated."""
         per_class: dict[int, list[np.ndarray]] = {}
         for protos in uploads:
             for c, v in protos.items():
                 ref = self.values[c] if self.known[c] else None
-                per_class.setdefault(c, []).append(clip_to_norm(v, ref, defences.clip_norm) if defences.clip_norm > 0 else v)
+                per_class.setdefault(c, []).append(
+                    clip_to_norm(v, ref, defences.clip_norm) if defences.clip_norm > 0 else v
+                )
         for c, vectors in per_class.items():
-            self.values[c] = robust_stack(vectors, defences.aggregator, defences.trim).astype(np.float32)
+            self.values[c] = robust_stack(vectors, defences.aggregator, defences.trim).astype(
+                np.float32
+            )
             self.known[c] = True
         return len(per_class)
 
@@ -131,7 +158,10 @@ class PrototypeTable:
 def fleet_feature_dim(ctx, method: str) -> int:
     dims = {s.feature_dim for s in ctx.specs()}
     if len(dims) != 1 or None in dims:
-        raise ConfigError(f"{method} shares features across the fleet: set one feature_dim for every model (got {sorted(map(str, dims))})")
+        raise ConfigError(
+            f"{method} shares features across the fleet: set one feature_dim for every model (got "
+            f"{sorted(map(str, dims))})"
+        )
     return int(dims.pop())
 
 
@@ -154,7 +184,10 @@ class PrototypeServer(ServerHalf):
 
     def expected_uplink(self, device_id: str) -> dict[str, ArraySpec]:
         # [n, p] and [n]: n = the classes it holds
-        return {PROTO: array_spec(np.float32, (None, self.dim)), PROTO_CLASSES: array_spec(np.int64, (None,))}
+        return {
+            PROTO: array_spec(np.float32, (None, self.dim)),
+            PROTO_CLASSES: array_spec(np.int64, (None,)),
+        }
 
     def aggregate_prototypes(self, uplinks: Mapping[str, Payload]) -> dict[str, float]:
         uploads = {}
@@ -183,7 +216,9 @@ class PrototypeServer(ServerHalf):
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.table.load(arrays)
         self.device_classes = {
-            k.removeprefix("classes/"): np.flatnonzero(v).tolist() for k, v in arrays.items() if k.startswith("classes/")
+            k.removeprefix("classes/"): np.flatnonzero(v).tolist()
+            for k, v in arrays.items()
+            if k.startswith("classes/")
         }
 
 
@@ -215,7 +250,9 @@ class FedProtoServer(PrototypeServer):
         return super().select(round, device_ids, rng)
 
 
-def prototype_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+def prototype_loss(
+    z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, known: torch.Tensor
+) -> torch.Tensor:
     """MSE (mean over elements) between features and the global prototype of their class, over
     the samples whose class has one; 0 when none has."""
     rows = known[y]
@@ -229,7 +266,9 @@ class FedProtoDevice(DeviceHalf):
         super().__init__(ctx, options)
         dim = ctx.spec.feature_dim
         if dim is None:
-            raise ConfigError("fedproto needs a common feature_dim across the fleet (e.g. --feature-dim 980)")
+            raise ConfigError(
+                "fedproto needs a common feature_dim across the fleet (e.g. --feature-dim 980)"
+            )
         self.protos = torch.zeros(ctx.num_classes, dim)
         self.known = torch.zeros(ctx.num_classes, dtype=torch.bool)
 
@@ -237,7 +276,9 @@ class FedProtoDevice(DeviceHalf):
         return prototype_specs(self.protos.shape[1])
 
     def receive(self, round: int, payload: Payload) -> None:
-        for c, v in unpack_prototypes(payload.arrays, self.ctx.num_classes, self.protos.shape[1]).items():
+        for c, v in unpack_prototypes(
+            payload.arrays, self.ctx.num_classes, self.protos.shape[1]
+        ).items():
             self.protos[c] = torch.tensor(np.asarray(v), dtype=torch.float32)
             self.known[c] = True
 
@@ -257,7 +298,14 @@ class FedProtoDevice(DeviceHalf):
         return ce + self.options.lam * prototype_loss(z, y, self.protos, self.known)
 
     def fit(self, round: int) -> Payload:
-        stats = train_local(self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round), self.loss)
+        stats = train_local(
+            self.model,
+            self.ctx.train_data,
+            self.ctx.settings,
+            round,
+            self.ctx.rng(round),
+            self.loss,
+        )
         protos = local_prototypes(self.model, self.ctx.train_data)
         return Payload(pack_prototypes(protos), {"num_samples": len(self.ctx.train_data), **stats})
 
@@ -279,7 +327,8 @@ PROTOTYPE_DEFAULTS = {
 register(
     Algorithm(
         name="fedproto",
-        description="FedProto: share per-class prototypes; regularise local features towards the global ones",
+        description="FedProto: share per-class prototypes; regularise local features towards the "
+        "global ones",
         device=FedProtoDevice,
         server=FedProtoServer,
         options=FedProtoOptions,

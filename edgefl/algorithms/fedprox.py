@@ -39,13 +39,17 @@ class FedProxDevice(GlobalModelDevice):
         mu = self.options.mu
         anchor = self.anchor or [p.detach().clone() for p in self.model.parameters()]
         # the penalty is of the weights alone: DP-SGD adds its gradient after the noise
-        return PenalizedLoss(lambda x, y: F.cross_entropy(self.model(x), y), lambda: 0.5 * mu * proximal_term(self.model, anchor))
+        return PenalizedLoss(
+            lambda x, y: F.cross_entropy(self.model(x), y),
+            lambda: 0.5 * mu * proximal_term(self.model, anchor),
+        )
 
 
 register(
     Algorithm(
         name="fedprox",
-        description="FedProx: FedAvg with a proximal term mu/2*||w - w_global||^2 in the local loss",
+        description="FedProx: FedAvg with a proximal term mu/2*||w - w_global||^2 in the local "
+        "loss",
         device=FedProxDevice,
         server=GlobalModelServer,
         options=FedProxOptions,

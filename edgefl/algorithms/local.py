@@ -17,7 +17,9 @@ class LocalDevice(DeviceHalf):
         return Release()  # no arrays leave the device
 
     def fit(self, round: int) -> Payload:
-        stats = train_local(self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round))
+        stats = train_local(
+            self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round)
+        )
         return Payload({}, {"num_samples": len(self.ctx.train_data), **stats})
 
     def expected_downlink(self) -> dict:

@@ -39,7 +39,13 @@ Name = Literal["fedavg", "fedavgm", "fedadagrad", "fedyogi", "fedadam"]
 NAMES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadagrad", "fedyogi", "fedadam")
 #: Server lr η per optimizer when none is given: chosen by benchmarks/server_opt on a validation
 #: split over the paper's grid (small CNN, Fashion-MNIST, Dir(0.5), 10 devices).
-DEFAULT_LR: dict[str, float] = {"fedavg": 1.0, "fedavgm": 1.0, "fedadagrad": 0.0316, "fedyogi": 0.01, "fedadam": 0.01}
+DEFAULT_LR: dict[str, float] = {
+    "fedavg": 1.0,
+    "fedavgm": 1.0,
+    "fedadagrad": 0.0316,
+    "fedyogi": 0.01,
+    "fedadam": 0.01,
+}
 PREFIX = "opt|"
 
 
@@ -62,7 +68,9 @@ class ServerOptSettings:
             if not 0 <= beta < 1:
                 raise ValueError(f"server optimizer {key} must be in [0, 1) (got {beta})")
         if not (self.eps > 0 and math.isfinite(self.eps)):
-            raise ValueError(f"server optimizer eps (tau) must be a finite number > 0 (got {self.eps})")
+            raise ValueError(
+                f"server optimizer eps (tau) must be a finite number > 0 (got {self.eps})"
+            )
 
     @property
     def eta(self) -> float:
@@ -83,7 +91,11 @@ class ServerOptimizer:
         self.v: dict[str, dict[str, np.ndarray]] = {}
 
     def step(
-        self, group: str, current: Mapping[str, np.ndarray], averaged: Mapping[str, np.ndarray], trainable: Collection[str]
+        self,
+        group: str,
+        current: Mapping[str, np.ndarray],
+        averaged: Mapping[str, np.ndarray],
+        trainable: Collection[str],
     ) -> dict[str, np.ndarray]:
         """The new weights of ``group`` from its ``current`` weights and the round's ``averaged``
         ones. Tensors in ``trainable`` (float) take the optimizer's step; every other tensor of
@@ -102,7 +114,9 @@ class ServerOptimizer:
                 continue
             x = np.asarray(current[k], np.float64)
             if x.shape != avg.shape:
-                raise ValueError(f"server optimizer: {k} has shape {avg.shape} averaged but {x.shape} current")
+                raise ValueError(
+                    f"server optimizer: {k} has shape {avg.shape} averaged but {x.shape} current"
+                )
             delta = avg.astype(np.float64) - x
             if s.name in ("fedavg", "fedavgm"):
                 if s.name == "fedavgm":
@@ -143,4 +157,6 @@ class ServerOptimizer:
             group, slot, name = key[len(PREFIX) :].split("|", 2)
             if slot not in ("m", "v"):
                 raise ValueError(f"server optimizer state {key!r}: unknown slot {slot!r}")
-            (self.m if slot == "m" else self.v).setdefault(group, {})[name] = np.array(a, np.float64)
+            (self.m if slot == "m" else self.v).setdefault(group, {})[name] = np.array(
+                a, np.float64
+            )

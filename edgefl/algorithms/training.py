@@ -29,7 +29,11 @@ def recalibrate_batch_norm(model: nn.Module, data: ArrayDataset, batch_size: int
 
     Averaged weights do not produce the average of the devices' statistics; a device that
     receives averaged weights can re-estimate them on its own data (``bn_stats=recalibrate``)."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    norms = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
     if not norms or len(data) < 2:
         return 0
     batches = math.ceil(len(data) / batch_size)
@@ -72,7 +76,9 @@ def make_optimizer(
     )
     decay, fuse = settings.weight_decay, fused or None
     if settings.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=settings.momentum, weight_decay=decay, fused=fuse)
+        return torch.optim.SGD(
+            params, lr=lr, momentum=settings.momentum, weight_decay=decay, fused=fuse
+        )
     if settings.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=decay, fused=fuse)
     raise ConfigError(f"unknown optimizer {settings.optimizer!r}; choose sgd or adam")

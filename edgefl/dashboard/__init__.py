@@ -3,12 +3,12 @@ the internet, so it works offline).
 
     run_dashboard(source, host="127.0.0.1", port=8080, password=None, reference=None)
 
-``source`` is a callable returning the latest fleet status (a :class:`~edgefl.runtime.status.StatusFeed`
-over the broker, or a run directory's ``status.json``). The page (``page.html`` with ``page.js``
-and ``page.css``) opens ``/events`` and redraws on every status: the run's state and result,
-devices and their liveness, accuracy per tier per round, bytes per round. ``reference`` (Local,
-or a previous run: :func:`reference_from_run`) is drawn as a dashed line. ``/metrics`` serves the
-same numbers to Prometheus (:mod:`edgefl.report.metrics`).
+``source`` is a callable returning the latest fleet status (a
+:class:`~edgefl.runtime.status.StatusFeed` over the broker, or a run directory's ``status.json``).
+The page (``page.html`` with ``page.js`` and ``page.css``) opens ``/events`` and redraws on every
+status: the run's state and result, devices and their liveness, accuracy per tier per round, bytes
+per round. ``reference`` (Local, or a previous run: :func:`reference_from_run`) is drawn as a dashed
+line. ``/metrics`` serves the same numbers to Prometheus (:mod:`edgefl.report.metrics`).
 
 As a web application: loopback by default; with a password every request needs HTTP basic
 authentication (any user name; the scheme's case does not matter), and a client that keeps
@@ -35,8 +35,11 @@ log = logging.getLogger(__name__)
 StatusSource = Callable[[], "dict[str, Any] | None"]
 
 SECURITY_HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-                                "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src "
+        "'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -100,18 +103,35 @@ def reference_from_run(run_dir: Path, *, local_only: bool = False) -> dict[str, 
         return None
     local = summary.get("local_reference")
     if isinstance(local, dict) and isinstance(local.get("mean_accuracy"), (int, float)):
-        return {"label": "Local", "mean_accuracy": local["mean_accuracy"], "tier_accuracy": local.get("tier_accuracy", {})}
+        return {
+            "label": "Local",
+            "mean_accuracy": local["mean_accuracy"],
+            "tier_accuracy": local.get("tier_accuracy", {}),
+        }
     if local_only or not isinstance(summary.get("mean_accuracy"), (int, float)):
         return None
-    return {"label": f"run {Path(run_dir).resolve().name}", "mean_accuracy": summary["mean_accuracy"],
-            "tier_accuracy": summary.get("tier_accuracy", {})}
+    return {
+        "label": f"run {Path(run_dir).resolve().name}",
+        "mean_accuracy": summary["mean_accuracy"],
+        "tier_accuracy": summary.get("tier_accuracy", {}),
+    }
 
 
-def build_app(source: StatusSource, *, password: str | None = None, poll: float = 0.25, max_streams: int = 8,
-              reference: dict[str, Any] | None = None, backoff: AuthBackoff | None = None):
+def build_app(
+    source: StatusSource,
+    *,
+    password: str | None = None,
+    poll: float = 0.25,
+    max_streams: int = 8,
+    reference: dict[str, Any] | None = None,
+    backoff: AuthBackoff | None = None,
+):
     from aiohttp import web
 
-    files = {path: (resources.files(__package__).joinpath(name).read_bytes(), kind) for path, (name, kind) in ASSETS.items()}
+    files = {
+        path: (resources.files(__package__).joinpath(name).read_bytes(), kind)
+        for path, (name, kind) in ASSETS.items()
+    }
     backoff = backoff or AuthBackoff()
     streams = {"open": 0}
 
@@ -134,7 +154,10 @@ def build_app(source: StatusSource, *, password: str | None = None, poll: float 
                 if given is None or not hmac.compare_digest(given.encode(), password.encode()):
                     if given is not None:
                         backoff.failed(client)
-                    raise web.HTTPUnauthorized(text="password required", headers={"WWW-Authenticate": 'Basic realm="edgefl"'})
+                    raise web.HTTPUnauthorized(
+                        text="password required",
+                        headers={"WWW-Authenticate": 'Basic realm="edgefl"'},
+                    )
                 backoff.succeeded(client)
             response = await handler(request)
         except web.HTTPException as e:
@@ -158,14 +181,25 @@ def build_app(source: StatusSource, *, password: str | None = None, poll: float 
 
         from edgefl.report.metrics import status_registry
 
-        return web.Response(body=generate_latest(status_registry(current)), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=generate_latest(status_registry(current)),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
 
     async def events(request):
         if streams["open"] >= max_streams:
-            raise web.HTTPServiceUnavailable(text=f"{max_streams} event streams are open already", headers={"Retry-After": "10"})
+            raise web.HTTPServiceUnavailable(
+                text=f"{max_streams} event streams are open already", headers={"Retry-After": "10"}
+            )
         streams["open"] += 1
         try:
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no", **SECURITY_HEADERS})
+            resp = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "X-Accel-Buffering": "no",
+                    **SECURITY_HEADERS,
+                }
+            )
             await resp.prepare(request)
             last, idle = None, 0.0
             while True:
@@ -194,8 +228,15 @@ def build_app(source: StatusSource, *, password: str | None = None, poll: float 
     return app
 
 
-def run_dashboard(source: StatusSource, *, host: str = "127.0.0.1", port: int = 8080, password: str | None = None,
-                  reference: dict[str, Any] | None = None, on_ready: Callable[[str], None] | None = None) -> None:
+def run_dashboard(
+    source: StatusSource,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    password: str | None = None,
+    reference: dict[str, Any] | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
     """Serve until interrupted."""
     from aiohttp import web
 

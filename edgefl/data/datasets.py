@@ -1,4 +1,5 @@
-"""Datasets held in memory as uint8 tensors for training; files are read by :mod:`edgefl.data.sources`."""
+"""Datasets held in memory as uint8 tensors for training; files are read by
+:mod:`edgefl.data.sources`."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class ArrayDataset:
     def __init__(self, x: torch.Tensor, y: torch.Tensor, info: DatasetInfo):
         if x.dtype != torch.uint8 or tuple(x.shape[1:]) != info.in_shape:
             raise ConfigError(
-                f"x must be uint8 [N, {', '.join(map(str, info.in_shape))}], got {x.dtype} {list(x.shape)}"
+                f"x must be uint8 [N, {', '.join(map(str, info.in_shape))}], got {x.dtype} "
+                f"{list(x.shape)}"
             )
         if y.dtype != torch.int64 or tuple(y.shape) != (x.shape[0],):
             raise ConfigError(f"y must be int64 [{x.shape[0]}], got {y.dtype} {list(y.shape)}")

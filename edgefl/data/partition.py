@@ -52,7 +52,8 @@ def dirichlet_partition(
             )
             return _sorted(parts)
     raise ConfigError(
-        f"no Dirichlet(alpha={alpha}) split in {_DIRICHLET_ATTEMPTS} draws gave each of {num_clients} "
+        f"no Dirichlet(alpha={alpha}) split in {_DIRICHLET_ATTEMPTS} draws gave each of "
+        f"{num_clients} "
         f"clients at least {min_size} samples; lower min_size or raise alpha"
     )
 
@@ -178,7 +179,8 @@ def partition(
     seed: int,
     min_size: int = 10,
 ) -> list[np.ndarray]:
-    """Split by ``scheme``: "iid", "dirichlet" (needs alpha) or "shards" (needs classes_per_client)."""
+    """Split by ``scheme``: "iid", "dirichlet" (needs alpha) or "shards" (needs
+    classes_per_client)."""
     if scheme == "iid":
         return iid_partition(len(labels), num_clients, seed)
     if scheme == "dirichlet":

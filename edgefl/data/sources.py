@@ -63,7 +63,8 @@ FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 
 
 def search_dirs(name: str, data_dir: str | Path | None) -> list[Path]:
-    """``data_dir`` alone when given; else the system dir (Fashion-MNIST), $EDGEFL_DATA/<name>, ./data/<name>."""
+    """``data_dir`` alone when given; else the system dir (Fashion-MNIST), $EDGEFL_DATA/<name>,
+    ./data/<name>."""
     if data_dir is not None:
         return [Path(data_dir).expanduser()]
     dirs = [FASHION_MNIST_SYSTEM_DIR] if name == "fashion-mnist" else []
@@ -126,7 +127,8 @@ def locate_idx(name: str, data_dir: str | Path | None, splits: tuple[str, ...] =
     if name == "fashion-mnist":
         how = (
             "Install it with `sudo apt-get install dataset-fashion-mnist`, or run "
-            "`python -m edgefl.data.fetch fashion-mnist`, or put the files in one of those directories."
+            "`python -m edgefl.data.fetch fashion-mnist`, or put the files in one of those "
+            "directories."
         )
     else:
         how = f"Put the files in {dirs[0]}."
@@ -156,7 +158,10 @@ def _load_cifar(info: DatasetInfo, split: str, data_dir: Path | None) -> Arrays:
         found = cifar.find_and_read(layout, d, split)
         if found is not None:
             return (*found, info)
-    how = f"Download it from https://www.cs.toronto.edu/~kriz/cifar.html and extract it into {dirs[0]}."
+    how = (
+        "Download it from https://www.cs.toronto.edu/~kriz/cifar.html and extract it into "
+        f"{dirs[0]}."
+    )
     raise _not_found(f"{info.name} ({split})", dirs, layout.expected_files(), how)
 
 
@@ -168,7 +173,10 @@ def _load_cinic(info: DatasetInfo, split: str, data_dir: Path | None) -> Arrays:
                 root / split, info.class_names, channels=3, size=info.in_shape[1:]
             )
             return x, y, info
-    how = f"Download CINIC-10 from https://datashare.ed.ac.uk/handle/10283/3192 and extract it into {dirs[0]}."
+    how = (
+        "Download CINIC-10 from https://datashare.ed.ac.uk/handle/10283/3192 and extract it into "
+        f"{dirs[0]}."
+    )
     raise _not_found(
         f"{info.name} ({split})", dirs, f"{split}/<class>/*.png, optionally under cinic-10/", how
     )
@@ -189,7 +197,9 @@ def _folder_root(path: str, data_dir: Path | None) -> Path:
         raise ConfigError("imagefolder needs a root: 'imagefolder:/path/to/root' or data_dir")
     root = Path(path or data_dir).expanduser().resolve()
     if not root.is_dir():
-        raise DataNotFoundError(f"{root} not found; imagefolder expects root/{{train,test}}/<class>/*.png")
+        raise DataNotFoundError(
+            f"{root} not found; imagefolder expects root/{{train,test}}/<class>/*.png"
+        )
     return root
 
 
@@ -199,7 +209,9 @@ def _split_dir(root: Path, split: str) -> Path:
         return root / split
     if not any((root / s).is_dir() for s in SPLITS) and list_classes(root):
         return root
-    raise DataNotFoundError(f"{root / split} not found; imagefolder expects root/{split}/<class>/*.png")
+    raise DataNotFoundError(
+        f"{root / split} not found; imagefolder expects root/{split}/<class>/*.png"
+    )
 
 
 def _read_folder_info(root: Path, split: str) -> tuple[np.ndarray, np.ndarray, DatasetInfo]:
@@ -214,7 +226,8 @@ def _read_folder_info(root: Path, split: str) -> tuple[np.ndarray, np.ndarray, D
 
 
 def _folder_info(root: Path) -> DatasetInfo:
-    """The train split's info (classes, pixel statistics); the test split's where there is no train split."""
+    """The train split's info (classes, pixel statistics); the test split's where there is no train
+    split."""
     if root in _FOLDER_INFO:
         return _FOLDER_INFO[root]
     has_train = (root / "train").is_dir()
@@ -243,7 +256,9 @@ def split_folder(path: str | Path | None, split: str) -> Path:
     return _split_dir(root, split)
 
 
-def read_folder_for_model(directory: str | Path, channels: int | None) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+def read_folder_for_model(
+    directory: str | Path, channels: int | None
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Images under ``directory/<class>/`` converted one by one to ``channels`` (a model's input),
     labels numbered by the sorted folder names, and those names. For inference: what a label
     means is decided by the caller, by name, against the model's own class names."""
@@ -252,7 +267,9 @@ def read_folder_for_model(directory: str | Path, channels: int | None) -> tuple[
         raise DataNotFoundError(f"{directory} is not a folder of <class>/*.png folders")
     classes = list_classes(directory)
     if not classes:
-        raise DataNotFoundError(f"{directory} has no class folders (expected {directory}/<class>/*.png)")
+        raise DataNotFoundError(
+            f"{directory} has no class folders (expected {directory}/<class>/*.png)"
+        )
     x, y = read_image_folder(directory, classes, channels=channels)
     return x, y, classes
 
@@ -318,7 +335,8 @@ def _lookup(name: str) -> tuple[_Source, str]:
 
 
 def dataset_info(name: str) -> DatasetInfo:
-    """A dataset's info without loading it (an imagefolder's train split is read once for its statistics)."""
+    """A dataset's info without loading it (an imagefolder's train split is read once for its
+    statistics)."""
     source, path = _lookup(name)
     return source.info(path)
 

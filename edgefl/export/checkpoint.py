@@ -60,6 +60,7 @@ def load_device_model(run_dir: str | Path, device_id: str) -> EdgeModel:
     if not path.is_file():
         raise ModelFileError(
             f"run {run_dir} has no saved model for device {device_id!r} (expected {path}); "
-            "runs save device models at the end (a fleet run: those its devices sent back at the finish)"
+            "runs save device models at the end (a fleet run: those its devices sent back at the "
+            "finish)"
         )
     return load_model_file(path)

@@ -28,14 +28,18 @@ class Target:
 
 
 def pick_file(onnx_dir: Path, device_id: str, fmt: str, profile: dict) -> tuple[Path, str]:
-    """The device's exported file in the chosen format; ``auto``: int8 on a CPU-only ARM board, else fp32."""
+    """The device's exported file in the chosen format; ``auto``: int8 on a CPU-only ARM board, else
+    fp32."""
     if fmt == "auto":
         arm = str(profile.get("arch", "")).startswith(("aarch64", "arm"))
         int8 = (onnx_dir / f"{device_id}.int8.onnx").is_file()
         fmt = "int8" if arm and not profile.get("accelerator") and int8 else "fp32"
     path = onnx_dir / (f"{device_id}.int8.onnx" if fmt == "int8" else f"{device_id}.onnx")
     if not path.is_file():
-        again = f"edgefl export --run RUN --all --out {onnx_dir}{' --quantize int8' if fmt == 'int8' else ''}"
+        again = (
+            "edgefl export --run RUN --all --out "
+            f"{onnx_dir}{' --quantize int8' if fmt == 'int8' else ''}"
+        )
         raise ConfigError(f"no exported model {path} ({again})")
     return path, fmt
 
@@ -86,7 +90,10 @@ def _exported(targets: list[str], folder: Path, say: Callable[[str], None]) -> l
     if len(missing) == len(targets):
         return targets
     for d in missing:
-        say(f"skipping {d}: no exported model in {folder} (edgefl export skipped it: no final model)")
+        say(
+            f"skipping {d}: no exported model in {folder} (edgefl export skipped it: no final "
+            "model)"
+        )
     return [d for d in targets if d not in missing]
 
 
@@ -101,7 +108,9 @@ def plan(*, run: Path | None = None, onnx_dir: Path | None = None, model: Path |
     folder = onnx_dir or (Path(run) / "onnx" if run is not None else None)
     if not targets:
         if not tiers:
-            raise ConfigError("name the devices: --device ID (repeatable), --tier T with --run, or --run for all")
+            raise ConfigError(
+                "name the devices: --device ID (repeatable), --tier T with --run, or --run for all"
+            )
         targets = sorted(tiers)
         if not rollback and model is None:
             targets = _exported(targets, folder, say)
@@ -110,7 +119,10 @@ def plan(*, run: Path | None = None, onnx_dir: Path | None = None, model: Path |
     if (model is None) == (run is None):
         raise ConfigError("give --run RUN (its exported models) or --model FILE --device ID")
     if model is None:
-        return [Target(d, tiers.get(d, ""), *pick_file(folder, d, fmt, profiles.get(d, {}))) for d in targets]
+        return [
+            Target(d, tiers.get(d, ""), *pick_file(folder, d, fmt, profiles.get(d, {})))
+            for d in targets
+        ]
     if not Path(model).is_file():
         raise ConfigError(f"no model file {model}")
     chosen = "int8" if ".int8." in Path(model).name else "fp32"

@@ -4,7 +4,8 @@
     ├── ExportError        a model cannot be exported faithfully (parity above tolerance,
     │                      batch-dependent BatchNorm without calibration data …)
     ├── ModelFileError     a model file is missing, unreadable, or not a valid ONNX/edgefl file
-    └── InferenceError     inputs that do not fit the model (wrong shape, dtype …); also a ValueError
+    └── InferenceError     inputs that do not fit the model (wrong shape, dtype …); also a
+                           ValueError
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Export an EdgeModel to one self-contained ONNX file and prove it computes the same thing.
 
     report = export_model(model, "d03.onnx", class_names=info.class_names, parity_images=x_test)
-    report.parity        # {1: 2.4e-07, 7: 3.1e-07}: max |ONNX − PyTorch| of the logits per batch size
+    report.parity        # {1: 2.4e-07, 7: 3.1e-07}: max |ONNX − PyTorch| of the logits
+                         # per batch size
 
 The graph has one input `images` [batch, C, H, W] (float32 pixels in [0, 1], dynamic batch) and
 one output `logits` [batch, num_classes]; all weights live inside the file. Normalisation with
@@ -123,7 +124,9 @@ def uses_batch_statistics(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def freeze_batch_statistics(model: nn.Module, images: torch.Tensor, batch_size: int = 256) -> nn.Module:
+def freeze_batch_statistics(
+    model: nn.Module, images: torch.Tensor, batch_size: int = 256
+) -> nn.Module:
     """A copy of `model` whose batch-statistics BatchNorms hold the population statistics of
     `images` as running statistics (eval mode). The original model is left untouched."""
     if len(images) == 0:
@@ -242,10 +245,14 @@ def check_parity(
                 onednn = _onednn_disagrees(model, session, images[:bs].float(), tolerance * scale)
                 if onednn is not None:
                     raise ExportError(
-                        f"PyTorch computes this model wrongly on this CPU: with oneDNN its logits differ "
-                        f"by {onednn[0]:.3g} from its own reference kernels (oneDNN off), which ONNX Runtime "
-                        f"matches within {onednn[1]:.2g}. The ONNX file would be faithful to the weights, but "
-                        f"training here ran on the same kernels. Seen with torch 2.14.1 on CPUs with 512-bit "
+                        "PyTorch computes this model wrongly on this CPU: with oneDNN its logits "
+                        "differ "
+                        f"by {onednn[0]:.3g} from its own reference kernels (oneDNN off), which "
+                        "ONNX Runtime "
+                        f"matches within {onednn[1]:.2g}. The ONNX file would be faithful to the "
+                        "weights, but "
+                        "training here ran on the same kernels. Seen with torch 2.14.1 on CPUs "
+                        "with 512-bit "
                         f"SVE (A64FX, QEMU's 'max'), not with torch 2.9.1 nor at 128/256-bit SVE "
                         f"(benchmarks/pi/results.md): install another torch, or turn oneDNN off "
                         f"(torch.backends.mkldnn.enabled = False) for training and export"
@@ -259,7 +266,9 @@ def check_parity(
     return result
 
 
-def _onednn_disagrees(model: nn.Module, session: Any, x: torch.Tensor, allowed: float) -> tuple[float, float] | None:
+def _onednn_disagrees(
+    model: nn.Module, session: Any, x: torch.Tensor, allowed: float
+) -> tuple[float, float] | None:
     """(PyTorch with vs without oneDNN, ONNX Runtime vs PyTorch without oneDNN) when the parity
     failure is PyTorch's oneDNN kernels disagreeing with its reference kernels while ONNX Runtime
     agrees with the latter; None when oneDNN is not the difference (or is off already)."""
@@ -292,7 +301,8 @@ def export_model(
     """Export `model` to the ONNX file `path`; check it and verify parity with PyTorch.
 
     - `class_names`: stored in the metadata (default "0".."K-1").
-    - `parity_images`: float [N, C, H, W] in [0, 1], ideally real test samples; N ≥ max(batch_sizes).
+    - `parity_images`: float [N, C, H, W] in [0, 1], ideally real test samples; N ≥
+      max(batch_sizes).
     - `calibration_images`: needed only for models with batch-statistics BatchNorm (see module doc).
     - `metadata`: extra string entries for `metadata_props`.
     The model itself is not modified. Returns an `ExportReport`; raises `ExportError`.
@@ -302,11 +312,19 @@ def export_model(
     spec = getattr(model, "spec", None)
     if not isinstance(spec, ModelSpec):
         raise ExportError("export_model needs an EdgeModel (a model with a ModelSpec)")
-    names = [str(n) for n in class_names] if class_names is not None else [str(i) for i in range(spec.num_classes)]
+    names = (
+        [str(n) for n in class_names]
+        if class_names is not None
+        else [str(i) for i in range(spec.num_classes)]
+    )
     if len(names) != spec.num_classes:
         raise ExportError(f"{len(names)} class names for a model of {spec.num_classes} classes")
 
-    batch_norm = "running" if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) else "none"
+    batch_norm = (
+        "running"
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        else "none"
+    )
     if uses_batch_statistics(model):
         if calibration_images is None:
             raise ExportError(
@@ -321,7 +339,10 @@ def export_model(
 
     proto = onnx.load_from_string(onnx_bytes(model, spec.in_shape, opset))
     proto.producer_name = "edgefl"
-    proto.doc_string = f"edgefl model {spec.name}: images [N, {', '.join(map(str, spec.in_shape))}] in [0, 1] -> logits"
+    proto.doc_string = (
+        f"edgefl model {spec.name}: images [N, {', '.join(map(str, spec.in_shape))}] in [0, 1] -> "
+        "logits"
+    )
     entries = {
         META_FORMAT: ONNX_FORMAT,
         META_SPEC: json.dumps(spec.to_dict()),

@@ -108,7 +108,10 @@ def _reader(images: np.ndarray, batch_size: int):
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
             self._batches = iter(
-                [{INPUT_NAME: images[i : i + batch_size]} for i in range(0, len(images), batch_size)]
+                [
+                    {INPUT_NAME: images[i : i + batch_size]}
+                    for i in range(0, len(images), batch_size)
+                ]
             )
 
         def get_next(self) -> dict[str, np.ndarray] | None:
@@ -145,10 +148,16 @@ def quantize_int8(
     if format not in FORMATS:
         raise ExportError(f"int8 format {format!r}; choose one of: {', '.join(FORMATS)}")
     model_path, out_path = Path(model_path), Path(out_path)
-    images = calibration_images.numpy() if isinstance(calibration_images, torch.Tensor) else calibration_images
+    images = (
+        calibration_images.numpy()
+        if isinstance(calibration_images, torch.Tensor)
+        else calibration_images
+    )
     images = np.ascontiguousarray(images, dtype=np.float32)
     if images.ndim != 4 or len(images) == 0:
-        raise ExportError(f"calibration images must be a non-empty [N, C, H, W] array, got {images.shape}")
+        raise ExportError(
+            f"calibration images must be a non-empty [N, C, H, W] array, got {images.shape}"
+        )
     metadata = read_metadata(model_path)
     with tempfile.TemporaryDirectory(prefix="edgefl-quant-") as tmp:
         prepared = Path(tmp) / "prepared.onnx"
@@ -182,4 +191,10 @@ def quantize_int8(
     data = proto.SerializeToString()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_bytes(data)
-    return QuantizeReport(out_path, len(data), model_path.stat().st_size, len(images), scheme(format, per_channel, reduce_range))
+    return QuantizeReport(
+        out_path,
+        len(data),
+        model_path.stat().st_size,
+        len(images),
+        scheme(format, per_channel, reduce_range),
+    )

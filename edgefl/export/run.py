@@ -4,9 +4,9 @@
     results = export_checkpoint("d03.safetensors", "d03.onnx", dataset="fashion-mnist")
 
 For each chosen device: load run_dir/models/<id>.safetensors (with ``all_devices``, a device of
-a fleet run that sent no final model is skipped and reported as such), export to ONNX with the dataset's
-class names, check parity on real test samples (batch 1 and 7), measure fp32 accuracy on the
-test split, and with `quantize="int8"` write <name>.int8.onnx calibrated on training samples
+a fleet run that sent no final model is skipped and reported as such), export to ONNX with the
+dataset's class names, check parity on real test samples (batch 1 and 7), measure fp32 accuracy on
+the test split, and with `quantize="int8"` write <name>.int8.onnx calibrated on training samples
 and measure its accuracy on the same test samples (before/after).
 
 Output naming: one model and `out` ending in ".onnx" → that file; otherwise `out` is a
@@ -50,13 +50,16 @@ def choose_devices(
         raise ConfigError("choose exactly one of --device ID, --tier T or --all")
     if device is not None:
         if device not in tiers:
-            raise ConfigError(f"the run has no device {device!r}; devices: {', '.join(sorted(tiers))}")
+            raise ConfigError(
+                f"the run has no device {device!r}; devices: {', '.join(sorted(tiers))}"
+            )
         return [device]
     if tier is not None:
         holders = sorted(d for d, t in tiers.items() if t == tier)
         if not holders:
             raise ConfigError(
-                f"no device of the run has tier {tier!r}; tiers: {', '.join(sorted(set(tiers.values())))}"
+                f"no device of the run has tier {tier!r}; tiers: "
+                f"{', '.join(sorted(set(tiers.values())))}"
             )
         return holders[:1]
     return sorted(tiers)
@@ -89,8 +92,12 @@ class _Data:
             self.test = self.train = None
             self.info = dataset_info(dataset)
             self.missing = f"{e}".split(". Looked in")[0]
-            log.warning("%s: the models are checked against PyTorch on %d random images, their accuracy is "
-                        "not measured (pass --data-dir to measure it)", self.missing, PARITY_SAMPLES)
+            log.warning(
+                "%s: the models are checked against PyTorch on %d random images, their accuracy is "
+                "not measured (pass --data-dir to measure it)",
+                self.missing,
+                PARITY_SAMPLES,
+            )
         self.class_names = list(self.info.class_names)
 
     def parity_images(self):
@@ -139,7 +146,9 @@ def export_one(
     if quantize == "int8" and data.missing:
         raise ConfigError(f"--quantize int8 calibrates on training images: {data.missing}")
     if data.missing and uses_batch_statistics(model):
-        raise ConfigError(f"{model.spec.name} freezes its batch statistics on training images: {data.missing}")
+        raise ConfigError(
+            f"{model.spec.name} freezes its batch statistics on training images: {data.missing}"
+        )
     key = (metadata or {}).get("edgefl.device_id") or out_path.stem
     calibration = data.calibration_images(calibration_samples, key)
     report = export_model(
@@ -158,10 +167,14 @@ def export_one(
     elif test_samples != 0:
         result["accuracy"] = Predictor(out_path).evaluate(data.test, limit=test_samples)["accuracy"]
     if quantize == "int8":
-        q = quantize_int8(out_path, out_path.with_suffix(".int8.onnx"), calibration, format=int8_format)
+        q = quantize_int8(
+            out_path, out_path.with_suffix(".int8.onnx"), calibration, format=int8_format
+        )
         result["int8"] = q.to_dict()
         if test_samples != 0:
-            result["int8"]["accuracy"] = Predictor(q.path).evaluate(data.test, limit=test_samples)["accuracy"]
+            result["int8"]["accuracy"] = Predictor(q.path).evaluate(data.test, limit=test_samples)[
+                "accuracy"
+            ]
     return result
 
 
@@ -177,7 +190,8 @@ def export_run(
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Export the chosen devices' models of a run; `options` go to `export_one`.
-    ``on_progress("export", None, done, total, names=[device])`` before each model and at the end."""
+    ``on_progress("export", None, done, total, names=[device])`` before each model and at the
+    end."""
     config, tiers = run_devices(run_dir)
     ids = choose_devices(tiers, device=device, tier=tier, all_devices=all_devices)
     skipped = []
@@ -187,9 +201,15 @@ def export_run(
         if len(skipped) == len(ids):
             load_device_model(run_dir, ids[0])  # raises, naming where the models should be
         for d in skipped:
-            log.warning("skipping %s: the run has no final model of it (%s)", d, device_model_path(run_dir, d))
+            log.warning(
+                "skipping %s: the run has no final model of it (%s)",
+                d,
+                device_model_path(run_dir, d),
+            )
         ids = [d for d in ids if d not in skipped]
-    data = _Data(config.get("dataset", ""), data_dir or config.get("data_dir"), int(config.get("seed", 0)))
+    data = _Data(
+        config.get("dataset", ""), data_dir or config.get("data_dir"), int(config.get("seed", 0))
+    )
     results = []
     for i, (device_id, path) in enumerate(zip(ids, _out_paths(Path(out), ids), strict=True)):
         if on_progress is not None:
@@ -202,11 +222,19 @@ def export_run(
             "edgefl.dataset": str(config.get("dataset", "")),
         }
         log.info("exporting %s (%s) to %s", device_id, model.spec.name, path)
-        results.append({"device_id": device_id, **export_one(model, path, data, metadata=meta, **options)})
+        results.append(
+            {"device_id": device_id, **export_one(model, path, data, metadata=meta, **options)}
+        )
     if on_progress is not None:
         on_progress("export", None, len(ids), len(ids))
-    results += [{"device_id": d, "skipped": f"no final model ({device_model_path(run_dir, d)} is missing: "
-                 "the device did not answer the end of the run)"} for d in skipped]
+    results += [
+        {
+            "device_id": d,
+            "skipped": f"no final model ({device_model_path(run_dir, d)} is missing: "
+            "the device did not answer the end of the run)",
+        }
+        for d in skipped
+    ]
     return results
 
 

@@ -76,7 +76,8 @@ def build_cnn(spec: ModelSpec) -> CNN:
         raise ConfigError(f"option dropout must be a number in [0, 1), got {options['dropout']!r}")
     if min(spec.in_shape[1:]) < MIN_SIZE:
         raise ConfigError(
-            f"model family 'cnn' needs images of at least {MIN_SIZE}x{MIN_SIZE}, got {spec.in_shape}"
+            f"model family 'cnn' needs images of at least {MIN_SIZE}x{MIN_SIZE}, got "
+            f"{spec.in_shape}"
         )
     convs, hidden = CNN_TIERS[spec.tier]
     return CNN(spec, convs, hidden, dropout)

@@ -24,14 +24,18 @@ from edgefl.models import EdgeModel, ModelSpec, build_model
 FORMAT = "edgefl-model/1"
 
 
-def model_file_bytes(model: nn.Module, *, spec: ModelSpec | None = None, dataset: str | None = None) -> bytes:
+def model_file_bytes(
+    model: nn.Module, *, spec: ModelSpec | None = None, dataset: str | None = None
+) -> bytes:
     """The bytes of :func:`save_model_file`'s file (for a process that cannot write the run's
     directory itself, e.g. a Ray worker on another machine)."""
     spec = spec or getattr(model, "spec", None)
     if not isinstance(spec, ModelSpec):
         raise ConfigError("save_model_file needs an EdgeModel or an explicit spec")
     # Copies, so that tensors sharing storage (tied weights, views) are stored independently.
-    tensors = {name: t.detach().cpu().contiguous().clone() for name, t in model.state_dict().items()}
+    tensors = {
+        name: t.detach().cpu().contiguous().clone() for name, t in model.state_dict().items()
+    }
     meta = {"format": FORMAT, "spec": json.dumps(spec.to_dict())}
     if dataset:
         meta["dataset"] = dataset
@@ -66,7 +70,8 @@ def read_model_file(path: str | Path) -> tuple[ModelSpec, dict[str, torch.Tensor
         raise ModelFileError(f"{path} is not a readable safetensors file: {exc}") from None
     if meta.get("format") != FORMAT or "spec" not in meta:
         raise ModelFileError(
-            f"{path} is a safetensors file but not an edgefl model file (no {FORMAT!r} spec metadata)"
+            f"{path} is a safetensors file but not an edgefl model file (no {FORMAT!r} spec "
+            "metadata)"
         )
     try:
         spec = ModelSpec.from_dict(json.loads(meta["spec"]))
@@ -82,5 +87,7 @@ def load_model_file(path: str | Path) -> EdgeModel:
     try:
         model.load_state_dict(tensors, strict=True)
     except RuntimeError as exc:
-        raise ModelFileError(f"the weights in {path} do not fit a {spec.name} model: {exc}") from None
+        raise ModelFileError(
+            f"the weights in {path} do not fit a {spec.name} model: {exc}"
+        ) from None
     return model.eval()

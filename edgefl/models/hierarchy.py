@@ -39,8 +39,8 @@ BN_CHOICES = ("static", "running")
 
 
 def batch_norm(kind: str) -> Norm:
-    """BatchNorm of kind "running" (ordinary) or "static", HeteroFL's static BN, which normalises with the
-    statistics of the current batch in training *and* evaluation. Sub-models of different
+    """BatchNorm of kind "running" (ordinary) or "static", HeteroFL's static BN, which normalises
+    with the statistics of the current batch in training *and* evaluation. Sub-models of different
     widths see different data and their running statistics, averaged over devices by leading
     slice, describe no sub-model's activations; static BN avoids averaging them at all.
     The price: eval outputs depend on the batch (evaluate with large batches, or use

@@ -113,6 +113,10 @@ def for_dp_sgd(spec: ModelSpec) -> ModelSpec:
         model = build_model(spec)
     if not has_batch_norm(model):
         return spec
-    log.warning("dp=sgd: %s normalises with BatchNorm, which mixes the samples of a batch; DP-SGD trains it "
-                "with GroupNorm instead (model option norm=group)", spec.name)
+    log.warning(
+        "dp=sgd: %s normalises with BatchNorm, which mixes the samples of a batch; DP-SGD trains "
+        "it "
+        "with GroupNorm instead (model option norm=group)",
+        spec.name,
+    )
     return dataclasses.replace(spec, options=(*spec.options, ("norm", "group")))

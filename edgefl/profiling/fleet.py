@@ -1,4 +1,5 @@
-"""Reference profiles and fleet files: device ids with their profiles and the fleet's tier budget."""
+"""Reference profiles and fleet files: device ids with their profiles and the fleet's tier
+budget."""
 
 from __future__ import annotations
 

@@ -114,7 +114,9 @@ def profile_device(
     total, available = memory_mb(root)
     scale = 0.25 if quick else 1.0
     torch = _torch()
-    images_per_s, train_gflops = benchmark_training(1.0 * scale) if torch is not None else (0.0, 0.0)
+    images_per_s, train_gflops = (
+        benchmark_training(1.0 * scale) if torch is not None else (0.0, 0.0)
+    )
     return DeviceProfile(
         name=name or platform.node() or "device",
         arch=platform.machine(),
@@ -134,7 +136,9 @@ def profile_device(
         matmul_gflops=round(benchmark_matmul(0.5 * scale), 2),
         train_images_per_s=round(images_per_s, 1),
         train_gflops=round(train_gflops, 3),
-        source="measured" + (" (quick)" if quick else "") + ("" if torch is not None else " (no torch: matmul only)"),
+        source="measured"
+        + (" (quick)" if quick else "")
+        + ("" if torch is not None else " (no torch: matmul only)"),
     )
 
 

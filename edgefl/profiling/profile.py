@@ -16,7 +16,8 @@ class DeviceProfile:
 
     - ``kind``: "raspberry-pi", "jetson", "cuda-host" or "cpu".
     - ``board``: the device-tree model string (Raspberry Pi, Jetson), else None.
-    - ``accelerator``: e.g. "cuda:NVIDIA H100 80GB HBM3", "jetson:Orin Nano (no CUDA torch)" or None.
+    - ``accelerator``: e.g. "cuda:NVIDIA H100 80GB HBM3", "jetson:Orin Nano (no CUDA torch)" or
+      None.
     - ``matmul_gflops``: float32 matmul throughput on the CPU threads training uses.
     - ``train_images_per_s``/``train_gflops``: the reference CNN trained forward+backward
       (32×32×3 images, batch 32); ``train_gflops`` is what round-time estimates divide by.
@@ -49,7 +50,8 @@ class DeviceProfile:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigError(
-                    f"device profile {self.name!r}: {name} must be a non-negative number, got {value!r}"
+                    f"device profile {self.name!r}: {name} must be a non-negative number, got "
+                    f"{value!r}"
                 )
             object.__setattr__(self, name, int(value))
         for name in ("matmul_gflops", "train_images_per_s", "train_gflops"):

@@ -48,7 +48,8 @@ class TierBudget:
             raise ConfigError("batch_size and samples_per_round must be >= 1")
         if self.optimizer not in OPTIMIZER_STATES:
             raise ConfigError(
-                f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZER_STATES)}"
+                f"unknown optimizer {self.optimizer!r}; choose one of: "
+                f"{', '.join(OPTIMIZER_STATES)}"
             )
 
 
@@ -108,11 +109,15 @@ def choose_tier(
         return fitting[-1]
     smallest = estimates[0]
     why = (
-        f"needs ~{smallest.memory_mb:.0f} MiB of {memory_budget_mb(profile, budget):.0f} MiB allowed"
+        f"needs ~{smallest.memory_mb:.0f} MiB of {memory_budget_mb(profile, budget):.0f} MiB "
+        "allowed"
         if not smallest.fits_memory
         else f"needs ~{smallest.round_seconds:.1f} s per round, limit {budget.round_seconds} s"
     )
-    message = f"no tier of {spec_template.family} fits device {profile.name!r}: the smallest ({smallest.tier}) {why}"
+    message = (
+        f"no tier of {spec_template.family} fits device {profile.name!r}: the smallest "
+        f"({smallest.tier}) {why}"
+    )
     if strict:
         raise ConfigError(message)
     log.warning("%s; using it anyway", message)

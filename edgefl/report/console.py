@@ -4,14 +4,15 @@ lines everywhere else.
     from edgefl.report.console import err, Feedback
 
     with Feedback(err, rounds=12, quiet=quiet) as fb:
-        summary = run(..., on_round=lambda r: fb.round_done(line_for(r)), on_progress=fb.progress_hook)
+        summary = run(..., on_round=lambda r: fb.round_done(line_for(r)),
+                      on_progress=fb.progress_hook)
 
 On a terminal (and not ``--quiet``) a bar follows the rounds and another the exchange in
 progress (training, evaluation, the final evaluation, devices registering: "2 of 6 registered:
 pi-01, pi-02"); lines printed meanwhile scroll above the bars. When the output is a file, a pipe
 or the journal there are no bars, no colours and no wrapping (a console that is not a terminal
-would wrap at 80 columns and split a round's line in two): one line per round, one every few seconds while
-devices register (and when the last one did), one when the final evaluation starts.
+would wrap at 80 columns and split a round's line in two): one line per round, one every few seconds
+while devices register (and when the last one did), one when the final evaluation starts.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ STAGES = {"register": "devices registering", "train": "training", "evaluate": "e
           "finish": "sending the final models", "final": "final evaluation", "export": "exporting"}
 
 
-REGISTER_EVERY = 5.0  # seconds between plain "waiting for devices" lines (the last one always comes)
+# seconds between plain "waiting for devices" lines (the last one always comes)
+REGISTER_EVERY = 5.0
 
 
 def names_line(names: Sequence[str], limit: int = 8) -> str:
@@ -70,7 +72,14 @@ def names_line(names: Sequence[str], limit: int = 8) -> str:
 class Feedback:
     """Progress of one long command. Thread-safe (progress arrives on network threads)."""
 
-    def __init__(self, console: Console = err, *, rounds: int | None = None, quiet: bool = False, what: str = "rounds"):
+    def __init__(
+        self,
+        console: Console = err,
+        *,
+        rounds: int | None = None,
+        quiet: bool = False,
+        what: str = "rounds",
+    ):
         self.console, self.quiet, self.rounds, self.what = console, quiet, rounds, what
         self.bars = console.is_terminal and not quiet
         self.lock = threading.Lock()
@@ -93,8 +102,15 @@ class Feedback:
                 TimeElapsedColumn,
             )
 
-            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=self.console, transient=True)
+            self.progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.progress.start()
             if self.rounds:
                 self.round_task = self.progress.add_task(self.what, total=self.rounds)
@@ -137,7 +153,9 @@ class Feedback:
         finish, final, export."""
         names = sorted(names)
         if stage == "register":
-            text = f"waiting for devices: {done} of {total} registered" + (f": {names_line(names)}" if names else "")
+            text = f"waiting for devices: {done} of {total} registered" + (
+                f": {names_line(names)}" if names else ""
+            )
         elif stage == "export":
             text = f"exporting {names_line(names)} ({done + 1} of {total})" if names else "exported"
         elif stage in ("train", "evaluate") and round is not None:
@@ -148,10 +166,13 @@ class Feedback:
             if self.progress is not None:
                 if self.step_task is None:
                     self.step_task = self.progress.add_task(text, total=total or None)
-                if done == 0 and (stage, round) != self.step_key:  # a new exchange: its clock starts now
+                # a new exchange: its clock starts now
+                if done == 0 and (stage, round) != self.step_key:
                     self.progress.reset(self.step_task, description=text, total=total or None)
                 else:
-                    self.progress.update(self.step_task, description=text, total=total or None, completed=done)
+                    self.progress.update(
+                        self.step_task, description=text, total=total or None, completed=done
+                    )
                 self.step_key = (stage, round)
                 return
             # plain: the lines that matter to someone reading a log, never one per reply
@@ -160,7 +181,8 @@ class Feedback:
             if stage == "final" and done == 0:
                 text = f"final evaluation: {total} devices"
             elif stage == "register":
-                # a large fleet registers one device at a time: a line every few seconds, and the last
+                # a large fleet registers one device at a time: a line every few seconds, and the
+                # last
                 now = self.clock()
                 if done < total and now - self.last_register < REGISTER_EVERY:
                     return

@@ -9,9 +9,11 @@ ones ``fleet status`` and the dashboard show:
 
 ========================================  =======  ==============================================
 ``edgefl_devices{state}``                 gauge    devices by state (training, idle, late, gone)
-``edgefl_run_phase{phase}``               gauge    1 for the run's phase (waiting, train, …, finished)
+``edgefl_run_phase{phase}``               gauge    1 for the run's phase (waiting, train, …,
+                                                   finished)
 ``edgefl_round`` / ``edgefl_rounds``      gauge    the round in progress / the rounds of the run
-``edgefl_devices_registered`` / ``_expected``  gauge  while waiting: ready devices / the start threshold
+``edgefl_devices_registered`` /           gauge    while waiting: ready devices / the start
+  ``_expected``                                    threshold
 ``edgefl_accuracy{tier}``                 gauge    each tier's accuracy at the last evaluation (0-1)
 ``edgefl_mean_accuracy``                  gauge    the mean over devices at the last evaluation
 ``edgefl_result_accuracy``                gauge    the run's final mean accuracy, once known
@@ -52,38 +54,78 @@ class StatusCollector:
         for state, n in counts.items():
             states.add_metric([state], n)
         yield states
-        phase = GaugeMetricFamily("edgefl_run_phase", "1 for the run's current phase.", labels=["phase"])
+        phase = GaugeMetricFamily(
+            "edgefl_run_phase", "1 for the run's current phase.", labels=["phase"]
+        )
         current = server.get("phase")
         for p in PHASES + ((current,) if current and current not in PHASES else ()):
             phase.add_metric([p], 1.0 if p == current else 0.0)
         yield phase
-        for name, key, doc in (("edgefl_round", "round", "The round in progress."),
-                               ("edgefl_rounds", "rounds", "Training rounds of the run."),
-                               ("edgefl_devices_registered", "registered", "Ready devices while the server waits for them."),
-                               ("edgefl_devices_expected", "expected", "Devices the server waits for before the first round.")):
+        for name, key, doc in (
+            ("edgefl_round", "round", "The round in progress."),
+            ("edgefl_rounds", "rounds", "Training rounds of the run."),
+            (
+                "edgefl_devices_registered",
+                "registered",
+                "Ready devices while the server waits for them.",
+            ),
+            (
+                "edgefl_devices_expected",
+                "expected",
+                "Devices the server waits for before the first round.",
+            ),
+        ):
             if isinstance(server.get(key), (int, float)):
                 yield GaugeMetricFamily(name, doc, value=float(server[key]))
-        tiers = GaugeMetricFamily("edgefl_accuracy", "Accuracy per tier at the last evaluation (device-reported, 0-1).", labels=["tier"])
+        tiers = GaugeMetricFamily(
+            "edgefl_accuracy",
+            "Accuracy per tier at the last evaluation (device-reported, 0-1).",
+            labels=["tier"],
+        )
         for tier, acc in sorted((snap.get("tier_accuracy") or {}).items()):
             if isinstance(acc, (int, float)):
                 tiers.add_metric([str(tier)], float(acc))
         yield tiers
-        last = next((h for h in reversed(snap.get("history") or []) if isinstance(h.get("mean_accuracy"), (int, float))), None)
+        last = next(
+            (
+                h
+                for h in reversed(snap.get("history") or [])
+                if isinstance(h.get("mean_accuracy"), (int, float))
+            ),
+            None,
+        )
         if last is not None:
-            yield GaugeMetricFamily("edgefl_mean_accuracy", "Mean accuracy over devices at the last evaluation (device-reported, 0-1).",
-                                    value=float(last["mean_accuracy"]))
+            yield GaugeMetricFamily(
+                "edgefl_mean_accuracy",
+                "Mean accuracy over devices at the last evaluation (device-reported, 0-1).",
+                value=float(last["mean_accuracy"]),
+            )
         result = snap.get("result") or server.get("result") or {}
         if isinstance(result.get("mean_accuracy"), (int, float)):
-            yield GaugeMetricFamily("edgefl_result_accuracy", "The run's final mean accuracy (0-1).", value=float(result["mean_accuracy"]))
-        traffic = CounterMetricFamily("edgefl_bytes", "Bytes exchanged with the devices since the run started.", labels=["direction"])
+            yield GaugeMetricFamily(
+                "edgefl_result_accuracy",
+                "The run's final mean accuracy (0-1).",
+                value=float(result["mean_accuracy"]),
+            )
+        traffic = CounterMetricFamily(
+            "edgefl_bytes",
+            "Bytes exchanged with the devices since the run started.",
+            labels=["direction"],
+        )
         traffic.add_metric(["up"], float(sum(d.get("bytes_up") or 0 for d in devices.values())))
         traffic.add_metric(["down"], float(sum(d.get("bytes_down") or 0 for d in devices.values())))
         yield traffic
-        yield CounterMetricFamily("edgefl_refused_messages", "Invalid replies refused since the run started.",
-                                  value=float(sum(d.get("rejected") or 0 for d in devices.values())))
+        yield CounterMetricFamily(
+            "edgefl_refused_messages",
+            "Invalid replies refused since the run started.",
+            value=float(sum(d.get("rejected") or 0 for d in devices.values())),
+        )
         if isinstance(snap.get("time"), (int, float)):
-            yield GaugeMetricFamily("edgefl_status_age_seconds", "Seconds since the server wrote this status.",
-                                    value=max(0.0, time.time() - float(snap["time"])))
+            yield GaugeMetricFamily(
+                "edgefl_status_age_seconds",
+                "Seconds since the server wrote this status.",
+                value=max(0.0, time.time() - float(snap["time"])),
+            )
 
 
 def status_registry(source: Callable[[], dict[str, Any] | None]):

@@ -1,4 +1,5 @@
-"""Plots of a run: accuracy per tier vs round (with the mean and a Local reference), bytes per round."""
+"""Plots of a run: accuracy per tier vs round (with the mean and a Local reference), bytes per
+round."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def _measured(x) -> bool:
     return isinstance(x, (int, float)) and x == x  # None (not measured) and NaN are not points
 
 
-def _accuracy_points(rounds: list[dict], summary: dict) -> tuple[list[int], list[dict], list[float | None]]:
+def _accuracy_points(
+    rounds: list[dict], summary: dict
+) -> tuple[list[int], list[dict], list[float | None]]:
     """(x = rounds completed, from 1; per-tier accuracies; means): every per-round evaluation,
     then the final evaluation on the test split after the last completed round."""
     xs, tiers, means = [], [], []
@@ -52,17 +55,40 @@ def plot_run(run_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for tier in sorted({t for e in tiers for t in e}, key=lambda t: (len(t), t)):
             pts = [(x, e[tier]) for x, e in zip(xs, tiers, strict=True) if _measured(e.get(tier))]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=2.5, lw=1, alpha=0.8, label=f"tier {tier}")
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                ms=2.5,
+                lw=1,
+                alpha=0.8,
+                label=f"tier {tier}",
+            )
         pts = [(x, m) for x, m in zip(xs, means, strict=True) if _measured(m)]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="black", lw=2.2, label="mean over devices")
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            color="black",
+            lw=2.2,
+            label="mean over devices",
+        )
         local = summary.get("local_reference")
         if local:
             lx = [p["round"] for p in local.get("accuracy_per_round", [])]
             ly = [p["mean_accuracy"] for p in local.get("accuracy_per_round", [])]
             if lx and all(_measured(y) for y in ly):
-                ax.plot(lx, ly, color="grey", ls="--", lw=1.6, label=f"Local, mean (final {100 * local['mean_accuracy']:.1f} %)")
+                ax.plot(
+                    lx,
+                    ly,
+                    color="grey",
+                    ls="--",
+                    lw=1.6,
+                    label=f"Local, mean (final {100 * local['mean_accuracy']:.1f} %)",
+                )
             else:
-                ax.axhline(local["mean_accuracy"], color="grey", ls="--", lw=1.6, label="Local, mean")
+                ax.axhline(
+                    local["mean_accuracy"], color="grey", ls="--", lw=1.6, label="Local, mean"
+                )
         ax.set_title(f"{name}: test accuracy per depth tier", fontsize=10)
         ax.set_xlabel("round (evaluated after it)")
         ax.set_ylabel("accuracy (fraction of test images correct)")
@@ -76,8 +102,20 @@ def plot_run(run_dir: Path) -> list[Path]:
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     bx = [r["round"] for r in rounds]
-    ax.plot(bx, [r["bytes_up_total"] / 1e6 for r in rounds], marker="o", ms=2.5, label="uplink (devices → server)")
-    ax.plot(bx, [r["bytes_down_total"] / 1e6 for r in rounds], marker="o", ms=2.5, label="downlink (server → devices)")
+    ax.plot(
+        bx,
+        [r["bytes_up_total"] / 1e6 for r in rounds],
+        marker="o",
+        ms=2.5,
+        label="uplink (devices → server)",
+    )
+    ax.plot(
+        bx,
+        [r["bytes_down_total"] / 1e6 for r in rounds],
+        marker="o",
+        ms=2.5,
+        label="downlink (server → devices)",
+    )
     noted = _explain_alternation(ax, fig, rounds, bx)
     ax.set_title(f"{name}: traffic per round, all devices (evaluation included)", fontsize=10)
     ax.set_xlabel("round")
@@ -102,13 +140,36 @@ def _explain_alternation(ax, fig, rounds: list[dict], xs: list[int]) -> bool:
     evaluated = [x for x, r in zip(xs, rounds, strict=True) if "eval" in r]
     if evaluated and len(evaluated) < len(rounds):
         for i, x in enumerate(evaluated):
-            ax.axvspan(x - 0.5, x + 0.5, color="#8250df", alpha=0.08, lw=0, label="evaluation round" if i == 0 else None)
+            ax.axvspan(
+                x - 0.5,
+                x + 0.5,
+                color="#8250df",
+                alpha=0.08,
+                lw=0,
+                label="evaluation round" if i == 0 else None,
+            )
         if any(r.get("downlinks_not_resent") for r in rounds):
-            fig.text(0.01, 0.01, "An evaluation round's downlink counts the evaluation's models too; the next round's training "
-                     "downlink is then not re-sent (the devices hold it).", fontsize=6.5, color="#59636e")
+            fig.text(
+                0.01,
+                0.01,
+                "An evaluation round's downlink counts the evaluation's models too; the next "
+                "round's training "
+                "downlink is then not re-sent (the devices hold it).",
+                fontsize=6.5,
+                color="#59636e",
+            )
             noted = True
     cvae = [x for x, r in zip(xs, rounds, strict=True) if "cvae_loss" in (r.get("server") or {})]
     if cvae:
-        ax.plot(cvae, [0] * len(cvae), ls="none", marker="^", ms=7, color="#953800", clip_on=False, zorder=5,
-                label="CVAE round (the server trained its CVAE)")
+        ax.plot(
+            cvae,
+            [0] * len(cvae),
+            ls="none",
+            marker="^",
+            ms=7,
+            color="#953800",
+            clip_on=False,
+            zorder=5,
+            label="CVAE round (the server trained its CVAE)",
+        )
     return noted

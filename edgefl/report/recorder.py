@@ -43,15 +43,25 @@ class RunRecorder:
 def result_text(s: dict[str, Any]) -> str:
     """The run's result in one line, never "nan": what was measured, and how."""
     acc, devices = s.get("mean_accuracy"), len(s.get("client_accuracy") or {})
-    ended = f"interrupted after round {s.get('rounds_completed', 0)} of {s['rounds']}: " if s.get("interrupted") else ""
+    ended = (
+        f"interrupted after round {s.get('rounds_completed', 0)} of {s['rounds']}: "
+        if s.get("interrupted")
+        else ""
+    )
     if acc is None or acc != acc:
         return ended + "no accuracy measured (no device answered an evaluation)"
-    text = f"{ended}mean accuracy {100 * acc:.2f}% over {devices} device{'s' if devices != 1 else ''}"
+    text = (
+        f"{ended}mean accuracy {100 * acc:.2f}% over {devices} device{'s' if devices != 1 else ''}"
+    )
     late = s.get("accuracy_from_round") or {}
     if late and s.get("interrupted"):
         text += " (each device's last per-round evaluation)"
     elif late:
-        text += " (" + ", ".join(f"{d} from its round-{r} evaluation" for d, r in sorted(late.items())) + ": no answer to the final one)"
+        text += (
+            " ("
+            + ", ".join(f"{d} from its round-{r} evaluation" for d, r in sorted(late.items()))
+            + ": no answer to the final one)"
+        )
     if s.get("unmeasured"):
         text += f"; never measured: {', '.join(s['unmeasured'])}"
     return text
@@ -67,26 +77,36 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
     ]
     if s.get("interrupted"):
-        lines += [f"**Interrupted** (Ctrl-C) after round {s.get('rounds_completed', 0)} of {s['rounds']}: "
-                  "this record holds what the completed rounds produced.", ""]
+        lines += [
+            f"**Interrupted** (Ctrl-C) after round {s.get('rounds_completed', 0)} of "
+            f"{s['rounds']}: "
+            "this record holds what the completed rounds produced.",
+            "",
+        ]
     lines += [
-        f"- rounds: {s.get('rounds_completed', s['rounds'])} of {s['rounds']}, devices: {len(s.get('client_accuracy', {}))}, "
+        f"- rounds: {s.get('rounds_completed', s['rounds'])} of {s['rounds']}, devices: "
+        f"{len(s.get('client_accuracy', {}))}, "
         f"wall time: {s['wall_seconds']:.1f} s",
-        f"- mean test accuracy over devices (as the devices report it): **{100 * acc:.2f}%**" if measured else
-        "- mean test accuracy over devices: not measured (no device answered an evaluation)",
+        f"- mean test accuracy over devices (as the devices report it): **{100 * acc:.2f}%**"
+        if measured
+        else "- mean test accuracy over devices: not measured (no device answered an evaluation)",
     ]
     if late:
-        lines.append("- measured by the final evaluation except (their last per-round evaluation, marked *): "
-                     + ", ".join(f"{d} (round {r})" for d, r in sorted(late.items())))
+        lines.append(
+            "- measured by the final evaluation except (their last per-round evaluation, marked "
+            "*): " + ", ".join(f"{d} (round {r})" for d, r in sorted(late.items()))
+        )
     if s.get("unmeasured"):
         lines.append(f"- never measured (no evaluation answered): {', '.join(s['unmeasured'])}")
     if local and measured:
         lines.append(
-            f"- Local (the same devices, data and budget, no federation): {100 * local['mean_accuracy']:.2f}%; "
+            "- Local (the same devices, data and budget, no federation): "
+            f"{100 * local['mean_accuracy']:.2f}%; "
             f"the federation adds **{100 * (acc - local['mean_accuracy']):+.2f} points**"
         )
     lines += [
-        f"- bytes per round: up {_mean(s['bytes_up_per_round']):,.0f}, down {_mean(s['bytes_down_per_round']):,.0f} (mean)",
+        f"- bytes per round: up {_mean(s['bytes_up_per_round']):,.0f}, down "
+        f"{_mean(s['bytes_down_per_round']):,.0f} (mean)",
         "",
         "| tier | devices | accuracy (%) |" + (" Local (%) | gain (points) |" if local else ""),
         "|---|---|---|" + ("---|---|" if local else ""),
@@ -110,8 +130,16 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], tiers: dict[str, str],
-                *, wall_seconds: float, run_dir: Path, **extra: Any) -> dict[str, Any]:
+def run_summary(
+    cfg: Any,
+    final: dict[str, Any],
+    rounds: list[dict[str, Any]],
+    tiers: dict[str, str],
+    *,
+    wall_seconds: float,
+    run_dir: Path,
+    **extra: Any,
+) -> dict[str, Any]:
     """The summary of a finished run, the same for every transport (``--json`` prints it).
 
     ``final`` is what ``RoundLoop.run`` returned, ``rounds`` the round records this process saw,
@@ -130,8 +158,9 @@ def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], t
         "bytes_down_per_round": [r["bytes_down_total"] for r in rounds],
         "finish_bytes_down": final["finish_bytes_down"],  # the final downlink to every device
         "finish_failed": final["finish_failed"],  # devices that did not take it, and why
-        # how the result was measured: "final-evaluation" (every device answered the final evaluation),
-        # "mixed" or "last-round" (devices that did not: their last per-round evaluation, by round)
+        # how the result was measured: "final-evaluation" (every device answered the final
+        # evaluation), "mixed" or "last-round" (devices that did not: their last per-round
+        # evaluation, by round)
         "measured_by": final.get("measured_by", "final-evaluation"),
         "accuracy_from_round": final.get("accuracy_from_round", {}),
         "unmeasured": final.get("unmeasured", []),
@@ -140,7 +169,9 @@ def run_summary(cfg: Any, final: dict[str, Any], rounds: list[dict[str, Any]], t
         "interrupted": bool(final.get("interrupted", False)),
         "failed_per_round": [len(r["failed"]) for r in rounds],
         "accuracy_per_round": [
-            {"round": r["round"], "mean_accuracy": r["eval"]["mean_accuracy"]} for r in rounds if "eval" in r
+            {"round": r["round"], "mean_accuracy": r["eval"]["mean_accuracy"]}
+            for r in rounds
+            if "eval" in r
         ],
         # ε per device at the end (a run with differential privacy: its last round's ledger)
         **({"privacy": rounds[-1]["privacy"]} if rounds and "privacy" in rounds[-1] else {}),
@@ -165,10 +196,19 @@ def finish_run(recorder: RunRecorder, summary: dict[str, Any], *, plots: bool = 
         logging.getLogger(__name__).warning("could not plot %s: %s", recorder.run_dir, e)
 
 
-def attach_reference(run_dir: Path, summary: dict[str, Any], name: str, reference: dict[str, Any], *, plots: bool = True) -> None:
-    """Add a reference run (e.g. ``local_reference``) to a finished run's summary, page and plots."""
+def attach_reference(
+    run_dir: Path,
+    summary: dict[str, Any],
+    name: str,
+    reference: dict[str, Any],
+    *,
+    plots: bool = True,
+) -> None:
+    """Add a reference run (e.g. ``local_reference``) to a finished run's summary, page and
+    plots."""
     summary[name] = reference
-    recorder = RunRecorder.__new__(RunRecorder)  # the run's files exist: do not truncate rounds.jsonl
+    # the run's files exist: do not truncate rounds.jsonl
+    recorder = RunRecorder.__new__(RunRecorder)
     recorder.run_dir = Path(run_dir)
     recorder.write_summary(summary)
     if plots:

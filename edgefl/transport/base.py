@@ -27,14 +27,17 @@ from typing import Any, Protocol
 from edgefl.errors import WireError
 from edgefl.wire import Envelope, Limits, decode, encode
 
-#: Checks a reply (device id, the reply: an Envelope, or bytes on a wire transport); raises WireError to refuse it.
+#: Checks a reply (device id, the reply: an Envelope, or bytes on a wire transport); raises
+#: WireError to refuse it.
 Accept = Callable[[str, Any], Any]
 
 
 @dataclass(frozen=True)
 class Delivery:
     device_id: str
-    reply: Any  # the device's reply (an Envelope; bytes on a wire transport), or None when it failed or timed out
+    # the device's reply (an Envelope; bytes on a wire transport), or None when it failed or timed
+    # out
+    reply: Any
     error: str | None = None
     seconds: float = 0.0  # from sending to receiving the reply
     value: Any = None  # what ``accept`` returned for the reply
@@ -53,16 +56,22 @@ def answered(device_id: str, reply: Any, seconds: float, accept: Accept) -> Deli
 
 
 class Transport(Protocol):
-    def request(self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
-        """Deliver ``messages`` (device id → envelope) and wait for every accepted reply or the timeout."""
+    def request(
+        self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept
+    ) -> dict[str, Delivery]:
+        """Deliver ``messages`` (device id → envelope) and wait for every accepted reply or the
+        timeout."""
         ...
 
     def close(self) -> None: ...
 
 
 class WireTransport(Protocol):
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
-        """Deliver ``messages`` (device id → envelope bytes); ``accept`` is given the reply's bytes."""
+    def request(
+        self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept
+    ) -> dict[str, Delivery]:
+        """Deliver ``messages`` (device id → envelope bytes); ``accept`` is given the reply's
+        bytes."""
         ...
 
     def close(self) -> None: ...
@@ -75,7 +84,9 @@ class Encoded:
     def __init__(self, wire: WireTransport, limits: Limits = Limits()):
         self.wire, self.limits = wire, limits
 
-    def request(self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
+    def request(
+        self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept
+    ) -> dict[str, Delivery]:
         data, out = {}, {}
         for device_id, env in messages.items():
             try:
@@ -83,10 +94,18 @@ class Encoded:
             except WireError as e:
                 out[device_id] = Delivery(device_id, None, f"not sent: {e}")
         limits = self.limits
-        delivered = self.wire.request(data, timeout=timeout, accept=lambda d, raw: accept(d, decode(raw, limits)))
+        delivered = self.wire.request(
+            data, timeout=timeout, accept=lambda d, raw: accept(d, decode(raw, limits))
+        )
         for device_id, d in delivered.items():
-            sized = dataclasses.replace(d, bytes_down=len(data[device_id]), bytes_up=len(d.reply) if d.reply is not None else 0)
-            out[device_id] = dataclasses.replace(sized, reply=d.value if d.reply is not None else None)
+            sized = dataclasses.replace(
+                d,
+                bytes_down=len(data[device_id]),
+                bytes_up=len(d.reply) if d.reply is not None else 0,
+            )
+            out[device_id] = dataclasses.replace(
+                sized, reply=d.value if d.reply is not None else None
+            )
         return out
 
     def close(self) -> None:

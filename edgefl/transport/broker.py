@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 #: Largest MQTT packet the brokers accept (edgefl's own Limits.max_bytes is checked separately).
-MAX_PACKET_BYTES = 268_435_455  # MQTT's own maximum; a larger value makes paho (MQTT 5) refuse the CONNACK
+# MQTT's own maximum; a larger value makes paho (MQTT 5) refuse the CONNACK
+MAX_PACKET_BYTES = 268_435_455
 
 
 def check_device_id(device_id: str) -> str:
@@ -67,7 +68,9 @@ def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise TransportError(f"no broker is listening on {host}:{port} after {timeout:.0f} s") from None
+                raise TransportError(
+                    f"no broker is listening on {host}:{port} after {timeout:.0f} s"
+                ) from None
             time.sleep(0.05)
 
 
@@ -112,7 +115,9 @@ class EmbeddedBroker:
         self._thread.start()
         self._started.wait(30)
         if self._error is not None:
-            raise TransportError(f"could not start the embedded broker on {self.host}:{self.port}: {self._error}")
+            raise TransportError(
+                f"could not start the embedded broker on {self.host}:{self.port}: {self._error}"
+            )
         wait_for_port(self.host, self.port)
         log.info("embedded MQTT broker listening on %s", self.url)
         return self
@@ -128,9 +133,15 @@ class EmbeddedBroker:
         asyncio.set_event_loop(self._loop)
         config = {
             "listeners": {
-                "default": {"type": "tcp", "bind": f"{self.host}:{self.port}", "max_connections": -1}
+                "default": {
+                    "type": "tcp",
+                    "bind": f"{self.host}:{self.port}",
+                    "max_connections": -1,
+                }
             },
-            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+            "plugins": {
+                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
+            },
         }
         try:
             self._broker = Broker(config, loop=self._loop)
@@ -198,12 +209,18 @@ class MosquittoBroker:
     ):
         binary = mosquitto_binary()
         if binary is None:
-            raise TransportError("mosquitto is not installed (Debian/Ubuntu: apt-get install mosquitto)")
+            raise TransportError(
+                "mosquitto is not installed (Debian/Ubuntu: apt-get install mosquitto)"
+            )
         self.binary = binary
         self.port = port or free_port()
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="edgefl-mosquitto-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.password_file, self.acl_file, self.persistence_dir = password_file, acl_file, persistence_dir
+        self.password_file, self.acl_file, self.persistence_dir = (
+            password_file,
+            acl_file,
+            persistence_dir,
+        )
         self.tls = tls
         self.tls_port = (tls_port or free_port()) if tls is not None else None
         self.proc: subprocess.Popen | None = None
@@ -247,21 +264,29 @@ class MosquittoBroker:
             # temp dir; this helper is for tests and demos on loopback, so stay the caller
             lines.append(f"user {pwd.getpwuid(os.geteuid()).pw_name}")
         if self.password_file is not None:
-            lines += ["allow_anonymous false", f"password_file {Path(self.password_file).resolve()}"]
+            lines += [
+                "allow_anonymous false",
+                f"password_file {Path(self.password_file).resolve()}",
+            ]
         else:
             lines.append("allow_anonymous true")
         if self.acl_file is not None:
             lines.append(f"acl_file {Path(self.acl_file).resolve()}")
         if self.persistence_dir is not None:
             Path(self.persistence_dir).mkdir(parents=True, exist_ok=True)
-            lines += ["persistence true", f"persistence_location {Path(self.persistence_dir).resolve()}/"]
+            lines += [
+                "persistence true",
+                f"persistence_location {Path(self.persistence_dir).resolve()}/",
+            ]
         return "\n".join(lines) + "\n"
 
     def start(self) -> MosquittoBroker:
         conf = self.workdir / "mosquitto.conf"
         conf.write_text(self.config_text())
         self._log = open(self.workdir / "mosquitto.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([self.binary, "-c", str(conf)], stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [self.binary, "-c", str(conf)], stdout=self._log, stderr=subprocess.STDOUT
+        )
         try:
             wait_for_port("127.0.0.1", self.port)
             if self.tls_port is not None:
@@ -269,7 +294,9 @@ class MosquittoBroker:
         except TransportError:
             self.stop()
             log_text = (self.workdir / "mosquitto.log").read_text(errors="replace")[-2000:]
-            raise TransportError(f"mosquitto did not start on port {self.port}: {log_text}") from None
+            raise TransportError(
+                f"mosquitto did not start on port {self.port}: {log_text}"
+            ) from None
         return self
 
     def stop(self) -> None:
@@ -331,7 +358,14 @@ def acl_block(username: str, fleet: str = "default", *, role: str = "device") ->
     return "\n".join(lines) + "\n"
 
 
-def add_acl(acl_file: Path, username: str, fleet: str = "default", *, role: str = "device", replace: bool = False) -> None:
+def add_acl(
+    acl_file: Path,
+    username: str,
+    fleet: str = "default",
+    *,
+    role: str = "device",
+    replace: bool = False,
+) -> None:
     """Append ``username``'s block unless the file has one (an account belongs to one fleet);
     ``replace``: drop the existing block first."""
     block = acl_block(username, fleet, role=role)
@@ -363,7 +397,10 @@ def existing_account(password_file: Path | None, acl_file: Path, username: str) 
     """Where ``username`` already has an account: the password file, the ACL file."""
     found = []
     if password_file is not None and Path(password_file).is_file():
-        if any(line.split(":", 1)[0] == username for line in Path(password_file).read_text().splitlines()):
+        if any(
+            line.split(":", 1)[0] == username
+            for line in Path(password_file).read_text().splitlines()
+        ):
             found.append(str(password_file))
     if Path(acl_file).is_file() and f"user {username}\n" in Path(acl_file).read_text():
         found.append(str(acl_file))
@@ -402,7 +439,13 @@ def mosquitto_blocked_by(path: Path) -> Path | None:
     groups = {user.pw_gid} | {g.gr_gid for g in grp.getgrall() if user.pw_name in g.gr_mem}
     for directory in reversed(Path(path).resolve().parents):
         st = directory.stat()
-        bit = stat.S_IXUSR if st.st_uid == user.pw_uid else stat.S_IXGRP if st.st_gid in groups else stat.S_IXOTH
+        bit = (
+            stat.S_IXUSR
+            if st.st_uid == user.pw_uid
+            else stat.S_IXGRP
+            if st.st_gid in groups
+            else stat.S_IXOTH
+        )
         if not st.st_mode & bit:
             return directory
     return None
@@ -417,20 +460,31 @@ def persistence_dir(directory: Path) -> Path:
 
 
 def add_user(
-    password_file: Path, acl_file: Path, username: str, password: str | None = None, *, fleet: str = "default",
-    role: str = "device", replace: bool = False,
+    password_file: Path,
+    acl_file: Path,
+    username: str,
+    password: str | None = None,
+    *,
+    fleet: str = "default",
+    role: str = "device",
+    replace: bool = False,
 ) -> str:
     """Create ``username``'s password and append its ACL block; returns the password. An account
     that exists is refused unless ``replace`` (then its password and ACL block are replaced)."""
     tool = shutil.which("mosquitto_passwd")
     if tool is None:
-        raise TransportError("mosquitto_passwd is not installed (it comes with the mosquitto package)")
+        raise TransportError(
+            "mosquitto_passwd is not installed (it comes with the mosquitto package)"
+        )
     check_device_id(username)
     acl_block(username, fleet, role=role)  # validate before touching any file
     password_file = Path(password_file)
     found = existing_account(password_file, acl_file, username)
     if found and not replace:
-        raise ConfigError(f"{username} already has an account ({', '.join(found)}); --force replaces its password and ACL block")
+        raise ConfigError(
+            f"{username} already has an account ({', '.join(found)}); --force replaces its "
+            "password and ACL block"
+        )
     password = password or secrets.token_urlsafe(18)
     password_file.parent.mkdir(parents=True, exist_ok=True)
     args = [tool, "-b", str(password_file), username, password]
@@ -438,7 +492,9 @@ def add_user(
         args.insert(1, "-c")
     result = subprocess.run(args, capture_output=True, text=True)
     if result.returncode != 0:
-        raise TransportError(f"mosquitto_passwd failed: {result.stderr.strip() or result.stdout.strip()}")
+        raise TransportError(
+            f"mosquitto_passwd failed: {result.stderr.strip() or result.stdout.strip()}"
+        )
     for_mosquitto(password_file)
     add_acl(acl_file, username, fleet, role=role, replace=replace)
     return password

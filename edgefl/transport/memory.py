@@ -20,7 +20,8 @@ from edgefl.wire import Envelope, Limits, checked_size
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Envelope], Envelope | None]  # None: nothing to answer (a message that is no request)
+# None: nothing to answer (a message that is no request)
+Handler = Callable[[Envelope], Envelope | None]
 
 
 class InMemoryTransport:
@@ -31,7 +32,9 @@ class InMemoryTransport:
     def connect(self, device_id: str, handler: Handler) -> None:
         self.handlers[device_id] = handler
 
-    def request(self, messages: Mapping[str, Envelope], *, timeout: float | None = None, accept: Accept) -> dict[str, Delivery]:
+    def request(
+        self, messages: Mapping[str, Envelope], *, timeout: float | None = None, accept: Accept
+    ) -> dict[str, Delivery]:
         out = {}
         for device_id, env in messages.items():
             handler = self.handlers.get(device_id)
@@ -48,19 +51,37 @@ class InMemoryTransport:
                 reply = handler(down)
             except Exception as e:  # a crashing device is a failed delivery, not a crashed server
                 log.warning("device %s failed: %s", device_id, e)
-                out[device_id] = Delivery(device_id, None, f"{type(e).__name__}: {e}", time.perf_counter() - t0, bytes_down=size_down)
+                out[device_id] = Delivery(
+                    device_id,
+                    None,
+                    f"{type(e).__name__}: {e}",
+                    time.perf_counter() - t0,
+                    bytes_down=size_down,
+                )
                 continue
             seconds = time.perf_counter() - t0
             if reply is None:
-                out[device_id] = Delivery(device_id, None, "no reply", seconds, bytes_down=size_down)
+                out[device_id] = Delivery(
+                    device_id, None, "no reply", seconds, bytes_down=size_down
+                )
                 continue
             try:  # what the server's decoder would check, then the caller's check
                 up, size_up = checked_size(reply, self.limits)
                 value = accept(device_id, up)
-            except WireError as e:  # one reply per request here: a refused one is the device's failure
-                out[device_id] = Delivery(device_id, None, f"rejected: {e}", seconds, rejected=(str(e),), bytes_down=size_down)
+            # one reply per request here: a refused one is the device's failure
+            except WireError as e:
+                out[device_id] = Delivery(
+                    device_id,
+                    None,
+                    f"rejected: {e}",
+                    seconds,
+                    rejected=(str(e),),
+                    bytes_down=size_down,
+                )
                 continue
-            out[device_id] = Delivery(device_id, up, None, seconds, value, bytes_down=size_down, bytes_up=size_up)
+            out[device_id] = Delivery(
+                device_id, up, None, seconds, value, bytes_down=size_down, bytes_up=size_up
+            )
         return out
 
     def close(self) -> None:

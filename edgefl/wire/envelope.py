@@ -9,9 +9,10 @@ order: the message size; the 8-byte header length (bounded); ``json.loads`` of t
 a text nested past the interpreter's recursion limit is refused by it, with no second pass over
 the text), then its nesting depth (bounded), of which edgefl reads only ``__metadata__``
 (:func:`parse_json`, the one JSON reader for whatever a device sends); the routing fields and
-the payload metadata against their pydantic models (:mod:`edgefl.wire.schema`); then the ``safetensors`` library itself reads the tensors (it
-checks dtypes, shapes and that the byte ranges tile the body); then dtype whitelist, finite
-values, and the checksum. Every failure is a :class:`~edgefl.errors.WireError`.
+the payload metadata against their pydantic models (:mod:`edgefl.wire.schema`); then the
+``safetensors`` library itself reads the tensors (it checks dtypes, shapes and that the byte ranges
+tile the body); then dtype whitelist, finite values, and the checksum. Every failure is a
+:class:`~edgefl.errors.WireError`.
 
 **What the checksum is for.** It covers the routing fields, the metadata and every tensor's name,
 dtype, shape and bytes, and catches corruption and a message relabelled by something that does not
@@ -108,7 +109,9 @@ class Envelope:
     run: str = ""  # the server's run id
     nonce: str = ""  # a request's fresh nonce; a reply echoes it
 
-    def reply(self, kind: str, payload: Payload | None = None, *, algorithm: str | None = None) -> Envelope:
+    def reply(
+        self, kind: str, payload: Payload | None = None, *, algorithm: str | None = None
+    ) -> Envelope:
         """The answer to this request: same routing, run and nonce; the replier's algorithm."""
         return Envelope(
             kind=kind,
@@ -123,10 +126,14 @@ class Envelope:
         )
 
 
-def _checksum(routing: Mapping[str, str], tensors: list[tuple[str, str, tuple[int, ...], Any]]) -> str:
+def _checksum(
+    routing: Mapping[str, str], tensors: list[tuple[str, str, tuple[int, ...], Any]]
+) -> str:
     """CRC-32 of the routing fields (all but the checksum) and each tensor's name, dtype tag,
     shape and bytes, tensors in name order."""
-    crc = zlib.crc32(json.dumps({k: v for k, v in routing.items() if k != "checksum"}, sort_keys=True).encode())
+    crc = zlib.crc32(
+        json.dumps({k: v for k, v in routing.items() if k != "checksum"}, sort_keys=True).encode()
+    )
     for name, tag, shape, data in tensors:
         crc = zlib.crc32(f"|{name}|{tag}|{list(shape)}|".encode(), crc)
         crc = zlib.crc32(data, crc)
@@ -136,15 +143,20 @@ def _checksum(routing: Mapping[str, str], tensors: list[tuple[str, str, tuple[in
 def _dense(name: str, a: Any) -> np.ndarray:
     a = np.asarray(a)
     if a.dtype not in _DTYPES:
-        raise WireError(f"tensor {name!r} has dtype {a.dtype}, not one of {sorted(t for t in _NUMPY)}")
+        raise WireError(
+            f"tensor {name!r} has dtype {a.dtype}, not one of {sorted(t for t in _NUMPY)}"
+        )
     a = np.require(a, requirements="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
     return a if a.dtype.byteorder != ">" else a.astype(a.dtype.newbyteorder("<"))
 
 
-def _prepare(env: Envelope, checksum: bool = True) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
+def _prepare(
+    env: Envelope, checksum: bool = True
+) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
     """What :func:`encode` checks and writes: the arrays (dense, little-endian, whitelisted
     dtypes), the routing header (validated as a receiver validates it) and the tensors in name
-    order. ``checksum=False`` leaves a placeholder checksum (for :func:`check`: no bytes, no CRC)."""
+    order. ``checksum=False`` leaves a placeholder checksum (for :func:`check`: no bytes, no
+    CRC)."""
     if env.kind not in KINDS:
         raise WireError(f"unknown message kind {env.kind!r}")
     arrays = {name: _dense(name, a) for name, a in env.payload.arrays.items()}
@@ -163,7 +175,15 @@ def _prepare(env: Envelope, checksum: bool = True) -> tuple[dict[str, np.ndarray
         "nonce": env.nonce,
         "meta": json.dumps(meta, sort_keys=True, allow_nan=False),
     }
-    tensors = [(n, _DTYPES[arrays[n].dtype], arrays[n].shape, memoryview(arrays[n]).cast("B") if arrays[n].size else b"") for n in sorted(arrays)]
+    tensors = [
+        (
+            n,
+            _DTYPES[arrays[n].dtype],
+            arrays[n].shape,
+            memoryview(arrays[n]).cast("B") if arrays[n].size else b"",
+        )
+        for n in sorted(arrays)
+    ]
     routing["checksum"] = _checksum(routing, tensors) if checksum else "0" * 8
     validate(Header, routing, "envelope header")  # what we send must pass what we accept
     return arrays, routing, tensors
@@ -173,7 +193,9 @@ def encode(env: Envelope) -> bytes:
     """Serialize an envelope to bytes (one safetensors blob, written by the safetensors library)."""
     arrays, routing, _ = _prepare(env)
     specs = {
-        n: safetensors.TensorSpec(dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
+        n: safetensors.TensorSpec(
+            dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes
+        )
         for n, a in arrays.items()
     }
     try:
@@ -192,7 +214,16 @@ def _header_size(routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]) -
     entries, offset = [], 0
     for name in sorted(arrays, key=lambda n: (_ORDER[_DTYPES[arrays[n].dtype]], n)):
         a = arrays[name]
-        entries.append((name, {"dtype": _DTYPES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}))
+        entries.append(
+            (
+                name,
+                {
+                    "dtype": _DTYPES[a.dtype],
+                    "shape": list(a.shape),
+                    "data_offsets": [offset, offset + a.nbytes],
+                },
+            )
+        )
         offset += a.nbytes
     header = {"__metadata__": dict(routing), **dict(entries)}
     n = len(json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode())
@@ -235,7 +266,8 @@ def checked_size(env: Envelope, limits: Limits = Limits()) -> tuple[Envelope, in
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise WireError(f"tensor {name!r} has non-finite values")
         views[name] = a
-    meta = json.loads(routing["meta"])  # a copy, as decode gives: the receiver cannot change the sender's
+    # a copy, as decode gives: the receiver cannot change the sender's
+    meta = json.loads(routing["meta"])
     return dataclasses.replace(env, payload=Payload(arrays=views, meta=meta)), size
 
 
@@ -262,7 +294,9 @@ def parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) -
     try:
         value = json.loads(raw)
     except RecursionError:
-        raise WireError(f"{what} nests deeper than the parser's recursion limit (limit {max_depth})") from None
+        raise WireError(
+            f"{what} nests deeper than the parser's recursion limit (limit {max_depth})"
+        ) from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise WireError(f"{what} is not JSON: {str(e)[:200]}") from None
     depth = nesting(value)
@@ -291,12 +325,17 @@ def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], in
     if n > min(limits.max_header_bytes, len(data) - 8):
         raise WireError(f"header length {n} is out of bounds")
     raw = bytes(data[8 : 8 + n])
-    header, meta, tensors = (_checked_header if n <= HEADER_CACHE_BYTES else _check_header)(raw, limits)
-    return header, dict(meta), tensors  # the metadata's values are scalars: a copy is the caller's own
+    header, meta, tensors = (_checked_header if n <= HEADER_CACHE_BYTES else _check_header)(
+        raw, limits
+    )
+    # the metadata's values are scalars: a copy is the caller's own
+    return header, dict(meta), tensors
 
 
 def _check_header(raw: bytes, limits: Limits) -> tuple[Header, dict[str, Any], int]:
-    header = parse_json(raw, max_bytes=limits.max_header_bytes, max_depth=limits.max_depth, what="header")
+    header = parse_json(
+        raw, max_bytes=limits.max_header_bytes, max_depth=limits.max_depth, what="header"
+    )
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
     tensors = len(header) - ("__metadata__" in header)
@@ -306,7 +345,10 @@ def _check_header(raw: bytes, limits: Limits) -> tuple[Header, dict[str, Any], i
     if not isinstance(routing, dict):
         raise WireError("envelope metadata is missing")
     if routing.get("schema") != SCHEMA_VERSION:
-        raise WireError(f"schema version {str(routing.get('schema'))[:16]!r} is not supported (want {SCHEMA_VERSION})")
+        raise WireError(
+            f"schema version {str(routing.get('schema'))[:16]!r} is not supported (want "
+            f"{SCHEMA_VERSION})"
+        )
     checked = validate(Header, routing, "envelope header")  # frozen: safe to hand out again
     meta = parse_json(checked.meta, max_bytes=64 * 1024, max_depth=1, what="payload metadata")
     return checked, check_meta(checked.kind, meta), tensors

@@ -39,7 +39,9 @@ SCHEMA_VERSION = "2"
 
 #: Message kinds. Server → device: train, evaluate, finish, assign, ack.
 #: Device → server: update, metrics, done, error, register, ack.
-Kind = Literal["train", "update", "evaluate", "metrics", "finish", "done", "error", "register", "assign", "ack"]
+Kind = Literal[
+    "train", "update", "evaluate", "metrics", "finish", "done", "error", "register", "assign", "ack"
+]
 KINDS = frozenset(Kind.__args__)  # type: ignore[attr-defined]
 #: What a device answers to each request kind ("error" is always acceptable).
 REPLY_KINDS = {"train": "update", "evaluate": "metrics", "finish": "done"}
@@ -89,7 +91,9 @@ def _bounded(key: str, value: Any) -> None:
             raise ValueError(f"{key} = {value} is not a finite number within ±{MAX_ABS_METRIC:g}")
     elif isinstance(value, str):
         if len(value) > MAX_META_STRING:
-            raise ValueError(f"{key} is a string of {len(value)} characters (limit {MAX_META_STRING})")
+            raise ValueError(
+                f"{key} is a string of {len(value)} characters (limit {MAX_META_STRING})"
+            )
     else:
         raise ValueError(f"{key} must be a str, int, float or bool, not {type(value).__name__}")
 
@@ -149,7 +153,8 @@ class RegisterMeta(Meta):
     tier: Tier | None = None
     num_samples: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     epoch: Token | None = None  # the server epoch the device registers with
-    incarnation: Token | None = None  # the device process's registration epoch (a new one per start)
+    # the device process's registration epoch (a new one per start)
+    incarnation: Token | None = None
 
     @model_validator(mode="after")
     def _ready_declares(self) -> RegisterMeta:
@@ -190,7 +195,9 @@ class ActiveReport(BaseModel):
     digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,128}$")] | None = None
     tier: Annotated[str, StringConstraints(max_length=64)] | None = None
     format: Literal["fp32", "int8", ""] | None = None
-    previous: Annotated[list[Annotated[str, StringConstraints(max_length=128)] | None], Field(max_length=16)] = []
+    previous: Annotated[
+        list[Annotated[str, StringConstraints(max_length=128)] | None], Field(max_length=16)
+    ] = []
     time: Annotated[float, Field(ge=0.0, le=1e11)] = 0.0
     error: Annotated[str, StringConstraints(max_length=4096)] | None = None
 
@@ -199,7 +206,11 @@ class ActiveReport(BaseModel):
 DEVICE_STATES = frozenset({"online", "offline"})
 
 META_MODELS: dict[str, type[Meta]] = {
-    "update": UpdateMeta, "metrics": MetricsMeta, "error": ErrorMeta, "evaluate": EvaluateMeta, "register": RegisterMeta,
+    "update": UpdateMeta,
+    "metrics": MetricsMeta,
+    "error": ErrorMeta,
+    "evaluate": EvaluateMeta,
+    "register": RegisterMeta,
 }
 
 
@@ -233,7 +244,11 @@ class ArraySpec(NamedTuple):
     group: str | None = None
 
     def describe(self) -> str:
-        shape = "any shape" if self.shape is None else "(" + ", ".join("*" if s is None else str(s) for s in self.shape) + ")"
+        shape = (
+            "any shape"
+            if self.shape is None
+            else "(" + ", ".join("*" if s is None else str(s) for s in self.shape) + ")"
+        )
         return f"{np.dtype(self.dtype)} {shape}"
 
 
@@ -243,7 +258,9 @@ def spec_of(array: Any) -> ArraySpec:
     return ArraySpec(a.dtype, tuple(a.shape))
 
 
-def array_spec(dtype: Any, shape: tuple[int | None, ...] | None = None, group: str | None = None) -> ArraySpec:
+def array_spec(
+    dtype: Any, shape: tuple[int | None, ...] | None = None, group: str | None = None
+) -> ArraySpec:
     return ArraySpec(np.dtype(dtype), None if shape is None else tuple(shape), group)
 
 
@@ -255,10 +272,16 @@ def in_group(specs: Mapping[str, ArraySpec], group: str) -> dict[str, ArraySpec]
 def _shape_ok(got: tuple[int, ...], want: tuple[int | None, ...] | None) -> bool:
     if want is None:
         return True
-    return len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want, strict=True))
+    return len(got) == len(want) and all(
+        w is None or g == w for g, w in zip(got, want, strict=True)
+    )
 
 
-def check_arrays(arrays: Mapping[str, np.ndarray], expected: Mapping[str, ArraySpec] | None, what: str = "message") -> None:
+def check_arrays(
+    arrays: Mapping[str, np.ndarray],
+    expected: Mapping[str, ArraySpec] | None,
+    what: str = "message",
+) -> None:
     """Raise WireError naming the first array that is missing, undeclared, or of another dtype
     or shape than declared. An array of a group may be missing only with its whole group.
     ``expected`` None: no declaration (the codec's checks only)."""
@@ -270,13 +293,19 @@ def check_arrays(arrays: Mapping[str, np.ndarray], expected: Mapping[str, ArrayS
             if spec.group is None:
                 raise WireError(f"{what} is missing array {name!r}")
             if spec.group in present:
-                raise WireError(f"{what} is missing array {name!r} of group {spec.group!r}, which arrives whole")
+                raise WireError(
+                    f"{what} is missing array {name!r} of group {spec.group!r}, which arrives whole"
+                )
             continue
         a = arrays[name]
         if a.dtype != spec.dtype:
-            raise WireError(f"{what}: array {name!r} has dtype {a.dtype}, expected {spec.describe()}")
+            raise WireError(
+                f"{what}: array {name!r} has dtype {a.dtype}, expected {spec.describe()}"
+            )
         if not _shape_ok(tuple(a.shape), spec.shape):
-            raise WireError(f"{what}: array {name!r} has shape {tuple(a.shape)}, expected {spec.describe()}")
+            raise WireError(
+                f"{what}: array {name!r} has shape {tuple(a.shape)}, expected {spec.describe()}"
+            )
     extra = sorted(set(arrays) - set(expected))
     if extra:
         raise WireError(f"{what} carries {len(extra)} undeclared array(s), first {extra[0]!r}")
@@ -284,7 +313,8 @@ def check_arrays(arrays: Mapping[str, np.ndarray], expected: Mapping[str, ArrayS
 
 @dataclass(frozen=True)
 class Expectation:
-    """What the receiver of a reply expects: the request it answers, and what its payload must be."""
+    """What the receiver of a reply expects: the request it answers, and what its payload must
+    be."""
 
     kind: str
     round: int

@@ -16,11 +16,15 @@ def state_to_arrays(state: Mapping[str, torch.Tensor], prefix: str = "w/") -> di
     out = {}
     for name, t in state.items():
         t = t.detach().cpu()
-        out[prefix + name] = t.numpy().astype(np.float32 if t.is_floating_point() else np.int64, copy=True)
+        out[prefix + name] = t.numpy().astype(
+            np.float32 if t.is_floating_point() else np.int64, copy=True
+        )
     return out
 
 
-def arrays_to_state(arrays: Mapping[str, np.ndarray], prefix: str = "w/") -> dict[str, torch.Tensor]:
+def arrays_to_state(
+    arrays: Mapping[str, np.ndarray], prefix: str = "w/"
+) -> dict[str, torch.Tensor]:
     import torch
 
     n = len(prefix)

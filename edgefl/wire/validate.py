@@ -69,7 +69,8 @@ def peek(data: bytes, limits: Limits = Limits()) -> Routing:
 
 
 def check_reply(reply: Envelope, want: Expectation) -> None:
-    """Raise WireError naming the first way ``reply`` does not answer the request ``want`` describes."""
+    """Raise WireError naming the first way ``reply`` does not answer the request ``want``
+    describes."""
     fields = (
         ("device", reply.device_id, want.device_id),
         ("fleet", reply.fleet, want.fleet),
@@ -80,11 +81,17 @@ def check_reply(reply: Envelope, want: Expectation) -> None:
     )
     for name, got, expected in fields:
         if got != expected:
-            raise WireError(f"reply {name} {str(got)[:64]!r} does not match the request's {str(expected)[:64]!r}")
+            raise WireError(
+                f"reply {name} {str(got)[:64]!r} does not match the request's "
+                f"{str(expected)[:64]!r}"
+            )
     # arrays travel in updates, and in a finish reply when the request asked for the final model
     model_reply = reply.kind == "done" and want.kind == "finish" and want.arrays is not None
     if reply.kind != "update" and reply.payload.arrays and not model_reply:
-        raise WireError(f"a {reply.kind!r} reply carries {len(reply.payload.arrays)} arrays; only updates (and asked-for final models) carry any")
+        raise WireError(
+            f"a {reply.kind!r} reply carries {len(reply.payload.arrays)} arrays; only updates "
+            "(and asked-for final models) carry any"
+        )
     if reply.kind == "error":
         return
     if reply.tier != want.tier:

@@ -37,16 +37,23 @@ class ChunkSettings:
     max_chunk_size: int = 16 * 1024 * 1024
     max_partial_per_sender: int = 2
     max_partial_bytes: int = 1024 * 1024 * 1024  # all senders together
-    max_sender_bytes: int | None = None  # one sender's share (None: one whole message of the receiver's max_bytes)
+    # one sender's share (None: one whole message of the receiver's max_bytes)
+    max_sender_bytes: int | None = None
     remember_completed: int = 4096
-    idle_after: float = 120.0  # a reassembly untouched this long is dropped (a live sender re-sends within max_stall)
+    # a reassembly untouched this long is dropped (a live sender re-sends within max_stall)
+    idle_after: float = 120.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ChunkSettings:
         """The defaults, overridden by ``EDGEFL_CHUNK_THRESHOLD``, ``EDGEFL_CHUNK_SIZE``,
         ``EDGEFL_CHUNK_WINDOW`` and ``EDGEFL_CHUNK_INFLIGHT`` (bytes, bytes, chunks, bytes)."""
         environ = os.environ if environ is None else environ
-        names = {"threshold": "THRESHOLD", "chunk_size": "SIZE", "window": "WINDOW", "max_inflight_bytes": "INFLIGHT"}
+        names = {
+            "threshold": "THRESHOLD",
+            "chunk_size": "SIZE",
+            "window": "WINDOW",
+            "max_inflight_bytes": "INFLIGHT",
+        }
         values = {}
         for name, var in names.items():
             text = environ.get(f"EDGEFL_CHUNK_{var}")
@@ -96,14 +103,25 @@ class ChunkHeader:
     chunk_crc: int
 
     def pack(self) -> bytes:
-        return HEADER.pack(MAGIC, self.message_id, self.index, self.count, self.total, self.chunk_size, self.crc, self.chunk_crc)
+        return HEADER.pack(
+            MAGIC,
+            self.message_id,
+            self.index,
+            self.count,
+            self.total,
+            self.chunk_size,
+            self.crc,
+            self.chunk_crc,
+        )
 
     def span(self) -> tuple[int, int]:
         start = self.index * self.chunk_size
         return start, min(self.total, start + self.chunk_size)
 
 
-def parse_chunk(data: bytes, *, max_bytes: int, max_chunk_size: int) -> tuple[ChunkHeader, memoryview]:
+def parse_chunk(
+    data: bytes, *, max_bytes: int, max_chunk_size: int
+) -> tuple[ChunkHeader, memoryview]:
     """The header and data of one chunk, every field checked; nothing is allocated for it."""
     if len(data) < HEADER.size:
         raise WireError(f"chunk of {len(data)} bytes is shorter than its {HEADER.size}-byte header")

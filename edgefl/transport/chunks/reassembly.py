@@ -29,7 +29,8 @@ PIECE_OVERHEAD = 128
 
 @dataclass
 class _Partial:
-    """A message being reassembled: only the chunks that arrived are held (never the claimed size)."""
+    """A message being reassembled: only the chunks that arrived are held (never the claimed
+    size)."""
 
     header: ChunkHeader
     pieces: dict[int, bytes] = field(default_factory=dict)
@@ -76,10 +77,18 @@ class Reassembler:
     (:meth:`close` stops it).
     """
 
-    def __init__(self, settings: ChunkSettings = ChunkSettings(), *, max_bytes: int, clock: Callable[[], float] = time.monotonic,
-                 timer: bool = True):
+    def __init__(
+        self,
+        settings: ChunkSettings = ChunkSettings(),
+        *,
+        max_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+        timer: bool = True,
+    ):
         self.settings, self.max_bytes, self.clock = settings, max_bytes, clock
-        self.sender_share = settings.max_sender_bytes or max_bytes + PIECE_OVERHEAD * math.ceil(max_bytes / settings.chunk_size)
+        self.sender_share = settings.max_sender_bytes or max_bytes + PIECE_OVERHEAD * math.ceil(
+            max_bytes / settings.chunk_size
+        )
         self.partial: dict[str, OrderedDict[bytes, _Partial]] = {}
         self.held: dict[str, int] = {}  # sender → bytes it holds in partials
         self.completed: OrderedDict[tuple[str, bytes], None] = OrderedDict()
@@ -107,8 +116,15 @@ class Reassembler:
             return None, pack_ack(h.message_id, h.count, 0, COMPLETE)
         mine = self.partial.get(sender)
         p = mine.get(h.message_id) if mine is not None else None
-        if p is not None and (p.header.count, p.header.total, p.header.chunk_size, p.header.crc) != (h.count, h.total, h.chunk_size, h.crc):
-            raise WireError(f"chunk {h.index} disagrees with its message's header (count, size or checksum)")
+        if p is not None and (
+            p.header.count,
+            p.header.total,
+            p.header.chunk_size,
+            p.header.crc,
+        ) != (h.count, h.total, h.chunk_size, h.crc):
+            raise WireError(
+                f"chunk {h.index} disagrees with its message's header (count, size or checksum)"
+            )
         if p is not None and h.index in p.pieces:
             self.stats.duplicates += 1
             p.touched = self.clock()
@@ -137,7 +153,10 @@ class Reassembler:
         p.pieces.clear()
         if zlib.crc32(message) != h.crc:
             # every chunk passed its own checksum: the sender's header lies about the whole
-            raise ChunkRefused(f"reassembled message of {h.total} bytes fails its checksum", pack_ack(h.message_id, 0, 0, REFUSED))
+            raise ChunkRefused(
+                f"reassembled message of {h.total} bytes fails its checksum",
+                pack_ack(h.message_id, 0, 0, REFUSED),
+            )
         self._remember(sender, h.message_id)
         self.stats.completed += 1
         return message, pack_ack(h.message_id, h.count, 0, COMPLETE)
@@ -149,12 +168,17 @@ class Reassembler:
         mine = self.held.get(sender, 0)
         if mine + cost > self.sender_share:
             self.stats.over_share += 1
-            raise WireError(f"sender holds {mine} bytes in reassembly; its share is {self.sender_share}")
+            raise WireError(
+                f"sender holds {mine} bytes in reassembly; its share is {self.sender_share}"
+            )
         while self.partial_bytes + cost > s.max_partial_bytes:
             others = [(held, other) for other, held in self.held.items() if other != sender]
             held, top = max(others, default=(0, ""))
             if held <= mine + cost:
-                raise WireError(f"no room to reassemble {cost} more bytes ({self.partial_bytes} of {s.max_partial_bytes} in use)")
+                raise WireError(
+                    f"no room to reassemble {cost} more bytes ({self.partial_bytes} of "
+                    f"{s.max_partial_bytes} in use)"
+                )
             self._evict(top, next(iter(self.partial[top])))
 
     def _evict(self, sender: str, message_id: bytes, counted: bool = True) -> None:
@@ -195,7 +219,9 @@ class Reassembler:
 
     def _ensure_timer(self) -> None:
         if self.use_timer and self.thread is None and not self.closed:
-            self.thread = threading.Thread(target=self._sweep, name="edgefl-reassembly", daemon=True)
+            self.thread = threading.Thread(
+                target=self._sweep, name="edgefl-reassembly", daemon=True
+            )
             self.thread.start()
 
     def _sweep(self) -> None:

@@ -29,10 +29,22 @@ log = logging.getLogger(__name__)
 class Outgoing:
     """One message being sent in chunks to one destination."""
 
-    def __init__(self, dest: str, data: bytes, message_id: bytes, chunk_size: int, on_done: Callable[[bool], None] | None = None):
+    def __init__(
+        self,
+        dest: str,
+        data: bytes,
+        message_id: bytes,
+        chunk_size: int,
+        on_done: Callable[[bool], None] | None = None,
+    ):
         if len(message_id) != 16:
             raise ValueError("a chunked message's id is 16 bytes")
-        self.dest, self.data, self.message_id, self.chunk_size = dest, memoryview(data), message_id, chunk_size
+        self.dest, self.data, self.message_id, self.chunk_size = (
+            dest,
+            memoryview(data),
+            message_id,
+            chunk_size,
+        )
         self.total = len(data)
         self.count = math.ceil(self.total / chunk_size)
         self.crc = zlib.crc32(self.data)
@@ -49,7 +61,18 @@ class Outgoing:
     def chunk(self, i: int) -> bytes:
         start = i * self.chunk_size
         body = self.data[start : start + self.chunk_size]
-        return ChunkHeader(self.message_id, i, self.count, self.total, self.chunk_size, self.crc, zlib.crc32(body)).pack() + body
+        return (
+            ChunkHeader(
+                self.message_id,
+                i,
+                self.count,
+                self.total,
+                self.chunk_size,
+                self.crc,
+                zlib.crc32(body),
+            ).pack()
+            + body
+        )
 
     def size(self, i: int) -> int:
         return min(self.chunk_size, self.total - i * self.chunk_size)
@@ -61,7 +84,9 @@ class Outgoing:
     def ack(self, nxt: int, bitmap: int) -> int:
         """Apply an acknowledgement; the newly acknowledged bytes."""
         newly = 0
-        for i in [i for i in self.unacked if i < nxt or (i > nxt and (bitmap >> (i - nxt - 1)) & 1)]:
+        for i in [
+            i for i in self.unacked if i < nxt or (i > nxt and (bitmap >> (i - nxt - 1)) & 1)
+        ]:
             self.unacked.discard(i)
             self.acked[i] = 1
             newly += self.size(i)
@@ -105,7 +130,8 @@ class ChunkSender:
         self.transfers: OrderedDict[tuple[str, bytes], Outgoing] = OrderedDict()
         self.inflight = 0  # unacknowledged chunk bytes, all destinations
         self.rate = 0.0  # acknowledged bytes per second, smoothed
-        self.gap = 0.0  # the longest recent wait between two acknowledgements that made progress (decays)
+        # the longest recent wait between two acknowledgements that made progress (decays)
+        self.gap = 0.0
         self._rate_mark: tuple[float, int] | None = None
         self._acked_total = 0
         self.stats = SendStats()
@@ -114,9 +140,16 @@ class ChunkSender:
         self.use_timer, self.name = timer, name
 
     # -- the caller's side --
-    def send(self, dest: str, data: bytes, message_id: bytes, on_done: Callable[[bool], None] | None = None) -> Outgoing:
-        """Start sending ``data`` to ``dest`` (a topic); ``on_done(ok)`` when it is acknowledged whole
-        (True) or refused / given up (False). A message already being sent to ``dest`` is left going."""
+    def send(
+        self,
+        dest: str,
+        data: bytes,
+        message_id: bytes,
+        on_done: Callable[[bool], None] | None = None,
+    ) -> Outgoing:
+        """Start sending ``data`` to ``dest`` (a topic); ``on_done(ok)`` when it is acknowledged
+        whole (True) or refused / given up (False). A message already being sent to ``dest`` is left
+        going."""
         with self.lock:
             key = (dest, message_id)
             out = self.transfers.get(key)
@@ -196,7 +229,13 @@ class ChunkSender:
                 out.stalls += 1
                 self.stats.stalls += 1
                 if out.stalls > self.settings.max_stalls:
-                    log.warning("%s: giving up on a %d-byte message to %s after %d stalls", self.name, out.total, out.dest, out.stalls - 1)
+                    log.warning(
+                        "%s: giving up on a %d-byte message to %s after %d stalls",
+                        self.name,
+                        out.total,
+                        out.dest,
+                        out.stalls - 1,
+                    )
                     self._release(out, "given up")
                     self.stats.given_up += 1
                     done.append(out)
@@ -206,7 +245,13 @@ class ChunkSender:
                     batch.append((out.dest, out.chunk(i)))
                     out.resent += 1
                     self.stats.resent += 1
-                log.info("%s: no progress on a message to %s for %.1f s; re-sending %d chunks", self.name, out.dest, self.stall_time(out), len(out.unacked))
+                log.info(
+                    "%s: no progress on a message to %s for %.1f s; re-sending %d chunks",
+                    self.name,
+                    out.dest,
+                    self.stall_time(out),
+                    len(out.unacked),
+                )
                 wake = min(wake, self.stall_time(out))
             batch += self._fill()
         self._publish(batch)
@@ -221,7 +266,9 @@ class ChunkSender:
         the measured rate, doubled per stall."""
         s = self.settings
         rate = self.rate if self.rate > 0 else s.assumed_rate
-        return min(s.max_stall, (max(s.stall_after, 2 * self.gap) + self.inflight / rate) * (2**out.stalls))
+        return min(
+            s.max_stall, (max(s.stall_after, 2 * self.gap) + self.inflight / rate) * (2**out.stalls)
+        )
 
     def stop(self) -> None:
         with self.lock:
@@ -243,7 +290,11 @@ class ChunkSender:
         while progress:
             progress = False
             for out in self.transfers.values():
-                if out.state != "sending" or out.sent_upto >= out.count or per_dest[out.dest] >= s.window:
+                if (
+                    out.state != "sending"
+                    or out.sent_upto >= out.count
+                    or per_dest[out.dest] >= s.window
+                ):
                     continue
                 if out.sent_upto > out.next + SACK_BITS:  # beyond what an ack can name selectively
                     continue
@@ -317,7 +368,8 @@ class ChunkSender:
 
 
 def split(data: bytes, message_id: bytes, chunk_size: int) -> list[bytes]:
-    """Every chunk of ``data`` (for tests and small callers; :class:`Outgoing` builds them lazily)."""
+    """Every chunk of ``data`` (for tests and small callers; :class:`Outgoing` builds them
+    lazily)."""
     out = Outgoing("", data, message_id, chunk_size)
     return [out.chunk(i) for i in range(out.count)]
 

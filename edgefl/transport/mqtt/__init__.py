@@ -6,7 +6,8 @@ Topics, all under ``edgefl/<fleet>/``::
     devices/<id>/up         device → server   update / metrics / done / error / ack envelopes
     devices/<id>/register   device → server   register envelopes (profile, readiness)
     devices/<id>/status     device, retained  "online" / "offline" (the Last Will)
-    server/status           server, retained  {"state": "online"|"offline", "epoch": ...} (Last Will)
+    server/status           server, retained  {"state": "online"|"offline", "epoch": ...}
+                                              (Last Will)
     broadcast               server, retained  the end of a run (a "finish" envelope for device "*")
     server/fleet            server, retained  fleet status JSON (edgefl.runtime.status)
     devices/<id>/model      operator/server, retained  model rollout commands (edgefl.rollout)

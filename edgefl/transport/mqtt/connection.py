@@ -47,7 +47,8 @@ SESSION_EXPIRY_SECONDS = 24 * 3600
 
 @dataclass(frozen=True)
 class BrokerAddress:
-    """``mqtt://[user[:password]@]host[:port][?protocol=5|3.1.1|auto&ca=FILE&cert=FILE&key=FILE&insecure=1]``.
+    """``mqtt://[user[:password]@]host[:port]``
+    ``[?protocol=5|3.1.1|auto&ca=FILE&cert=FILE&key=FILE&insecure=1]``.
 
     ``mqtts://`` turns TLS on (default port 8883; ``ca`` names a CA bundle, else the system's;
     ``cert``/``key`` a client certificate for brokers that require one, see
@@ -93,12 +94,19 @@ class BrokerAddress:
         )
 
     def with_credentials(self, username: str | None, password: str | None) -> BrokerAddress:
-        return dataclasses.replace(self, username=username or self.username, password=password or self.password)
+        return dataclasses.replace(
+            self, username=username or self.username, password=password or self.password
+        )
 
-    def with_tls(self, ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None) -> BrokerAddress:
+    def with_tls(
+        self, ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+    ) -> BrokerAddress:
         """Certificate files given apart from the URL (options, environment) win over its query."""
         return dataclasses.replace(
-            self, ca_file=ca_file or self.ca_file, cert_file=cert_file or self.cert_file, key_file=key_file or self.key_file
+            self,
+            ca_file=ca_file or self.ca_file,
+            cert_file=cert_file or self.cert_file,
+            key_file=key_file or self.key_file,
         )
 
     def __str__(self) -> str:
@@ -115,7 +123,12 @@ def _configure(client: mqtt.Client, address: BrokerAddress) -> None:
         if bool(address.cert_file) != bool(address.key_file):
             raise ConfigError("a client certificate needs both its certificate and its key file")
         try:
-            client.tls_set(ca_certs=address.ca_file, certfile=address.cert_file, keyfile=address.key_file, cert_reqs=ssl.CERT_REQUIRED)
+            client.tls_set(
+                ca_certs=address.ca_file,
+                certfile=address.cert_file,
+                keyfile=address.key_file,
+                cert_reqs=ssl.CERT_REQUIRED,
+            )
         except (OSError, ssl.SSLError) as e:
             raise ConfigError(f"cannot load the TLS files for {address}: {e}") from None
         if address.insecure:
@@ -124,8 +137,8 @@ def _configure(client: mqtt.Client, address: BrokerAddress) -> None:
 
 #: TLS alerts by which a broker refuses the client's certificate (or the lack of one).
 _REFUSED_CERT_ALERTS = (
-    "CERTIFICATE_REQUIRED", "HANDSHAKE_FAILURE", "BAD_CERTIFICATE", "UNKNOWN_CA", "CERTIFICATE_UNKNOWN",
-    "DECRYPT_ERROR", "ACCESS_DENIED", "UNSUPPORTED_CERTIFICATE",
+    "CERTIFICATE_REQUIRED", "HANDSHAKE_FAILURE", "BAD_CERTIFICATE", "UNKNOWN_CA",
+    "CERTIFICATE_UNKNOWN", "DECRYPT_ERROR", "ACCESS_DENIED", "UNSUPPORTED_CERTIFICATE",
 )  # fmt: skip
 
 
@@ -144,13 +157,18 @@ def check_tls(address: BrokerAddress, timeout: float = 10.0) -> None:
     if not address.tls:
         return
     if bool(address.cert_file) != bool(address.key_file):
-        raise ConfigError("a client certificate needs both its certificate and its key file (--cert-file and --key-file)")
+        raise ConfigError(
+            "a client certificate needs both its certificate and its key file (--cert-file and "
+            "--key-file)"
+        )
     try:
         context = ssl.create_default_context(cafile=address.ca_file or None)
         if address.cert_file:
             context.load_cert_chain(address.cert_file, address.key_file)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"cannot load the TLS files for {address} (--ca-file, --cert-file, --key-file): {e}") from None
+        raise ConfigError(
+            f"cannot load the TLS files for {address} (--ca-file, --cert-file, --key-file): {e}"
+        ) from None
     if address.insecure:
         context.check_hostname = False
     try:
@@ -177,21 +195,39 @@ def check_tls(address: BrokerAddress, timeout: float = 10.0) -> None:
                 pass
     except ssl.SSLCertVerificationError as e:
         why = e.verify_message or e.reason or str(e)
-        if e.verify_code in (62, 64):  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
-            raise ConfigError(f"TLS: the broker's certificate is not valid for {address.host} ({why}): dial a host name or "
-                              "address it was issued for (edgefl broker ca --host/--ip)") from None
+        if e.verify_code in (
+            62,
+            64,
+        ):  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+            raise ConfigError(
+                f"TLS: the broker's certificate is not valid for {address.host} ({why}): dial a "
+                "host name or "
+                "address it was issued for (edgefl broker ca --host/--ip)"
+            ) from None
         given = f"; --ca-file {address.ca_file} did not sign it" if address.ca_file else ""
-        raise ConfigError(f"TLS: cannot verify the broker's certificate at {address} ({why}){given}: give the fleet CA "
-                          "with --ca-file (or EDGEFL_CA_FILE, or ?ca=FILE in the broker URL)") from None
+        raise ConfigError(
+            f"TLS: cannot verify the broker's certificate at {address} ({why}){given}: give the "
+            "fleet CA "
+            "with --ca-file (or EDGEFL_CA_FILE, or ?ca=FILE in the broker URL)"
+        ) from None
     except ssl.SSLError as e:
         reason = str(e.reason or e)
         if not any(alert in reason.upper() for alert in _REFUSED_CERT_ALERTS):
-            raise ConfigError(f"TLS handshake with the broker at {address} failed: {reason}") from None
+            raise ConfigError(
+                f"TLS handshake with the broker at {address} failed: {reason}"
+            ) from None
         if not address.cert_file:
-            raise AuthenticationError(f"the broker at {address} requires a client certificate ({reason}): give --cert-file "
-                                      "and --key-file (edgefl broker add-device NAME --fleet FLEET --certs DIR makes them)") from None
-        raise AuthenticationError(f"the broker at {address} refused the client certificate --cert-file {address.cert_file} "
-                                  f"({reason}): it must be signed by the broker's fleet CA") from None
+            raise AuthenticationError(
+                f"the broker at {address} requires a client certificate ({reason}): give "
+                "--cert-file "
+                "and --key-file (edgefl broker add-device NAME --fleet FLEET --certs DIR makes "
+                "them)"
+            ) from None
+        raise AuthenticationError(
+            f"the broker at {address} refused the client certificate --cert-file "
+            f"{address.cert_file} "
+            f"({reason}): it must be signed by the broker's fleet CA"
+        ) from None
     except OSError:
         return  # reset or closed mid-handshake: left to the caller's retries
     finally:
@@ -211,7 +247,11 @@ def detect_protocol(address: BrokerAddress, timeout: float = 10.0) -> int:
         return _PROTOCOL_CACHE[key]
     result: dict[str, object] = {}
     done = threading.Event()
-    probe = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edgefl-probe-{uuid.uuid4().hex[:12]}", protocol=mqtt.MQTTv5)
+    probe = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=f"edgefl-probe-{uuid.uuid4().hex[:12]}",
+        protocol=mqtt.MQTTv5,
+    )
     _configure(probe, address)
 
     def on_connect(client, userdata, flags, reason, properties):
@@ -242,7 +282,8 @@ def detect_protocol(address: BrokerAddress, timeout: float = 10.0) -> int:
     reason = result.get("reason")
     if reason is not None and getattr(reason, "value", 1) == 0:
         proto = mqtt.MQTTv5
-    elif reason is not None and getattr(reason, "value", 0) in (0x86, 0x87, 0x8C):  # bad credentials/auth
+    # bad credentials/auth
+    elif reason is not None and getattr(reason, "value", 0) in (0x86, 0x87, 0x8C):
         raise AuthenticationError(f"the broker at {address} refused the connection: {reason}")
     else:
         proto = mqtt.MQTTv311
@@ -274,7 +315,9 @@ class Endpoint:
         self.refused: str | None = None
         self.bytes_published = 0
         kwargs = {"clean_session": False} if self.protocol == mqtt.MQTTv311 else {}
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=self.protocol, **kwargs)
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=self.protocol, **kwargs
+        )
         _configure(self.client, address)
         self.client.max_inflight_messages_set(100)
         self.client.reconnect_delay_set(min_delay=1, max_delay=int(reconnect_max))
@@ -295,7 +338,8 @@ class Endpoint:
         pass
 
     def on_chunked_sent(self, topic: str, message_id: str, ok: bool) -> None:
-        """A chunked message was acknowledged whole by its receiver (``ok``), or refused/given up."""
+        """A chunked message was acknowledged whole by its receiver (``ok``), or refused/given
+        up."""
 
     def on_chunk_rejected(self, topic: str, reason: str) -> None:
         """A chunk (or chunk ack) on ``topic`` was refused."""
@@ -310,13 +354,19 @@ class Endpoint:
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = SESSION_EXPIRY_SECONDS
         self.client.connect_async(
-            self.address.host, self.address.port, keepalive=15, clean_start=False if props is not None else mqtt.MQTT_CLEAN_START_FIRST_ONLY, properties=props
+            self.address.host,
+            self.address.port,
+            keepalive=15,
+            clean_start=False if props is not None else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
+            properties=props,
         )
         self.client.loop_start()
         if wait and not self.connected.wait(wait):
             reason = self.refused or "no answer"
             self.stop(graceful=False)
-            raise TransportError(f"{self.client_id} could not connect to the broker at {self.address}: {reason}")
+            raise TransportError(
+                f"{self.client_id} could not connect to the broker at {self.address}: {reason}"
+            )
         return self
 
     def stop(self, graceful: bool = True) -> None:
@@ -330,16 +380,25 @@ class Endpoint:
 
     def publish(self, topic: str, data: bytes, *, retain: bool = False, qos: int = 1) -> None:
         if len(data) > self.limits.max_bytes:
-            raise WireError(f"refusing to publish {len(data)} bytes: the limit is {self.limits.max_bytes}")
+            raise WireError(
+                f"refusing to publish {len(data)} bytes: the limit is {self.limits.max_bytes}"
+            )
         if len(data) > self.chunks.threshold and not retain and _reverse(topic) is not None:
             message_id = peek(data, self.limits).message_id
-            self.chunker.send(topic, data, bytes.fromhex(message_id), on_done=lambda ok: self.on_chunked_sent(topic, message_id, ok))
+            self.chunker.send(
+                topic,
+                data,
+                bytes.fromhex(message_id),
+                on_done=lambda ok: self.on_chunked_sent(topic, message_id, ok),
+            )
             self.bytes_published += len(data)
             return
         info = self.client.publish(topic, data, qos=qos, retain=retain)
         self.bytes_published += len(data)
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
-            log.warning("%s: publishing to %s failed: %s", self.client_id, topic, mqtt.error_string(info.rc))
+            log.warning(
+                "%s: publishing to %s failed: %s", self.client_id, topic, mqtt.error_string(info.rc)
+            )
 
     def _on_connect(self, client, userdata, flags, reason, properties):
         if reason.is_failure:
@@ -361,7 +420,12 @@ class Endpoint:
     def _publish_chunk(self, topic: str, data: bytes) -> None:
         info = self.client.publish(topic, data, qos=1)
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
-            log.warning("%s: publishing a chunk to %s failed: %s", self.client_id, topic, mqtt.error_string(info.rc))
+            log.warning(
+                "%s: publishing a chunk to %s failed: %s",
+                self.client_id,
+                topic,
+                mqtt.error_string(info.rc),
+            )
 
     def _on_chunk(self, topic: str, data: bytes) -> None:
         """A chunk or a chunk ack: its answer goes back on the reverse topic (up ↔ down); a whole
@@ -381,7 +445,8 @@ class Endpoint:
         except WireError as e:
             self.on_chunk_rejected(topic, str(e))
             raise
-        self.client.publish(back, ack, qos=0)  # an ack: a lost one is covered by the next, or a stall
+        # an ack: a lost one is covered by the next, or a stall
+        self.client.publish(back, ack, qos=0)
         if message is not None:
             self.on_message(topic, message)
 
@@ -393,7 +458,10 @@ class Endpoint:
                 self._on_chunk(msg.topic, msg.payload)
                 return
             if len(msg.payload) > self.limits.max_bytes:
-                raise WireError(f"message of {len(msg.payload)} bytes exceeds the limit of {self.limits.max_bytes}")
+                raise WireError(
+                    f"message of {len(msg.payload)} bytes exceeds the limit of "
+                    f"{self.limits.max_bytes}"
+                )
             self.on_message(msg.topic, msg.payload)
         except WireError as e:
             log.warning("%s: rejected a message on %s: %s", self.client_id, msg.topic, e)

@@ -70,26 +70,36 @@ class MqttDeviceEndpoint(Endpoint):
         self.announce = will
         self.inbox: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
-        self.handled: OrderedDict[str, bytes | None] = OrderedDict()  # request id → reply (None: in progress)
+        # request id → reply (None: in progress)
+        self.handled: OrderedDict[str, bytes | None] = OrderedDict()
         self.unacked: dict[str, _Unacked] = {}
         self.retry_after, self.retry_max, self.max_attempts = retry_after, retry_max, max_attempts
         # the server re-sends an unacknowledged request after retry_after: acknowledge well before
         self.ack_delay = max(0.0, min(ack_delay, retry_after / 4))
-        self.acks_due: OrderedDict[str, tuple[float, Routing]] = OrderedDict()  # request id → (due, routing)
+        # request id → (due, routing)
+        self.acks_due: OrderedDict[str, tuple[float, Routing]] = OrderedDict()
         self.acks_wake = threading.Condition(self.lock)
         self.acker: threading.Thread | None = None
         self.stopping = False
 
     def subscriptions(self) -> list[str]:
-        return [self.topics.device(self.device_id, "down"), self.topics.broadcast, self.topics.server_status]
+        return [
+            self.topics.device(self.device_id, "down"),
+            self.topics.broadcast,
+            self.topics.server_status,
+        ]
 
     def on_connected(self) -> None:
         if self.announce:  # a helper connection (registration check) does not announce liveness
-            self.client.publish(self.topics.device(self.device_id, "status"), b"online", qos=1, retain=True)
+            self.client.publish(
+                self.topics.device(self.device_id, "status"), b"online", qos=1, retain=True
+            )
 
     def start(self, wait: float | None = 30.0) -> MqttDeviceEndpoint:
         if self.ack_delay > 0 and self.acker is None:
-            self.acker = threading.Thread(target=self._ack_when_due, name=f"{self.client_id}-acks", daemon=True)
+            self.acker = threading.Thread(
+                target=self._ack_when_due, name=f"{self.client_id}-acks", daemon=True
+            )
             self.acker.start()
         super().start(wait)
         return self
@@ -100,7 +110,9 @@ class MqttDeviceEndpoint(Endpoint):
             self.acks_due.clear()
             self.acks_wake.notify_all()
         if graceful and self.connected.is_set() and self.announce:
-            info = self.client.publish(self.topics.device(self.device_id, "status"), b"offline", qos=1, retain=True)
+            info = self.client.publish(
+                self.topics.device(self.device_id, "status"), b"offline", qos=1, retain=True
+            )
             try:
                 info.wait_for_publish(2)
             except (RuntimeError, ValueError):
@@ -161,11 +173,16 @@ class MqttDeviceEndpoint(Endpoint):
         if self.ack_delay <= 0 or self.acker is None:
             self._ack(request)
             return
-        with self.lock:  # no notify: the idle acker looks every ack_delay (a wake-up saved per request)
+        # no notify: the idle acker looks every ack_delay (a wake-up saved per request)
+        with self.lock:
             self.acks_due[request.message_id] = (time.monotonic() + self.ack_delay, request)
 
     def _ack(self, request: Routing) -> None:
-        self.publish(self.topics.device(self.device_id, "up"), ack_envelope(self.fleet, self.device_id, request), qos=0)
+        self.publish(
+            self.topics.device(self.device_id, "up"),
+            ack_envelope(self.fleet, self.device_id, request),
+            qos=0,
+        )
 
     def _ack_when_due(self) -> None:
         """The acker thread: one per endpoint (a thread per request costs a thread start, ~1 ms
@@ -173,8 +190,14 @@ class MqttDeviceEndpoint(Endpoint):
         goes out between ack_delay and 2·ack_delay after its request, far below retry_after."""
         while True:
             with self.lock:
-                while not self.stopping and (not self.acks_due or next(iter(self.acks_due.values()))[0] > time.monotonic()):
-                    timeout = next(iter(self.acks_due.values()))[0] - time.monotonic() if self.acks_due else self.ack_delay
+                while not self.stopping and (
+                    not self.acks_due or next(iter(self.acks_due.values()))[0] > time.monotonic()
+                ):
+                    timeout = (
+                        next(iter(self.acks_due.values()))[0] - time.monotonic()
+                        if self.acks_due
+                        else self.ack_delay
+                    )
                     self.acks_wake.wait(timeout)
                 if self.stopping:
                     return
@@ -192,7 +215,9 @@ class MqttDeviceEndpoint(Endpoint):
             self.handled[request.message_id] = data
             self.acks_due.pop(request.message_id, None)  # the reply acknowledges the request
             first = retry_delay(self.retry_after, len(data))
-            self.unacked[reply_id] = _Unacked(topic, data, time.monotonic() + first, first, request=(request.kind, request.round))
+            self.unacked[reply_id] = _Unacked(
+                topic, data, time.monotonic() + first, first, request=(request.kind, request.round)
+            )
         self.publish(topic, data)
 
     def send(self, leaf: str, data: bytes) -> None:
@@ -211,13 +236,18 @@ class MqttDeviceEndpoint(Endpoint):
             due = []
             for key, u in self.unacked.items():
                 if now >= u.next_retry and self.chunker.active(u.topic, bytes.fromhex(key)):
-                    u.next_retry = now + u.retry_every  # in chunks: re-sent by their progress, not by this clock
+                    # in chunks: re-sent by their progress, not by this clock
+                    u.next_retry = now + u.retry_every
                 elif now >= u.next_retry:
                     due.append((key, u))
             for key, u in due:
                 u.attempts += 1
                 if u.attempts > self.max_attempts:
-                    log.warning("device %s: giving up on a reply after %d attempts", self.device_id, u.attempts - 1)
+                    log.warning(
+                        "device %s: giving up on a reply after %d attempts",
+                        self.device_id,
+                        u.attempts - 1,
+                    )
                     del self.unacked[key]
                     continue
                 u.retry_every = min(self.retry_max, u.retry_every * 2)

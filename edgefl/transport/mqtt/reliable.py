@@ -15,4 +15,12 @@ def retry_delay(base: float, nbytes: int) -> float:
 
 
 def ack_envelope(fleet: str, device_id: str, routing: Routing) -> bytes:
-    return encode(Envelope("ack", routing.round, device_id, fleet=fleet, payload=Payload({}, {"ack": routing.message_id})))
+    return encode(
+        Envelope(
+            "ack",
+            routing.round,
+            device_id,
+            fleet=fleet,
+            payload=Payload({}, {"ack": routing.message_id}),
+        )
+    )

@@ -90,13 +90,22 @@ class MqttServerTransport(Endpoint):
     ):
         topics = Topics(fleet)
         self.epoch = epoch or uuid.uuid4().hex[:12]
-        # a server that vanishes mid-run leaves "stopped"; a clean exit says how the run ended (left_as)
+        # a server that vanishes mid-run leaves "stopped"; a clean exit says how the run ended
+        # (left_as)
         will = json.dumps({"state": "offline", "epoch": self.epoch, "phase": "stopped"}).encode()
-        super().__init__(address, f"edgefl-{fleet}-server", topics, limits=limits, will=(topics.server_status, will), chunks=chunks)
+        super().__init__(
+            address,
+            f"edgefl-{fleet}-server",
+            topics,
+            limits=limits,
+            will=(topics.server_status, will),
+            chunks=chunks,
+        )
         self.fleet = fleet
         self.on_register = on_register
         self.retry_after, self.retry_max = retry_after, retry_max
-        self.ack_delay = max(0.0, min(ack_delay, retry_after / 4))  # devices re-send after retry_after
+        # devices re-send after retry_after
+        self.ack_delay = max(0.0, min(ack_delay, retry_after / 4))
         self.lock = threading.Condition()
         # the request loop sleeps until wake_at unless woken: by the last reply, or by a reply
         # whose lone acknowledgement would fall due before wake_at (one wake-up, not one per reply)
@@ -108,7 +117,8 @@ class MqttServerTransport(Endpoint):
         self.status_at: dict[str, float] = {}  # device → wall-clock time its status last changed
         self.last_seen: dict[str, float] = {}  # device → wall-clock time of its last message
         self.stats = ExchangeStats()
-        self.retained_from: set[str] = set()  # devices whose retained uplinks were ignored (logged once each)
+        # devices whose retained uplinks were ignored (logged once each)
+        self.retained_from: set[str] = set()
         self.retained_ignored = 0
         # the longest recent wait for a request's first acknowledgement (decays ×0.9 per one seen):
         # a request is first re-sent after no less than twice it, so a fleet that acknowledges
@@ -144,7 +154,9 @@ class MqttServerTransport(Endpoint):
         return stats
 
     # -- the Transport protocol --
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
+    def request(
+        self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept
+    ) -> dict[str, Delivery]:
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
         out: dict[str, Delivery] = {}
@@ -155,8 +167,12 @@ class MqttServerTransport(Endpoint):
                 except WireError as e:  # e.g. larger than the limit: never published
                     out[device_id] = Delivery(device_id, None, f"not sent: {e}")
                     continue
-                first = min(self.retry_max, max(retry_delay(self.retry_after, len(data)), 2 * self.ack_wait))
-                self.pending[device_id] = _Pending(r.message_id, r.round, r.kind, data, now, now + first, first, accept=accept)
+                first = min(
+                    self.retry_max, max(retry_delay(self.retry_after, len(data)), 2 * self.ack_wait)
+                )
+                self.pending[device_id] = _Pending(
+                    r.message_id, r.round, r.kind, data, now, now + first, first, accept=accept
+                )
             self.outstanding = sum(1 for d in messages if d in self.pending)
             self.wake_at = now
         for device_id, data in messages.items():
@@ -166,14 +182,23 @@ class MqttServerTransport(Endpoint):
             resend, acks = [], []
             with self.lock:
                 mine = [self.pending[d] for d in messages if d in self.pending]
-                waiting = [d for d in messages if d in self.pending and self.pending[d].reply is None]
+                waiting = [
+                    d for d in messages if d in self.pending and self.pending[d].reply is None
+                ]
                 now = time.monotonic()
                 if not waiting or (deadline is not None and now >= deadline):
                     break
                 for d in waiting:
                     p = self.pending[d]
-                    if not p.acked and now >= p.next_retry and self.chunker.active(self.topics.device(d, "down"), bytes.fromhex(p.message_id)):
-                        p.next_retry = now + p.retry_every  # in chunks: re-sent by their progress, not by this clock
+                    if (
+                        not p.acked
+                        and now >= p.next_retry
+                        and self.chunker.active(
+                            self.topics.device(d, "down"), bytes.fromhex(p.message_id)
+                        )
+                    ):
+                        # in chunks: re-sent by their progress, not by this clock
+                        p.next_retry = now + p.retry_every
                     if not p.acked and now >= p.next_retry:
                         p.retry_every = min(self.retry_max, p.retry_every * 2)
                         p.next_retry = now + p.retry_every
@@ -181,12 +206,20 @@ class MqttServerTransport(Endpoint):
                         self.stats.retries[d] = self.stats.retries.get(d, 0) + 1
                         resend.append((d, p))
                 for p in mine:
-                    if p.reply is not None and not p.reply_acked and now >= p.replied_at + self.ack_delay:
+                    if (
+                        p.reply is not None
+                        and not p.reply_acked
+                        and now >= p.replied_at + self.ack_delay
+                    ):
                         p.reply_acked = True  # the exchange goes on: acknowledge it alone
                         acks.append(p)
                 if not resend and not acks:
                     wake = min(self.pending[d].next_retry for d in waiting)
-                    unacked = [p.replied_at + self.ack_delay for p in mine if p.reply is not None and not p.reply_acked]
+                    unacked = [
+                        p.replied_at + self.ack_delay
+                        for p in mine
+                        if p.reply is not None and not p.reply_acked
+                    ]
                     wake = min([wake, *unacked])
                     if deadline is not None:
                         wake = min(wake, deadline)
@@ -195,7 +228,9 @@ class MqttServerTransport(Endpoint):
                     self.lock.wait(pause)
             # publish outside the lock: paho's network thread takes it in on_message
             for d, p in resend:
-                log.info("no acknowledgement from %s for %s round %d; re-sending", d, p.kind, p.round)
+                log.info(
+                    "no acknowledgement from %s for %s round %d; re-sending", d, p.kind, p.round
+                )
                 self._send(d, p.data)
             for p in acks:
                 self._ack_reply(p.reply_routing)
@@ -209,11 +244,23 @@ class MqttServerTransport(Endpoint):
                     closed.add((p.kind, p.round))
                 rejected = tuple(p.rejected) if p is not None else ()
                 if p is not None and p.reply is not None:
-                    out[device_id] = Delivery(device_id, p.reply, None, p.replied_at - p.sent, p.value, rejected)
+                    out[device_id] = Delivery(
+                        device_id, p.reply, None, p.replied_at - p.sent, p.value, rejected
+                    )
                 else:
                     state = self.status.get(device_id, "unknown")
-                    why = "no acknowledgement" if p is None or not p.acked else "acknowledged but no reply"
-                    out[device_id] = Delivery(device_id, None, f"deadline of {timeout:g} s passed ({why}; device {state})", time.monotonic() - (p.sent if p else now), rejected=rejected)
+                    why = (
+                        "no acknowledgement"
+                        if p is None or not p.acked
+                        else "acknowledged but no reply"
+                    )
+                    out[device_id] = Delivery(
+                        device_id,
+                        None,
+                        f"deadline of {timeout:g} s passed ({why}; device {state})",
+                        time.monotonic() - (p.sent if p else now),
+                        rejected=rejected,
+                    )
         for kind, rnd in sorted(closed):
             self._announce_closed(kind, rnd)
         return out
@@ -222,7 +269,9 @@ class MqttServerTransport(Endpoint):
         """Under the lock: learn how long a request waits for its first acknowledgement (from its
         first publication: a re-sent request's ack may answer either copy, so this errs long)."""
         if not p.acked:
-            self.ack_wait = max(min(time.monotonic() - p.sent, self.retry_max / 2), 0.9 * self.ack_wait)
+            self.ack_wait = max(
+                min(time.monotonic() - p.sent, self.retry_max / 2), 0.9 * self.ack_wait
+            )
 
     def on_chunked_sent(self, topic: str, message_id: str, ok: bool) -> None:
         """A request that arrived whole at its device is acknowledged (the device has it)."""
@@ -253,12 +302,21 @@ class MqttServerTransport(Endpoint):
                 p.rejected.append(reason)
 
     def _ack_reply(self, r: Routing) -> None:
-        self.publish(self.topics.device(r.device_id, "down"), ack_envelope(self.fleet, r.device_id, r), qos=0)
+        self.publish(
+            self.topics.device(r.device_id, "down"), ack_envelope(self.fleet, r.device_id, r), qos=0
+        )
 
     def _announce_closed(self, kind: str, rnd: int) -> None:
         """One broadcast acknowledging every reply to the (kind, round) exchange, which is over."""
-        env = Envelope("ack", rnd, "*", fleet=self.fleet, payload=Payload({}, {"closed": kind, "epoch": self.epoch}))
-        self.publish(self.topics.broadcast, encode(env), qos=0)  # an ack: a lost one costs a re-send
+        env = Envelope(
+            "ack",
+            rnd,
+            "*",
+            fleet=self.fleet,
+            payload=Payload({}, {"closed": kind, "epoch": self.epoch}),
+        )
+        # an ack: a lost one costs a re-send
+        self.publish(self.topics.broadcast, encode(env), qos=0)
 
     def accept_retained(self, topic: str) -> bool:
         """A device's uplinks and registrations are never retained: one the broker kept from before
@@ -272,7 +330,12 @@ class MqttServerTransport(Endpoint):
             first = where[0] not in self.retained_from
             self.retained_from.add(where[0])
         if first:
-            log.warning("ignoring retained messages on device %s's %s topic (a device's uplinks are never retained)", where[0], where[1])
+            log.warning(
+                "ignoring retained messages on device %s's %s topic (a device's uplinks are never "
+                "retained)",
+                where[0],
+                where[1],
+            )
         return False
 
     def close(self) -> None:
@@ -294,7 +357,13 @@ class MqttServerTransport(Endpoint):
 
     def announce_end(self) -> None:
         """Tell every device (retained, so also those reconnecting later) that the run is over."""
-        env = Envelope("finish", 0, "*", fleet=self.fleet, payload=Payload({}, {"run_over": True, "epoch": self.epoch}))
+        env = Envelope(
+            "finish",
+            0,
+            "*",
+            fleet=self.fleet,
+            payload=Payload({}, {"run_over": True, "epoch": self.epoch}),
+        )
         info = self.client.publish(self.topics.broadcast, encode(env), qos=1, retain=True)
         try:
             info.wait_for_publish(5)
@@ -326,7 +395,9 @@ class MqttServerTransport(Endpoint):
         try:
             r = peek(data, self.limits)
             if r.device_id != device_id:
-                raise WireError(f"envelope names device {r.device_id!r} but came on {device_id!r}'s topic")
+                raise WireError(
+                    f"envelope names device {r.device_id!r} but came on {device_id!r}'s topic"
+                )
             if r.fleet != self.fleet:
                 raise WireError(f"envelope is for fleet {r.fleet!r}, not {self.fleet!r}")
         except WireError as e:
@@ -356,7 +427,13 @@ class MqttServerTransport(Endpoint):
             self.stats.bytes_up[device_id] = self.stats.bytes_up.get(device_id, 0) + len(data)
             duplicate = r.message_id in self.seen_replies
             p = self.pending.get(device_id)
-            candidate = not duplicate and p is not None and p.reply is None and r.round == p.round and r.kind in (REPLY_KINDS.get(p.kind), "error")
+            candidate = (
+                not duplicate
+                and p is not None
+                and p.reply is None
+                and r.round == p.round
+                and r.kind in (REPLY_KINDS.get(p.kind), "error")
+            )
             if candidate:
                 self._seen(r.message_id)
         if candidate:
@@ -368,7 +445,12 @@ class MqttServerTransport(Endpoint):
         with self.lock:
             if not duplicate:
                 self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
-                log.warning("dropped a late or unsolicited %s from %s for round %d", r.kind, device_id, r.round)
+                log.warning(
+                    "dropped a late or unsolicited %s from %s for round %d",
+                    r.kind,
+                    device_id,
+                    r.round,
+                )
         # acknowledge a duplicate or a late reply at once: the device stops re-sending it
         self._ack_reply(r)
 
@@ -385,7 +467,13 @@ class MqttServerTransport(Endpoint):
         with self.lock:
             if self.pending.get(device_id) is p and p.reply is None:
                 self._first_ack(p)  # a reply acknowledges its request
-                p.reply, p.replied_at, p.acked, p.reply_routing, p.value = bytes(data), time.monotonic(), True, r, value
+                p.reply, p.replied_at, p.acked, p.reply_routing, p.value = (
+                    bytes(data),
+                    time.monotonic(),
+                    True,
+                    r,
+                    value,
+                )
                 self.outstanding -= 1
                 if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
                     self.lock.notify_all()

@@ -14,7 +14,8 @@ class Topics:
         self.root = f"edgefl/{fleet}"
         self.broadcast = f"{self.root}/broadcast"
         self.server_status = f"{self.root}/server/status"
-        self.fleet_status = f"{self.root}/server/fleet"  # retained; the server and operators read it
+        # retained; the server and operators read it
+        self.fleet_status = f"{self.root}/server/fleet"
 
     def device(self, device_id: str, leaf: str) -> str:
         return f"{self.root}/devices/{device_id}/{leaf}"
