@@ -118,7 +118,9 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     cell = pending.pop(fut)
-                    record = fut.result()  # a failing cell stops the benchmark: it is a bug
+                    # a failing cell stops the benchmark: it is a bug (a run that stopped, every
+                    # device failing or every budget spent, is a record: cells.stopped_summary)
+                    record = fut.result()
                     if record.get("code_hash") != cache.code_hash:
                         raise RuntimeError(f"{cell.label}: the code changed while the benchmark ran (hash "
                                            f"{record.get('code_hash')} against {cache.code_hash} at the start)")
@@ -126,6 +128,11 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
                     for same in waiting[cell.key]:
                         records[same] = cache.get(same)
                     done_count += 1
-                    log(f"[{done_count}/{len(todo)}] {cell.label}: {100 * record['final_accuracy']:.2f}% "
-                        f"in {record['wall_seconds']:.0f}s ({time.perf_counter() - t0:.0f}s elapsed)")
+                    acc = record["final_accuracy"]
+                    stop = (f", stopped at round {record['stopped_at_round']}: "
+                            f"{record['stop_reason']}") if record.get("stopped_at_round") else ""
+                    log(f"[{done_count}/{len(todo)}] {cell.label}: "
+                        + ("no accuracy" if acc is None else f"{100 * acc:.2f}%")
+                        + f"{stop} in {record['wall_seconds']:.0f}s "
+                        f"({time.perf_counter() - t0:.0f}s elapsed)")
     return [records[c] for c in cells]

@@ -165,6 +165,7 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras:
 
     from edgefl.algorithms import get_algorithm
     from edgefl.config import resolve_config
+    from edgefl.errors import AllDevicesFailed
     from edgefl.report.recorder import read_rounds
     from edgefl.runtime.simulation import simulate
 
@@ -185,7 +186,11 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras:
             print(f"  {cell.label} {step}" + (f": {100 * acc:.2f} %" if acc is not None else "")
                   + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-        summary = simulate(cfg, on_round if progress else None, plots=False, on_done=server.append)
+        try:
+            summary = simulate(cfg, on_round if progress else None, plots=False,
+                               on_done=server.append)
+        except AllDevicesFailed as e:  # the run stopped: recorded as such, not a crash
+            summary = stopped_summary(e, read_rounds(Path(tmp) / "run"))
         wall = time.perf_counter() - t0
         rounds = read_rounds(Path(tmp) / "run")
         record = make_record(cell, resolved_run(cell), summary, rounds, wall, keep_server_metrics)
@@ -200,8 +205,50 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras:
     return record
 
 
+#: why a run stopped before its last round (``stop_reason``): every device it asked failed a round
+#: (a diverged model, refused uplinks: the run collapsed, :mod:`benchmarks.gates`), or every
+#: device's privacy budget was spent (a legitimate end: its accuracy is the fleet's at that point)
+ALL_FAILED, BUDGET_SPENT = "every device failed", "privacy budget spent"
+
+
+def _spent(reason: str) -> bool:
+    return "privacy budget spent" in reason
+
+
+def stopped_summary(stop: Any, rounds: list[dict]) -> dict[str, Any]:
+    """The summary of a run the loop ended at a round where every device failed
+    (:class:`edgefl.errors.AllDevicesFailed`): the accuracies of its last evaluated round (None
+    where no round was evaluated), the round it stopped at (from 1) and why."""
+    evaluated = [r for r in rounds if r.get("eval") and r["eval"].get("mean_accuracy") is not None]
+    last = evaluated[-1]["eval"] if evaluated else {}
+    spent = bool(stop.failed) and all(_spent(x) for x in stop.failed.values())
+    return {"mean_accuracy": last.get("mean_accuracy"),
+            "tier_accuracy": last.get("tier_accuracy", {}),
+            "client_accuracy": last.get("client_accuracy", {}),
+            "accuracy_from_round": evaluated[-1]["round"] if evaluated else None,
+            "stopped_at_round": stop.round + 1,
+            "stop_reason": BUDGET_SPENT if spent else ALL_FAILED,
+            "stop_detail": str(stop)}
+
+
+def budget_stop(rounds: list[dict]) -> int | None:
+    """The first training round (from 1) in which no device was asked because every device's
+    privacy budget was spent (the server drops such devices; the run idles to its end), or None."""
+    for r in rounds:
+        privacy = r.get("privacy") or {}
+        spent = set(privacy.get("budget_spent") or ())
+        if r.get("phase", "train") == "train" and not r.get("selected") and spent \
+                and spent >= set(privacy.get("epsilon") or {}):
+            return r["round"]
+    return None
+
+
 def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], wall: float,
                 keep_server_metrics: Sequence[str] = ()) -> dict[str, Any]:
+    """A run's record. A run that stopped before its last round (``summary`` of
+    :func:`stopped_summary`, or rounds where every device's budget was spent: :func:`budget_stop`)
+    keeps its last evaluated accuracy and its rounds, with ``stopped_at_round`` and
+    ``stop_reason``."""
     train_rounds = [r for r in rounds if r.get("phase", "train") == "train"]
     completed = sum(len(r["completed"]) for r in train_rounds) or 1
     per_round = []
@@ -214,11 +261,21 @@ def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], w
         if server:
             entry["server"] = server
         per_round.append(entry)
-    total_rounds = len(train_rounds)
+    stopped = summary.get("stopped_at_round")
+    total_rounds = resolved.get("rounds", len(train_rounds)) if stopped else len(train_rounds)
     final = summary["mean_accuracy"]
-    if total_rounds and per_round and per_round[-1]["round"] == total_rounds and "accuracy" not in per_round[-1]:
+    if not stopped and total_rounds and per_round and per_round[-1]["round"] == total_rounds \
+            and "accuracy" not in per_round[-1]:
         per_round[-1]["accuracy"] = final  # the final evaluation closes the curve
         per_round[-1]["per_tier"] = summary["tier_accuracy"]
+    stop: dict[str, Any] = {}
+    if stopped:
+        keys = ("stopped_at_round", "stop_reason", "stop_detail", "accuracy_from_round")
+        stop = {k: summary[k] for k in keys}
+    elif (spent := budget_stop(rounds)) is not None:
+        stop = {"stopped_at_round": spent, "stop_reason": BUDGET_SPENT,
+                "stop_detail": f"round {spent}: every device's privacy budget spent; "
+                               "no device trained from then on"}
     return {
         "method": cell.method,
         "setting": cell.setting,
@@ -235,6 +292,7 @@ def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], w
         "wall_seconds": wall,
         "config": cell.full_config(),
         "resolved_config": resolved,
+        **stop,
     }
 
 

@@ -2,8 +2,11 @@
 
 - **Bounds.** The centralized bound is above every federated method and above Local-IID, each
   beyond the noise (the sd over seeds of the two sides, combined); Local-IID reaches 75 %.
-- **No collapsed run.** No run within 5 points of chance (1 / classes) and no device predicting a
-  single class while its training data holds at least two (each ≥ 10 % of its images).
+- **No collapsed run.** No run within 5 points of chance (1 / classes), no device predicting a
+  single class while its training data holds at least two (each ≥ 10 % of its images), and no run
+  that stopped at a round where every device failed (``stop_reason``, :mod:`benchmarks.cells`). A
+  run that stopped because every device's privacy budget was spent is a legitimate end, not a
+  collapse: its accuracy is what the fleet has at that point.
 
 Whether a device predicts one class is *measured* for cells run since this module existed (each
 device's final model's predictions on the test set, ``client_predictions``). Cells cached before
@@ -76,6 +79,9 @@ def collapsed_devices(record: Mapping[str, Any]) -> tuple[list[str], str]:
 def run_collapse(record: Mapping[str, Any]) -> list[str]:
     """Why a grid run counts as collapsed (empty: it does not)."""
     reasons = []
+    if record.get("stop_reason") == "every device failed":  # benchmarks.cells.ALL_FAILED
+        reasons.append(f"stopped at round {record.get('stopped_at_round')}: every device failed "
+                       f"({record.get('stop_detail', '')[:160]})")
     counts = class_counts(record)
     classes = len(next(iter(counts.values()))) if counts else 10
     acc = record.get("final_accuracy")
@@ -109,7 +115,8 @@ def bounds_failures(bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs:
     groups: dict[tuple[str, str], list[float]] = {}
     for r in runs:
         if r.get("role", "grid") == "grid" and not r.get("derived_from") and r.get("config", {}).get("algorithm") != "local":
-            groups.setdefault((r["method"], r["setting"]), []).append(r["final_accuracy"])
+            if r["final_accuracy"] is not None:  # none: a run that stopped before an evaluation
+                groups.setdefault((r["method"], r["setting"]), []).append(r["final_accuracy"])
     if local:
         m, sd = _mean_sd(local)
         if m - c > math.hypot(sd, csd):

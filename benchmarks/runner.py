@@ -253,13 +253,16 @@ def _csv(text: str) -> list[str]:
 
 
 def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """``python -m benchmarks.<name> [--quick] [--workers N] [--report-only] [--only ROLE] [--draft]
-    [--cells A,B --setting S --seeds 1,2,3] [--out DIR]``."""
+    """``python -m benchmarks.<name> [--quick] [--workers N] [--report-only] [--missing-only]
+    [--only ROLE] [--draft] [--cells A,B --setting S --seeds 1,2,3] [--out DIR]``."""
     p = argparse.ArgumentParser(description="Run a benchmark declared for benchmarks/runner.py.")
     p.add_argument("--quick", action="store_true", help="the small profile, into runs/bench-quick/<name>")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel cells (default: cores)")
     p.add_argument("--report-only", action="store_true", help="rewrite results from cached cells; run nothing")
     p.add_argument("--only", choices=("sweep", "bound", "grid"), help="run only these cells (the rest must be cached to report)")
+    p.add_argument("--missing-only", action="store_true",
+                   help="run only the cells no code has a cached record of; report every cell from the "
+                        "cache as --report-only does (cells of other commits are listed so on the page)")
     p.add_argument("--out", type=Path, help="results directory (default: the benchmark's folder)")
     p.add_argument("--draft", action="store_true",
                    help="allow cells to run from code that differs from its commit (marked draft, never reused otherwise)")
@@ -288,6 +291,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     if args.only:
         cells = [c for c in cells if c.role == args.only]
     every = bench.all_cells()
+    if args.missing_only:  # e.g. cells added to a grid after the rest ran: only they run
+        cells = [c for c in cells if cache.find(c) is None]
     if args.report_only:
         records = {c: cache.find(c) for c in every}
     else:
@@ -298,7 +303,7 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
                       tmp_root=out / "tmp")
         except DirtyCode as e:
             raise SystemExit(str(e)) from None
-        records = {c: cache.get(c) for c in every}
+        records = {c: (cache.find if args.missing_only else cache.get)(c) for c in every}
     missing = [c for c, r in records.items() if r is None]
     if missing:
         print(f"{len(missing)} cells are not cached yet (e.g. {missing[0].label}); results not written")

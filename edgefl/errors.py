@@ -12,6 +12,7 @@
     ├── ModelFileError               a model file is missing, unreadable or not what it claims to
     │                                be (exit 3)
     ├── RunInterrupted               Ctrl-C ended a run after writing its record (exit 130)
+    ├── AllDevicesFailed             a training round in which every selected device failed
     ├── InferenceError               inputs that do not fit an exported model; also a ValueError
     │                                (exit 3)
     └── TransportError               the broker or a peer could not be reached (exit 1)
@@ -135,6 +136,18 @@ class RunInterrupted(EdgeflError):
     def __init__(self, message: str, summary: dict | None = None):
         super().__init__(message)
         self.summary = summary or {}
+
+
+class AllDevicesFailed(EdgeflError):
+    """A training round in which every selected device failed ends the run (a simulation's
+    default): ``round`` the round's index from 0 (the message counts from 1, as rounds.jsonl),
+    ``failed`` device → why (each device's own error, e.g. a non-finite loss or a spent privacy
+    budget)."""
+
+    def __init__(self, round: int, failed: dict[str, str]):
+        first = next(iter(failed.values()), "unknown")
+        super().__init__(f"round {round + 1}: all {len(failed)} devices failed (first: {first})")
+        self.round, self.failed = round, dict(failed)
 
 
 class TransportError(EdgeflError):

@@ -36,7 +36,7 @@ import numpy as np
 import safetensors.numpy
 
 from edgefl.algorithms.base import ServerContext, ServerHalf
-from edgefl.errors import EdgeflError
+from edgefl.errors import AllDevicesFailed
 from edgefl.runtime.buffered import BufferedRounds
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, bound_uplinks
 from edgefl.runtime.interrupt import second_interrupt_exits
@@ -285,8 +285,7 @@ class RoundLoop:
                 ex, fresh = secure_round(self, round, selected, Exchange())
             buffered = None
         if selected and not ex.replies and self.settings.stop_when_all_fail:
-            first = next(iter(ex.failed.values()), "unknown")
-            raise EdgeflError(f"round {round}: all {len(selected)} devices failed (first: {first})")
+            raise AllDevicesFailed(round, {d: ex.failed.get(d, "no reply") for d in selected})
         t1 = time.perf_counter()
         uplinks, clipped = bound_uplinks(
             round, fresh, self.ctx.fleet, self.settings.weight_ratio, self.server.count_arrays, self.ctx.settings.visits
