@@ -43,8 +43,17 @@ from tests import wire_fuzz
 from tests.wire_fuzz import NASTY_JSON, NASTY_NUMBERS, _finite_number, _header, _routing_problem
 
 KINDS = ("register", "status", "active", "metrics", "chunk", "ack")
-PROFILE = {"name": "d0", "arch": "aarch64", "cpu_model": "Cortex-A72", "cores": 4, "ram_total_mb": 3800, "ram_available_mb": 3000,
-           "kind": "raspberry-pi", "board": "Raspberry Pi 4", "train_gflops": 1.5}
+PROFILE = {
+    "name": "d0",
+    "arch": "aarch64",
+    "cpu_model": "Cortex-A72",
+    "cores": 4,
+    "ram_total_mb": 3800,
+    "ram_available_mb": 3000,
+    "kind": "raspberry-pi",
+    "board": "Raspberry Pi 4",
+    "train_gflops": 1.5,
+}
 DEEP = [5, 50, 2000, 100_000, 4 * 1024 * 1024]
 
 
@@ -61,7 +70,8 @@ class Tally:
         return sum(n for (_, o), n in self.outcomes.items() if o == outcome)
 
 
-# --- the receivers ---------------------------------------------------------------------------------
+# --- the receivers
+# ---------------------------------------------------------------------------------
 
 
 class Receivers:
@@ -75,19 +85,51 @@ class Receivers:
 
         cfg = tiny_config(tmp_path)
         info = dataset_info(cfg.dataset)
-        self.registry = Registry(cfg, lambda tier: model_spec(cfg, tier, info), "epoch1", 0.0, ServeOptions(broker="mqtt://127.0.0.1:1"))
-        self.message = encode(Envelope("update", 1, "d0", payload=Payload({"w": np.arange(2000, dtype=np.float32)}, {"num_samples": 5})))
+        self.registry = Registry(
+            cfg,
+            lambda tier: model_spec(cfg, tier, info),
+            "epoch1",
+            0.0,
+            ServeOptions(broker="mqtt://127.0.0.1:1"),
+        )
+        self.message = encode(
+            Envelope(
+                "update",
+                1,
+                "d0",
+                payload=Payload({"w": np.arange(2000, dtype=np.float32)}, {"num_samples": 5}),
+            )
+        )
         self.chunks = split(self.message, b"\x05" * 16, 1000)
         self.max_bytes = 1 << 20
-        self.chunk_settings = ChunkSettings(threshold=64, chunk_size=1000, max_chunk_size=4096, max_partial_bytes=64 * 1024)
+        self.chunk_settings = ChunkSettings(
+            threshold=64, chunk_size=1000, max_chunk_size=4096, max_partial_bytes=64 * 1024
+        )
 
     # each receiver's known state is set up by its prepare_*, outside the timed check
 
     def prepare_register(self) -> None:
         reg = self.registry
         reg.ready.clear(), reg.assigned.clear(), reg.profiles.clear(), reg.incarnations.clear()
-        reg.handle("d0", encode(Envelope("register", 0, "d0", payload=Payload({}, {
-            "profile": json.dumps(PROFILE), "ready": True, "num_samples": 500, "incarnation": "base"}))))
+        reg.handle(
+            "d0",
+            encode(
+                Envelope(
+                    "register",
+                    0,
+                    "d0",
+                    payload=Payload(
+                        {},
+                        {
+                            "profile": json.dumps(PROFILE),
+                            "ready": True,
+                            "num_samples": 500,
+                            "incarnation": "base",
+                        },
+                    ),
+                )
+            ),
+        )
 
     def register(self, data: bytes) -> Any:
         reg = self.registry
@@ -127,7 +169,8 @@ class Receivers:
 METRICS_WANT = Expectation("evaluate", 3, "d0", "lab", "2", "run1", "n" * 32, "fedavg")
 
 
-# --- oracles: the schemas restated in plain Python ----------------------------------------------------
+# --- oracles: the schemas restated in plain Python
+# ----------------------------------------------------
 
 REGISTER_FIELDS = {"profile", "ready", "tier", "num_samples", "epoch", "incarnation"}
 
@@ -169,14 +212,22 @@ def active_oracle(report: dict) -> str | None:
     if not set(report) <= ACTIVE_FIELDS:
         return "unknown report field"
     for k in ("version", "tier", "error"):
-        if k in report and not (isinstance(report[k], str) and len(report[k]) <= (4096 if k == "error" else 128)):
+        if k in report and not (
+            isinstance(report[k], str) and len(report[k]) <= (4096 if k == "error" else 128)
+        ):
             return k
-    if "digest" in report and not (isinstance(report["digest"], str) and all(c in "0123456789abcdef" for c in report["digest"])):
+    if "digest" in report and not (
+        isinstance(report["digest"], str) and all(c in "0123456789abcdef" for c in report["digest"])
+    ):
         return "digest"
     if report.get("format") not in (None, "fp32", "int8", ""):
         return "format"
     prev = report.get("previous", [])
-    if not (isinstance(prev, list) and len(prev) <= 16 and all(p is None or (isinstance(p, str) and len(p) <= 128) for p in prev)):
+    if not (
+        isinstance(prev, list)
+        and len(prev) <= 16
+        and all(p is None or (isinstance(p, str) and len(p) <= 128) for p in prev)
+    ):
         return "previous"
     if not _finite_number(report.get("time", 0.0), 0.0, 1e11):
         return "time"
@@ -188,7 +239,14 @@ def metrics_oracle(env: Envelope) -> str | None:
     if problem:
         return problem
     w = METRICS_WANT
-    if (env.device_id, env.fleet, env.round, env.run, env.nonce, env.algorithm) != (w.device_id, w.fleet, w.round, w.run, w.nonce, w.algorithm):
+    if (env.device_id, env.fleet, env.round, env.run, env.nonce, env.algorithm) != (
+        w.device_id,
+        w.fleet,
+        w.round,
+        w.run,
+        w.nonce,
+        w.algorithm,
+    ):
         return "does not echo its request"
     if env.payload.arrays:
         return "arrays in a metrics reply"
@@ -205,7 +263,9 @@ def metrics_oracle(env: Envelope) -> str | None:
     return None
 
 
-def chunk_oracle(result: tuple[bytes, bytes | None], max_bytes: int = 1 << 20, max_chunk: int = 4096) -> str | None:
+def chunk_oracle(
+    result: tuple[bytes, bytes | None], max_bytes: int = 1 << 20, max_chunk: int = 4096
+) -> str | None:
     data, message = result
     if len(data) < HEADER.size:
         return "short chunk accepted"
@@ -231,7 +291,8 @@ def ack_oracle(data: bytes) -> str | None:
     return None
 
 
-# --- mutation ------------------------------------------------------------------------------------------
+# --- mutation
+# ------------------------------------------------------------------------------------------
 
 
 def _flip(data: bytes, r: random.Random) -> bytes:
@@ -250,31 +311,54 @@ def _rewrite_meta(data: bytes, meta: Any, fix: bool = True) -> bytes:
 
 
 def mutate_register(data: bytes, r: random.Random, corpus: list[bytes]) -> tuple[str, bytes]:
-    op = r.choice(["envelope", "envelope", "profile", "profile_field", "count", "token", "extra", "deep"])
+    op = r.choice(
+        ["envelope", "envelope", "profile", "profile_field", "count", "token", "extra", "deep"]
+    )
     if op == "envelope":
         name, out = wire_fuzz.mutate(data, r, corpus)
         return f"envelope:{name}", out
     header, _ = _header(data)
     meta = json.loads(header["__metadata__"]["meta"])
     if op == "profile":
-        meta["profile"] = r.choice(["[" * r.choice(DEEP[:4]), "{" * 3000, "", "null", "[]", "1e400", "x" * 20000, "{\"a\": {\"b\": 1}}",
-                                    json.dumps({f"k{i}": i for i in range(r.choice([31, 32, 33, 100]))}), "NaN", "{\"a\": NaN}"])
+        meta["profile"] = r.choice(
+            [
+                "[" * r.choice(DEEP[:4]),
+                "{" * 3000,
+                "",
+                "null",
+                "[]",
+                "1e400",
+                "x" * 20000,
+                '{"a": {"b": 1}}',
+                json.dumps({f"k{i}": i for i in range(r.choice([31, 32, 33, 100]))}),
+                "NaN",
+                '{"a": NaN}',
+            ]
+        )
     elif op == "profile_field":
         prof = dict(PROFILE)
-        prof[r.choice([*PROFILE, "new", "x" * 70])] = r.choice(NASTY_JSON + NASTY_NUMBERS + ["y" * 1025])
+        prof[r.choice([*PROFILE, "new", "x" * 70])] = r.choice(
+            NASTY_JSON + NASTY_NUMBERS + ["y" * 1025]
+        )
         try:
             meta["profile"] = json.dumps(prof)
         except ValueError:
             meta["profile"] = json.dumps(prof, allow_nan=True)
     elif op == "count":
         meta["ready"] = r.choice([True, True, False, 1, "true"])
-        meta["num_samples"] = r.choice([500, 501, 10**9, 10**9 + 1, 10**12, 0, -1, 1, 2.5, True, "500", None, 1e308])
+        meta["num_samples"] = r.choice(
+            [500, 501, 10**9, 10**9 + 1, 10**12, 0, -1, 1, 2.5, True, "500", None, 1e308]
+        )
         if r.random() < 0.5:
             meta["incarnation"] = r.choice(["base", "new", "", "x" * 65, "bad chars!", None, 7])
     elif op == "token":
-        meta[r.choice(["tier", "epoch", "incarnation"])] = r.choice(NASTY_JSON + ["epoch1", "2", "other"])
+        meta[r.choice(["tier", "epoch", "incarnation"])] = r.choice(
+            NASTY_JSON + ["epoch1", "2", "other"]
+        )
     elif op == "extra":
-        meta[r.choice(["extra", "num_samples2", "profile ", "__class__"])] = r.choice([1, "x", True])
+        meta[r.choice(["extra", "num_samples2", "profile ", "__class__"])] = r.choice(
+            [1, "x", True]
+        )
     elif op == "deep":
         return op, struct.pack("<Q", 1 << 20) + b"[" * r.choice(DEEP)
     try:
@@ -292,25 +376,41 @@ def mutate_status(data: bytes, r: random.Random, corpus: list[bytes]) -> tuple[s
     if op == "case":
         return op, data.upper() if r.random() < 0.5 else data.title()
     if op == "pad":
-        return op, r.choice([b" ", b"\0", b"\n", b"\xff"]) + data if r.random() < 0.5 else data + r.choice([b" ", b"\0", b"\r\n"])
+        return op, r.choice(
+            [b" ", b"\0", b"\n", b"\xff"]
+        ) + data if r.random() < 0.5 else data + r.choice([b" ", b"\0", b"\r\n"])
     if op == "random":
         return op, bytes(r.randrange(256) for _ in range(r.randrange(40)))
     if op == "huge":
         return op, data * r.choice([2, 100, 100_000])
-    return op, r.choice([b"gone", b"unknown", b"ONLINE", "önline".encode(), b"online\x00offline", b"\"online\"", b"{}"])
+    return op, r.choice(
+        [
+            b"gone",
+            b"unknown",
+            b"ONLINE",
+            "önline".encode(),
+            b"online\x00offline",
+            b'"online"',
+            b"{}",
+        ]
+    )
 
 
 def mutate_active(data: bytes, r: random.Random, corpus: list[bytes]) -> tuple[str, bytes]:
     op = r.choice(["value", "drop", "add", "deep", "truncate", "flip", "raw", "previous"])
     report = json.loads(data)
     if op == "value":
-        report[r.choice(sorted(ACTIVE_FIELDS))] = r.choice(NASTY_JSON + NASTY_NUMBERS + ["x" * 5000, "fp32", "int8"])
+        report[r.choice(sorted(ACTIVE_FIELDS))] = r.choice(
+            NASTY_JSON + NASTY_NUMBERS + ["x" * 5000, "fp32", "int8"]
+        )
     elif op == "drop" and report:
         report.pop(r.choice(sorted(report)))
     elif op == "add":
         report[r.choice(["extra", "Version", "x" * 100])] = r.choice([1, "x", None])
     elif op == "previous":
-        report["previous"] = r.choice([[], ["v"] * 16, ["v"] * 17, [1], [None], [["v"]], "v", ["x" * 200]])
+        report["previous"] = r.choice(
+            [[], ["v"] * 16, ["v"] * 17, [1], [None], [["v"]], "v", ["x" * 200]]
+        )
     elif op == "deep":
         return op, b"[" * r.choice(DEEP)
     elif op == "truncate":
@@ -318,7 +418,19 @@ def mutate_active(data: bytes, r: random.Random, corpus: list[bytes]) -> tuple[s
     elif op == "flip":
         return op, _flip(data, r)
     elif op == "raw":
-        return op, r.choice([b"", b"null", b"[]", b"{", b"{\"time\": NaN}", b"{\"time\": 1e999}", b"\xff\xfe", b"{}" * 3, b"x" * 20000])
+        return op, r.choice(
+            [
+                b"",
+                b"null",
+                b"[]",
+                b"{",
+                b'{"time": NaN}',
+                b'{"time": 1e999}',
+                b"\xff\xfe",
+                b"{}" * 3,
+                b"x" * 20000,
+            ]
+        )
     try:
         return op, json.dumps(report, allow_nan=True).encode()
     except (TypeError, ValueError):
@@ -382,7 +494,8 @@ def mutate_ack(data: bytes, r: random.Random, corpus: list[bytes]) -> tuple[str,
     return op, ACK.pack(magic, mid, nxt, bitmap, status)
 
 
-# --- the run -----------------------------------------------------------------------------------------------
+# --- the run
+# -----------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -392,32 +505,91 @@ class Kind:
     check: Callable[[bytes], Any]
     oracle: Callable[[Any], str | None]
     mutate: Callable[[bytes, random.Random, list[bytes]], tuple[str, bytes]]
-    prepare: Callable[[], None] = lambda: None  # the receiver's known state, set up before each (timed) check
+    # the receiver's known state, set up before each (timed) check
+    prepare: Callable[[], None] = lambda: None
 
 
 def kinds(tmp_path) -> list[Kind]:
     rx = Receivers(tmp_path)
-    regs = [encode(Envelope("register", 0, "d0", payload=Payload({}, meta))) for meta in (
-        {"profile": json.dumps(PROFILE)},
-        {"profile": json.dumps(PROFILE), "ready": True, "num_samples": 500, "incarnation": "base", "epoch": "epoch1"},
-        {"profile": json.dumps(PROFILE), "ready": True, "num_samples": 800, "incarnation": "next", "tier": "2"},
-    )]
-    reports = [json.dumps(x).encode() for x in (
-        {"version": "v3", "digest": "ab" * 32, "tier": "2", "format": "int8", "previous": ["v2", "v1"], "time": 1.7e9},
-        {"version": None, "digest": None, "tier": None, "format": None, "previous": [], "time": 1.7e9, "error": "digest mismatch"},
-    )]
+    regs = [
+        encode(Envelope("register", 0, "d0", payload=Payload({}, meta)))
+        for meta in (
+            {"profile": json.dumps(PROFILE)},
+            {
+                "profile": json.dumps(PROFILE),
+                "ready": True,
+                "num_samples": 500,
+                "incarnation": "base",
+                "epoch": "epoch1",
+            },
+            {
+                "profile": json.dumps(PROFILE),
+                "ready": True,
+                "num_samples": 800,
+                "incarnation": "next",
+                "tier": "2",
+            },
+        )
+    ]
+    reports = [
+        json.dumps(x).encode()
+        for x in (
+            {
+                "version": "v3",
+                "digest": "ab" * 32,
+                "tier": "2",
+                "format": "int8",
+                "previous": ["v2", "v1"],
+                "time": 1.7e9,
+            },
+            {
+                "version": None,
+                "digest": None,
+                "tier": None,
+                "format": None,
+                "previous": [],
+                "time": 1.7e9,
+                "error": "digest mismatch",
+            },
+        )
+    ]
     want = METRICS_WANT
-    metrics = [encode(Envelope(kind, want.round, want.device_id, fleet=want.fleet, algorithm=want.algorithm, tier=want.tier,
-                               payload=Payload({}, meta), run=want.run, nonce=want.nonce))
-               for kind, meta in (("metrics", {"accuracy": 0.61, "loss": 1.2, "samples": 100.0}), ("error", {"reason": "oom"}))]
+    metrics = [
+        encode(
+            Envelope(
+                kind,
+                want.round,
+                want.device_id,
+                fleet=want.fleet,
+                algorithm=want.algorithm,
+                tier=want.tier,
+                payload=Payload({}, meta),
+                run=want.run,
+                nonce=want.nonce,
+            )
+        )
+        for kind, meta in (
+            ("metrics", {"accuracy": 0.61, "loss": 1.2, "samples": 100.0}),
+            ("error", {"reason": "oom"}),
+        )
+    ]
     return [
         Kind("register", regs, rx.register, register_oracle, mutate_register, rx.prepare_register),
         Kind("status", [b"online", b"offline"], parse_status, status_oracle, mutate_status),
         Kind("active", reports, parse_active, active_oracle, mutate_active),
         Kind("metrics", metrics, rx.metrics, metrics_oracle, mutate_metrics),
         Kind("chunk", rx.chunks, rx.chunk, chunk_oracle, mutate_chunk, rx.prepare_chunk),
-        Kind("ack", [pack_ack(b"\x05" * 16, n, b, s) for n, b, s in ((1, 0, 0), (3, 0b101, 0), (9, 0, 1), (0, 0, 2))],
-             rx.ack, ack_oracle, mutate_ack, rx.prepare_ack),
+        Kind(
+            "ack",
+            [
+                pack_ack(b"\x05" * 16, n, b, s)
+                for n, b, s in ((1, 0, 0), (3, 0b101, 0), (9, 0, 1), (0, 0, 2))
+            ],
+            rx.ack,
+            ack_oracle,
+            mutate_ack,
+            rx.prepare_ack,
+        ),
     ]
 
 
@@ -456,12 +628,24 @@ def fuzz(all_kinds: list[Kind], n: int, seed: int = 0) -> Tally:
             slow[:] = keep
         tally.outcomes[(kind.name, outcome)] += 1
         tally.operators[(kind.name, op.split(":")[0], outcome)] += 1
-    for kind in all_kinds:  # the slowest cases again, best of 5: a scheduling pause is not the message's cost
-        worst = tally.worst[kind.name] = {"seconds_per_byte": 0.0, "bytes": 0, "seconds": 0.0, "max_seconds": 0.0, "max_seconds_bytes": 0}
+    # the slowest cases again, best of 5: a scheduling pause is not the message's cost
+    for kind in all_kinds:
+        worst = tally.worst[kind.name] = {
+            "seconds_per_byte": 0.0,
+            "bytes": 0,
+            "seconds": 0.0,
+            "max_seconds": 0.0,
+            "max_seconds_bytes": 0,
+        }
         for _, _, op, data in candidates.get(kind.name, []):
             best = min(_timed(kind, data) for _ in range(5))
             if best / max(len(data), 1) > worst["seconds_per_byte"]:
-                worst.update(seconds_per_byte=best / max(len(data), 1), bytes=len(data), seconds=best, operator=op)
+                worst.update(
+                    seconds_per_byte=best / max(len(data), 1),
+                    bytes=len(data),
+                    seconds=best,
+                    operator=op,
+                )
             if best > worst["max_seconds"]:
                 worst.update(max_seconds=best, max_seconds_bytes=len(data), max_seconds_operator=op)
     return tally

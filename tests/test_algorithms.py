@@ -28,14 +28,18 @@ def test_every_algorithm_runs_two_rounds_in_memory(tmp_path, name):
     assert all(b > 0 for b in summary["bytes_down_per_round"])
     run = tmp_path / "run"
     rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == list(range(1, expected_rounds + 1))  # from 1, as the console counts
+    # from 1, as the console counts
+    assert [r["round"] for r in rounds] == list(range(1, expected_rounds + 1))
     assert json.loads((run / "config.json").read_text())["algorithm"] == name
     assert (run / "summary.md").exists()
 
 
 def test_weighted_average_matches_numpy():
     rng = np.random.default_rng(0)
-    items = [({"a": rng.normal(size=(3, 2)).astype(np.float32), "n": np.array(4)}, w) for w in (1.0, 3.0, 6.0)]
+    items = [
+        ({"a": rng.normal(size=(3, 2)).astype(np.float32), "n": np.array(4)}, w)
+        for w in (1.0, 3.0, 6.0)
+    ]
     out = weighted_average(items)
     ref = sum(a["a"].astype(np.float64) * w for a, w in items) / 10.0
     np.testing.assert_allclose(out["a"], ref, rtol=1e-6)
@@ -64,7 +68,9 @@ def _server(cls, cfg):
 
     info = dataset_info("synthetic")
     specs = fleet_specs(cfg, ["d00", "d01"], info)
-    ctx = ServerContext(10, {d: DeviceRecord(s, 10) for d, s in specs.items()}, TrainSettings(), rounds=1, seed=0)
+    ctx = ServerContext(
+        10, {d: DeviceRecord(s, 10) for d, s in specs.items()}, TrainSettings(), rounds=1, seed=0
+    )
     return cls(ctx, get_algorithm(cfg.algorithm).parse_options({}))
 
 
@@ -88,8 +94,16 @@ def test_default_selection_samples_a_fraction_reproducibly():
 
 
 def test_same_seed_reproduces_partition_and_first_round(tmp_path):
-    a = simulate(tiny_config(tmp_path / "a", algorithm="fedavg", partition="dirichlet", alpha=0.3, eval_every=1))
-    b = simulate(tiny_config(tmp_path / "b", algorithm="fedavg", partition="dirichlet", alpha=0.3, eval_every=1))
+    a = simulate(
+        tiny_config(
+            tmp_path / "a", algorithm="fedavg", partition="dirichlet", alpha=0.3, eval_every=1
+        )
+    )
+    b = simulate(
+        tiny_config(
+            tmp_path / "b", algorithm="fedavg", partition="dirichlet", alpha=0.3, eval_every=1
+        )
+    )
     ca = json.loads((tmp_path / "a/run/config.json").read_text())["fleet"]
     cb = json.loads((tmp_path / "b/run/config.json").read_text())["fleet"]
     assert ca == cb
@@ -97,7 +111,9 @@ def test_same_seed_reproduces_partition_and_first_round(tmp_path):
     rb = json.loads((tmp_path / "b/run/rounds.jsonl").read_text().splitlines()[0])
     assert ra["train_loss"] == rb["train_loss"] and ra["eval"] == rb["eval"]
     assert a["client_accuracy"] == b["client_accuracy"]
-    simulate(tiny_config(tmp_path / "c", algorithm="fedavg", partition="dirichlet", alpha=0.3, seed=1))
+    simulate(
+        tiny_config(tmp_path / "c", algorithm="fedavg", partition="dirichlet", alpha=0.3, seed=1)
+    )
     cc = json.loads((tmp_path / "c/run/config.json").read_text())["fleet"]
     assert [v["num_samples"] for v in cc.values()] != [v["num_samples"] for v in ca.values()]
 
@@ -137,7 +153,11 @@ def test_fedavg_refuses_a_heterogeneous_fleet(tmp_path):
 
 
 def test_devices_get_the_pool_only_when_the_method_says_they_hold_it(tmp_path):
-    summary = simulate(tiny_config(tmp_path, algorithm="fedhenn", options={"rad_source": "device", "rad_size": "20"}))
+    summary = simulate(
+        tiny_config(
+            tmp_path, algorithm="fedhenn", options={"rad_source": "device", "rad_size": "20"}
+        )
+    )
     assert summary["failed_per_round"] == [0, 0]
     from edgefl.algorithms.fedhenn import FedHeNNOptions
 
@@ -149,7 +169,15 @@ def test_devices_get_the_pool_only_when_the_method_says_they_hold_it(tmp_path):
 
 def test_the_start_threshold_is_not_the_per_round_minimum(tmp_path):
     # Prepare: 6 devices, all needed to start; half of them trained per round
-    cfg = tiny_config(tmp_path, algorithm="fedavg", clients=6, min_devices=6, fraction=0.5, rounds=1, train_samples=360)
+    cfg = tiny_config(
+        tmp_path,
+        algorithm="fedavg",
+        clients=6,
+        min_devices=6,
+        fraction=0.5,
+        rounds=1,
+        train_samples=360,
+    )
     # Execute
     simulate(cfg)
     # Assert: the round trained what --fraction implies, not --min-devices
@@ -159,8 +187,11 @@ def test_the_start_threshold_is_not_the_per_round_minimum(tmp_path):
 
 def test_min_fit_is_the_fewest_devices_a_round_trains():
     ids = [f"d{i:02d}" for i in range(10)]
-    for min_fit, expected in [(1, 2), (5, 5), (12, 10)]:  # fraction 0.2 of 10 = 2; capped at the fleet
-        ctx = ServerContext(10, {}, TrainSettings(), rounds=1, seed=3, fraction=0.2, min_fit=min_fit)
+    # fraction 0.2 of 10 = 2; capped at the fleet
+    for min_fit, expected in [(1, 2), (5, 5), (12, 10)]:
+        ctx = ServerContext(
+            10, {}, TrainSettings(), rounds=1, seed=3, fraction=0.2, min_fit=min_fit
+        )
         assert len(ServerHalf(ctx, None).select(0, ids, ctx.rng(0))) == expected
     with pytest.raises(ConfigError, match="min_fit"):
         tiny_config(None, clients=3, min_fit=4)
@@ -173,7 +204,14 @@ def test_local_optimizer_is_fused_with_the_per_parameter_loops_update(optimizer)
     from edgefl.models import ModelSpec, build_model
 
     torch.manual_seed(0)
-    spec = ModelSpec("resnet", "10", num_classes=10, in_shape=(1, 28, 28), width=0.125, options={"stem": "imagenet"})
+    spec = ModelSpec(
+        "resnet",
+        "10",
+        num_classes=10,
+        in_shape=(1, 28, 28),
+        width=0.125,
+        options={"stem": "imagenet"},
+    )
     fused_model, loop_model = build_model(spec), build_model(spec)
     loop_model.load_state_dict(fused_model.state_dict())
     initial = [p.detach().clone() for p in fused_model.parameters()]
@@ -192,7 +230,9 @@ def test_local_optimizer_is_fused_with_the_per_parameter_loops_update(optimizer)
     # Assert: fused on CPU, the weights moved, and by the same update rule: the two agree to float
     # rounding, which Adam's division by the root of its second moment can grow to ~1e-4 of a step
     assert fused.defaults["fused"] is True
-    assert all(not torch.equal(a, b) for a, b in zip(fused_model.parameters(), initial, strict=True))
+    assert all(
+        not torch.equal(a, b) for a, b in zip(fused_model.parameters(), initial, strict=True)
+    )
     for a, b in zip(fused_model.parameters(), loop_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
@@ -200,7 +240,12 @@ def test_local_optimizer_is_fused_with_the_per_parameter_loops_update(optimizer)
 def test_make_optimizer_fuses_parameter_groups_and_refuses_an_unknown_optimizer_by_name():
     from edgefl.algorithms.training import make_optimizer
 
-    groups = [{"params": [torch.nn.Parameter(torch.zeros(3))]}, {"params": [torch.nn.Parameter(torch.ones(2))]}]
+    groups = [
+        {"params": [torch.nn.Parameter(torch.zeros(3))]},
+        {"params": [torch.nn.Parameter(torch.ones(2))]},
+    ]
     assert make_optimizer(groups, TrainSettings(optimizer="sgd"), round=0).defaults["fused"] is True
     with pytest.raises(ConfigError, match="unknown optimizer"):
-        make_optimizer([torch.nn.Parameter(torch.zeros(3))], TrainSettings(optimizer="rmsprop"), round=0)
+        make_optimizer(
+            [torch.nn.Parameter(torch.zeros(3))], TrainSettings(optimizer="rmsprop"), round=0
+        )

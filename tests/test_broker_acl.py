@@ -27,14 +27,25 @@ def secured(tmp_path):
         "dev-a": add_user(passwd, acl, "dev-a", fleet="lab"),
         "dev-b": add_user(passwd, acl, "dev-b", fleet="lab"),
     }
-    with MosquittoBroker(port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq") as broker:
+    with MosquittoBroker(
+        port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq"
+    ) as broker:
         yield broker, secrets
 
 
 def client(broker, user, password, received=None, subscribe=()):
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"t-{user}-{time.monotonic_ns()}", protocol=mqtt.MQTTv5)
+    c = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=f"t-{user}-{time.monotonic_ns()}",
+        protocol=mqtt.MQTTv5,
+    )
     c.username_pw_set(user, password)
-    state = {"connected": threading.Event(), "reason": None, "subscribed": threading.Event(), "acks": 0}
+    state = {
+        "connected": threading.Event(),
+        "reason": None,
+        "subscribed": threading.Event(),
+        "acks": 0,
+    }
 
     def on_subscribe(cl, userdata, mid, reasons, props):
         state["acks"] += 1
@@ -60,8 +71,16 @@ def client(broker, user, password, received=None, subscribe=()):
 def test_a_device_cannot_publish_or_read_as_another_device(secured):
     broker, secrets = secured
     got_server, got_a = [], []
-    server, s_state = client(broker, "edgefl-server", secrets["edgefl-server"], got_server, ["edgefl/lab/devices/+/up"])
-    a, a_state = client(broker, "dev-a", secrets["dev-a"], got_a, ["edgefl/lab/devices/dev-b/down", "edgefl/lab/devices/dev-a/down"])
+    server, s_state = client(
+        broker, "edgefl-server", secrets["edgefl-server"], got_server, ["edgefl/lab/devices/+/up"]
+    )
+    a, a_state = client(
+        broker,
+        "dev-a",
+        secrets["dev-a"],
+        got_a,
+        ["edgefl/lab/devices/dev-b/down", "edgefl/lab/devices/dev-a/down"],
+    )
     assert s_state["subscribed"].wait(scaled(10)) and a_state["subscribed"].wait(scaled(10))
     a.publish("edgefl/lab/devices/dev-b/up", b"forged", qos=1).wait_for_publish(scaled(5))
     a.publish("edgefl/lab/devices/dev-a/up", b"own", qos=1).wait_for_publish(scaled(5))
@@ -69,13 +88,21 @@ def test_a_device_cannot_publish_or_read_as_another_device(secured):
     server.publish("edgefl/lab/devices/dev-a/down", b"for a", qos=1).wait_for_publish(scaled(5))
     # the allowed messages went after the forbidden ones from the same client: once they are in,
     # a forbidden one that got through would be in too
-    wait_until(lambda: ("edgefl/lab/devices/dev-a/up", b"own") in got_server and ("edgefl/lab/devices/dev-a/down", b"for a") in got_a,
-               "the allowed messages", timeout=30)
+    wait_until(
+        lambda: (
+            ("edgefl/lab/devices/dev-a/up", b"own") in got_server
+            and ("edgefl/lab/devices/dev-a/down", b"for a") in got_a
+        ),
+        "the allowed messages",
+        timeout=30,
+    )
     for c in (server, a):
         c.loop_stop()
         c.disconnect()
-    assert got_server == [("edgefl/lab/devices/dev-a/up", b"own")]  # the forged message never arrived
-    assert got_a == [("edgefl/lab/devices/dev-a/down", b"for a")]  # and B's downlink is not readable
+    # the forged message never arrived
+    assert got_server == [("edgefl/lab/devices/dev-a/up", b"own")]
+    # and B's downlink is not readable
+    assert got_a == [("edgefl/lab/devices/dev-a/down", b"for a")]
 
 
 def test_a_wrong_password_is_refused(secured):
@@ -86,7 +113,9 @@ def test_a_wrong_password_is_refused(secured):
     assert "password" in str(state["reason"]).lower() or "authori" in str(state["reason"]).lower()
     _PROTOCOL_CACHE.clear()
     with pytest.raises(TransportError, match="refused"):
-        MqttDeviceEndpoint(BrokerAddress.parse(f"mqtt://dev-a:wrong@127.0.0.1:{broker.port}"), "lab", "dev-a")
+        MqttDeviceEndpoint(
+            BrokerAddress.parse(f"mqtt://dev-a:wrong@127.0.0.1:{broker.port}"), "lab", "dev-a"
+        )
 
 
 def test_mqtt5_with_mosquitto_and_3_1_1_with_the_embedded_broker(tmp_path):

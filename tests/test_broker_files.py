@@ -1,6 +1,7 @@
-"""docs/deployment.md §1 as written: the broker commands make the files, and `mosquitto -c broker/...`
-started by whoever runs the tests (as root: Mosquitto drops to the `mosquitto` user before it opens
-them) loads them, accepts a client and writes its persistence. Only the listener's port is changed."""
+"""docs/deployment.md §1 as written: the broker commands make the files, and `mosquitto -c
+broker/...` started by whoever runs the tests (as root: Mosquitto drops to the `mosquitto` user
+before it opens them) loads them, accepts a client and writes its persistence. Only the listener's
+port is changed."""
 
 import os
 import shutil
@@ -21,7 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _edgefl(cwd: Path, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "edgefl.cli.main", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr, done.stderr
     return done.stdout
@@ -47,14 +55,18 @@ def _run_mosquitto(repo: Path, conf: str, listener: str):
     assert listener in text
     path.write_text(text.replace(listener, f"listener {port} 127.0.0.1"))
     log = open(repo / "mosquitto.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([mosquitto_binary(), "-c", f"broker/{conf}"], cwd=repo, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [mosquitto_binary(), "-c", f"broker/{conf}"], cwd=repo, stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         wait_for_port("127.0.0.1", port, timeout=15)
     except Exception:
         proc.kill()
         proc.wait(10)
         log.close()
-        pytest.fail(f"mosquitto did not start: {(repo / 'mosquitto.log').read_text(errors='replace')}")
+        pytest.fail(
+            f"mosquitto did not start: {(repo / 'mosquitto.log').read_text(errors='replace')}"
+        )
     return proc, port, log
 
 
@@ -66,29 +78,58 @@ def _stop(proc, log, repo: Path) -> str:
 
 
 def test_mutual_tls_as_documented(repo):
-    _edgefl(repo, "broker", "ca", "--certs", "broker/certs", "--fleet", "lab", "--host", "localhost", "--ip", "127.0.0.1")
-    _edgefl(repo, "broker", "add-device", "edgefl-server", "--fleet", "lab", "--role", "server", "--certs", "broker/certs")
+    _edgefl(
+        repo,
+        "broker",
+        "ca",
+        "--certs",
+        "broker/certs",
+        "--fleet",
+        "lab",
+        "--host",
+        "localhost",
+        "--ip",
+        "127.0.0.1",
+    )
+    _edgefl(
+        repo,
+        "broker",
+        "add-device",
+        "edgefl-server",
+        "--fleet",
+        "lab",
+        "--role",
+        "server",
+        "--certs",
+        "broker/certs",
+    )
     _edgefl(repo, "broker", "add-device", "pi-07", "--fleet", "lab", "--certs", "broker/certs")
     proc, port, log = _run_mosquitto(repo, "mosquitto-tls.conf", "listener 8883 0.0.0.0")
     try:
         certs = repo / "broker" / "certs"
-        address = BrokerAddress.parse(f"mqtts://127.0.0.1:{port}").with_tls(str(certs / "ca.crt"), str(certs / "pi-07.crt"), str(certs / "pi-07.key"))
+        address = BrokerAddress.parse(f"mqtts://127.0.0.1:{port}").with_tls(
+            str(certs / "ca.crt"), str(certs / "pi-07.crt"), str(certs / "pi-07.key")
+        )
         check_tls(address)  # raises when the broker refuses pi-07's certificate
         assert detect_protocol(address) == 5  # an MQTT session: CONNACK accepted
     finally:
         text = _stop(proc, log, repo)
     assert "Error" not in text and "Permission denied" not in text, text
-    assert (repo / "broker" / "data" / "mosquitto.db").is_file()  # persistence written (as the mosquitto user when root)
+    # persistence written (as the mosquitto user when root)
+    assert (repo / "broker" / "data" / "mosquitto.db").is_file()
 
 
 def test_passwords_as_documented(repo):
-    server_password = _edgefl(repo, "broker", "add-device", "edgefl-server", "--fleet", "lab", "--role", "server").strip()
+    server_password = _edgefl(
+        repo, "broker", "add-device", "edgefl-server", "--fleet", "lab", "--role", "server"
+    ).strip()
     _edgefl(repo, "broker", "add-device", "pi-07", "--fleet", "lab")
     proc, port, log = _run_mosquitto(repo, "mosquitto.conf", "listener 1883 0.0.0.0")
     try:
         address = BrokerAddress.parse(f"mqtt://edgefl-server:{server_password}@127.0.0.1:{port}")
         assert detect_protocol(address) == 5
-        proc.send_signal(1)  # SIGHUP: reload the password and ACL files, as the docs say after add-device
+        # SIGHUP: reload the password and ACL files, as the docs say after add-device
+        proc.send_signal(1)
         time.sleep(0.5)
         assert proc.poll() is None
     finally:

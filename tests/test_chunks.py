@@ -48,7 +48,15 @@ class Clock:
 
 
 def settings(**kw):
-    base = dict(threshold=64, chunk_size=100, window=4, max_inflight_bytes=10_000, stall_after=1.0, assumed_rate=1e6, max_chunk_size=1000)
+    base = dict(
+        threshold=64,
+        chunk_size=100,
+        window=4,
+        max_inflight_bytes=10_000,
+        stall_after=1.0,
+        assumed_rate=1e6,
+        max_chunk_size=1000,
+    )
     return ChunkSettings(**{**base, **kw})
 
 
@@ -59,14 +67,20 @@ class Link:
         self.clock = Clock()
         self.s = s or settings()
         self.wire: list[tuple[str, bytes]] = []  # chunks on the way to the receiver
-        self.sender = ChunkSender(lambda topic, data: self.wire.append((topic, data)), self.s, clock=self.clock, timer=False)
+        self.sender = ChunkSender(
+            lambda topic, data: self.wire.append((topic, data)),
+            self.s,
+            clock=self.clock,
+            timer=False,
+        )
         self.receiver = Reassembler(self.s, max_bytes=MAX, clock=self.clock)
         self.drop = drop or (lambda topic, data: False)
         self.delivered: list[bytes] = []
         self.done: list[bool] = []
 
     def deliver(self, n=None, order=None):
-        """Deliver ``n`` chunks on the wire (all by default), in ``order`` if given; acks go back at once."""
+        """Deliver ``n`` chunks on the wire (all by default), in ``order`` if given; acks go back at
+        once."""
         batch, self.wire = (self.wire, []) if n is None else (self.wire[:n], self.wire[n:])
         if order is not None:
             order(batch)
@@ -112,7 +126,15 @@ def test_chunks_split_and_reassemble_in_order_into_the_same_bytes():
 
 
 def test_a_chunk_is_never_read_as_an_envelope_and_an_envelope_never_as_a_chunk():
-    env = encode(Envelope("update", 1, "d1", fleet="f", payload=Payload({"w": np.ones(300, np.float32)}, {"num_samples": 1})))
+    env = encode(
+        Envelope(
+            "update",
+            1,
+            "d1",
+            fleet="f",
+            payload=Payload({"w": np.ones(300, np.float32)}, {"num_samples": 1}),
+        )
+    )
     chunk = split(env, MID, 100)[0]
     with pytest.raises(WireError):
         peek(chunk)
@@ -142,7 +164,13 @@ def test_out_of_order_and_duplicate_chunks_reassemble_once_with_selective_acks()
 
 
 def test_a_reassembled_envelope_goes_through_the_ordinary_decoder():
-    env = Envelope("update", 1, "d1", fleet="f", payload=Payload({"w": np.arange(5000, dtype=np.float32)}, {"num_samples": 3}))
+    env = Envelope(
+        "update",
+        1,
+        "d1",
+        fleet="f",
+        payload=Payload({"w": np.arange(5000, dtype=np.float32)}, {"num_samples": 3}),
+    )
     r = Reassembler(settings(), max_bytes=MAX)
     chunks = split(encode(env), MID, 1000)
     random.Random(0).shuffle(chunks)
@@ -150,13 +178,17 @@ def test_a_reassembled_envelope_goes_through_the_ordinary_decoder():
     for c in chunks:
         message, _ = r.add("a", c) if message is None else (message, None)
     back = decode(message)
-    assert back.message_id == env.message_id and np.array_equal(back.payload.arrays["w"], env.payload.arrays["w"])
+    assert back.message_id == env.message_id and np.array_equal(
+        back.payload.arrays["w"], env.payload.arrays["w"]
+    )
 
 
 # --- refusals -------------------------------------------------------------------------------------
 
 
-def forged(mid=MID, index=0, count=1, total=10, chunk_size=10, crc=0, body=b"x" * 10, chunk_crc=None):
+def forged(
+    mid=MID, index=0, count=1, total=10, chunk_size=10, crc=0, body=b"x" * 10, chunk_crc=None
+):
     cc = zlib.crc32(body) if chunk_crc is None else chunk_crc
     return HEADER.pack(MAGIC, mid, index, count, total, chunk_size, crc, cc) + body
 
@@ -165,7 +197,8 @@ def forged(mid=MID, index=0, count=1, total=10, chunk_size=10, crc=0, body=b"x" 
     ("chunk", "reason"),
     [
         (forged(count=2**32 - 1, total=2**63, chunk_size=1), "limit"),  # a huge size
-        (forged(count=2**32 - 1, total=MAX, chunk_size=1), "chunk count"),  # count inconsistent with size
+        # count inconsistent with size
+        (forged(count=2**32 - 1, total=MAX, chunk_size=1), "chunk count"),
         (forged(count=2**32 - 1, total=MAX, chunk_size=2**32 - 1), "chunk size"),
         (forged(count=1, total=MAX + 1, chunk_size=MAX + 1), "limit"),
         (forged(count=0, total=0, chunk_size=10), "limit"),
@@ -198,7 +231,12 @@ def test_memory_is_taken_as_bytes_arrive_and_a_real_message_is_kept():
     tracemalloc.start()
     try:
         # another sender claims the largest message: it costs what it carries, not what it claims
-        r.add("b", forged(mid=b"\1" * 16, count=MAX // 1000 + 1, total=MAX, chunk_size=1000, body=b"y" * 1000))
+        r.add(
+            "b",
+            forged(
+                mid=b"\1" * 16, count=MAX // 1000 + 1, total=MAX, chunk_size=1000, body=b"y" * 1000
+            ),
+        )
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -210,7 +248,9 @@ def test_memory_is_taken_as_bytes_arrive_and_a_real_message_is_kept():
 
 
 def test_a_sender_over_its_share_is_refused_while_others_keep_their_room():
-    s = settings(chunk_size=1000, max_chunk_size=1000, max_partial_bytes=10_000, max_sender_bytes=4_000)
+    s = settings(
+        chunk_size=1000, max_chunk_size=1000, max_partial_bytes=10_000, max_sender_bytes=4_000
+    )
     r = Reassembler(s, max_bytes=MAX)
     hog = split(payload(9_000), b"\3" * 16, 1000)
     for c in hog[:3]:
@@ -226,7 +266,9 @@ def test_a_sender_over_its_share_is_refused_while_others_keep_their_room():
 
 
 def test_a_full_budget_is_shared_the_largest_holder_gives_way():
-    s = settings(chunk_size=1000, max_chunk_size=1000, max_partial_bytes=7_000, max_sender_bytes=7_000)
+    s = settings(
+        chunk_size=1000, max_chunk_size=1000, max_partial_bytes=7_000, max_sender_bytes=7_000
+    )
     r = Reassembler(s, max_bytes=MAX)
     hogs = [split(payload(8_000), bytes([k]) * 16, 1000) for k in range(2)]
     for chunks in hogs:  # two partials of 2 chunks each: 4,512 bytes held
@@ -246,7 +288,8 @@ def test_a_full_budget_is_shared_the_largest_holder_gives_way():
 
 
 def test_forged_first_chunks_claiming_the_maximum_from_two_accounts_leave_a_third_device_its_room():
-    """Issue 36's chunk test, at the real defaults (256 MiB messages, 1 MiB chunks, 1 GiB budget)."""
+    """Issue 36's chunk test, at the real defaults (256 MiB messages, 1 MiB chunks, 1 GiB
+    budget)."""
     limit = 256 * 1024 * 1024
     s = ChunkSettings()
     r = Reassembler(s, max_bytes=limit)
@@ -254,7 +297,16 @@ def test_forged_first_chunks_claiming_the_maximum_from_two_accounts_leave_a_thir
     count = limit // size
     rss = _rss()
     for k, sender in enumerate(["mallory", "mallory", "trudy", "trudy"]):
-        r.add(sender, forged(mid=bytes([k]) * 16, count=count, total=limit, chunk_size=size, body=bytes([k]) * size))
+        r.add(
+            sender,
+            forged(
+                mid=bytes([k]) * 16,
+                count=count,
+                total=limit,
+                chunk_size=size,
+                body=bytes([k]) * size,
+            ),
+        )
     grew = _rss() - rss
     assert grew < 50 * 1024 * 1024, grew
     data = payload(5 * size + 123)
@@ -321,7 +373,11 @@ def test_each_sender_holds_a_bounded_number_of_partial_messages_and_others_are_u
     r.add("b", other[0])
     for k in range(5):  # sender a starts five messages; it keeps the last two
         r.add("a", split(payload(300), bytes([k]) * 16, 100)[0])
-    assert len(r.partial["a"]) == 2 and r.stats.evicted == 3 and r.partial_bytes == 3 * (100 + PIECE_OVERHEAD)
+    assert (
+        len(r.partial["a"]) == 2
+        and r.stats.evicted == 3
+        and r.partial_bytes == 3 * (100 + PIECE_OVERHEAD)
+    )
     message = None
     for c in other[1:]:
         message, _ = r.add("b", c)
@@ -336,11 +392,16 @@ def test_a_reassembly_whose_sender_vanished_is_dropped_when_idle():
     r.add("gone", split(payload(300), b"\x01" * 16, 100)[0])
     clock.t = 50.0
     r.add("live", live[0])
-    assert r.drop_idle(100.0) == 0 and r.partial_bytes == 2 * (100 + PIECE_OVERHEAD)  # 50 s idle: kept
+    # 50 s idle: kept
+    assert r.drop_idle(100.0) == 0 and r.partial_bytes == 2 * (100 + PIECE_OVERHEAD)
     clock.t = 120.0
     r.add("live", live[1])
     assert r.drop_idle(100.0) == 1
-    assert set(r.partial) == {"live"} and r.partial_bytes == 2 * (100 + PIECE_OVERHEAD) and r.stats.evicted == 1
+    assert (
+        set(r.partial) == {"live"}
+        and r.partial_bytes == 2 * (100 + PIECE_OVERHEAD)
+        and r.stats.evicted == 1
+    )
 
 
 def test_malformed_acks_are_refused():
@@ -363,7 +424,11 @@ def test_a_lossless_transfer_sends_every_chunk_once():
     data = payload(2345)
     link.run(data)
     assert link.delivered == [data] and link.done == [True]
-    assert link.sender.stats.chunks == 24 and link.sender.stats.resent == 0 and link.sender.inflight == 0
+    assert (
+        link.sender.stats.chunks == 24
+        and link.sender.stats.resent == 0
+        and link.sender.inflight == 0
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -397,7 +462,8 @@ def test_the_window_bounds_unacknowledged_chunks_per_destination_and_the_budget_
     for topic, _ in link.wire:
         per_dest[topic] = per_dest.get(topic, 0) + 1
     assert max(per_dest.values()) <= 4
-    assert sum(per_dest.values()) == 10 and link.sender.inflight == 1000  # the budget: 10 chunks of 100
+    # the budget: 10 chunks of 100
+    assert sum(per_dest.values()) == 10 and link.sender.inflight == 1000
     assert link.sender.stats.peak_inflight_bytes == 1000
     # acknowledging frees budget and the transfers go on, never above it
     for _ in range(500):
@@ -441,7 +507,9 @@ def test_a_stalled_transfer_backs_off_and_is_given_up():
 
 
 def test_the_stall_time_grows_with_the_bytes_in_flight_at_the_measured_rate():
-    s = settings(window=8, chunk_size=100, max_inflight_bytes=100_000, stall_after=1.0, assumed_rate=100.0)
+    s = settings(
+        window=8, chunk_size=100, max_inflight_bytes=100_000, stall_after=1.0, assumed_rate=100.0
+    )
     link = Link(s)
     link.sender.send("d/down", payload(800), MID)
     out = next(iter(link.sender.transfers.values()))
@@ -452,7 +520,9 @@ def test_the_stall_time_grows_with_the_bytes_in_flight_at_the_measured_rate():
         link.clock.t += 0.1
         link.deliver(n=1)
     assert link.sender.rate == pytest.approx(1000, rel=0.01)
-    assert link.sender.stall_time(out) == pytest.approx(1.0 + link.sender.inflight / link.sender.rate)
+    assert link.sender.stall_time(out) == pytest.approx(
+        1.0 + link.sender.inflight / link.sender.rate
+    )
 
 
 def test_settings_refuse_a_window_beyond_the_selective_ack():

@@ -40,7 +40,9 @@ def test_help_lists_commands():
         (["-o", "mu"], "key=value"),
     ],
 )
-def test_bad_input_gives_one_clear_line_and_the_configuration_exit_code(monkeypatch, capsys, args, needle):
+def test_bad_input_gives_one_clear_line_and_the_configuration_exit_code(
+    monkeypatch, capsys, args, needle
+):
     from edgefl.errors import ExitCode
 
     code, out, err = _run(["simulate", *args, "--quiet"], monkeypatch, capsys)
@@ -58,9 +60,29 @@ def test_debug_shows_the_traceback(monkeypatch, capsys):
 
 
 def test_simulate_json_has_the_documented_keys(tmp_path, monkeypatch, capsys):
-    args = ["simulate", "--dataset", "synthetic", "--clients", "2", "--rounds", "2", "--train-samples", "400",
-            "--test-samples", "200", "--steps", "2", "--width", "0.25", "--out", str(tmp_path), "--run-name", "r",
-            "--json", "--quiet"]
+    args = [
+        "simulate",
+        "--dataset",
+        "synthetic",
+        "--clients",
+        "2",
+        "--rounds",
+        "2",
+        "--train-samples",
+        "400",
+        "--test-samples",
+        "200",
+        "--steps",
+        "2",
+        "--width",
+        "0.25",
+        "--out",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        "--json",
+        "--quiet",
+    ]
     code, out, _ = _run(args, monkeypatch, capsys)
     assert code == 0
     summary = json.loads(out)
@@ -75,22 +97,65 @@ def test_simulate_json_has_the_documented_keys(tmp_path, monkeypatch, capsys):
 
 def test_toml_config_is_read_and_flags_override_it(tmp_path, monkeypatch, capsys):
     cfg = tmp_path / "run.toml"
-    cfg.write_text('dataset = "synthetic"\nclients = 2\nrounds = 3\nsteps = 1\nwidth = 0.25\ntrain_samples = 300\n'
-                   'test_samples = 100\n[options]\nmu = "0.1"\n')
-    args = ["simulate", "--config", str(cfg), "--algorithm", "fedprox", "--rounds", "1", "--out", str(tmp_path),
-            "--run-name", "t", "--json", "--quiet"]
+    cfg.write_text(
+        'dataset = "synthetic"\nclients = 2\nrounds = 3\nsteps = 1\nwidth = 0.25\ntrain_samples = '
+        "300\n"
+        'test_samples = 100\n[options]\nmu = "0.1"\n'
+    )
+    args = [
+        "simulate",
+        "--config",
+        str(cfg),
+        "--algorithm",
+        "fedprox",
+        "--rounds",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--run-name",
+        "t",
+        "--json",
+        "--quiet",
+    ]
     code, out, _ = _run(args, monkeypatch, capsys)
     assert code == 0
     summary = json.loads(out)
     resolved = json.loads((tmp_path / "t" / "config.json").read_text())
     assert summary["rounds"] == 1 and resolved["clients"] == 2
-    assert resolved["resolved_options"] == {"mu": 0.1, "aggregator": "mean", "trim": 0.2, "clip_norm": 0.0}
+    assert resolved["resolved_options"] == {
+        "mu": 0.1,
+        "aggregator": "mean",
+        "trim": 0.2,
+        "clip_norm": 0.0,
+    }
 
 
 def test_lr_decay_rounds_flag_reaches_the_run_config(tmp_path, monkeypatch, capsys):
-    args = ["simulate", "--dataset", "synthetic", "--clients", "2", "--rounds", "1", "--train-samples", "300",
-            "--test-samples", "100", "--steps", "1", "--width", "0.25", "--lr-decay-rounds", "4,7",
-            "--out", str(tmp_path), "--run-name", "d", "--json", "--quiet"]
+    args = [
+        "simulate",
+        "--dataset",
+        "synthetic",
+        "--clients",
+        "2",
+        "--rounds",
+        "1",
+        "--train-samples",
+        "300",
+        "--test-samples",
+        "100",
+        "--steps",
+        "1",
+        "--width",
+        "0.25",
+        "--lr-decay-rounds",
+        "4,7",
+        "--out",
+        str(tmp_path),
+        "--run-name",
+        "d",
+        "--json",
+        "--quiet",
+    ]
     code, _, _ = _run(args, monkeypatch, capsys)
     assert code == 0
     assert json.loads((tmp_path / "d" / "config.json").read_text())["lr_decay_rounds"] == [4, 7]
@@ -105,6 +170,11 @@ def test_the_command_lets_torchs_threads_sleep_unless_told_otherwise(given, expe
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if given is not None:
         env["OMP_WAIT_POLICY"] = given
-    code = "import os, sys, edgefl.cli.main; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    code = (
+        "import os, sys, edgefl.cli.main; print(os.environ['OMP_WAIT_POLICY'], 'torch' in "
+        "sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == [expected, "False"]  # set before torch (which reads it when it loads) is imported

@@ -16,8 +16,16 @@ import edgefl.cli
 CLI = Path(edgefl.cli.__file__).parent
 #: Modules that assemble commands rather than being one: the app, and its generated reference.
 ASSEMBLY = {"main", "reference"}
-CONNECTION = ["--broker", "--fleet", "--username", "--password", "--password-file", "--ca-file", "--cert-file",
-              "--key-file"]
+CONNECTION = [
+    "--broker",
+    "--fleet",
+    "--username",
+    "--password",
+    "--password-file",
+    "--ca-file",
+    "--cert-file",
+    "--key-file",
+]
 
 
 def test_cli_functions_are_simple():
@@ -53,7 +61,10 @@ def test_no_command_module_imports_another():
 
 def test_the_check_sees_an_import_of_a_command_module(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from edgefl.cli.simulate import device_entry\n    from edgefl.cli import server\n")
+    bad.write_text(
+        "def f():\n    from edgefl.cli.simulate import device_entry\n    from edgefl.cli import "
+        "server\n"
+    )
     assert cli_imports(bad) == {"edgefl.cli.simulate", "edgefl.cli.server"}
 
 
@@ -72,9 +83,18 @@ def test_every_command_that_talks_to_the_broker_takes_the_same_options():
     for name, command in commands(typer.main.get_command(app)):
         options = {o: p for p in command.params for o in p.opts}
         if "--ca-file" in options:
-            taking[name] = [(o, options[o].envvar, options[o].default, options[o].help) for o in CONNECTION]
-    broker_commands = {"edgefl device register", "edgefl device agent", "edgefl server start", "edgefl fleet status",
-                       "edgefl dashboard", "edgefl deploy", "edgefl train"}
+            taking[name] = [
+                (o, options[o].envvar, options[o].default, options[o].help) for o in CONNECTION
+            ]
+    broker_commands = {
+        "edgefl device register",
+        "edgefl device agent",
+        "edgefl server start",
+        "edgefl fleet status",
+        "edgefl dashboard",
+        "edgefl deploy",
+        "edgefl train",
+    }
     assert set(taking) == broker_commands
     shared = [taking[name] for name in sorted(broker_commands)]
     assert all(declared == shared[0] for declared in shared)

@@ -59,7 +59,8 @@ TOLERANCE = 1e-6
 
 
 #: Options that shrink a method's extra local or server work to test size (the method's code
-#: paths stay the same: fewer synthetic samples, fewer fine-tuning epochs, fewer distillation steps).
+#: paths stay the same: fewer synthetic samples, fewer fine-tuning epochs, fewer distillation
+#: steps).
 SMALL_WORK = {
     "fedvtc": {"synthetic_samples": "20", "finetune_epochs": "1"},
     "hierarchyfl": {"distill_steps": "2"},
@@ -70,8 +71,18 @@ SMALL_WORK = {
 def conformance_config(tmp_path: Path, name: str, **overrides):
     """3 devices, 2 rounds of 2 steps of 8 samples, every device every round, one torch thread
     (as a device process)."""
-    settings = {"clients": 3, "rounds": 2, "steps": 2, "batch_size": 8, "test_samples": 100, "fraction": 1.0, "threads": 1}
-    return tiny_config(tmp_path, algorithm=name, options=SMALL_WORK.get(name, {}), **{**settings, **overrides})
+    settings = {
+        "clients": 3,
+        "rounds": 2,
+        "steps": 2,
+        "batch_size": 8,
+        "test_samples": 100,
+        "fraction": 1.0,
+        "threads": 1,
+    }
+    return tiny_config(
+        tmp_path, algorithm=name, options=SMALL_WORK.get(name, {}), **{**settings, **overrides}
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -86,14 +97,21 @@ def assert_states_equal(got: dict, expected: dict, what: str) -> None:
     for k in expected:
         a, b = np.asarray(got[k]), np.asarray(expected[k])
         assert a.shape == b.shape, f"{what} {k}: shape {a.shape} != {b.shape}"
-        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=0, atol=TOLERANCE, err_msg=f"{what} {k}")
+        np.testing.assert_allclose(
+            a.astype(np.float64),
+            b.astype(np.float64),
+            rtol=0,
+            atol=TOLERANCE,
+            err_msg=f"{what} {k}",
+        )
 
 
 def model_arrays(model: torch.nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
-# --- memory ≡ MQTT, and declared bytes = sent bytes ------------------------------------------------
+# --- memory ≡ MQTT, and declared bytes = sent bytes
+# ------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +143,15 @@ def server_opt_cases() -> list:
         return algorithm.needs_for(algorithm.parse_options({})).averages_weights
 
     same_arch = {"felo": {"tiers": ("10", "14")}, "velo": {"tiers": ("10", "14")}}
-    out = [pytest.param("fedavg", {"server_opt": o}, id=f"fedavg-{o}") for o in ("fedavgm", "fedadagrad", "fedyogi", "fedadam")]
-    out += [pytest.param(m, {"server_opt": "fedadam", **same_arch.get(m, {})}, id=f"{m}-fedadam") for m in METHODS if m != "fedavg" and averages(m)]
+    out = [
+        pytest.param("fedavg", {"server_opt": o}, id=f"fedavg-{o}")
+        for o in ("fedavgm", "fedadagrad", "fedyogi", "fedadam")
+    ]
+    out += [
+        pytest.param(m, {"server_opt": "fedadam", **same_arch.get(m, {})}, id=f"{m}-fedadam")
+        for m in METHODS
+        if m != "fedavg" and averages(m)
+    ]
     return out
 
 
@@ -134,9 +159,17 @@ SERVER_OPT_CASES = server_opt_cases()
 
 #: every method at its default model family, HierarchyFL's other tier family (width tiers), and
 #: the server optimizers
-CASES = [pytest.param(m, {}, id=m) for m in METHODS] + [
-    pytest.param("hierarchyfl", {"model": "hierarchy-width", "tiers": ("1/8", "1/2", "1")}, id="hierarchyfl-width"),
-] + SERVER_OPT_CASES
+CASES = (
+    [pytest.param(m, {}, id=m) for m in METHODS]
+    + [
+        pytest.param(
+            "hierarchyfl",
+            {"model": "hierarchy-width", "tiers": ("1/8", "1/2", "1")},
+            id="hierarchyfl-width",
+        ),
+    ]
+    + SERVER_OPT_CASES
+)
 
 
 @pytest.mark.slow
@@ -145,7 +178,9 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family)
     # Prepare: the in-memory reference; per-round evaluation off, so each round's transport
     # counters cover exactly the round's training exchange
     cfg = conformance_config(tmp_path, name, eval_every=0, **family)
-    expected_state, expected_models, reference = memory_run(cfg.model_copy(update={"run_name": "memory"}))
+    expected_state, expected_models, reference = memory_run(
+        cfg.model_copy(update={"run_name": "memory"})
+    )
 
     # one lock around whatever draws from torch's process-wide generator on the device side
     lock = threading.RLock()
@@ -165,13 +200,23 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family)
     run = assemble(cfg)
     fleet = f"conf-{name}"
     runtimes = [
-        DeviceRuntime(DeviceOptions(
-            broker=broker.url, device_id=d, fleet=fleet, data=DataSpec.from_config(cfg, i).to_string(),
-            tier=run.specs[d].tier, profile=dict(SIMULATED_PROFILE), register_every=0.5,
-        ))
+        DeviceRuntime(
+            DeviceOptions(
+                broker=broker.url,
+                device_id=d,
+                fleet=fleet,
+                data=DataSpec.from_config(cfg, i).to_string(),
+                tier=run.specs[d].tier,
+                profile=dict(SIMULATED_PROFILE),
+                register_every=0.5,
+            )
+        )
         for i, d in enumerate(run.ids)
     ]
-    threads = [threading.Thread(target=r.run, kwargs={"stop_after": scaled(240)}, daemon=True) for r in runtimes]
+    threads = [
+        threading.Thread(target=r.run, kwargs={"stop_after": scaled(240)}, daemon=True)
+        for r in runtimes
+    ]
     box: dict = {}
 
     # Execute: the server in this thread, the three devices in theirs
@@ -180,7 +225,9 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family)
     try:
         summary = serve(
             cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
-            ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(120), wait_for_devices=scaled(120)),
+            ServeOptions(
+                broker=broker.url, fleet=fleet, deadline=scaled(120), wait_for_devices=scaled(120)
+            ),
             on_done=lambda s: box.__setitem__("state", s.state_dict()),
         )
     finally:
@@ -191,20 +238,31 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family)
     assert not any(t.is_alive() for t in threads), "a device did not leave when the run was over"
     assert_states_equal(box["state"], expected_state, "server state")
     for r in runtimes:
-        assert_states_equal(model_arrays(r.agent.half.model), expected_models[r.opts.device_id], f"model of {r.opts.device_id}")
+        assert_states_equal(
+            model_arrays(r.agent.half.model),
+            expected_models[r.opts.device_id],
+            f"model of {r.opts.device_id}",
+        )
     assert summary["client_accuracy"] == pytest.approx(reference["client_accuracy"], abs=TOLERANCE)
-    assert summary["finish_failed"] == reference["finish_failed"] == {}  # every device took its final downlink
+    # every device took its final downlink
+    assert summary["finish_failed"] == reference["finish_failed"] == {}
 
     # and the bytes the round records declare are what the transport carried
-    rounds = [json.loads(line) for line in (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        json.loads(line)
+        for line in (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()
+    ]
     assert [r["completed"] for r in rounds] == [run.ids] * len(rounds)
     for r in rounds:
         sent = r["transport"]
         for d in r["selected"]:
-            assert sent["published_down"][d] == r["bytes_down"][d] * (1 + sent["retries"].get(d, 0)), (r["round"], d)
+            assert sent["published_down"][d] == r["bytes_down"][d] * (
+                1 + sent["retries"].get(d, 0)
+            ), (r["round"], d)
             assert sent["received_up"][d] >= r["bytes_up"][d] > 0
         assert sum(sent["received_up"].values()) >= r["bytes_up_total"]
-        if not sent["dropped"] and not sent["retries"]:  # no re-sent request, no duplicate reply: exactly
+        # no re-sent request, no duplicate reply: exactly
+        if not sent["dropped"] and not sent["retries"]:
             assert sum(sent["received_up"].values()) == r["bytes_up_total"]  # what was declared
 
 
@@ -222,18 +280,24 @@ def memory_fleet(cfg):
     halves, fleet = {}, {}
     for d in run.ids:
         halves[d] = run.device_half(d)
-        transport.connect(d, DeviceAgent(halves[d], eval_sets=run.data.evals, algorithm=cfg.algorithm).handle)
+        transport.connect(
+            d, DeviceAgent(halves[d], eval_sets=run.data.evals, algorithm=cfg.algorithm).handle
+        )
         fleet[d] = DeviceRecord(run.specs[d], len(halves[d].ctx.train_data))
     return run, transport, halves, fleet
 
 
 def run_loop(cfg, checkpoint_dir=None, stop_after_round=None):
     run, transport, halves, fleet = memory_fleet(cfg)
-    settings = LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=0, checkpoint_dir=checkpoint_dir)
+    settings = LoopSettings(
+        rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=0, checkpoint_dir=checkpoint_dir
+    )
 
     def new_loop(on_round):
         ctx = run.server_context(fleet)
-        return RoundLoop(run.algorithm.server(ctx, run.options), ctx, transport, settings, on_round=on_round)
+        return RoundLoop(
+            run.algorithm.server(ctx, run.options), ctx, transport, settings, on_round=on_round
+        )
 
     def interrupt(record):
         if record["round"] == stop_after_round:
@@ -249,29 +313,35 @@ def run_loop(cfg, checkpoint_dir=None, stop_after_round=None):
     return loop.server.state_dict(), {d: model_arrays(h.model) for d, h in halves.items()}, final
 
 
-@pytest.mark.parametrize(("name", "extra"), [pytest.param(m, {}, id=m) for m in METHODS] + SERVER_OPT_CASES)
+@pytest.mark.parametrize(
+    ("name", "extra"), [pytest.param(m, {}, id=m) for m in METHODS] + SERVER_OPT_CASES
+)
 def test_checkpoint_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, name, extra):
     cfg = conformance_config(tmp_path, name, **extra)
     # Execute
     expected_state, expected_models, expected = run_loop(cfg)
     state, models, final = run_loop(cfg, checkpoint_dir=tmp_path / "ck", stop_after_round=1)
     # Assert
-    if "server_opt" in extra:  # the optimizer stepped, and its moments are server state that resumes
+    # the optimizer stepped, and its moments are server state that resumes
+    if "server_opt" in extra:
         assert any(k.startswith("opt|") for k in expected_state), sorted(expected_state)[:5]
     assert_states_equal(state, expected_state, "server state")
     for d in expected_models:
         assert_states_equal(models[d], expected_models[d], f"model of {d}")
     assert final["client_accuracy"] == pytest.approx(expected["client_accuracy"], abs=TOLERANCE)
-    assert final["finish_failed"] == expected["finish_failed"] == {}  # every device took its final downlink
+    # every device took its final downlink
+    assert final["finish_failed"] == expected["finish_failed"] == {}
 
 
-# --- malformed messages -----------------------------------------------------------------------------
+# --- malformed messages
+# -----------------------------------------------------------------------------
 
 
 @functools.cache
 def parties(name: str):
     """One in-memory fleet per method for the malformed-message checks (they only add requests)."""
-    cfg = conformance_config(Path(tempfile.gettempdir()) / "edgefl-conformance-unused", name)  # nothing is written
+    # nothing is written
+    cfg = conformance_config(Path(tempfile.gettempdir()) / "edgefl-conformance-unused", name)
     return cfg, *memory_fleet(cfg)
 
 
@@ -309,7 +379,14 @@ def round_zero(name: str) -> tuple[Envelope, dict[str, Envelope]]:
             transport.connect(d, handlers[d])
     loop.ctx.round = 1
     d = run.ids[0]
-    request = Envelope("train", 1, d, algorithm=cfg.algorithm, tier=run.specs[d].tier, payload=loop.server.downlink(1, d))
+    request = Envelope(
+        "train",
+        1,
+        d,
+        algorithm=cfg.algorithm,
+        tier=run.specs[d].tier,
+        payload=loop.server.downlink(1, d),
+    )
     return request, replies
 
 
@@ -348,7 +425,10 @@ def spoiled_array(payload: Payload, how: str) -> str:
         names = sorted(k for k, v in payload.arrays.items() if v.dtype.kind == kind and v.size > 0)
         if names:
             return names[0]
-    raise AssertionError(f"the message carries no array to spoil with {how} ({sorted(payload.arrays)}), though the method declares some")
+    raise AssertionError(
+        f"the message carries no array to spoil with {how} ({sorted(payload.arrays)}), though the "
+        "method declares some"
+    )
 
 
 def malformed(envelope: Envelope, how: str) -> Envelope:
@@ -388,7 +468,9 @@ def test_a_malformed_downlink_is_rejected_and_the_device_keeps_serving(name, how
     bad = encode(malformed(good, how))
     # Execute
     reply = decode(agent.handle_bytes(bad))
-    after = decode(agent.handle_bytes(encode(dataclasses.replace(good, message_id=uuid.uuid4().hex))))
+    after = decode(
+        agent.handle_bytes(encode(dataclasses.replace(good, message_id=uuid.uuid4().hex)))
+    )
     # Assert: refused as a WireError, then the good request served
     assert reply.kind == "error", f"{name} accepted a downlink with {how}"
     assert is_wire_rejection(str(reply.payload.meta["reason"])), reply.payload.meta["reason"]
@@ -403,7 +485,9 @@ def test_a_malformed_uplink_is_rejected_and_the_round_goes_on(name, how):
     _, replies = round_zero(name)
 
     def answer(request: Envelope) -> Envelope:
-        reply = dataclasses.replace(replies[request.device_id], run=request.run, nonce=request.nonce)
+        reply = dataclasses.replace(
+            replies[request.device_id], run=request.run, nonce=request.nonce
+        )
         return malformed(reply, how) if request.device_id == run.ids[0] else reply
 
     loop = new_loop(name, InMemoryTransport(dict.fromkeys(run.ids, answer)))
@@ -416,7 +500,8 @@ def test_a_malformed_uplink_is_rejected_and_the_round_goes_on(name, how):
     assert record["completed"] == run.ids[1:]
 
 
-# --- export ------------------------------------------------------------------------------------------
+# --- export
+# ------------------------------------------------------------------------------------------
 
 
 def default_specs():
@@ -428,7 +513,11 @@ def default_specs():
         from edgefl.runtime.setup import fleet_specs, run_tiers
 
         tiers = run_tiers(cfg)
-        for spec in fleet_specs(cfg.model_copy(update={"tiers": tuple(tiers)}), [f"t{i}" for i in range(len(tiers))], dataset_info("synthetic")).values():
+        for spec in fleet_specs(
+            cfg.model_copy(update={"tiers": tuple(tiers)}),
+            [f"t{i}" for i in range(len(tiers))],
+            dataset_info("synthetic"),
+        ).values():
             specs.setdefault(spec, []).append(name)
     return specs
 
@@ -437,7 +526,9 @@ SPECS = default_specs()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", list(SPECS), ids=[f"{s.name}-{'+'.join(m)}" for s, m in SPECS.items()])
+@pytest.mark.parametrize(
+    "spec", list(SPECS), ids=[f"{s.name}-{'+'.join(m)}" for s, m in SPECS.items()]
+)
 def test_every_tier_exports_to_onnx(tmp_path, spec):
     from edgefl.export.onnx_export import export_model
     from edgefl.models import build_model
@@ -446,24 +537,42 @@ def test_every_tier_exports_to_onnx(tmp_path, spec):
     model = build_model(spec).eval()
     images = (torch.rand(8, *spec.in_shape) * 255).to(torch.uint8)
     try:
-        report = export_model(model, tmp_path / "m.onnx", parity_images=images, calibration_images=images)
+        report = export_model(
+            model, tmp_path / "m.onnx", parity_images=images, calibration_images=images
+        )
     except EdgeflError as e:
         pytest.fail(f"{spec.name}: {e}")
     assert (tmp_path / "m.onnx").stat().st_size > 0
     from edgefl.export.onnx_export import DEFAULT_TOLERANCE
 
-    # the exporter's documented rule: tolerance × max(1, max |logit|) (random images give large logits)
+    # the exporter's documented rule: tolerance × max(1, max |logit|) (random images give large
+    # logits)
     with torch.no_grad():
         scale = max(1.0, float(model(images.float()).abs().max()))
     assert report.max_abs_diff <= DEFAULT_TOLERANCE * scale
 
 
-# --- privacy: what each method's uplink reveals ----------------------------------------------------
+# --- privacy: what each method's uplink reveals
+# ----------------------------------------------------
 
 
 def private_config(tmp_path: Path, name: str, clip: float = 1.0):
-    options = {**SMALL_WORK.get(name, {}), "dp": "local", "dp_target_epsilon": "8", "dp_delta": "1e-5", "dp_clip": str(clip)}
-    settings = {"clients": 3, "rounds": 2, "steps": 2, "batch_size": 8, "test_samples": 100, "fraction": 1.0, "threads": 1}
+    options = {
+        **SMALL_WORK.get(name, {}),
+        "dp": "local",
+        "dp_target_epsilon": "8",
+        "dp_delta": "1e-5",
+        "dp_clip": str(clip),
+    }
+    settings = {
+        "clients": 3,
+        "rounds": 2,
+        "steps": 2,
+        "batch_size": 8,
+        "test_samples": 100,
+        "fraction": 1.0,
+        "threads": 1,
+    }
     return tiny_config(tmp_path, algorithm=name, options=options, **settings)
 
 
@@ -490,7 +599,9 @@ def test_every_method_declares_every_array_its_uplink_carries(name):
         from edgefl.runtime.setup import resolve_method
 
         with pytest.raises(ConfigError, match=release.unprotected[0]):
-            resolve_method(name, {**SMALL_WORK.get(name, {}), "dp": "local", "dp_target_epsilon": "8"})
+            resolve_method(
+                name, {**SMALL_WORK.get(name, {}), "dp": "local", "dp_target_epsilon": "8"}
+            )
 
 
 @pytest.mark.parametrize("name", PROTECTABLE)
@@ -501,7 +612,12 @@ def test_a_private_round_passes_the_servers_checks_and_records_epsilon(tmp_path,
     cfg = private_config(tmp_path, name)
     run, transport, halves, fleet = memory_fleet(cfg)
     ctx = run.server_context(fleet)
-    loop = RoundLoop(build_server(run.method, ctx), ctx, transport, LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=0))
+    loop = RoundLoop(
+        build_server(run.method, ctx),
+        ctx,
+        transport,
+        LoopSettings(rounds=cfg.rounds, algorithm=cfg.algorithm, eval_every=0),
+    )
     # Execute
     record = loop.run_round(0)
     # Assert: every protected uplink passed the method's own uplink checks; ε spent per device,
@@ -512,7 +628,9 @@ def test_a_private_round_passes_the_servers_checks_and_records_epsilon(tmp_path,
         assert all(0 < eps[d] <= 8.0 for d in run.ids), eps
     else:  # nothing leaves the device (Local): nothing spent
         assert all(eps[d] == 0 for d in run.ids), eps
-    assert all(set(m) <= {"dp_epsilon", "train_seconds"} for m in record["device_metrics"].values()), record["device_metrics"]
+    assert all(
+        set(m) <= {"dp_epsilon", "train_seconds"} for m in record["device_metrics"].values()
+    ), record["device_metrics"]
     assert record["train_loss"] == {}
 
 
@@ -534,8 +652,12 @@ def test_one_adversarial_sample_moves_the_statistics_by_at_most_the_declared_sen
     y[0] = (int(y[0]) + 1) % half.ctx.num_classes
     neighbour = ArrayDataset(x, y, data.info)
     # Execute
-    sums, counts = class_sums(half.sample_vectors, half.model, data, release.stats, half.ctx.num_classes, clip)
-    sums2, counts2 = class_sums(half.sample_vectors, half.model, neighbour, release.stats, half.ctx.num_classes, clip)
+    sums, counts = class_sums(
+        half.sample_vectors, half.model, data, release.stats, half.ctx.num_classes, clip
+    )
+    sums2, counts2 = class_sums(
+        half.sample_vectors, half.model, neighbour, release.stats, half.ctx.num_classes, clip
+    )
     # Assert: the sums (over every block) and the counts, scaled by the clip, move by at most the
     # declared sensitivity; the unclipped vectors of the sample do exceed the clip
     moved = sum(float(np.sum((sums[b] - sums2[b]) ** 2)) for b in release.stats.blocks) / clip**2

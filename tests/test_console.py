@@ -1,5 +1,6 @@
 """What the commands tell an operator while they work: plain, whole lines through a pipe; progress
-bars on a terminal that leave ``--json`` alone; ``server start`` naming the devices that registered."""
+bars on a terminal that leave ``--json`` alone; ``server start`` naming the devices that
+registered."""
 
 import io
 import json
@@ -16,8 +17,27 @@ from rich.console import Console
 from edgefl.report.console import Feedback, make_console
 
 #: A short real run: every line it prints is longer than 80 columns once the run name is long.
-RUN = ["simulate", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--train-samples", "600", "--test-samples", "200",
-       "--eval-samples", "100", "--steps", "3", "--batch-size", "16", "--width", "0.25"]
+RUN = [
+    "simulate",
+    "--dataset",
+    "synthetic",
+    "--clients",
+    "3",
+    "--rounds",
+    "2",
+    "--train-samples",
+    "600",
+    "--test-samples",
+    "200",
+    "--eval-samples",
+    "100",
+    "--steps",
+    "3",
+    "--batch-size",
+    "16",
+    "--width",
+    "0.25",
+]
 
 
 def edgefl(*args):
@@ -29,14 +49,22 @@ def test_piped_output_keeps_every_line_whole(tmp_path):
     name = "a-run-name-long-enough-that-its-path-does-not-fit-in-eighty-columns-" + "x" * 30
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     # Execute: stderr is a pipe
-    done = subprocess.run(edgefl(*RUN, "--out", str(tmp_path), "--run-name", name), capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        edgefl(*RUN, "--out", str(tmp_path), "--run-name", name),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     # Assert: one line per round, the results line whole, no escape codes
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     rounds = [line for line in lines if line.startswith("round")]
     assert len(rounds) == 2, lines
     for line in rounds:
-        assert re.fullmatch(r"round +\d+/2 +devices 3/3 .*up +[\d.]+ MB +down +[\d.]+ MB +[\d.]+ s", line), line
+        assert re.fullmatch(
+            r"round +\d+/2 +devices 3/3 .*up +[\d.]+ MB +down +[\d.]+ MB +[\d.]+ s", line
+        ), line
     assert f"results: {tmp_path / name}" in lines
     assert "final evaluation: 3 devices" in lines  # the final evaluation is announced, not silent
     assert "\x1b[" not in done.stderr
@@ -44,7 +72,8 @@ def test_piped_output_keeps_every_line_whole(tmp_path):
 
 
 class Terminal:
-    """A pseudo-terminal whose output is collected by a thread (a full pty would block the writer)."""
+    """A pseudo-terminal whose output is collected by a thread (a full pty would block the
+    writer)."""
 
     def __init__(self):
         self.master, self.slave = pty.openpty()
@@ -76,8 +105,12 @@ def test_progress_bars_on_a_terminal_leave_the_json_on_stdout_alone(tmp_path):
     slave, shown = term.slave, term.shown
     env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
     # Execute
-    proc = subprocess.Popen(edgefl(*RUN, "--out", str(tmp_path), "--run-name", "tty", "--json"), stdout=subprocess.PIPE,
-                            stderr=slave, env=env)
+    proc = subprocess.Popen(
+        edgefl(*RUN, "--out", str(tmp_path), "--run-name", "tty", "--json"),
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env=env,
+    )
     os.close(slave)
     out, _ = proc.communicate(timeout=300)
     term.close()
@@ -99,13 +132,16 @@ def test_plain_feedback_names_the_registered_devices_every_few_seconds_and_at_th
     with Feedback(console, rounds=3) as fb:
         fb.clock = lambda: now[0]
         fb.progress_hook("register", None, 0, 6)
-        fb.progress_hook("register", None, 1, 6, names=["pi-02"])  # within 5 s of the last line: none
+        # within 5 s of the last line: none
+        fb.progress_hook("register", None, 1, 6, names=["pi-02"])
         now[0] = 6.0
         fb.progress_hook("register", None, 2, 6, names=["pi-02", "pi-01"])
         now[0] = 12.0
         fb.progress_hook("register", None, 2, 6, names=["pi-01", "pi-02"])  # nothing new: no line
         now[0] = 12.5
-        fb.progress_hook("register", None, 6, 6, names=["pi-01", "pi-02", "pi-03", "pi-04", "pi-05", "pi-06"])  # the last: at once
+        fb.progress_hook(
+            "register", None, 6, 6, names=["pi-01", "pi-02", "pi-03", "pi-04", "pi-05", "pi-06"]
+        )  # the last: at once
         fb.progress_hook("train", 1, 0, 6)  # per-exchange progress is for terminals only
         fb.progress_hook("train", 1, 3, 6)
         fb.round_done("round 1 done, a line much longer than the forty columns of this console")
@@ -143,18 +179,48 @@ def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
     from tests.conftest import tiny_config
 
     if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
+        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
+            "CI"
+        ) == "true" else pytest.skip("mosquitto is not installed")
     # Prepare: a broker, a server waiting for 2 devices, and one device
     broker = MosquittoBroker(port=0).start()
     url = f"mqtt://127.0.0.1:{broker.port}"
-    server = subprocess.Popen(edgefl("server", "start", "--broker", url, "--fleet", "fb", "--rounds", "1", "--min-devices", "2",
-                                     "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "2",
-                                     "--out", str(tmp_path / "runs"), "--run-name", "wait"),
-                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(
+        edgefl(
+            "server",
+            "start",
+            "--broker",
+            url,
+            "--fleet",
+            "fb",
+            "--rounds",
+            "1",
+            "--min-devices",
+            "2",
+            "--dataset",
+            "synthetic",
+            "--train-samples",
+            "600",
+            "--width",
+            "0.25",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "wait",
+        ),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     cfg = tiny_config(tmp_path, clients=2)
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
-    device = start_device(device_command(url, "fb", "pi-01", data_spec_for(cfg, 0), profile_file=profile), tmp_path / "pi-01.log")
+    device = start_device(
+        device_command(url, "fb", "pi-01", data_spec_for(cfg, 0), profile_file=profile),
+        tmp_path / "pi-01.log",
+    )
     lines = []
     try:
         # Execute: read the server's lines until it names the device (or ends)
@@ -181,22 +247,65 @@ def test_train_on_a_terminal_draws_a_bar_of_the_rounds(tmp_path):
     from tests.conftest import tiny_config
 
     if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
+        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
+            "CI"
+        ) == "true" else pytest.skip("mosquitto is not installed")
     # Prepare: a broker and a 2-round server for one device; the device's stdout is a terminal
     broker = MosquittoBroker(port=0).start()
     url = f"mqtt://127.0.0.1:{broker.port}"
-    server = subprocess.Popen(edgefl("server", "start", "--broker", url, "--fleet", "tty", "--rounds", "2", "--min-devices", "1",
-                                     "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "2",
-                                     "--out", str(tmp_path / "runs"), "--run-name", "tty", "--json"),
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(
+        edgefl(
+            "server",
+            "start",
+            "--broker",
+            url,
+            "--fleet",
+            "tty",
+            "--rounds",
+            "2",
+            "--min-devices",
+            "1",
+            "--dataset",
+            "synthetic",
+            "--train-samples",
+            "600",
+            "--width",
+            "0.25",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "tty",
+            "--json",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
     term = Terminal()
     try:
         # Execute
-        device = subprocess.Popen(edgefl("train", "--broker", url, "--fleet", "tty", "--device-id", "pi-01", "--profile", str(profile),
-                                         "--data", data_spec_for(tiny_config(tmp_path, clients=1), 0).to_string()),
-                                  stdout=term.slave, stderr=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+        device = subprocess.Popen(
+            edgefl(
+                "train",
+                "--broker",
+                url,
+                "--fleet",
+                "tty",
+                "--device-id",
+                "pi-01",
+                "--profile",
+                str(profile),
+                "--data",
+                data_spec_for(tiny_config(tmp_path, clients=1), 0).to_string(),
+            ),
+            stdout=term.slave,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+        )
         os.close(term.slave)
         assert device.wait(300) == 0
         summary = json.loads(server.communicate(timeout=120)[0])
@@ -210,5 +319,9 @@ def test_train_on_a_terminal_draws_a_bar_of_the_rounds(tmp_path):
     # Assert: the device's lines, and a bar of the rounds it trained (rich's glyphs and its count)
     text = term.text()
     assert summary["rounds"] == 2
-    assert "[pi-01] registered with server" in text and "[pi-01] round" in text and "[pi-01] done" in text
+    assert (
+        "[pi-01] registered with server" in text
+        and "[pi-01] round" in text
+        and "[pi-01] done" in text
+    )
     assert "rounds trained" in text and "━" in text and "/2" in text

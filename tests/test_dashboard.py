@@ -14,7 +14,12 @@ from aiohttp import ClientSession, ClientTimeout  # noqa: E402
 from aiohttp.test_utils import TestServer  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from edgefl.dashboard import SECURITY_HEADERS, AuthBackoff, build_app, reference_from_run  # noqa: E402
+from edgefl.dashboard import (  # noqa: E402
+    SECURITY_HEADERS,
+    AuthBackoff,
+    build_app,
+    reference_from_run,
+)
 from edgefl.report.metrics import serve_metrics  # noqa: E402
 from edgefl.runtime.status import FleetStatus  # noqa: E402
 from edgefl.transport.base import Delivery  # noqa: E402
@@ -27,23 +32,45 @@ def snapshot(phase="train"):
     for d, tier in (("pi-01", "2"), ("pi-02", "2"), ("jetson-01", "4")):
         s.registered(d, tier, f"cnn-{tier}", {"name": "pi", "cores": 4})
     s.exchange_started("train", 1, ["pi-01", "pi-02", "jetson-01"], timeout=10.0)
-    s.exchange_done("train", 1, {"pi-01": Delivery("pi-01", b"x" * 1000), "jetson-01": Delivery("jetson-01", b"y" * 3000, rejected=("bad nonce",)),
-                                 "pi-02": Delivery("pi-02", None, "deadline")}, {"pi-01": 500, "pi-02": 500, "jetson-01": 700})
+    s.exchange_done(
+        "train",
+        1,
+        {
+            "pi-01": Delivery("pi-01", b"x" * 1000),
+            "jetson-01": Delivery("jetson-01", b"y" * 3000, rejected=("bad nonce",)),
+            "pi-02": Delivery("pi-02", None, "deadline"),
+        },
+        {"pi-01": 500, "pi-02": 500, "jetson-01": 700},
+    )
     s.connection = lambda d: "offline" if d == "pi-02" else "online"
     s.gone_after = 0.0
-    s.round_recorded({"round": 1, "completed": ["pi-01", "jetson-01"], "failed": {"pi-02": "deadline"}, "bytes_up_total": 4000,
-                      "bytes_down_total": 1700, "eval": {"mean_accuracy": 0.6, "tier_accuracy": {"2": 0.5, "4": 0.7}}})
+    s.round_recorded(
+        {
+            "round": 1,
+            "completed": ["pi-01", "jetson-01"],
+            "failed": {"pi-02": "deadline"},
+            "bytes_up_total": 4000,
+            "bytes_down_total": 1700,
+            "eval": {"mean_accuracy": 0.6, "tier_accuracy": {"2": 0.5, "4": 0.7}},
+        }
+    )
     snap = s.snapshot()
     snap["server"]["phase"] = phase
     return snap
 
 
 def metrics_of(text):
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def auth(password, scheme="Basic", user="ops"):
-    return {"Authorization": f"{scheme} " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    return {
+        "Authorization": f"{scheme} " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    }
 
 
 async def serve(app, check):
@@ -58,8 +85,14 @@ async def serve(app, check):
 
 def test_every_answer_carries_the_security_headers_and_the_page_has_its_own_files():
     async def check(http, base):
-        for path, kind in (("/", "text/html"), ("/page.js", "text/javascript"), ("/page.css", "text/css"),
-                           ("/favicon.ico", "image/svg+xml"), ("/status", "application/json"), ("/nope", None)):
+        for path, kind in (
+            ("/", "text/html"),
+            ("/page.js", "text/javascript"),
+            ("/page.css", "text/css"),
+            ("/favicon.ico", "image/svg+xml"),
+            ("/status", "application/json"),
+            ("/nope", None),
+        ):
             async with http.get(base + path) as r:
                 assert r.status == (404 if path == "/nope" else 200), path
                 if kind:
@@ -89,9 +122,11 @@ def test_basic_authentication_any_scheme_case_and_a_back_off_after_repeated_fail
         for _ in range(3):  # free failures
             async with http.get(base + "/status", headers=auth("wrong")) as r:
                 assert r.status == 401
-        async with http.get(base + "/status", headers=auth("wrong")) as r:  # the 4th: from now on, wait
+        # the 4th: from now on, wait
+        async with http.get(base + "/status", headers=auth("wrong")) as r:
             assert r.status == 401
-        async with http.get(base + "/status", headers=auth("s3cret")) as r:  # even the right one waits
+        # even the right one waits
+        async with http.get(base + "/status", headers=auth("s3cret")) as r:
             assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
         now[0] += 1.5
         async with http.get(base + "/status", headers=auth("wrong")) as r:  # the 5th: 2 s now
@@ -100,7 +135,8 @@ def test_basic_authentication_any_scheme_case_and_a_back_off_after_repeated_fail
         async with http.get(base + "/status", headers=auth("s3cret")) as r:
             assert r.status == 429
         now[0] += 1.0
-        async with http.get(base + "/status", headers=auth("s3cret")) as r:  # waited: in, and cleared
+        # waited: in, and cleared
+        async with http.get(base + "/status", headers=auth("s3cret")) as r:
             assert r.status == 200
         assert backoff.failures == {}
 
@@ -113,7 +149,11 @@ def test_event_streams_are_capped():
         try:
             for _ in range(2):
                 r = await http.get(base + "/events")
-                assert r.status == 200 and r.headers["Content-Security-Policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+                assert (
+                    r.status == 200
+                    and r.headers["Content-Security-Policy"]
+                    == SECURITY_HEADERS["Content-Security-Policy"]
+                )
                 first = await r.content.readline()
                 assert first.startswith(b"data: ") and json.loads(first[6:])["fleet"] == "lab"
                 streams.append(r)
@@ -150,9 +190,15 @@ def test_the_dashboard_metrics_scrape_as_prometheus_text():
     assert got[("edgefl_devices", (("state", "gone"),))] == 1
     assert got[("edgefl_devices", (("state", "idle"),))] == 2
     assert got[("edgefl_devices", (("state", "training"),))] == 0
-    assert got[("edgefl_run_phase", (("phase", "evaluate"),))] == 1 and got[("edgefl_run_phase", (("phase", "train"),))] == 0
+    assert (
+        got[("edgefl_run_phase", (("phase", "evaluate"),))] == 1
+        and got[("edgefl_run_phase", (("phase", "train"),))] == 0
+    )
     assert got[("edgefl_round", ())] == 1 and got[("edgefl_rounds", ())] == 4
-    assert got[("edgefl_accuracy", (("tier", "2"),))] == 0.5 and got[("edgefl_accuracy", (("tier", "4"),))] == 0.7
+    assert (
+        got[("edgefl_accuracy", (("tier", "2"),))] == 0.5
+        and got[("edgefl_accuracy", (("tier", "4"),))] == 0.7
+    )
     assert got[("edgefl_mean_accuracy", ())] == 0.6
     assert got[("edgefl_bytes_total", (("direction", "up"),))] == 4000
     assert got[("edgefl_bytes_total", (("direction", "down"),))] == 1700
@@ -176,17 +222,36 @@ def test_the_server_metrics_endpoint_follows_its_fleet_status():
     finally:
         httpd.shutdown()
         httpd.server_close()
-    assert before[("edgefl_devices", (("state", "idle"),))] == 0 and before[("edgefl_run_phase", (("phase", "waiting"),))] == 1
-    assert during[("edgefl_devices", (("state", "training"),))] == 1 and during[("edgefl_run_phase", (("phase", "train"),))] == 1
+    assert (
+        before[("edgefl_devices", (("state", "idle"),))] == 0
+        and before[("edgefl_run_phase", (("phase", "waiting"),))] == 1
+    )
+    assert (
+        during[("edgefl_devices", (("state", "training"),))] == 1
+        and during[("edgefl_run_phase", (("phase", "train"),))] == 1
+    )
 
 
 def test_the_reference_is_local_when_recorded_else_the_run_itself(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "summary.json").write_text(json.dumps({"mean_accuracy": 0.7, "tier_accuracy": {"2": 0.7},
-                                                             "local_reference": {"mean_accuracy": 0.55, "tier_accuracy": {"2": 0.55}}}))
+    (tmp_path / "a" / "summary.json").write_text(
+        json.dumps(
+            {
+                "mean_accuracy": 0.7,
+                "tier_accuracy": {"2": 0.7},
+                "local_reference": {"mean_accuracy": 0.55, "tier_accuracy": {"2": 0.55}},
+            }
+        )
+    )
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / "summary.json").write_text(json.dumps({"mean_accuracy": 0.66, "tier_accuracy": {}}))
-    assert reference_from_run(tmp_path / "a") == {"label": "Local", "mean_accuracy": 0.55, "tier_accuracy": {"2": 0.55}}
+    (tmp_path / "b" / "summary.json").write_text(
+        json.dumps({"mean_accuracy": 0.66, "tier_accuracy": {}})
+    )
+    assert reference_from_run(tmp_path / "a") == {
+        "label": "Local",
+        "mean_accuracy": 0.55,
+        "tier_accuracy": {"2": 0.55},
+    }
     assert reference_from_run(tmp_path / "b")["label"] == "run b"
     assert reference_from_run(tmp_path / "b", local_only=True) is None
     assert reference_from_run(tmp_path / "missing") is None
@@ -202,13 +267,30 @@ def test_the_grafana_dashboard_queries_only_metrics_that_exist():
     snap = snapshot("finished")
     snap["server"]["result"] = {"mean_accuracy": 0.6, "devices": 2}
     snap["server"]["registered"], snap["server"]["expected"] = 3, 3
-    exposed = {sample.name for family in StatusCollector(lambda: snap).collect() for sample in family.samples}
+    exposed = {
+        sample.name
+        for family in StatusCollector(lambda: snap).collect()
+        for sample in family.samples
+    }
     # Execute: the names the example dashboard queries
-    board = json.loads((Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json").read_text())
-    queried = {name for panel in board["panels"] for t in panel["targets"] for name in re.findall(r"edgefl_[a-z_]+", t["expr"])}
+    board = json.loads(
+        (Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json").read_text()
+    )
+    queried = {
+        name
+        for panel in board["panels"]
+        for t in panel["targets"]
+        for name in re.findall(r"edgefl_[a-z_]+", t["expr"])
+    }
     # Assert
     assert queried and queried <= exposed, queried - exposed
-    assert {"edgefl_devices", "edgefl_accuracy", "edgefl_bytes_total", "edgefl_refused_messages_total", "edgefl_round"} <= queried
+    assert {
+        "edgefl_devices",
+        "edgefl_accuracy",
+        "edgefl_bytes_total",
+        "edgefl_refused_messages_total",
+        "edgefl_round",
+    } <= queried
 
 
 def test_bytes_plot_explains_alternating_rounds_and_marks_cvae_rounds():
@@ -218,8 +300,16 @@ def test_bytes_plot_explains_alternating_rounds_and_marks_cvae_rounds():
 
     from edgefl.report.plots import _explain_alternation
 
-    rounds = [{"round": r, "eval": {"mean_accuracy": 0.5}} if r % 2 == 0 else
-              {"round": r, "server": {"cvae_loss": 0.1}, "downlinks_not_resent": ["d00"] if r > 1 else []} for r in range(1, 7)]
+    rounds = [
+        {"round": r, "eval": {"mean_accuracy": 0.5}}
+        if r % 2 == 0
+        else {
+            "round": r,
+            "server": {"cvae_loss": 0.1},
+            "downlinks_not_resent": ["d00"] if r > 1 else [],
+        }
+        for r in range(1, 7)
+    ]
     fig, ax = plt.subplots()
     try:
         # Execute
@@ -229,7 +319,11 @@ def test_bytes_plot_explains_alternating_rounds_and_marks_cvae_rounds():
     finally:
         plt.close(fig)
     # Assert
-    assert noted and "evaluation round" in labels and "CVAE round (the server trained its CVAE)" in labels
+    assert (
+        noted
+        and "evaluation round" in labels
+        and "CVAE round (the server trained its CVAE)" in labels
+    )
     assert any("not re-sent" in n for n in notes)
     # a run evaluated every round alternates nothing: no band, no note
     fig, ax = plt.subplots()

@@ -2,7 +2,8 @@
 fleet (Mosquitto, `edgefl server start`, three `edgefl train` devices, `edgefl dashboard`): the
 run's states as an operator sees them (waiting, training, a device gone, finished), each
 screenshotted; the server's /metrics scraped at the same moments; no script or policy error in
-the page. ``EDGEFL_UPDATE_SCREENSHOTS=1`` copies the screenshots to docs/img/ (the README shows one).
+the page. ``EDGEFL_UPDATE_SCREENSHOTS=1`` copies the screenshots to docs/img/ (the README shows
+one).
 
 The browser part FAILS (never skips) when chromium or Playwright is missing: CI installs both.
 """
@@ -33,16 +34,24 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "img"
 def scrape(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
     if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
+        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
+            "CI"
+        ) == "true" else pytest.skip("mosquitto is not installed")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as e:
-        pytest.fail(f"playwright is not installed (pip install playwright; it is in the [dev] extra): {e}")
+        pytest.fail(
+            f"playwright is not installed (pip install playwright; it is in the [dev] extra): {e}"
+        )
 
     # Prepare: a broker, a server for 3 devices, the dashboard; devices start later, one by one
     broker = MosquittoBroker(port=0).start()
@@ -51,21 +60,94 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
     cfg = tiny_config(tmp_path, clients=3)
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
-    server = subprocess.Popen([
-        sys.executable, "-m", "edgefl.cli.main", "server", "start", "--broker", url, "--fleet", FLEET,
-        # Velo (its CVAE every second round) on two tiers, evaluated every second round: all the charts have to say
-        "--algorithm", "velo", "--option", "cvae_interval=2", "--model", "cnn", "--tiers", "2,4", "--feature-dim", "64", "--eval-every", "2",
-        "--rounds", "6", "--min-devices", "3", "--fraction", "1", "--deadline", str(scaled(20)), "--gone-after", str(scaled(4)),
-        "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "10", "--batch-size", "16",
-        "--out", str(tmp_path / "runs"), "--run-name", "shots", "--metrics-port", str(metrics_port),
-    ], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"))  # noqa: SIM115
-    dash = subprocess.Popen([sys.executable, "-m", "edgefl.cli.main", "dashboard", "--broker", url, "--fleet", FLEET, "--port", "0",
-                             "--web-password", "s3cret"], stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgefl.cli.main",
+            "server",
+            "start",
+            "--broker",
+            url,
+            "--fleet",
+            FLEET,
+            # Velo (its CVAE every second round) on two tiers, evaluated every second round: all the
+            # charts have to say
+            "--algorithm",
+            "velo",
+            "--option",
+            "cvae_interval=2",
+            "--model",
+            "cnn",
+            "--tiers",
+            "2,4",
+            "--feature-dim",
+            "64",
+            "--eval-every",
+            "2",
+            "--rounds",
+            "6",
+            "--min-devices",
+            "3",
+            "--fraction",
+            "1",
+            "--deadline",
+            str(scaled(20)),
+            "--gone-after",
+            str(scaled(4)),
+            "--dataset",
+            "synthetic",
+            "--train-samples",
+            "600",
+            "--width",
+            "0.25",
+            "--steps",
+            "10",
+            "--batch-size",
+            "16",
+            "--out",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "shots",
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "server.log", "wb"),  # noqa: SIM115
+    )
+    dash = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgefl.cli.main",
+            "dashboard",
+            "--broker",
+            url,
+            "--fleet",
+            FLEET,
+            "--port",
+            "0",
+            "--web-password",
+            "s3cret",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     devices = {}
 
     def start(device_id, i):
-        devices[device_id] = start_device(device_command(url, FLEET, device_id, data_spec_for(cfg, i), tier="24"[i % 2],
-                                                         profile_file=profile, delay=2.0), tmp_path / f"{device_id}.log")
+        devices[device_id] = start_device(
+            device_command(
+                url,
+                FLEET,
+                device_id,
+                data_spec_for(cfg, i),
+                tier="24"[i % 2],
+                profile_file=profile,
+                delay=2.0,
+            ),
+            tmp_path / f"{device_id}.log",
+        )
 
     shots, problems, metrics = {}, [], {}
     try:
@@ -74,9 +156,14 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
         with sync_playwright() as p:
             browser = launch_browser(p)
             try:
-                page = browser.new_context(http_credentials={"username": "ops", "password": "s3cret"},
-                                           viewport={"width": 1280, "height": 860}).new_page()
-                page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+                page = browser.new_context(
+                    http_credentials={"username": "ops", "password": "s3cret"},
+                    viewport={"width": 1280, "height": 860},
+                ).new_page()
+                page.on(
+                    "console",
+                    lambda m: problems.append(m.text) if m.type in ("error", "warning") else None,
+                )
                 page.on("pageerror", lambda e: problems.append(str(e)))
                 page.goto(match.group(0))
 
@@ -86,32 +173,49 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
 
                 # Execute and Assert: waiting for devices, one registered
                 start("d00", 0)
-                page.wait_for_selector("#run[data-phase=waiting] >> text=/Waiting for devices: 1/", timeout=scaled(240) * 1000)
+                page.wait_for_selector(
+                    "#run[data-phase=waiting] >> text=/Waiting for devices: 1/",
+                    timeout=scaled(240) * 1000,
+                )
                 page.wait_for_selector("tr[data-device=d00]")
                 shot("waiting")
                 # training, with a round on the charts
                 start("d01", 1)
                 start("d02", 2)
                 page.wait_for_selector("#run[data-phase=train]", timeout=scaled(240) * 1000)
-                page.wait_for_function("() => document.querySelectorAll('#bytes polyline').length >= 2", timeout=scaled(120) * 1000)
+                page.wait_for_function(
+                    "() => document.querySelectorAll('#bytes polyline').length >= 2",
+                    timeout=scaled(120) * 1000,
+                )
                 assert page.locator("tr[data-device]").count() == 3
                 assert "Training round" in page.text_content("#state")
-                page.wait_for_selector("#accuracy-legend >> text=tier 4", timeout=scaled(120) * 1000)  # tiers named as tiers
-                assert page.locator("#accuracy text.axis-label").all_text_contents() == ["round", "accuracy (%)"]
-                assert page.locator("#bytes text.axis-label").all_text_contents() == ["round", "MB per round (10⁶ bytes)"]
+                page.wait_for_selector(
+                    "#accuracy-legend >> text=tier 4", timeout=scaled(120) * 1000
+                )  # tiers named as tiers
+                assert page.locator("#accuracy text.axis-label").all_text_contents() == [
+                    "round",
+                    "accuracy (%)",
+                ]
+                assert page.locator("#bytes text.axis-label").all_text_contents() == [
+                    "round",
+                    "MB per round (10⁶ bytes)",
+                ]
                 page.wait_for_selector("#bytes-legend >> text=CVAE round")
                 shot("training")
                 metrics["training"] = scrape(metrics_port)
                 # a device killed: late, then gone
                 devices["d02"].send_signal(signal.SIGKILL)
-                page.wait_for_selector("tr[data-device=d02][data-state=gone]", timeout=scaled(120) * 1000)
+                page.wait_for_selector(
+                    "tr[data-device=d02][data-state=gone]", timeout=scaled(120) * 1000
+                )
                 shot("gone")
                 metrics["gone"] = scrape(metrics_port)
                 # finished, with the result and the final evaluation on the chart
                 page.wait_for_selector("#run[data-phase=finished]", timeout=scaled(300) * 1000)
                 page.wait_for_selector("#result >> text=/Result: [0-9.]+ % mean accuracy/")
                 assert page.locator("#accuracy path.final").count() >= 1
-                assert page.get_attribute("tr[data-device=d02]", "data-state") == "gone"  # killed: lost, not left
+                # killed: lost, not left
+                assert page.get_attribute("tr[data-device=d02]", "data-state") == "gone"
                 shot("finished")
             finally:
                 browser.close()
@@ -127,7 +231,11 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
                 proc.wait(10)
         broker.stop()
     assert problems == []  # no CSP violation, no script error
-    assert metrics["training"][("edgefl_devices", (("state", "training"),))] + metrics["training"][("edgefl_devices", (("state", "idle"),))] == 3
+    assert (
+        metrics["training"][("edgefl_devices", (("state", "training"),))]
+        + metrics["training"][("edgefl_devices", (("state", "idle"),))]
+        == 3
+    )
     assert metrics["gone"][("edgefl_devices", (("state", "gone"),))] == 1
     assert metrics["gone"][("edgefl_bytes_total", (("direction", "up"),))] > 0
     if os.environ.get("EDGEFL_UPDATE_SCREENSHOTS"):

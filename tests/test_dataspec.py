@@ -10,31 +10,53 @@ from edgefl.runtime.dataspec import DataSpec
 
 
 def test_text_round_trips():
-    spec = DataSpec("synthetic", shard=(2, 5), partition="dirichlet", alpha=0.3, classes_per_client=3, seed=7,
-                    train_samples=600, public=0.1, data_dir="/data", validation_samples=50)
+    spec = DataSpec(
+        "synthetic",
+        shard=(2, 5),
+        partition="dirichlet",
+        alpha=0.3,
+        classes_per_client=3,
+        seed=7,
+        train_samples=600,
+        public=0.1,
+        data_dir="/data",
+        validation_samples=50,
+    )
     assert DataSpec.parse(spec.to_string()) == spec
-    assert DataSpec.parse("imagefolder:/srv/pics:shard=0/2,k=4") == DataSpec("imagefolder:/srv/pics", shard=(0, 2),
-                                                                             classes_per_client=4)
+    assert DataSpec.parse("imagefolder:/srv/pics:shard=0/2,k=4") == DataSpec(
+        "imagefolder:/srv/pics", shard=(0, 2), classes_per_client=4
+    )
     assert DataSpec.parse("imagefolder:/srv/pics") == DataSpec("imagefolder:/srv/pics")
-    assert DataSpec.parse("fashion-mnist: seed = 3 ,alpha=1e-1,") == DataSpec("fashion-mnist", seed=3, alpha=0.1)
+    assert DataSpec.parse("fashion-mnist: seed = 3 ,alpha=1e-1,") == DataSpec(
+        "fashion-mnist", seed=3, alpha=0.1
+    )
     assert dataclasses.replace(spec, shard=(0, 1)).shard == (0, 1)
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("", "name a dataset"),
-    (":seed=1", "name a dataset"),
-    ("synthetic:seed=1,alpha", "use key=value with keys alpha, classes_per_client, dir, eval_samples, k,"),
-    ("synthetic:colour=red", "use key=value with keys"),
-    ("synthetic:seed=x", "seed='x': Input should be a valid integer"),
-    ("synthetic:seed=1.5", "seed='1.5': Input should be a valid integer"),
-    ("synthetic:alpha=lots", "alpha='lots': Input should be a valid number"),
-    ("synthetic:k=two", "k='two': Input should be a valid integer"),
-    ("synthetic:partition=random", "partition='random': Input should be 'iid', 'dirichlet' or 'shards'"),
-    ("synthetic:shard=1", "shard='1'"),
-    ("synthetic:shard=a/2", "shard="),
-    ("synthetic:shard=2/2", "shard 2/2: need 0 <= I < N"),
-    ("synthetic:shard=-1/2", "shard -1/2: need 0 <= I < N"),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "name a dataset"),
+        (":seed=1", "name a dataset"),
+        (
+            "synthetic:seed=1,alpha",
+            "use key=value with keys alpha, classes_per_client, dir, eval_samples, k,",
+        ),
+        ("synthetic:colour=red", "use key=value with keys"),
+        ("synthetic:seed=x", "seed='x': Input should be a valid integer"),
+        ("synthetic:seed=1.5", "seed='1.5': Input should be a valid integer"),
+        ("synthetic:alpha=lots", "alpha='lots': Input should be a valid number"),
+        ("synthetic:k=two", "k='two': Input should be a valid integer"),
+        (
+            "synthetic:partition=random",
+            "partition='random': Input should be 'iid', 'dirichlet' or 'shards'",
+        ),
+        ("synthetic:shard=1", "shard='1'"),
+        ("synthetic:shard=a/2", "shard="),
+        ("synthetic:shard=2/2", "shard 2/2: need 0 <= I < N"),
+        ("synthetic:shard=-1/2", "shard -1/2: need 0 <= I < N"),
+    ],
+)
 def test_a_mistake_is_named(text, says):
     with pytest.raises(ConfigError, match="^--data ") as e:
         DataSpec.parse(text)
@@ -60,15 +82,26 @@ def test_method_options_from_text_and_typed_values():
     assert prox.parse_options({"mu": 1}).mu == 1.0
 
 
-@pytest.mark.parametrize(("method", "options", "says"), [
-    ("fedprox", {"mu": "lots"}, "fedprox option mu='lots' is not a valid float"),
-    ("fedprox", {"mu": 2.5j}, "is not a valid float"),
-    ("feddw", {"missing_class": "zero"}, "feddw option missing_class='zero': choose one of onehot, keep"),
-    ("feddw", {"lam_decay_rounds": "3,x"}, "lam_decay_rounds='3,x' is not a valid comma-separated list of int"),
-    ("feddw", {"lam_decay_rounds": "none"}, "is not a valid comma-separated list of int"),
-    ("fedprox", {"nu": "1"}, "fedprox has no option nu"),
-    ("fedprox", {"mu": "-1"}, "mu must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("method", "options", "says"),
+    [
+        ("fedprox", {"mu": "lots"}, "fedprox option mu='lots' is not a valid float"),
+        ("fedprox", {"mu": 2.5j}, "is not a valid float"),
+        (
+            "feddw",
+            {"missing_class": "zero"},
+            "feddw option missing_class='zero': choose one of onehot, keep",
+        ),
+        (
+            "feddw",
+            {"lam_decay_rounds": "3,x"},
+            "lam_decay_rounds='3,x' is not a valid comma-separated list of int",
+        ),
+        ("feddw", {"lam_decay_rounds": "none"}, "is not a valid comma-separated list of int"),
+        ("fedprox", {"nu": "1"}, "fedprox has no option nu"),
+        ("fedprox", {"mu": "-1"}, "mu must be >= 0"),
+    ],
+)
 def test_a_bad_option_is_named(method, options, says):
     from edgefl.algorithms import get_algorithm
 

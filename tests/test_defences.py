@@ -20,7 +20,10 @@ C = 10
 
 def _honest_and_attacker(scale):
     rng = np.random.default_rng(0)
-    honest = [{"w/a": rng.normal(1.0, 0.1, size=(4, 3)).astype(np.float32), "w/n": np.array(5)} for _ in range(8)]
+    honest = [
+        {"w/a": rng.normal(1.0, 0.1, size=(4, 3)).astype(np.float32), "w/n": np.array(5)}
+        for _ in range(8)
+    ]
     attack = [{"w/a": np.full((4, 3), scale, np.float32), "w/n": np.array(5)} for _ in range(2)]
     return [(a, 10.0) for a in honest + attack]
 
@@ -32,12 +35,17 @@ def test_robust_rules_keep_two_of_ten_attackers_from_moving_the_weights(rule):
     robust = robust_average(items, rule, trim=0.2)
     assert np.abs(mean - 1.0).min() > 1e4  # the plain mean is dragged away
     assert np.abs(robust["w/a"] - 1.0).max() < 0.2  # the robust rule stays with the honest eight
-    assert robust["w/a"].dtype == np.float32 and robust["w/n"].dtype == np.int64 and int(robust["w/n"]) == 5
+    assert (
+        robust["w/a"].dtype == np.float32
+        and robust["w/n"].dtype == np.int64
+        and int(robust["w/n"]) == 5
+    )
 
 
 def test_trimmed_mean_drops_the_share_at_each_end():
     values = [np.array([v], np.float64) for v in (0.0, 1.0, 2.0, 3.0, 100.0)]
-    assert robust_stack(values, "trimmed_mean", trim=0.2)[0] == pytest.approx(2.0)  # drops 0 and 100
+    # drops 0 and 100
+    assert robust_stack(values, "trimmed_mean", trim=0.2)[0] == pytest.approx(2.0)
     assert robust_stack(values, "median")[0] == 2.0
 
 
@@ -48,7 +56,9 @@ def test_clip_update_bounds_the_distance_from_the_global_model():
     np.testing.assert_allclose(out["w/a"], [0.6, 0.8, 0.0, 0.0], rtol=1e-6)
     assert int(out["w/n"]) == 9  # integer buffers are not updates
     assert clip_update(up, ref, max_norm=10.0)["w/a"] is up["w/a"]  # within the bound: untouched
-    np.testing.assert_allclose(clip_to_norm(np.array([0.0, 10.0]), np.array([0.0, 2.0]), 1.0), [0.0, 3.0])
+    np.testing.assert_allclose(
+        clip_to_norm(np.array([0.0, 10.0]), np.array([0.0, 2.0]), 1.0), [0.0, 3.0]
+    )
 
 
 def test_prototype_table_with_a_median_ignores_a_flipped_prototype():
@@ -64,7 +74,9 @@ def test_prototype_table_with_a_median_ignores_a_flipped_prototype():
 
 def test_defences_are_options_of_fedavg_fedprox_and_fedproto():
     for name in ("fedavg", "fedprox", "fedproto"):
-        opts = get_algorithm(name).parse_options({"aggregator": "trimmed_mean", "trim": "0.1", "clip_norm": "5"})
+        opts = get_algorithm(name).parse_options(
+            {"aggregator": "trimmed_mean", "trim": "0.1", "clip_norm": "5"}
+        )
         assert (opts.aggregator, opts.trim, opts.clip_norm) == ("trimmed_mean", 0.1, 5.0)
     with pytest.raises(ConfigError, match="aggregator"):
         get_algorithm("fedavg").parse_options({"aggregator": "mode"})
@@ -88,18 +100,27 @@ def _logit_uploads(c, attacked):
         logit = (5.0 * np.eye(c) + rng.normal(0, 0.1, (c, c))).astype(np.float32)
         count = np.full(c, 10, np.int64)
         if i < attacked:
-            logit, count = (50.0 * np.roll(np.eye(c), 1, axis=1)).astype(np.float32), np.full(c, 10**6, np.int64)
-        out[f"d{i:02d}"] = Payload({"logit": logit, "count": count}, {"num_samples": int(count.sum())})
+            logit, count = (
+                (50.0 * np.roll(np.eye(c), 1, axis=1)).astype(np.float32),
+                np.full(c, 10**6, np.int64),
+            )
+        out[f"d{i:02d}"] = Payload(
+            {"logit": logit, "count": count}, {"num_samples": int(count.sum())}
+        )
     return out
 
 
-@pytest.mark.parametrize("options", [{"aggregator": "median"}, {"aggregator": "trimmed_mean", "trim": 0.2}, {"clip_norm": 1.0}])
+@pytest.mark.parametrize(
+    "options",
+    [{"aggregator": "median"}, {"aggregator": "trimmed_mean", "trim": 0.2}, {"clip_norm": 1.0}],
+)
 def test_fedhe_defences_keep_two_of_ten_label_flippers_out_of_the_class_logits(options):
     from edgefl.algorithms.felo import FedHeOptions
 
     plain = _knowledge_server(FedHeOptions())
     plain.aggregate(0, _logit_uploads(C, attacked=2))
-    assert (plain.knowledge()["logit"].argmax(1) == np.roll(np.arange(C), -1)).all()  # the mean follows the attackers
+    # the mean follows the attackers
+    assert (plain.knowledge()["logit"].argmax(1) == np.roll(np.arange(C), -1)).all()
     defended = _knowledge_server(FedHeOptions(**options))
     if "clip_norm" in options:  # a bound on each round's step: a clean round, then an attacked one
         defended.aggregate(0, _logit_uploads(C, attacked=0))
@@ -125,12 +146,29 @@ def test_felo_clip_bounds_features_and_weights_too():
     arch = next(iter(server.weights))
     start = {k: v.copy() for k, v in server.weights[arch].items()}
     far = {k: (v + 100.0 if v.dtype.kind == "f" else v) for k, v in start.items()}
-    ups = {f"d0{i}": Payload({"logit": np.zeros((C, C), np.float32), "count": np.ones(C, np.int64),
-                              "feat": np.full((C, d), 100.0, np.float32), **far}, {"num_samples": 10}) for i in range(2)}
+    ups = {
+        f"d0{i}": Payload(
+            {
+                "logit": np.zeros((C, C), np.float32),
+                "count": np.ones(C, np.int64),
+                "feat": np.full((C, d), 100.0, np.float32),
+                **far,
+            },
+            {"num_samples": 10},
+        )
+        for i in range(2)
+    }
     server.aggregate(0, ups)
     feat = server.knowledge()["feat"]
-    assert np.linalg.norm(feat, axis=1).max() == pytest.approx(1.0, rel=1e-4)  # clipped from its own norm (no class value yet)
-    moved = np.sqrt(sum(float(np.sum((server.weights[arch][k] - start[k]) ** 2)) for k in start if start[k].dtype.kind == "f"))
+    # clipped from its own norm (no class value yet)
+    assert np.linalg.norm(feat, axis=1).max() == pytest.approx(1.0, rel=1e-4)
+    moved = np.sqrt(
+        sum(
+            float(np.sum((server.weights[arch][k] - start[k]) ** 2))
+            for k in start
+            if start[k].dtype.kind == "f"
+        )
+    )
     assert moved == pytest.approx(1.0, rel=1e-4)
 
 

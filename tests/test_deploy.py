@@ -52,18 +52,24 @@ def test_the_device_and_server_read_an_environment_file_and_skip_restarts_that_c
         service = parse_unit(DEPLOY / name)["Service"]
         assert service["EnvironmentFile"][0].lstrip("-").startswith("/etc/edgefl/")
         prevented = set(service["RestartPreventExitStatus"][0].split())
-        assert {"2", "3", "5", "7"} <= prevented and "4" not in prevented  # 4: broker down, worth a retry
+        # 4: broker down, worth a retry
+        assert {"2", "3", "5", "7"} <= prevented and "4" not in prevented
         assert service["SuccessExitStatus"] == ["130"]  # edgefl's code for SIGTERM
 
 
 def test_the_dedicated_user_is_declared_for_systemd_sysusers():
-    line = next(x for x in (DEPLOY / "edgefl.sysusers.conf").read_text().splitlines() if x.startswith("u "))
+    line = next(
+        x for x in (DEPLOY / "edgefl.sysusers.conf").read_text().splitlines() if x.startswith("u ")
+    )
     assert line.split()[1] == "edgefl" and "nologin" in line
 
 
 def _verify(root: Path, units: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["systemd-analyze", "verify", f"--root={root}", "--man=no", *units], capture_output=True, text=True, timeout=60
+        ["systemd-analyze", "verify", f"--root={root}", "--man=no", *units],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -88,13 +94,21 @@ def fake_root(tmp_path):
 
 def test_systemd_analyze_verify_finds_nothing_to_say_about_the_units(fake_root):
     result = _verify(fake_root, list(UNITS))
-    complaints = [line for line in (result.stdout + result.stderr).splitlines() if "edgefl" in line or "mosquitto" in line]
+    complaints = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if "edgefl" in line or "mosquitto" in line
+    ]
     assert result.returncode == 0 and complaints == []
 
 
 def test_systemd_analyze_verify_would_catch_a_broken_unit(fake_root):
     unit = fake_root / "etc/systemd/system/edgefl-device.service"
-    unit.write_text(unit.read_text().replace("Type=exec", "Type=exce").replace("ProtectSystem=strict", "ProtectSytem=strict"))
+    unit.write_text(
+        unit.read_text()
+        .replace("Type=exec", "Type=exce")
+        .replace("ProtectSystem=strict", "ProtectSytem=strict")
+    )
     result = _verify(fake_root, ["edgefl-device.service"])
     said = result.stdout + result.stderr
     assert "exce" in said and "ProtectSytem" in said

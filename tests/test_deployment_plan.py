@@ -1,4 +1,5 @@
-"""``edgefl deploy``'s choice of devices and files (edgefl/export/deployment.py), without a broker."""
+"""``edgefl deploy``'s choice of devices and files (edgefl/export/deployment.py), without a
+broker."""
 
 import json
 from pathlib import Path
@@ -11,8 +12,8 @@ from edgefl.export.deployment import Target, plan
 
 @pytest.fixture
 def run(tmp_path) -> Path:
-    """A run of three devices: a CPU-only ARM board, an x86 box, and an ARM board with an accelerator;
-    d02 sent no final model (nothing exported)."""
+    """A run of three devices: a CPU-only ARM board, an x86 box, and an ARM board with an
+    accelerator; d02 sent no final model (nothing exported)."""
     run = tmp_path / "run-a"
     fleet = {"d00": {"spec": {"tier": "1"}, "profile": {"arch": "aarch64"}},
              "d01": {"spec": {"tier": "2"}, "profile": {"arch": "x86_64"}},
@@ -27,9 +28,13 @@ def run(tmp_path) -> Path:
 def test_every_exported_device_of_the_run_gets_its_file(run):
     said = []
     targets = plan(run=run, say=said.append)
-    assert targets == [Target("d00", "1", run / "onnx" / "d00.int8.onnx", "int8"),  # CPU-only ARM: int8
+    # CPU-only ARM: int8
+    assert targets == [Target("d00", "1", run / "onnx" / "d00.int8.onnx", "int8"),
                        Target("d01", "2", run / "onnx" / "d01.onnx", "fp32")]
-    assert said == [f"skipping d02: no exported model in {run / 'onnx'} (edgefl export skipped it: no final model)"]
+    assert said == [
+        f"skipping d02: no exported model in {run / 'onnx'} (edgefl export skipped it: no final "
+        "model)"
+    ]
     assert [t.fmt for t in plan(run=run, fmt="fp32", say=said.append)] == ["fp32", "fp32"]
 
 

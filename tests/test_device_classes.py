@@ -34,12 +34,19 @@ def _folder(root, classes, per_class=4):
 def test_folders_are_labelled_by_the_run_classes_they_name(tmp_path):
     given = ["trouser", "bag", "t-shirt-top"]  # a device holding 3 of the 10 classes
     data = load_run_data(DataSpec.parse(f"imagefolder:{_folder(tmp_path / 'd', given)}"), 0.0)
-    assert data.info.class_names == ("bag", "t-shirt-top", "trouser")  # sorted: bag would be class 0
+    # sorted: bag would be class 0
+    assert data.info.class_names == ("bag", "t-shirt-top", "trouser")
     aligned = align_classes(data, FASHION)
     assert aligned.info.class_names == FASHION and aligned.info.num_classes == 10
     for ds in (aligned.train, *aligned.evals.values()):
-        which = (ds.x[:, 0, 0, 0].numpy().astype(int) - 10) // 20  # the class each image was made as
-        expected = [FASHION.index({"trouser": "Trouser", "bag": "Bag", "t-shirt-top": "T-shirt/top"}[given[k]]) for k in which]
+        # the class each image was made as
+        which = (ds.x[:, 0, 0, 0].numpy().astype(int) - 10) // 20
+        expected = [
+            FASHION.index(
+                {"trouser": "Trouser", "bag": "Bag", "t-shirt-top": "T-shirt/top"}[given[k]]
+            )
+            for k in which
+        ]
         assert ds.y.tolist() == expected
         assert set(ds.y.tolist()) <= {0, 1, 8}
 
@@ -51,7 +58,9 @@ def test_data_already_in_the_run_order_is_left_as_it_is(tmp_path):
 
 
 def test_a_folder_that_names_no_class_of_the_run_is_refused_by_name(tmp_path):
-    data = load_run_data(DataSpec.parse(f"imagefolder:{_folder(tmp_path / 'd', ['bag', 'cat'])}"), 0.0)
+    data = load_run_data(
+        DataSpec.parse(f"imagefolder:{_folder(tmp_path / 'd', ['bag', 'cat'])}"), 0.0
+    )
     with pytest.raises(ConfigError, match="cat"):
         align_classes(data, FASHION)
 
@@ -70,7 +79,12 @@ def test_the_assignment_carries_the_run_classes_and_checks_them():
     meta = a.to_meta()
     del meta["classes"]  # a server from before the field: nothing to align to
     assert Assignment.from_meta(meta).classes == ()
-    for bad in ("[1, 2]", '"T-shirt"', '["' + "x" * 201 + '"]', "[" + ",".join(['"c"'] * 10_001) + "]"):
+    for bad in (
+        "[1, 2]",
+        '"T-shirt"',
+        '["' + "x" * 201 + '"]',
+        "[" + ",".join(['"c"'] * 10_001) + "]",
+    ):
         with pytest.raises(WireError):
             Assignment.from_meta({**a.to_meta(), "classes": bad})
 
@@ -79,7 +93,9 @@ def test_the_device_half_trains_on_labels_in_the_run_order(tmp_path):
     from edgefl.runtime.assignment import build_assigned
 
     root = _folder(tmp_path / "d", ["trouser", "bag"])
-    half, evals = build_assigned(DataSpec.parse(f"imagefolder:{root}"), _assignment(classes=FASHION), "pi-07")
+    half, evals = build_assigned(
+        DataSpec.parse(f"imagefolder:{root}"), _assignment(classes=FASHION), "pi-07"
+    )
     train = half.ctx.train_data
     which = (train.x[:, 0, 0, 0].numpy().astype(int) - 10) // 20
     assert train.y.tolist() == [[1, 8][k] for k in which]  # trouser → 1, bag → 8

@@ -30,7 +30,8 @@ def test_a_launched_process_runs_the_cli_into_its_log_with_its_exit_code(tmp_pat
 def test_forked_processes_see_the_environment_of_when_they_were_started(tmp_path, monkeypatch):
     launcher = DeviceLauncher(entry)
     assert launcher.launch == "fork"  # Linux has fork servers
-    launcher.start([*CLI, "--version"], tmp_path / "warm.log").wait(timeout=60)  # the fork server is up
+    # the fork server is up
+    launcher.start([*CLI, "--version"], tmp_path / "warm.log").wait(timeout=60)
     monkeypatch.setenv("EDGEFL_CONFIG", str(tmp_path / "missing.toml"))  # set after it started
     p = launcher.start([*CLI, "train"], tmp_path / "env.log")
     assert p.wait(timeout=60) == 3  # a configuration error: the file named by the new variable

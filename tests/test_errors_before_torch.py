@@ -24,7 +24,14 @@ from edgefl.cli.main import main; sys.argv[0] = "edgefl"; main()
 def run_guarded(*args: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGEFL_BROKER": "", "EDGEFL_CONFIG": ""}
     env = {k: v for k, v in env.items() if v != ""}
-    return subprocess.run([sys.executable, "-c", GUARD, *args], capture_output=True, text=True, env=env, timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-c", GUARD, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=cwd,
+    )
 
 
 @pytest.mark.parametrize(
@@ -38,7 +45,10 @@ def run_guarded(*args: str, cwd=None) -> subprocess.CompletedProcess:
         (("simulate", "--transport", "pigeon"), "--transport must be memory or mqtt"),
         (("server", "start", "--algorithm", "nope"), "unknown algorithm 'nope'"),
         (("server", "start", "--dataset", "imagefolderx:/tmp"), "unknown dataset"),
-        (("train", "--device-id", "pi-1", "--data", "nope:shard=1/2"), "unknown dataset 'nope:shard=1/2'"),
+        (
+            ("train", "--device-id", "pi-1", "--data", "nope:shard=1/2"),
+            "unknown dataset 'nope:shard=1/2'",
+        ),
     ],
 )
 def test_a_mistake_is_reported_without_importing_torch(args, says):
@@ -57,7 +67,9 @@ def test_a_config_file_mistake_is_reported_without_importing_torch(tmp_path):
 
 def test_the_guard_catches_a_command_that_does_import_torch():
     # the check above could not fail if the guard never fired
-    result = run_guarded("simulate", "--algorithm", "fedavg", "--dataset", "synthetic", "--rounds", "1")
+    result = run_guarded(
+        "simulate", "--algorithm", "fedavg", "--dataset", "synthetic", "--rounds", "1"
+    )
     assert result.returncode == 99 and "TORCH IMPORTED" in result.stderr
 
 
@@ -68,6 +80,8 @@ def test_help_lists_the_registries_choices():
 
     for command in (("simulate",), ("server", "start")):
         text = " ".join(run_guarded(*command, "--help").stdout.split())
-        for name in algorithm_names() + family_names() + [d for d in dataset_names() if d != "imagefolder"]:
+        for name in (
+            algorithm_names() + family_names() + [d for d in dataset_names() if d != "imagefolder"]
+        ):
             assert name in text, (command, name)
         assert "imagefolder:DIR" in text

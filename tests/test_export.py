@@ -45,7 +45,9 @@ def test_every_family_exports_checks_and_matches_pytorch_at_batch_1_and_7(family
     model = built(spec)
     x = SYNTH.images(np.arange(14))
     # Execute
-    report = export_model(model, tmp_path / "m.onnx", class_names=SYNTH.info.class_names, parity_images=x)
+    report = export_model(
+        model, tmp_path / "m.onnx", class_names=SYNTH.info.class_names, parity_images=x
+    )
     # Assert: the file is a valid ONNX model with weights inside …
     proto = onnx.load(str(tmp_path / "m.onnx"))
     onnx.checker.check_model(proto, full_check=True)
@@ -68,7 +70,9 @@ def test_every_family_exports_checks_and_matches_pytorch_at_batch_1_and_7(family
 def test_metadata_round_trips_through_the_file(tmp_path):
     spec = small_spec("cnn", dropout="0.25")
     names = [f"class {i}" for i in range(10)]
-    export_model(built(spec), tmp_path / "m.onnx", class_names=names, metadata={"edgefl.device_id": "d07"})
+    export_model(
+        built(spec), tmp_path / "m.onnx", class_names=names, metadata={"edgefl.device_id": "d07"}
+    )
 
     meta = read_metadata(tmp_path / "m.onnx")
     predictor = Predictor(tmp_path / "m.onnx")
@@ -77,7 +81,9 @@ def test_metadata_round_trips_through_the_file(tmp_path):
     assert predictor.spec == spec and predictor.class_names == names
     assert predictor.input_shape == spec.in_shape
     assert predictor.preprocessing["normalization"] == "inside_model"
-    assert predictor.preprocessing["mean"] == list(spec.mean) and predictor.preprocessing["std"] == list(spec.std)
+    assert predictor.preprocessing["mean"] == list(spec.mean) and predictor.preprocessing[
+        "std"
+    ] == list(spec.std)
     assert predictor.preprocessing["pixel_range"] == [0.0, 1.0]
     assert meta["edgefl.device_id"] == "d07" and predictor.quantization == "none"
 
@@ -126,7 +132,14 @@ def test_parity_names_oneDNN_when_pytorch_disagrees_with_its_own_reference_kerne
         check_parity(_WrongWithOneDNN(model), tmp_path / "m.onnx", SYNTH.images(np.arange(8)))
     assert torch.backends.mkldnn.enabled  # the diagnosis turned it off for one call only
     with torch.backends.mkldnn.flags(enabled=False):  # with oneDNN off the same model passes
-        assert max(check_parity(_WrongWithOneDNN(model), tmp_path / "m.onnx", SYNTH.images(np.arange(8))).values()) < 1e-4
+        assert (
+            max(
+                check_parity(
+                    _WrongWithOneDNN(model), tmp_path / "m.onnx", SYNTH.images(np.arange(8))
+                ).values()
+            )
+            < 1e-4
+        )
 
 
 def test_static_batchnorm_is_refused_without_calibration_images(tmp_path):
@@ -142,7 +155,9 @@ def test_static_batchnorm_is_frozen_from_calibration_images_and_becomes_batch_in
     train = load_dataset("synthetic", "train")
     x = SYNTH.images(np.arange(8))
 
-    report = export_model(model, tmp_path / "m.onnx", calibration_images=train.images(np.arange(200)), parity_images=x)
+    report = export_model(
+        model, tmp_path / "m.onnx", calibration_images=train.images(np.arange(200)), parity_images=x
+    )
 
     assert report.batch_norm == "frozen from 200 calibration images"
     assert model.stem.bn.running_mean is None  # the caller's model is untouched
@@ -158,7 +173,9 @@ def test_static_batchnorm_is_frozen_from_calibration_images_and_becomes_batch_in
 
 def test_int8_quantization_shrinks_the_file_keeps_metadata_and_most_predictions(tmp_path):
     # Prepare: a briefly trained tier-4 CNN (3 convs, most weights in conv/FC layers)
-    spec = ModelSpec("cnn", "4", 10, SYNTH.info.in_shape, width=0.25, mean=SYNTH.info.mean, std=SYNTH.info.std)
+    spec = ModelSpec(
+        "cnn", "4", 10, SYNTH.info.in_shape, width=0.25, mean=SYNTH.info.mean, std=SYNTH.info.std
+    )
     model = built(spec)
     train = load_dataset("synthetic", "train").subset(np.arange(1200))
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -177,7 +194,9 @@ def test_int8_quantization_shrinks_the_file_keeps_metadata_and_most_predictions(
     ops = {n.op_type for n in onnx.load(str(q.path)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
     fp32, int8 = Predictor(tmp_path / "m.onnx"), Predictor(q.path)
-    assert int8.spec == spec and int8.class_names == fp32.class_names and "int8" in int8.quantization
+    assert (
+        int8.spec == spec and int8.class_names == fp32.class_names and "int8" in int8.quantization
+    )
     a, b = fp32.evaluate(SYNTH), int8.evaluate(SYNTH)
     assert a["accuracy"] > 0.3  # it learned something, so agreement below is meaningful
     agree = (fp32.predict(SYNTH.x.numpy()) == int8.predict(SYNTH.x.numpy())).mean()
@@ -202,12 +221,23 @@ def test_int8_compaction_changes_no_output_and_qoperator_is_the_same_arithmetic(
     assert [v.name for v in graph.input] == [v.name for v in onnx.load(str(plain.path)).graph.input]
     assert read_metadata(small.path) == read_metadata(plain.path)
     np.testing.assert_array_equal(Predictor(small.path).logits(x), Predictor(plain.path).logits(x))
-    # QOperator: integer operators instead of Q/DQ pairs, fewer nodes, the same logits up to rounding
+    # QOperator: integer operators instead of Q/DQ pairs, fewer nodes, the same logits up to
+    # rounding
     ops = {n.op_type for n in onnx.load(str(qop.path)).graph.node}
-    assert "QLinearConv" in ops and "DequantizeLinear" in ops and "QOperator" in Predictor(qop.path).quantization
-    assert len(onnx.load(str(qop.path)).graph.node) < len(graph.node) and qop.size_bytes < small.size_bytes
+    assert (
+        "QLinearConv" in ops
+        and "DequantizeLinear" in ops
+        and "QOperator" in Predictor(qop.path).quantization
+    )
+    assert (
+        len(onnx.load(str(qop.path)).graph.node) < len(graph.node)
+        and qop.size_bytes < small.size_bytes
+    )
     scale = np.abs(Predictor(small.path).logits(x)).max()
-    assert np.abs(Predictor(qop.path).logits(x) - Predictor(small.path).logits(x)).max() <= 0.05 * scale
+    assert (
+        np.abs(Predictor(qop.path).logits(x) - Predictor(small.path).logits(x)).max()
+        <= 0.05 * scale
+    )
     with pytest.raises(ExportError, match="qoperator"):
         quantize_int8(tmp_path / "m.onnx", tmp_path / "bad.onnx", calibration, format="int4")
 
@@ -242,10 +272,14 @@ def test_a_simulation_saves_every_device_model_as_it_was_evaluated(tmp_path):
     summary = simulate(cfg)
 
     run_dir = tmp_path / "run"
-    test = subsample(load_dataset("synthetic", "test"), cfg.test_samples, cfg.seed + 1)  # as the run did
+    # as the run did
+    test = subsample(load_dataset("synthetic", "test"), cfg.test_samples, cfg.seed + 1)
     for device_id, accuracy in summary["client_accuracy"].items():
         model = load_device_model(run_dir, device_id)
-        assert model.spec.tier == json.loads((run_dir / "config.json").read_text())["fleet"][device_id]["spec"]["tier"]
+        assert (
+            model.spec.tier
+            == json.loads((run_dir / "config.json").read_text())["fleet"][device_id]["spec"]["tier"]
+        )
         assert evaluate(model, test)["accuracy"] == pytest.approx(accuracy)
     with pytest.raises(ModelFileError, match="no saved model"):
         load_device_model(run_dir, "d99")

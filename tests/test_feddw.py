@@ -74,7 +74,9 @@ def test_regularizer_equals_the_formula_and_only_w_gets_its_gradient():
     assert float(reg.detach()) == pytest.approx(float(expected), rel=1e-5)
     reg.backward()
     assert model.classifier.weight.grad is not None and model.classifier.weight.grad.abs().sum() > 0
-    others = [n for n, p in model.named_parameters() if n != "classifier.weight" and p.grad is not None]
+    others = [
+        n for n, p in model.named_parameters() if n != "classifier.weight" and p.grad is not None
+    ]
     assert others == []
 
 
@@ -87,7 +89,9 @@ def test_device_loss_is_ce_plus_lambda_r_and_lambda_follows_the_schedule():
     device.receive(0, Payload({SL: s.numpy()}))
     x, y = next(ctx.train_data.batches(16, shuffle=False))
     got = device.loss_fn(2)(x, y)
-    want = F.cross_entropy(device.model(x), y) + 0.05 * dw_regularizer(device.model.classifier.weight, s)
+    want = F.cross_entropy(device.model(x), y) + 0.05 * dw_regularizer(
+        device.model.classifier.weight, s
+    )
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
 
 
@@ -104,13 +108,24 @@ def test_fedprox_dw_adds_both_terms():
     with torch.no_grad():
         got = float(device.loss_fn(0)(x, y))
         prox = 0.5 * 2.0 * float(proximal_term(device.model, anchor))
-        want = float(F.cross_entropy(device.model(x), y)) + prox + 0.3 * float(dw_regularizer(device.model.classifier.weight, s))
+        want = (
+            float(F.cross_entropy(device.model(x), y))
+            + prox
+            + 0.3 * float(dw_regularizer(device.model.classifier.weight, s))
+        )
     assert prox > 0 and got == pytest.approx(want, rel=1e-5)
 
 
 def test_uplink_carries_soft_label_sums_of_an_eval_pass():
     data = small_data(50)
-    ctx = DeviceContext("d0", spec(), data, TrainSettings(steps=2, batch_size=16, optimizer="adam", lr=1e-3), seed=0, rounds=1)
+    ctx = DeviceContext(
+        "d0",
+        spec(),
+        data,
+        TrainSettings(steps=2, batch_size=16, optimizer="adam", lr=1e-3),
+        seed=0,
+        rounds=1,
+    )
     device = get_algorithm("feddw").device(ctx, FedDWOptions())
     up = device.fit(0)
     sums, counts = up.arrays[SL_SUMS], up.arrays[SL_COUNTS]
@@ -120,7 +135,9 @@ def test_uplink_carries_soft_label_sums_of_an_eval_pass():
     with torch.no_grad():
         probs = torch.softmax(device.model(data.images()), 1).numpy()
     labels = data.y.numpy()
-    np.testing.assert_allclose(sums[labels[0]], probs[labels == labels[0]].sum(0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        sums[labels[0]], probs[labels == labels[0]].sum(0), rtol=1e-4, atol=1e-6
+    )
     assert any(k.startswith("w/") for k in up.arrays)
 
 
@@ -131,7 +148,14 @@ def _server(options, n=2):
 
 
 def _uplink(server, sums, counts, n):
-    return Payload({**dict(server.weights), SL_SUMS: sums.astype(np.float32), SL_COUNTS: counts.astype(np.float32)}, {"num_samples": n})
+    return Payload(
+        {
+            **dict(server.weights),
+            SL_SUMS: sums.astype(np.float32),
+            SL_COUNTS: counts.astype(np.float32),
+        },
+        {"num_samples": n},
+    )
 
 
 def test_server_builds_s_from_the_uplinks_and_sends_it():
@@ -144,7 +168,9 @@ def test_server_builds_s_from_the_uplinks_and_sends_it():
     c1[2:5] = [3, 3, 3]
     s0 = rng.dirichlet(np.ones(C), size=C) * c0[:, None]
     s1 = rng.dirichlet(np.ones(C), size=C) * c1[:, None]
-    metrics = server.aggregate(0, {"d0": _uplink(server, s0, c0, 7), "d1": _uplink(server, s1, c1, 9)})
+    metrics = server.aggregate(
+        0, {"d0": _uplink(server, s0, c0, 7), "d1": _uplink(server, s1, c1, 9)}
+    )
     want = reference_sl(np.eye(C), s0 + s1, c0 + c1, 0.5, "onehot")
     np.testing.assert_allclose(server.sl, want, rtol=1e-5)
     np.testing.assert_allclose(server.downlink(1, "d1").arrays[SL], want, rtol=1e-5)
@@ -152,9 +178,13 @@ def test_server_builds_s_from_the_uplinks_and_sends_it():
     # the mechanism's measure: the averaged classifier's class relations against the new S
     w = torch.from_numpy(np.asarray(server.weights["w/classifier.weight"], np.float64))
     cr = torch.softmax(w @ w.T, dim=1).numpy()
-    assert metrics["cr_sl_distance"] == pytest.approx(float(dw_regularizer(w, torch.from_numpy(want))), rel=1e-6)
+    assert metrics["cr_sl_distance"] == pytest.approx(
+        float(dw_regularizer(w, torch.from_numpy(want))), rel=1e-6
+    )
     assert metrics["cr_diag_mean"] == pytest.approx(np.diag(cr).mean(), rel=1e-6)
-    assert metrics["cr_sl_diag_gap"] == pytest.approx(np.abs(np.diag(cr) - np.diag(want)).mean(), rel=1e-6)
+    assert metrics["cr_sl_diag_gap"] == pytest.approx(
+        np.abs(np.diag(cr) - np.diag(want)).mean(), rel=1e-6
+    )
     # a round without uplinks leaves S alone
     server.aggregate(1, {})
     np.testing.assert_allclose(server.sl, want, rtol=1e-5)
@@ -185,7 +215,10 @@ def test_options_are_checked():
         get_algorithm("feddw").parse_options({"sl_momentum": "1.5"})
     with pytest.raises(ConfigError, match="choose one of"):
         get_algorithm("feddw").parse_options({"missing_class": "zero"})
-    assert get_algorithm("feddw").parse_options({"lam_decay_rounds": "3,6"}).lam_decay_rounds == (3, 6)
+    assert get_algorithm("feddw").parse_options({"lam_decay_rounds": "3,6"}).lam_decay_rounds == (
+        3,
+        6,
+    )
     assert get_algorithm("feddw").defaults["head"] == "feddw"
 
 

@@ -81,7 +81,9 @@ def _pool(n=40):
 
 
 def _device(tier, opts, seed=0, n=48, public=None, steps=2):
-    data = load_dataset("synthetic", "train").subset(np.arange(100 + 50 * seed, 100 + 50 * seed + n))
+    data = load_dataset("synthetic", "train").subset(
+        np.arange(100 + 50 * seed, 100 + 50 * seed + n)
+    )
     spec = ModelSpec("cnn", tier, C, (1, 28, 28), width=0.25)
     settings = TrainSettings(steps=steps, batch_size=16, lr=0.05)
     ctx = DeviceContext(f"d{seed}", spec, data, settings, seed=seed, rounds=5, public=public)
@@ -89,8 +91,13 @@ def _device(tier, opts, seed=0, n=48, public=None, steps=2):
 
 
 def _server(opts, tiers=("1", "3"), pool=None):
-    fleet = {f"d{i}": DeviceRecord(ModelSpec("cnn", tier, C, (1, 28, 28), width=0.25), 48) for i, tier in enumerate(tiers)}
-    ctx = ServerContext(C, fleet, TrainSettings(), rounds=5, seed=0, public=pool if pool is not None else _pool())
+    fleet = {
+        f"d{i}": DeviceRecord(ModelSpec("cnn", tier, C, (1, 28, 28), width=0.25), 48)
+        for i, tier in enumerate(tiers)
+    }
+    ctx = ServerContext(
+        C, fleet, TrainSettings(), rounds=5, seed=0, public=pool if pool is not None else _pool()
+    )
     return get_algorithm("fedhenn").server(ctx, opts)
 
 
@@ -122,14 +129,19 @@ def test_a_round_aligns_each_device_to_a_kbar_on_the_samples_it_forwards():
         ups[d] = _wire(dev.fit(0))
     rad1 = server.rad(1)
     np.testing.assert_array_equal(first.arrays[PROBE_X], pool.x[torch.from_numpy(rad1)].numpy())
-    assert ups["d0"].arrays[Z].shape[0] == 16 and ups["d0"].arrays[Z].shape[1] != ups["d1"].arrays[Z].shape[1]
+    assert (
+        ups["d0"].arrays[Z].shape[0] == 16
+        and ups["d0"].arrays[Z].shape[1] != ups["d1"].arrays[Z].shape[1]
+    )
     server.aggregate(0, ups)
     # round 1: K̄ (N×N, float16) comes with exactly RAD_1, the samples the Z were computed on
     down = server.downlink(1, "d1")
     assert down.arrays[KBAR].shape == (16, 16) and down.arrays[KBAR].dtype == np.float16
     np.testing.assert_array_equal(down.arrays[RAD_X], first.arrays[PROBE_X])
     mean_k = sum(kernel(torch.from_numpy(u.arrays[Z]).double()) for u in ups.values()) / 2
-    assert float(cka(torch.from_numpy(down.arrays[KBAR].astype(np.float64)), mean_k)) == pytest.approx(1.0, abs=1e-3)
+    assert float(
+        cka(torch.from_numpy(down.arrays[KBAR].astype(np.float64)), mean_k)
+    ) == pytest.approx(1.0, abs=1e-3)
     dev = devices["d1"]
     dev.receive(1, _wire(down))
     assert dev.eta(1) == pytest.approx(0.01)
@@ -173,22 +185,30 @@ def test_device_pool_mode_sends_indices_only():
 def test_server_needs_a_pool_and_state_round_trips():
     with pytest.raises(ConfigError, match="public_fraction"):
         fleet = {"d0": DeviceRecord(ModelSpec("cnn", "1", C, (1, 28, 28), width=0.25), 48)}
-        get_algorithm("fedhenn").server(ServerContext(C, fleet, TrainSettings(), rounds=2, seed=0), FedHeNNOptions())
+        get_algorithm("fedhenn").server(
+            ServerContext(C, fleet, TrainSettings(), rounds=2, seed=0), FedHeNNOptions()
+        )
     server = _server(FedHeNNOptions(rad_size=8))
     z = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     server.aggregate(0, {"d0": Payload({Z: z}, {"num_samples": 3})})
     other = _server(FedHeNNOptions(rad_size=8))
     other.load_state_dict(server.state_dict())
-    np.testing.assert_array_equal(other.downlink(1, "d0").arrays[KBAR], server.downlink(1, "d0").arrays[KBAR])
+    np.testing.assert_array_equal(
+        other.downlink(1, "d0").arrays[KBAR], server.downlink(1, "d0").arrays[KBAR]
+    )
 
 
 def test_heterogeneous_fleet_simulates_with_a_kernel_every_round(tmp_path):
     import json
 
-    cfg = tiny_config(tmp_path, algorithm="fedhenn", rounds=3, tiers=("1", "3", "5"), options={"rad_size": "10"})
+    cfg = tiny_config(
+        tmp_path, algorithm="fedhenn", rounds=3, tiers=("1", "3", "5"), options={"rad_size": "10"}
+    )
     summary = simulate(cfg)
     assert summary["failed_per_round"] == [0, 0, 0]
-    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()
+    ]
     assert all(r["server"]["kbar_devices"] == 3 for r in rounds)
     assert "cka_mean" not in rounds[0]["server"] and 0 < rounds[2]["server"]["cka_mean"] <= 1
     assert 0 < rounds[2]["server"]["cka_before_mean"] <= 1
@@ -196,7 +216,9 @@ def test_heterogeneous_fleet_simulates_with_a_kernel_every_round(tmp_path):
 
 
 def test_homogeneous_variant_keeps_personal_models(tmp_path):
-    cfg = tiny_config(tmp_path, algorithm="fedhenn", tiers=("2",), options={"variant": "homo", "rad_size": "10"})
+    cfg = tiny_config(
+        tmp_path, algorithm="fedhenn", tiers=("2",), options={"variant": "homo", "rad_size": "10"}
+    )
     summary = simulate(cfg)
     assert summary["failed_per_round"] == [0, 0]
     assert len(summary["client_accuracy"]) == 3

@@ -40,7 +40,10 @@ def _server(n=4, rounds=5, **options):
 
 def test_local_prototypes_are_eval_mode_class_means_of_the_features():
     data = load_dataset("synthetic", "train").subset(np.arange(50))
-    model = FedProtoDevice(DeviceContext("d00", _spec("5"), data, TrainSettings(), 1, 1), get_algorithm("fedproto").parse_options({})).model
+    model = FedProtoDevice(
+        DeviceContext("d00", _spec("5"), data, TrainSettings(), 1, 1),
+        get_algorithm("fedproto").parse_options({}),
+    ).model
     model.train()  # tier 5 has dropout: eval mode must be used inside, and the mode restored
     protos = local_prototypes(model, data, batch_size=7)
     assert model.training
@@ -87,7 +90,8 @@ def test_server_averages_holders_only_and_sends_each_device_its_classes():
     np.testing.assert_allclose(server.table.values[0], 4.0)
     np.testing.assert_allclose(server.table.values[4], 1.0)
     assert server.downlink(1, "d01").arrays["proto_classes"].tolist() == [0]
-    assert server.downlink(1, "d03").arrays["proto_classes"].tolist() == [0, 4]  # not heard from yet
+    # not heard from yet
+    assert server.downlink(1, "d03").arrays["proto_classes"].tolist() == [0, 4]
     # checkpoints round-trip the table and the device classes
     other = _server()
     other.load_state_dict(server.state_dict())
@@ -105,11 +109,14 @@ def test_full_last_rounds_selects_every_device():
 def test_device_regularises_towards_received_prototypes():
     data = load_dataset("synthetic", "train").subset(np.arange(40))
     options = get_algorithm("fedproto").parse_options({"lam": "1"})
-    device = FedProtoDevice(DeviceContext("d00", _spec(), data, TrainSettings(batch_size=8, steps=2), 1, 1), options)
+    device = FedProtoDevice(
+        DeviceContext("d00", _spec(), data, TrainSettings(batch_size=8, steps=2), 1, 1), options
+    )
     x, y = data.images(np.arange(8)), data.y[:8]
     plain = float(device.loss(x, y).detach())
     device.receive(0, Payload(pack_prototypes({int(c): np.full(980, 5.0) for c in y.unique()})))
-    assert float(device.loss(x, y).detach()) > plain + 1.0  # features near 0 are far from prototypes of 5
+    # features near 0 are far from prototypes of 5
+    assert float(device.loss(x, y).detach()) > plain + 1.0
     up = device.fit(0)
     assert up.arrays["proto"].shape == (len(set(data.y.tolist())), 980)
 
@@ -117,4 +124,7 @@ def test_device_regularises_towards_received_prototypes():
 def test_fedproto_needs_a_common_feature_dimension():
     fleet = {"d00": DeviceRecord(_spec(feature_dim=None), 10)}
     with pytest.raises(ConfigError, match="feature_dim"):
-        FedProtoServer(ServerContext(10, fleet, TrainSettings(), rounds=1, seed=0), get_algorithm("fedproto").parse_options({}))
+        FedProtoServer(
+            ServerContext(10, fleet, TrainSettings(), rounds=1, seed=0),
+            get_algorithm("fedproto").parse_options({}),
+        )

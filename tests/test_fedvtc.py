@@ -41,12 +41,16 @@ INFO = dataset_info("synthetic")
 
 
 def _spec(family="cnn", tier="2", **kw) -> ModelSpec:
-    return ModelSpec(family, tier, 10, INFO.in_shape, width=kw.pop("width", 0.25), feature_dim=980, **kw)
+    return ModelSpec(
+        family, tier, 10, INFO.in_shape, width=kw.pop("width", 0.25), feature_dim=980, **kw
+    )
 
 
 def _device(spec=None, options=None, n=64, seed=1) -> FedVTCDevice:
     data = load_dataset("synthetic", "train").subset(np.arange(n))
-    ctx = DeviceContext("d00", spec or _spec(), data, TrainSettings(batch_size=16, steps=2), seed=seed, rounds=2)
+    ctx = DeviceContext(
+        "d00", spec or _spec(), data, TrainSettings(batch_size=16, steps=2), seed=seed, rounds=2
+    )
     device = FedVTCDevice(ctx, get_algorithm("fedvtc").parse_options(options or {}))
     device.receive(0, Payload({}, {"vtc_seed": 7, "phase": "train"}))
     return device
@@ -89,8 +93,12 @@ def test_distribution_matching_runs_the_devices_own_extractor_on_generated_sampl
     assert len(seen) == 1 and torch.allclose(seen[0], generated, atol=1e-6)
     expected = ((features(generated) - protos[y]) ** 2).sum(1).mean() * 6  # one sample per class
     assert float(terms.dm.detach()) == pytest.approx(float(expected.detach()), rel=1e-4)
-    no_dm = tc_terms(device.model, device.psi, x, y, z, device.log_sigma, protos, eps, with_dm=False)
-    assert float(no_dm.dm) == 0.0 and float(no_dm.le.detach()) == pytest.approx(float(terms.le.detach()), rel=1e-5)
+    no_dm = tc_terms(
+        device.model, device.psi, x, y, z, device.log_sigma, protos, eps, with_dm=False
+    )
+    assert float(no_dm.dm) == 0.0 and float(no_dm.le.detach()) == pytest.approx(
+        float(terms.le.detach()), rel=1e-5
+    )
     # the pull of z onto its class prototype: KL's z-part, ½‖z − c^y‖², one sample per class
     pull = (0.5 * ((z - protos[y]) ** 2).sum(1)).sum()
     assert float(terms.pull) == pytest.approx(float(pull), rel=1e-5)
@@ -153,13 +161,23 @@ def test_recalibrated_psi_has_the_batchnorm_statistics_of_the_latents_it_decodes
     server.table.known[:] = False
     server.table.known[[1, 4, 7]] = True
     server.sigma = np.full(980, 0.5, np.float32)
-    arrays = {k: (np.full(s, 5.0) if "running" in k else rng.normal(0, 0.1, size=s) if dt.kind == "f" else np.zeros(s)).astype(dt)
-              for k, (s, dt) in server.psi_shapes.items()}
+    arrays = {
+        k: (
+            np.full(s, 5.0)
+            if "running" in k
+            else rng.normal(0, 0.1, size=s)
+            if dt.kind == "f"
+            else np.zeros(s)
+        ).astype(dt)
+        for k, (s, dt) in server.psi_shapes.items()
+    }
     # Execute
     out = server.recalibrated_psi(arrays)
     # Assert: the first BN's running mean is the mean of the first layer's output on such latents
     psi = build_decoder(server.layout, 0)
-    psi.load_state_dict({k.removeprefix(PSI): torch.from_numpy(np.array(v)) for k, v in arrays.items()})
+    psi.load_state_dict(
+        {k.removeprefix(PSI): torch.from_numpy(np.array(v)) for k, v in arrays.items()}
+    )
     v = torch.from_numpy(server.table.values[[1, 4, 7]]).repeat_interleave(2000, 0)
     v = v + 0.5 * torch.randn(v.shape, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -205,7 +223,10 @@ def test_alternation_leaves_the_frozen_part_unchanged():
     assert _changed(model_before, _snapshot(device.model)) == []
     moved = _changed(psi_before, _snapshot(device.psi, extra=[device.log_sigma]))
     assert "extra0" in moved and any(k.endswith("weight") for k in moved)
-    assert all(p.requires_grad for p in [*device.model.parameters(), *device.psi.parameters(), device.log_sigma])
+    assert all(
+        p.requires_grad
+        for p in [*device.model.parameters(), *device.psi.parameters(), device.log_sigma]
+    )
 
 
 def test_server_averages_prototypes_per_class_with_missing_classes():
@@ -215,7 +236,10 @@ def test_server_averages_prototypes_per_class_with_missing_classes():
         "d00": {0: np.full(p, 1.0), 1: np.full(p, 2.0)},
         "d01": {1: np.full(p, 4.0), 3: np.full(p, 9.0)},
     }
-    ups = {d: _uplink(protos, sigma=np.full(p, s)) for (d, protos), s in zip(first.items(), (0.5, 1.5), strict=True)}
+    ups = {
+        d: _uplink(protos, sigma=np.full(p, s))
+        for (d, protos), s in zip(first.items(), (0.5, 1.5), strict=True)
+    }
     server.aggregate(0, ups)
     np.testing.assert_allclose(server.table.values[0], 1.0)
     np.testing.assert_allclose(server.table.values[1], 3.0)  # unweighted mean over the two holders
@@ -237,7 +261,9 @@ def test_server_averages_prototypes_per_class_with_missing_classes():
 def _uplink(protos, sigma):
     from edgefl.algorithms.fedproto import pack_prototypes
 
-    return Payload({**pack_prototypes(protos), SIGMA: sigma.astype(np.float32)}, {"num_samples": 10})
+    return Payload(
+        {**pack_prototypes(protos), SIGMA: sigma.astype(np.float32)}, {"num_samples": 10}
+    )
 
 
 def test_psi_averaging_is_parameter_wise_exact_and_skips_a_bad_upload():
@@ -246,12 +272,18 @@ def test_psi_averaging_is_parameter_wise_exact_and_skips_a_bad_upload():
     reference = {k: v for k, v in server.psi_shapes.items()}
     ups = {}
     for d in ("d00", "d01", "d02"):
-        ups[d] = Payload({k: (rng.normal(size=s) if dt.kind == "f" else rng.integers(0, 9, size=s)).astype(dt) for k, (s, dt) in reference.items()})
+        ups[d] = Payload(
+            {
+                k: (rng.normal(size=s) if dt.kind == "f" else rng.integers(0, 9, size=s)).astype(dt)
+                for k, (s, dt) in reference.items()
+            }
+        )
     bad = dict(ups["d00"].arrays)
     key = next(k for k in bad if k.endswith("weight"))
     bad[key] = bad[key][:1]
     ups["d03"] = Payload(bad)
-    assert server.select(2, sorted(ups), np.random.default_rng(0)) == sorted(ups)  # closing: everyone
+    # closing: everyone
+    assert server.select(2, sorted(ups), np.random.default_rng(0)) == sorted(ups)
     server.aggregate(2, ups)
     for k, (_, dt) in reference.items():
         stack = np.stack([ups[d].arrays[k].astype(np.float64) for d in ("d00", "d01", "d02")])
@@ -315,7 +347,8 @@ def test_finish_fine_tunes_on_s_over_c_samples_per_known_class():
     before = _snapshot(device.model)
     device.finish(3, server.downlink(3, "d00"))
     x, y = device.synthetic
-    assert x.shape == (8, *INFO.in_shape) and sorted(set(y.tolist())) == [0, 5]  # 40 // 10 per class
+    # 40 // 10 per class
+    assert x.shape == (8, *INFO.in_shape) and sorted(set(y.tolist())) == [0, 5]
     assert _changed(before, _snapshot(device.model))
 
 
@@ -356,7 +389,9 @@ def test_sample_sigma_scale_shrinks_the_noise_around_each_prototype():
     server.table.aggregate([{0: np.ones(980), 5: -np.ones(980)}])
     spread = {}
     for scale in ("1.0", "0"):
-        device = _device(options={"synthetic_samples": "40", "finetune_epochs": "1", "sample_sigma_scale": scale})
+        device = _device(
+            options={"synthetic_samples": "40", "finetune_epochs": "1", "sample_sigma_scale": scale}
+        )
         device.finish(3, server.downlink(3, "d00"))
         x, y = device.synthetic
         spread[scale] = float(x[y == 0].std(0).max())
@@ -367,8 +402,17 @@ def test_sample_sigma_scale_shrinks_the_noise_around_each_prototype():
 
 def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):
     gen = tmp_path / "gen.safetensors"
-    single = simulate(tiny_config(tmp_path / "a", algorithm="fedvtc", fraction=1.0, options={"save_generator": str(gen), "synthetic_samples": "50", "finetune_epochs": "1"}))
-    rounds = [json.loads(line) for line in (tmp_path / "a/run/rounds.jsonl").read_text().splitlines()]
+    single = simulate(
+        tiny_config(
+            tmp_path / "a",
+            algorithm="fedvtc",
+            fraction=1.0,
+            options={"save_generator": str(gen), "synthetic_samples": "50", "finetune_epochs": "1"},
+        )
+    )
+    rounds = [
+        json.loads(line) for line in (tmp_path / "a/run/rounds.jsonl").read_text().splitlines()
+    ]
     assert [r["phase"] for r in rounds] == ["train", "train", "closing"]
     assert rounds[2]["selected"] == rounds[2]["completed"] == ["d00", "d01", "d02"]
     assert rounds[2]["server"]["psi_uploads"] == 3.0
@@ -377,9 +421,17 @@ def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):
     x, _ = generate(psi, protos, sigma, [0, 1], 2)
     assert x.shape == (4, *INFO.in_shape)
 
-    every = simulate(tiny_config(tmp_path / "b", algorithm="fedvtc", fraction=1.0, options={"psi_every_round": "true", "synthetic_samples": "50", "finetune_epochs": "1"}))
+    every = simulate(
+        tiny_config(
+            tmp_path / "b",
+            algorithm="fedvtc",
+            fraction=1.0,
+            options={"psi_every_round": "true", "synthetic_samples": "50", "finetune_epochs": "1"},
+        )
+    )
     assert len(every["bytes_up_per_round"]) == 2  # no closing round
-    assert every["bytes_up_per_round"][0] > single["bytes_up_per_round"][0] + 3 * 60_000  # ψ ≈ 84 kB each
+    # ψ ≈ 84 kB each
+    assert every["bytes_up_per_round"][0] > single["bytes_up_per_round"][0] + 3 * 60_000
     assert sum(every["bytes_up_per_round"]) > sum(single["bytes_up_per_round"])
 
 
@@ -393,11 +445,26 @@ def test_the_last_training_round_keeps_its_evaluation_because_the_finish_fine_tu
         return [(r["phase"], "eval" in r) for r in rounds]
 
     opts = {"synthetic_samples": "50", "finetune_epochs": "1"}
-    simulate(tiny_config(tmp_path / "every", algorithm="fedvtc", fraction=1.0, eval_every=1, options={**opts, "psi_every_round": "true"}))
+    simulate(
+        tiny_config(
+            tmp_path / "every",
+            algorithm="fedvtc",
+            fraction=1.0,
+            eval_every=1,
+            options={**opts, "psi_every_round": "true"},
+        )
+    )
     assert evaluated(tmp_path / "every/run") == [("train", True), ("train", True)]
-    simulate(tiny_config(tmp_path / "once", algorithm="fedvtc", fraction=1.0, eval_every=1, options=opts))
-    assert evaluated(tmp_path / "once/run") == [("train", True), ("train", True), ("closing", False)]
-    simulate(tiny_config(tmp_path / "fedavg", algorithm="fedavg", eval_every=1))  # its finish trains nothing
+    simulate(
+        tiny_config(tmp_path / "once", algorithm="fedvtc", fraction=1.0, eval_every=1, options=opts)
+    )
+    assert evaluated(tmp_path / "once/run") == [
+        ("train", True),
+        ("train", True),
+        ("closing", False),
+    ]
+    # its finish trains nothing
+    simulate(tiny_config(tmp_path / "fedavg", algorithm="fedavg", eval_every=1))
     assert evaluated(tmp_path / "fedavg/run") == [("train", True), ("train", False)]
 
 
@@ -405,15 +472,29 @@ def test_first_round_starts_from_the_devices_class_means_and_feature_spread():
     device = _device(n=96)
     fresh = _device(n=96)  # the same seed: the same initial model
     means, spread = feature_statistics(fresh.model, fresh.ctx.train_data)
-    assert set(means) == set(device.ctx.train_data.y.tolist()) and spread.shape == (980,) and (spread > 0).all()
-    device.fit(0)  # no global prototype yet: each held class starts from its local mean, σ from the spread
+    assert (
+        set(means) == set(device.ctx.train_data.y.tolist())
+        and spread.shape == (980,)
+        and (spread > 0).all()
+    )
+    # no global prototype yet: each held class starts from its local mean, σ from the spread
+    device.fit(0)
     for c, m in means.items():
         assert torch.allclose(device.protos[c], torch.from_numpy(m), atol=1e-5)
     fresh.initialise_from_data()
-    assert torch.allclose(fresh.log_sigma.exp(), torch.from_numpy(np.maximum(spread, 1e-3)), rtol=1e-5)
-    # a global prototype wins over the local mean; init_prototypes=zero and a numeric σ are the old behaviour
+    assert torch.allclose(
+        fresh.log_sigma.exp(), torch.from_numpy(np.maximum(spread, 1e-3)), rtol=1e-5
+    )
+    # a global prototype wins over the local mean; init_prototypes=zero and a numeric σ are the old
+    # behaviour
     other = _device(options={"init_prototypes": "zero", "init_sigma": "1"})
-    other.receive(0, Payload({"proto": np.full((1, 980), 2.0, np.float32), "proto_classes": np.array([3])}, {"vtc_seed": 7}))
+    other.receive(
+        0,
+        Payload(
+            {"proto": np.full((1, 980), 2.0, np.float32), "proto_classes": np.array([3])},
+            {"vtc_seed": 7},
+        ),
+    )
     other.initialise_from_data()
     assert float(other.protos[3].mean()) == 2.0 and float(other.protos.abs().sum()) == 2.0 * 980
     assert torch.equal(other.log_sigma.detach(), torch.zeros(980))
@@ -424,9 +505,22 @@ def test_server_sends_sigma_only_once_the_devices_measured_it():
     assert SIGMA not in server.downlink(0, "d00").arrays and SIGMA not in server.state_dict()
     server.ctx.round = 0
     sigma = np.full(980, 0.2, np.float32)
-    server.aggregate(0, {"d00": Payload({"proto": np.ones((1, 980), np.float32), "proto_classes": np.array([1]), SIGMA: sigma}, {})})
+    server.aggregate(
+        0,
+        {
+            "d00": Payload(
+                {
+                    "proto": np.ones((1, 980), np.float32),
+                    "proto_classes": np.array([1]),
+                    SIGMA: sigma,
+                },
+                {},
+            )
+        },
+    )
     assert np.allclose(server.downlink(1, "d00").arrays[SIGMA], 0.2)
-    assert np.allclose(_server(init_sigma="1").downlink(0, "d00").arrays[SIGMA], 1.0)  # the paper's σ = 1
+    # the paper's σ = 1
+    assert np.allclose(_server(init_sigma="1").downlink(0, "d00").arrays[SIGMA], 1.0)
 
 
 def _bands(n: int, seed: int, classes: int = 4) -> ArrayDataset:
@@ -464,10 +558,27 @@ def test_oracle_agreement_after_training_psi_is_well_above_chance(tmp_path):
 
     rounds, spec = 3, _spec()
     options = get_algorithm("fedvtc").parse_options({"oracle": str(path)})
-    ctx = DeviceContext("d00", spec, _bands(160, 0), TrainSettings(batch_size=16, steps=10, lr=0.01, momentum=0.0), seed=1, rounds=rounds)
+    ctx = DeviceContext(
+        "d00",
+        spec,
+        _bands(160, 0),
+        TrainSettings(batch_size=16, steps=10, lr=0.01, momentum=0.0),
+        seed=1,
+        rounds=rounds,
+    )
     device = FedVTCDevice(ctx, options)
-    server = FedVTCServer(ServerContext(10, {"d00": DeviceRecord(spec, 160)}, TrainSettings(), rounds=rounds, seed=0,
-                                        fraction=1.0, closing_rounds=1), options)
+    server = FedVTCServer(
+        ServerContext(
+            10,
+            {"d00": DeviceRecord(spec, 160)},
+            TrainSettings(),
+            rounds=rounds,
+            seed=0,
+            fraction=1.0,
+            closing_rounds=1,
+        ),
+        options,
+    )
     for r in range(rounds + 1):
         server.ctx.round = r
         device.receive(r, server.downlink(r, "d00"))
@@ -493,7 +604,10 @@ def test_an_oracle_that_does_not_fit_the_fleet_is_refused(tmp_path):
     from edgefl.models import build_model
     from edgefl.models.files import save_model_file
 
-    rgb = save_model_file(build_model(ModelSpec("cnn", "1", 10, (3, 32, 32), width=0.25)), tmp_path / "rgb.safetensors")
+    rgb = save_model_file(
+        build_model(ModelSpec("cnn", "1", 10, (3, 32, 32), width=0.25)),
+        tmp_path / "rgb.safetensors",
+    )
     with pytest.raises(ConfigError, match="oracle"):
         _server(oracle=str(rgb))
     with pytest.raises(ConfigError, match="oracle"):

@@ -65,7 +65,14 @@ def test_reference_fleet_spreads_full_width_tiers():
     ("devices", "budget", "needle"),
     [
         ([{"id": "a", "profile": "missing-profile"}], {}, "does not exist"),
-        ([{"id": "a", "profile": _profile("x", 1.0), "count": 2}, {"id": "a-1", "profile": _profile("y", 1.0)}], {}, "duplicate device ids a-1"),
+        (
+            [
+                {"id": "a", "profile": _profile("x", 1.0), "count": 2},
+                {"id": "a-1", "profile": _profile("y", 1.0)},
+            ],
+            {},
+            "duplicate device ids a-1",
+        ),
         ([{"id": "a", "profile": _profile("x", 1.0), "count": 0}], {}, "positive integer"),
         ([{"id": "a", "profile": _profile("x", 1.0)}], {"speed": 3}, "unknown budget keys speed"),
         ([{"id": "a", "profile": _profile("x", 1.0)}], {"memory_fraction": 2}, "memory_fraction"),
@@ -102,14 +109,20 @@ def _two_speed_fleet(tmp_path):
 
 def test_simulate_with_fleet_assigns_tiers_by_profile(tmp_path):
     fleet = _two_speed_fleet(tmp_path)
-    cfg = tiny_config(tmp_path, algorithm="local", model="cnn", tiers=None, clients=3, fleet_file=str(fleet))
+    cfg = tiny_config(
+        tmp_path, algorithm="local", model="cnn", tiers=None, clients=3, fleet_file=str(fleet)
+    )
 
     summary = simulate(cfg)
 
     config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
     tiers = {d: v["spec"]["tier"] for d, v in config["fleet"].items()}
     assert tiers == {"slow-0": "1", "slow-1": "1", "fast": "5"}
-    assert config["profiles"] == {"slow-0": "slow-board", "slow-1": "slow-board", "fast": "fast-board"}
+    assert config["profiles"] == {
+        "slow-0": "slow-board",
+        "slow-1": "slow-board",
+        "fast": "fast-board",
+    }
     assert set(summary["client_accuracy"]) == {"slow-0", "slow-1", "fast"}
 
 
@@ -119,8 +132,16 @@ def test_the_same_fleet_file_gives_the_same_devices_and_tiers_in_memory_and_over
     from edgefl.runtime.fleet import simulate_mqtt
 
     fleet = _two_speed_fleet(tmp_path)
-    cfg = tiny_config(tmp_path, algorithm="local", model="cnn", tiers=None, clients=3, fleet_file=str(fleet),
-                      rounds=1, threads=1)
+    cfg = tiny_config(
+        tmp_path,
+        algorithm="local",
+        model="cnn",
+        tiers=None,
+        clients=3,
+        fleet_file=str(fleet),
+        rounds=1,
+        threads=1,
+    )
     # Execute: the in-memory run, then the same configuration over MQTT (one process per device)
     memory = simulate(cfg.model_copy(update={"run_name": "memory"}), plots=False)
     mqtt = simulate_mqtt(cfg.model_copy(update={"run_name": "mqtt"}), deadline=240)
@@ -138,11 +159,15 @@ def test_the_same_fleet_file_gives_the_same_devices_and_tiers_in_memory_and_over
     assert sorted(mqtt["client_accuracy"]) == sorted(memory["client_accuracy"]) == sorted(tiers)
     assert {d: v["profile"]["name"] for d, v in over_mqtt.items()} == {
         "slow-0": "slow-board", "slow-1": "slow-board", "fast": "fast-board"}
-    assert {d: v["num_samples"] for d, v in over_mqtt.items()} == {d: v["num_samples"] for d, v in in_memory.items()}
+    assert {d: v["num_samples"] for d, v in over_mqtt.items()} == {
+        d: v["num_samples"] for d, v in in_memory.items()
+    }
 
 
 def test_simulate_refuses_fleet_of_other_size(tmp_path):
-    cfg = tiny_config(tmp_path, algorithm="local", clients=4, fleet_file=str(_two_speed_fleet(tmp_path)))
+    cfg = tiny_config(
+        tmp_path, algorithm="local", clients=4, fleet_file=str(_two_speed_fleet(tmp_path))
+    )
 
     with pytest.raises(ConfigError, match="has 3 devices, but clients=4"):
         simulate(cfg)

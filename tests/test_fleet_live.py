@@ -28,7 +28,12 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 
 def cli(*args, timeout=60):
-    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], capture_output=True, text=True, timeout=scaled(timeout))
+    done = subprocess.run(
+        [sys.executable, "-m", "edgefl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=scaled(timeout),
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -36,26 +41,46 @@ def cli(*args, timeout=60):
 def launch_browser(playwright):
     """Chromium from Debian, or a failure that says why (the test must not pass without it)."""
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium; .ci/run does)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium; .ci/run "
+            "does)"
+        )
     try:
-        return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        return playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
     except Exception as e:  # noqa: BLE001 - the message is the point
         pytest.fail(f"the browser could not start: {e}")
 
 
 def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
     if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
+        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
+            "CI"
+        ) == "true" else pytest.skip("mosquitto is not installed")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as e:
-        pytest.fail(f"playwright is not installed (pip install playwright; it is in the [dev] extra): {e}")
+        pytest.fail(
+            f"playwright is not installed (pip install playwright; it is in the [dev] extra): {e}"
+        )
 
     # Prepare: the broker with one account per role, a server, three devices, the dashboard
     passwd, acl = tmp_path / "passwd", tmp_path / "acl"
-    pw = {name: add_user(passwd, acl, name, fleet=FLEET, role=role) for name, role in
-          [("edgefl-server", "server"), ("ops", "operator"), ("ops-cli", "operator"), ("d00", "device"), ("d01", "device"), ("d02", "device")]}
-    broker = MosquittoBroker(port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq").start()
+    pw = {
+        name: add_user(passwd, acl, name, fleet=FLEET, role=role)
+        for name, role in [
+            ("edgefl-server", "server"),
+            ("ops", "operator"),
+            ("ops-cli", "operator"),
+            ("d00", "device"),
+            ("d01", "device"),
+            ("d02", "device"),
+        ]
+    }
+    broker = MosquittoBroker(
+        port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq"
+    ).start()
 
     def url(name):
         return f"mqtt://{name}:{pw[name]}@127.0.0.1:{broker.port}"
@@ -65,21 +90,84 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
     profile.write_text(json.dumps(SIMULATED_PROFILE))
     tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
     devices = {
-        f"d{i:02d}": start_device(device_command(url(f"d{i:02d}"), FLEET, f"d{i:02d}", data_spec_for(cfg, i), tier=tiers[i % len(tiers)],
-                                                 profile_file=profile, delay=0.5, verbose=True), tmp_path / f"d{i:02d}.log")
+        f"d{i:02d}": start_device(
+            device_command(
+                url(f"d{i:02d}"),
+                FLEET,
+                f"d{i:02d}",
+                data_spec_for(cfg, i),
+                tier=tiers[i % len(tiers)],
+                profile_file=profile,
+                delay=0.5,
+                verbose=True,
+            ),
+            tmp_path / f"d{i:02d}.log",
+        )
         for i in range(3)
     }
-    # the server as an operator runs it; a generous deadline, a short grace for lost connections (both
-    # stretched by the measured speed factor: the page must see d02 "late" before it turns "gone")
+    # the server as an operator runs it; a generous deadline, a short grace for lost connections
+    # (both stretched by the measured speed factor: the page must see d02 "late" before it turns
+    # "gone")
     run_dir = tmp_path / "runs" / "live"
-    server = subprocess.Popen([
-        sys.executable, "-m", "edgefl.cli.main", "server", "start", "--broker", url("edgefl-server"), "--fleet", FLEET,
-        "--algorithm", "fedavg", "--rounds", "500", "--min-devices", "3", "--fraction", "1", "--deadline", str(scaled(30)), "--gone-after", str(scaled(4)),
-        "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "3", "--batch-size", "16",
-        "--out", str(tmp_path / "runs"), "--run-name", "live",
-    ], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"))  # noqa: SIM115
-    dash = subprocess.Popen([sys.executable, "-m", "edgefl.cli.main", "dashboard", "--broker", url("ops"), "--fleet", FLEET,
-                             "--port", "0", "--web-password", "s3cret"], stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgefl.cli.main",
+            "server",
+            "start",
+            "--broker",
+            url("edgefl-server"),
+            "--fleet",
+            FLEET,
+            "--algorithm",
+            "fedavg",
+            "--rounds",
+            "500",
+            "--min-devices",
+            "3",
+            "--fraction",
+            "1",
+            "--deadline",
+            str(scaled(30)),
+            "--gone-after",
+            str(scaled(4)),
+            "--dataset",
+            "synthetic",
+            "--train-samples",
+            "600",
+            "--width",
+            "0.25",
+            "--steps",
+            "3",
+            "--batch-size",
+            "16",
+            "--out",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "live",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "server.log", "wb"),  # noqa: SIM115
+    )
+    dash = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgefl.cli.main",
+            "dashboard",
+            "--broker",
+            url("ops"),
+            "--fleet",
+            FLEET,
+            "--port",
+            "0",
+            "--web-password",
+            "s3cret",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen_states = []
     try:
         line = dash.stderr.readline()
@@ -91,24 +179,41 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
             browser = launch_browser(p)
             try:
                 # a wrong password is refused; the right one shows the page
-                denied = browser.new_context(http_credentials={"username": "x", "password": "wrong"})
+                denied = browser.new_context(
+                    http_credentials={"username": "x", "password": "wrong"}
+                )
                 assert denied.new_page().goto(page_url).status == 401
-                page = browser.new_context(http_credentials={"username": "ops", "password": "s3cret"}).new_page()
+                page = browser.new_context(
+                    http_credentials={"username": "ops", "password": "s3cret"}
+                ).new_page()
                 page.goto(page_url)
                 # Execute and Assert: the devices appear, the round advances without a reload
                 page.wait_for_selector("tr[data-device=d02]", timeout=scaled(240) * 1000)
-                page.wait_for_function("() => /^[0-9]+$/.test(document.getElementById('round').textContent)", timeout=scaled(120) * 1000)
+                page.wait_for_function(
+                    "() => /^[0-9]+$/.test(document.getElementById('round').textContent)",
+                    timeout=scaled(120) * 1000,
+                )
                 first_round = int(page.text_content("#round"))
-                page.wait_for_function(f"() => +document.getElementById('round').textContent > {first_round}", timeout=scaled(60) * 1000)
+                page.wait_for_function(
+                    f"() => +document.getElementById('round').textContent > {first_round}",
+                    timeout=scaled(60) * 1000,
+                )
                 assert page.locator("tr[data-device]").count() == 3
 
-                status = json.loads(cli("fleet", "status", "--broker", url("ops-cli"), "--fleet", FLEET, "--json"))
+                status = json.loads(
+                    cli("fleet", "status", "--broker", url("ops-cli"), "--fleet", FLEET, "--json")
+                )
                 assert sorted(status["devices"]) == ["d00", "d01", "d02"]
                 for d in status["devices"].values():
-                    assert d["tier"] in tiers and d["model"] and d["registered_at"] and d["last_seen"]
+                    assert (
+                        d["tier"] in tiers and d["model"] and d["registered_at"] and d["last_seen"]
+                    )
                     assert d["state"] in ("training", "idle", "late")
                     assert d["profile"]["name"] == "simulated"
-                assert status["server"]["phase"] in ("train", "evaluate") and status["server"]["rounds"] == 500
+                assert (
+                    status["server"]["phase"] in ("train", "evaluate")
+                    and status["server"]["rounds"] == 500
+                )
                 assert status["server"]["round"] >= first_round + 1
                 table = cli("fleet", "status", "--broker", url("ops-cli"), "--fleet", FLEET)
                 assert "d02" in table and "round" in table
@@ -116,7 +221,9 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
                 # a device killed mid-run turns late (its connection is lost), then gone
                 devices["d02"].send_signal(signal.SIGKILL)
                 for state in ("late", "gone"):
-                    page.wait_for_selector(f"tr[data-device=d02][data-state={state}]", timeout=scaled(60) * 1000)
+                    page.wait_for_selector(
+                        f"tr[data-device=d02][data-state={state}]", timeout=scaled(60) * 1000
+                    )
                     seen_states.append(state)
                 assert page.locator("#accuracy polyline").count() >= 1  # accuracy per tier is drawn
                 rows = page.locator("tr[data-device]").count()

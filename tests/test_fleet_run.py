@@ -26,14 +26,49 @@ ROUNDS, DEADLINE = 4, 12
 
 def server_command(broker, fleet, out, *extra, rounds=ROUNDS, devices=3, deadline=None):
     deadline = scaled(DEADLINE) if deadline is None else deadline
-    return [sys.executable, "-m", "edgefl.cli.main", "server", "start", "--broker", broker.url, "--fleet", fleet,
-            "--algorithm", "fedavg", "--rounds", str(rounds), "--min-devices", str(devices), "--deadline", str(deadline),
-            "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "3", "--batch-size", "16",
-            "--out", str(out), "--run-name", "r", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "edgefl.cli.main",
+        "server",
+        "start",
+        "--broker",
+        broker.url,
+        "--fleet",
+        fleet,
+        "--algorithm",
+        "fedavg",
+        "--rounds",
+        str(rounds),
+        "--min-devices",
+        str(devices),
+        "--deadline",
+        str(deadline),
+        "--dataset",
+        "synthetic",
+        "--train-samples",
+        "600",
+        "--width",
+        "0.25",
+        "--steps",
+        "3",
+        "--batch-size",
+        "16",
+        "--out",
+        str(out),
+        "--run-name",
+        "r",
+        *extra,
+    ]
 
 
 def cli(*args, timeout=300):
-    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], capture_output=True, text=True, timeout=scaled(timeout))
+    done = subprocess.run(
+        [sys.executable, "-m", "edgefl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=scaled(timeout),
+    )
     assert done.returncode == 0, done.stderr
     return done
 
@@ -43,7 +78,9 @@ def records(run):  # the lines written so far (a line being written is not one y
     return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]
 
 
-def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(tmp_path, profile_file):  # noqa: F811
+def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
+    tmp_path, profile_file  # noqa: F811
+):
     need_mosquitto()
     cfg = tiny_config(tmp_path, rounds=ROUNDS, clients=3)
     fleet, out = "lab", tmp_path / "runs"
@@ -52,10 +89,15 @@ def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
     procs, agents = [], []
     deadline = scaled(DEADLINE)
     try:
-        server = subprocess.Popen(server_command(broker, fleet, out, deadline=deadline), stdout=subprocess.DEVNULL,
-                                  stderr=open(tmp_path / "server.log", "wb"))  # noqa: SIM115
+        server = subprocess.Popen(
+            server_command(broker, fleet, out, deadline=deadline),
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "server.log", "wb"),  # noqa: SIM115
+        )
         # each round takes >= 1.5 s (device delay): the kill below lands before round 3
-        devices = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5) for i in range(3)]
+        devices = [
+            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5) for i in range(3)
+        ]
         procs = [server, *devices]
         wait_until(lambda: len(records(run)) >= 1, "round 1 to complete")
         devices[2].send_signal(signal.SIGKILL)
@@ -73,40 +115,110 @@ def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
             assert r["round_seconds"] < deadline
         # a measured result: the live devices from the final evaluation, d02 from its round-1 one
         assert summary["measured_by"] == "mixed" and summary["accuracy_from_round"] == {"d02": 1}
-        assert set(summary["client_accuracy"]) == {"d00", "d01", "d02"} and 0 < summary["mean_accuracy"] <= 1
+        assert (
+            set(summary["client_accuracy"]) == {"d00", "d01", "d02"}
+            and 0 < summary["mean_accuracy"] <= 1
+        )
         assert summary["client_accuracy"]["d02"] == rounds[0]["eval"]["client_accuracy"]["d02"]
         page = (run / "summary.md").read_text()
         assert "d02 (round 1)" in page and "nan" not in page.lower()
         log = (tmp_path / "server.log").read_text()
-        assert "not asking d02" in log and "final evaluation of 2 devices" in log and "nan" not in log
+        assert (
+            "not asking d02" in log and "final evaluation of 2 devices" in log and "nan" not in log
+        )
         # the device logs count rounds as the server does
         d00 = (tmp_path / "d00.log").read_text()
-        assert "round 1 | tier" in d00 and "round 4 | tier" in d00 and "(eval r3)" in d00 and "round 0 |" not in d00
+        assert (
+            "round 1 | tier" in d00
+            and "round 4 | tier" in d00
+            and "(eval r3)" in d00
+            and "round 0 |" not in d00
+        )
 
         # the retained status: finished, with the result; the server is gone
-        status = json.loads(cli("fleet", "status", "--broker", broker.url, "--fleet", fleet, "--json").stdout)
-        assert status["server"]["phase"] == "finished" and status["server"]["connection"] == "offline"
-        assert status["server"]["result"]["mean_accuracy"] == pytest.approx(summary["mean_accuracy"])
-        assert status["server"]["result"]["measured_by"] == "mixed" and status["server"]["round"] == ROUNDS
+        status = json.loads(
+            cli("fleet", "status", "--broker", broker.url, "--fleet", fleet, "--json").stdout
+        )
+        assert (
+            status["server"]["phase"] == "finished" and status["server"]["connection"] == "offline"
+        )
+        assert status["server"]["result"]["mean_accuracy"] == pytest.approx(
+            summary["mean_accuracy"]
+        )
+        assert (
+            status["server"]["result"]["measured_by"] == "mixed"
+            and status["server"]["round"] == ROUNDS
+        )
         text = cli("fleet", "status", "--broker", broker.url, "--fleet", fleet).stdout
-        assert "finished after round 4 of 4" in " ".join(text.split()) and "mean accuracy over 3 devices" in " ".join(text.split())
+        assert "finished after round 4 of 4" in " ".join(
+            text.split()
+        ) and "mean accuracy over 3 devices" in " ".join(text.split())
 
         # the live devices' final models came back over MQTT: export and deploy as for a simulation
-        assert sorted(p.name for p in (run / "models").iterdir()) == ["d00.safetensors", "d01.safetensors"]
+        assert sorted(p.name for p in (run / "models").iterdir()) == [
+            "d00.safetensors",
+            "d01.safetensors",
+        ]
         assert summary["models_missing"] == ["d02"]
-        exported = json.loads(cli("export", "--run", str(run), "--all", "--out", str(run / "onnx"), "--test-samples", "0", "--json").stdout)
+        exported = json.loads(
+            cli(
+                "export",
+                "--run",
+                str(run),
+                "--all",
+                "--out",
+                str(run / "onnx"),
+                "--test-samples",
+                "0",
+                "--json",
+            ).stdout
+        )
         assert [r["device_id"] for r in exported if "path" in r] == ["d00", "d01"]
         assert [r["device_id"] for r in exported if r.get("skipped")] == ["d02"]
         stores = {d: tmp_path / "dev" / d for d in ("d00", "d01", "d02")}
-        agents = [subprocess.Popen([sys.executable, "-m", "edgefl.cli.main", "device", "agent", "--broker", broker.url, "--fleet", fleet,
-                                    "--device-id", d, "--models-dir", str(stores[d])], stderr=open(tmp_path / f"agent-{d}.log", "wb"))  # noqa: SIM115
-                  for d in stores]
-        deployed = cli("deploy", "--run", str(run), "--version", "v1", "--wait", str(scaled(120)), "--json", "--broker", broker.url, "--fleet", fleet)
+        agents = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "edgefl.cli.main",
+                    "device",
+                    "agent",
+                    "--broker",
+                    broker.url,
+                    "--fleet",
+                    fleet,
+                    "--device-id",
+                    d,
+                    "--models-dir",
+                    str(stores[d]),
+                ],
+                stderr=open(tmp_path / f"agent-{d}.log", "wb"),  # noqa: SIM115
+            )
+            for d in stores
+        ]
+        deployed = cli(
+            "deploy",
+            "--run",
+            str(run),
+            "--version",
+            "v1",
+            "--wait",
+            str(scaled(120)),
+            "--json",
+            "--broker",
+            broker.url,
+            "--fleet",
+            fleet,
+        )
         reports = json.loads(deployed.stdout)
         assert {d: r["version"] for d, r in reports.items()} == {"d00": "v1", "d01": "v1"}
         assert "skipping d02" in deployed.stderr
         for d in ("d00", "d01"):  # each device runs the model it trained, as exported
-            assert ModelStore(stores[d]).active_path().read_bytes() == (run / "onnx" / f"{d}.onnx").read_bytes()
+            assert (
+                ModelStore(stores[d]).active_path().read_bytes()
+                == (run / "onnx" / f"{d}.onnx").read_bytes()
+            )
     finally:
         for p in [*procs, *agents]:
             if p.poll() is None:
@@ -118,7 +230,9 @@ def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
         broker.stop()
 
 
-def test_a_final_deadline_nobody_meets_still_ends_with_what_was_measured(tmp_path, profile_file):  # noqa: F811
+def test_a_final_deadline_nobody_meets_still_ends_with_what_was_measured(
+    tmp_path, profile_file  # noqa: F811
+):
     need_mosquitto()
     cfg = tiny_config(tmp_path, rounds=2, clients=2)
     fleet, out = "short", tmp_path / "runs"
@@ -126,8 +240,21 @@ def test_a_final_deadline_nobody_meets_still_ends_with_what_was_measured(tmp_pat
     procs = []
     try:
         # no reply crosses a broker and two processes in a millisecond
-        server = subprocess.Popen(server_command(broker, fleet, out, "--final-deadline", "0.001", "--test-samples", "50", rounds=2, devices=2),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        server = subprocess.Popen(
+            server_command(
+                broker,
+                fleet,
+                out,
+                "--final-deadline",
+                "0.001",
+                "--test-samples",
+                "50",
+                rounds=2,
+                devices=2,
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         devices = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file) for i in range(2)]
         procs = [server, *devices]
         _, stderr = server.communicate(timeout=600)
@@ -140,7 +267,10 @@ def test_a_final_deadline_nobody_meets_still_ends_with_what_was_measured(tmp_pat
         broker.stop()
     run = out / "r"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["measured_by"] == "last-round" and summary["accuracy_from_round"] == {"d00": 1, "d01": 1}
+    assert summary["measured_by"] == "last-round" and summary["accuracy_from_round"] == {
+        "d00": 1,
+        "d01": 1,
+    }
     assert summary["mean_accuracy"] is not None and 0 < summary["mean_accuracy"] <= 1
     console = stderr.decode()
     for text in (console, (run / "summary.md").read_text(), json.dumps(summary)):
@@ -150,7 +280,9 @@ def test_a_final_deadline_nobody_meets_still_ends_with_what_was_measured(tmp_pat
     assert (run / "accuracy.png").exists()
 
 
-def test_ctrl_c_on_the_server_leaves_a_complete_record_marked_interrupted(tmp_path, profile_file):  # noqa: F811
+def test_ctrl_c_on_the_server_leaves_a_complete_record_marked_interrupted(
+    tmp_path, profile_file  # noqa: F811
+):
     need_mosquitto()
     cfg = tiny_config(tmp_path, rounds=20, clients=2)
     fleet, out = "stop", tmp_path / "runs"
@@ -158,15 +290,23 @@ def test_ctrl_c_on_the_server_leaves_a_complete_record_marked_interrupted(tmp_pa
     broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     procs = []
     try:
-        server = subprocess.Popen(server_command(broker, fleet, out, rounds=20, devices=2), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        devices = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.0) for i in range(2)]
+        server = subprocess.Popen(
+            server_command(broker, fleet, out, rounds=20, devices=2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        devices = [
+            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.0) for i in range(2)
+        ]
         procs = [server, *devices]
         wait_until(lambda: len(records(run)) >= 2, "round 2 to complete")
         server.send_signal(signal.SIGINT)
         _, stderr = server.communicate(timeout=300)
         assert server.returncode == 130, stderr.decode()[-3000:]
         assert finish(devices) == [0, 0]  # the run is over for them too
-        status = json.loads(cli("fleet", "status", "--broker", broker.url, "--fleet", fleet, "--json").stdout)
+        status = json.loads(
+            cli("fleet", "status", "--broker", broker.url, "--fleet", fleet, "--json").stdout
+        )
     finally:
         for p in procs:
             if p.poll() is None:
@@ -178,8 +318,14 @@ def test_ctrl_c_on_the_server_leaves_a_complete_record_marked_interrupted(tmp_pa
     assert summary["measured_by"] == "last-round" and summary["mean_accuracy"] is not None
     assert (run / "accuracy.png").exists() and (run / "bytes.png").exists()
     assert "Interrupted" in (run / "summary.md").read_text()
-    assert sorted(p.name for p in (run / "models").iterdir()) == ["d00.safetensors", "d01.safetensors"]
-    assert status["server"]["phase"] == "interrupted" and status["server"]["result"]["rounds_completed"] == done
+    assert sorted(p.name for p in (run / "models").iterdir()) == [
+        "d00.safetensors",
+        "d01.safetensors",
+    ]
+    assert (
+        status["server"]["phase"] == "interrupted"
+        and status["server"]["result"]["rounds_completed"] == done
+    )
     assert json.loads((run / "status.json").read_text())["server"]["phase"] == "interrupted"
     assert f"interrupted after round {done} of 20" in " ".join(stderr.decode().split())
 
@@ -189,13 +335,34 @@ def test_a_server_that_dies_reads_as_stopped_not_live(tmp_path):
     fleet, out = "gone", tmp_path / "runs"
     broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     try:
-        server = subprocess.Popen(server_command(broker, fleet, out, devices=1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            server_command(broker, fleet, out, devices=1),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             waiting = {}
 
             def says_waiting():
-                done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", "fleet", "status", "--broker", broker.url, "--fleet", fleet,
-                                       "--json", "--timeout", "2"], capture_output=True, text=True, timeout=scaled(120))
+                done = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "edgefl.cli.main",
+                        "fleet",
+                        "status",
+                        "--broker",
+                        broker.url,
+                        "--fleet",
+                        fleet,
+                        "--json",
+                        "--timeout",
+                        "2",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=scaled(120),
+                )
                 if done.returncode == 0:
                     waiting.update(json.loads(done.stdout))
                 return waiting.get("server", {}).get("phase") == "waiting"
@@ -207,7 +374,9 @@ def test_a_server_that_dies_reads_as_stopped_not_live(tmp_path):
         finally:
             if server.poll() is None:
                 server.kill()
-        status = json.loads(cli("fleet", "status", "--broker", broker.url, "--fleet", fleet, "--json").stdout)
+        status = json.loads(
+            cli("fleet", "status", "--broker", broker.url, "--fleet", fleet, "--json").stdout
+        )
     finally:
         broker.stop()
     assert status["server"]["phase"] == "stopped" and status["server"]["connection"] == "offline"

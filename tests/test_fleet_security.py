@@ -54,27 +54,54 @@ def fleet_broker(tmp_path_factory):
         ca.issue_client(name)
     rogue = FleetCA.create(d / "rogue", fleet=FLEET)
     rogue.issue_client("dev-a")
-    with MosquittoBroker(port=0, password_file=passwd, acl_file=acl, tls=(ca.ca_file, crt, key), workdir=d / "mosq") as broker:
+    with MosquittoBroker(
+        port=0, password_file=passwd, acl_file=acl, tls=(ca.ca_file, crt, key), workdir=d / "mosq"
+    ) as broker:
         yield broker, secrets, d
 
 
 class Conn:
     """A raw paho client; records its CONNACK, disconnects and received messages."""
 
-    def __init__(self, broker, d, *, user=None, password=None, cert=None, ca_dir="certs", client_id=None, subscribe=()):
+    def __init__(
+        self,
+        broker,
+        d,
+        *,
+        user=None,
+        password=None,
+        cert=None,
+        ca_dir="certs",
+        client_id=None,
+        subscribe=(),
+    ):
         self.received, self.disconnects = [], []
         self.connack = None
         self.connected = threading.Event()
         self.answered = threading.Event()  # a CONNACK or a disconnect: no need to wait longer
         self.subscribed = threading.Event()  # every SUBACK in (granted or not)
         acks = []
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id or f"t-{time.monotonic_ns()}", protocol=mqtt.MQTTv5)
+        self.c = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id or f"t-{time.monotonic_ns()}",
+            protocol=mqtt.MQTTv5,
+        )
         port = broker.port
         if user is not None:
             self.c.username_pw_set(user, password)
-        if cert is not None:  # TLS: cert is a client name in ca_dir, or "" for no client certificate
-            files = {} if cert == "" else {"certfile": str(d / ca_dir / f"{cert}.crt"), "keyfile": str(d / ca_dir / f"{cert}.key")}
-            self.c.tls_set(ca_certs=str(d / "certs" / "ca.crt"), cert_reqs=ssl.CERT_REQUIRED, **files)
+        # TLS: cert is a client name in ca_dir, or "" for no client certificate
+        if cert is not None:
+            files = (
+                {}
+                if cert == ""
+                else {
+                    "certfile": str(d / ca_dir / f"{cert}.crt"),
+                    "keyfile": str(d / ca_dir / f"{cert}.key"),
+                }
+            )
+            self.c.tls_set(
+                ca_certs=str(d / "certs" / "ca.crt"), cert_reqs=ssl.CERT_REQUIRED, **files
+            )
             port = broker.tls_port
 
         def on_connect(cl, userdata, flags, reason, props):
@@ -129,11 +156,32 @@ class Conn:
 def test_every_forbidden_action_of_a_device_is_refused(fleet_broker, credential):
     # Prepare: the lab server and the other fleet's server listen everywhere they may
     broker, secrets, d = fleet_broker
-    watch = ["edgefl/+/devices/+/up", "edgefl/+/devices/+/register", "edgefl/+/devices/+/status", "edgefl/+/devices/+/down"]
-    server = Conn(broker, d, user="edgefl-server", password=secrets["edgefl-server"], client_id="edgefl-lab-server",
-                  subscribe=[t.replace("+", FLEET, 1) for t in watch])
-    other = Conn(broker, d, user="other-server", password=secrets["other-server"], subscribe=[t.replace("+", "other", 1) for t in watch])
-    as_a = {"user": "dev-a", "password": secrets["dev-a"]} if credential == "password" else {"cert": "dev-a"}
+    watch = [
+        "edgefl/+/devices/+/up",
+        "edgefl/+/devices/+/register",
+        "edgefl/+/devices/+/status",
+        "edgefl/+/devices/+/down",
+    ]
+    server = Conn(
+        broker,
+        d,
+        user="edgefl-server",
+        password=secrets["edgefl-server"],
+        client_id="edgefl-lab-server",
+        subscribe=[t.replace("+", FLEET, 1) for t in watch],
+    )
+    other = Conn(
+        broker,
+        d,
+        user="other-server",
+        password=secrets["other-server"],
+        subscribe=[t.replace("+", "other", 1) for t in watch],
+    )
+    as_a = (
+        {"user": "dev-a", "password": secrets["dev-a"]}
+        if credential == "password"
+        else {"cert": "dev-a"}
+    )
     a = Conn(broker, d, **as_a, subscribe=[
         f"edgefl/{FLEET}/devices/dev-b/down",  # B's downlink
         f"edgefl/{FLEET}/devices/dev-a/down",  # its own
@@ -141,14 +189,17 @@ def test_every_forbidden_action_of_a_device_is_refused(fleet_broker, credential)
         f"edgefl/{FLEET}/devices/+/up",  # everyone's uplinks
     ])
     assert server.ok and other.ok and a.ok
-    assert all(c.subscribed.wait(scaled(10)) for c in (server, other, a)), "a subscription was not acknowledged"
+    assert all(c.subscribed.wait(scaled(10)) for c in (server, other, a)), (
+        "a subscription was not acknowledged"
+    )
 
     # Execute: what A's credentials must not do, then one allowed publish each way as a control
     forbidden_publishes = [
         f"edgefl/{FLEET}/devices/dev-b/up",
         f"edgefl/{FLEET}/devices/dev-b/register",
         f"edgefl/{FLEET}/devices/dev-b/status",
-        f"edgefl/{FLEET}/devices/dev-a/down",  # its own downlink: requests come only from the server
+        # its own downlink: requests come only from the server
+        f"edgefl/{FLEET}/devices/dev-a/down",
         f"edgefl/{FLEET}/devices/dev-a/model",  # nor can it roll a model out to itself
         "edgefl/other/devices/dev-a/up",  # acting in another fleet
         "edgefl/other/devices/dev-a/register",
@@ -164,28 +215,56 @@ def test_every_forbidden_action_of_a_device_is_refused(fleet_broker, credential)
     # the allowed messages went after the forbidden ones: once they are in, a forbidden one that
     # got through to the same client would be in too; `other` gets its own message back, and then
     # one more it sends once A's publishes were all handled (a barrier on its connection)
-    own, for_a = (f"edgefl/{FLEET}/devices/dev-a/up", b"own"), (f"edgefl/{FLEET}/devices/dev-a/down", b"for a")
-    wait_until(lambda: own in server.received and for_a in a.received and ("edgefl/other/devices/dev-a/down", b"other fleet") in other.received,
-               "the allowed messages", timeout=30)
+    own, for_a = (
+        (f"edgefl/{FLEET}/devices/dev-a/up", b"own"),
+        (f"edgefl/{FLEET}/devices/dev-a/down", b"for a"),
+    )
+    wait_until(
+        lambda: (
+            own in server.received
+            and for_a in a.received
+            and ("edgefl/other/devices/dev-a/down", b"other fleet") in other.received
+        ),
+        "the allowed messages",
+        timeout=30,
+    )
     other.publish("edgefl/other/devices/dev-a/down", b"sync")
-    wait_until(lambda: ("edgefl/other/devices/dev-a/down", b"sync") in other.received, "other's barrier", timeout=30)
+    wait_until(
+        lambda: ("edgefl/other/devices/dev-a/down", b"sync") in other.received,
+        "other's barrier",
+        timeout=30,
+    )
     a.close()  # (A's credentials connecting again replace this connection: same username, same id)
     # the server's client id, taken with A's credentials: the broker replaces it with "dev-a"
     thief = Conn(broker, d, **as_a, client_id="edgefl-lab-server")
     # the server's own message comes back after the thief's CONNACK: it was not displaced by then
     server.publish(f"edgefl/{FLEET}/devices/dev-b/down", b"still here")
-    wait_until(lambda: (f"edgefl/{FLEET}/devices/dev-b/down", b"still here") in server.received or server.disconnects,
-               "the server's message or its disconnection", timeout=30)
+    wait_until(
+        lambda: (
+            (f"edgefl/{FLEET}/devices/dev-b/down", b"still here") in server.received
+            or server.disconnects
+        ),
+        "the server's message or its disconnection",
+        timeout=30,
+    )
     for c in (server, other, thief):
         c.close()
 
     # Assert: every attempt refused, counted; the controls went through
     reached_server = {t for t, p in server.received + other.received if p == b"forged"}
     refusals = {f"publish {t}": t not in reached_server for t in forbidden_publishes}
-    refusals["read B's downlink"] = (f"edgefl/{FLEET}/devices/dev-b/down", b"for b") not in a.received
-    refusals["read its downlink in another fleet"] = ("edgefl/other/devices/dev-a/down", b"other fleet") not in a.received
+    refusals["read B's downlink"] = (
+        f"edgefl/{FLEET}/devices/dev-b/down",
+        b"for b",
+    ) not in a.received
+    refusals["read its downlink in another fleet"] = (
+        "edgefl/other/devices/dev-a/down",
+        b"other fleet",
+    ) not in a.received
     refusals["read other devices' uplinks"] = not any(t.endswith("/up") for t, _ in a.received)
-    refusals["take the server's client id"] = server.disconnects == [] or server.disconnects == ["Normal disconnection"]
+    refusals["take the server's client id"] = server.disconnects == [] or server.disconnects == [
+        "Normal disconnection"
+    ]
     assert refusals == dict.fromkeys(refusals, True), {k: v for k, v in refusals.items() if not v}
     assert len(refusals) == 13
     assert (f"edgefl/{FLEET}/devices/dev-a/up", b"own") in server.received
@@ -201,7 +280,9 @@ def test_outsiders_are_refused(fleet_broker):
         "anonymous": Conn(broker, d),
         "certificate from another CA": Conn(broker, d, cert="dev-a", ca_dir="rogue"),
         "no client certificate": Conn(broker, d, cert=""),
-        "a password on the TLS listener without a certificate": Conn(broker, d, cert="", user="dev-a", password=secrets["dev-a"]),
+        "a password on the TLS listener without a certificate": Conn(
+            broker, d, cert="", user="dev-a", password=secrets["dev-a"]
+        ),
     }
     control = Conn(broker, d, cert="dev-b")
     for c in (*attempts.values(), control):
@@ -211,7 +292,10 @@ def test_outsiders_are_refused(fleet_broker):
     assert len(refused) == 6
     assert control.ok
     # the wrong password is refused by MQTT itself (not a network failure)
-    assert attempts["wrong password"].connack is not None and attempts["wrong password"].connack.is_failure
+    assert (
+        attempts["wrong password"].connack is not None
+        and attempts["wrong password"].connack.is_failure
+    )
 
 
 def test_the_server_drops_an_uplink_naming_another_device(fleet_broker, caplog):
@@ -220,13 +304,19 @@ def test_the_server_drops_an_uplink_naming_another_device(fleet_broker, caplog):
     certs = d / "certs"
     url = f"{broker.tls_url}&cert={certs / 'edgefl-server.crt'}&key={certs / 'edgefl-server.key'}"
     transport = MqttServerTransport(BrokerAddress.parse(url), FLEET).start()
-    forged = encode(Envelope("update", 0, "dev-b", fleet=FLEET, payload=Payload({}, {"num_samples": 1})))
+    forged = encode(
+        Envelope("update", 0, "dev-b", fleet=FLEET, payload=Payload({}, {"num_samples": 1}))
+    )
     try:
         with caplog.at_level(logging.WARNING, logger="edgefl.transport.mqtt"):
             # Execute: dev-a, on its own uplink, sends an envelope that names dev-b
             a = Conn(broker, d, cert="dev-a")
             a.publish(f"edgefl/{FLEET}/devices/dev-a/up", forged)
-            wait_until(lambda: "names device 'dev-b'" in caplog.text, "the transport to log the forgery", timeout=30)
+            wait_until(
+                lambda: "names device 'dev-b'" in caplog.text,
+                "the transport to log the forgery",
+                timeout=30,
+            )
             a.close()
     finally:
         transport.close()
@@ -238,7 +328,9 @@ def test_the_server_drops_an_uplink_naming_another_device(fleet_broker, caplog):
 def test_acl_blocks_are_fleet_scoped():
     block = acl_block("pi-07", "lab")
     assert "topic write edgefl/lab/devices/pi-07/up" in block
-    assert "down" not in "".join(line for line in block.splitlines() if line.startswith("topic write"))
+    assert "down" not in "".join(
+        line for line in block.splitlines() if line.startswith("topic write")
+    )
     assert "+" not in block.replace("edgefl/lab/", "")  # no fleet wildcard anywhere
     assert acl_block("srv", "lab", role="server") == "user srv\ntopic readwrite edgefl/lab/#\n"
     for bad in ("a/b", "x+", "#", ""):
@@ -282,23 +374,68 @@ def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, t
     def url(name):
         return f"{broker.tls_url}&cert={certs / (name + '.crt')}&key={certs / (name + '.key')}"
 
-    cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=2, clients=3, fraction=1.0, min_devices=3)
+    cfg = tiny_config(
+        tmp_path, algorithm="fedavg", rounds=2, clients=3, fraction=1.0, min_devices=3
+    )
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
     tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
     procs = [
-        start_device(device_command(url(f"d{i:02d}"), FLEET, f"d{i:02d}", data_spec_for(cfg, i), tier=tiers[i % len(tiers)],
-                                    profile_file=profile, verbose=True) + ["--models-dir", str(tmp_path / f"models-d{i:02d}")],
-                     tmp_path / f"d{i:02d}.log")
+        start_device(
+            device_command(
+                url(f"d{i:02d}"),
+                FLEET,
+                f"d{i:02d}",
+                data_spec_for(cfg, i),
+                tier=tiers[i % len(tiers)],
+                profile_file=profile,
+                verbose=True,
+            )
+            + ["--models-dir", str(tmp_path / f"models-d{i:02d}")],
+            tmp_path / f"d{i:02d}.log",
+        )
         for i in range(3)
     ]
     (tmp_path / "m.onnx").write_bytes(tiny_onnx(5))
     try:
         # Execute: the run, then a rollout from the operator's account over TLS
-        summary = serve(cfg, ServeOptions(broker=url("edgefl-server"), fleet=FLEET, deadline=scaled(60), wait_for_devices=scaled(120)))
-        deployed = subprocess.run([sys.executable, "-m", "edgefl.cli.main", "deploy", "--model", str(tmp_path / "m.onnx"), "--version", "tls-v1",
-                                   "--device", "d00", "--device", "d01", "--device", "d02", "--broker", url("ops"), "--fleet", FLEET,
-                                   "--wait", str(scaled(90)), "--json"], capture_output=True, text=True, timeout=scaled(180))
+        summary = serve(
+            cfg,
+            ServeOptions(
+                broker=url("edgefl-server"),
+                fleet=FLEET,
+                deadline=scaled(60),
+                wait_for_devices=scaled(120),
+            ),
+        )
+        deployed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edgefl.cli.main",
+                "deploy",
+                "--model",
+                str(tmp_path / "m.onnx"),
+                "--version",
+                "tls-v1",
+                "--device",
+                "d00",
+                "--device",
+                "d01",
+                "--device",
+                "d02",
+                "--broker",
+                url("ops"),
+                "--fleet",
+                FLEET,
+                "--wait",
+                str(scaled(90)),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=scaled(180),
+        )
         for p in procs:
             p.terminate()  # the agents stop cleanly on SIGTERM
         codes = [p.wait(scaled(60)) for p in procs]
@@ -307,14 +444,24 @@ def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, t
             if p.poll() is None:
                 p.kill()
     # Assert: both rounds completed by all three devices, over TLS
-    rounds = [json.loads(line) for line in (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        json.loads(line)
+        for line in (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()
+    ]
     assert [r["completed"] for r in rounds] == [["d00", "d01", "d02"]] * 2
     assert codes == [0, 0, 0]
-    assert json.loads((Path(summary["run_dir"]) / "config.json").read_text())["broker"].startswith("mqtts://")
+    assert json.loads((Path(summary["run_dir"]) / "config.json").read_text())["broker"].startswith(
+        "mqtts://"
+    )
     assert 0.0 <= summary["mean_accuracy"] <= 1.0
     assert deployed.returncode == 0, deployed.stderr
-    assert {d: r["version"] for d, r in json.loads(deployed.stdout).items()} == dict.fromkeys(["d00", "d01", "d02"], "tls-v1")
-    assert all((tmp_path / f"models-d{i:02d}" / "versions" / "tls-v1.onnx").read_bytes() == tiny_onnx(5) for i in range(3))
+    assert {d: r["version"] for d, r in json.loads(deployed.stdout).items()} == dict.fromkeys(
+        ["d00", "d01", "d02"], "tls-v1"
+    )
+    assert all(
+        (tmp_path / f"models-d{i:02d}" / "versions" / "tls-v1.onnx").read_bytes() == tiny_onnx(5)
+        for i in range(3)
+    )
 
 
 def test_the_shipped_tls_config_with_the_cli_made_files(tmp_path):
@@ -335,7 +482,9 @@ def test_the_shipped_tls_config_with_the_cli_made_files(tmp_path):
         assert "PRIVATE KEY" not in done.stdout + done.stderr
     port = free_port()
     conf = (Path(__file__).parents[1] / "broker" / "mosquitto-tls.conf").read_text()
-    conf = conf.replace("listener 8883 0.0.0.0", f"listener {port} 127.0.0.1").replace("persistence true", "persistence false")
+    conf = conf.replace("listener 8883 0.0.0.0", f"listener {port} 127.0.0.1").replace(
+        "persistence true", "persistence false"
+    )
     if os.geteuid() == 0:
         conf += "user root\n"
     (tmp_path / "broker" / "mosquitto-tls.conf").write_text(conf)
@@ -355,4 +504,7 @@ def test_the_shipped_tls_config_with_the_cli_made_files(tmp_path):
     # Assert
     assert device.ok and not stranger.ok
     assert (tmp_path / "broker" / "certs" / "pi-07.key").stat().st_mode & 0o777 == 0o600
-    assert "user pi-07\ntopic write edgefl/lab/devices/pi-07/up" in (tmp_path / "broker" / "acl").read_text()
+    assert (
+        "user pi-07\ntopic write edgefl/lab/devices/pi-07/up"
+        in (tmp_path / "broker" / "acl").read_text()
+    )

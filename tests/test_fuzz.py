@@ -56,18 +56,45 @@ PATTERNS = {
     "run": r"[A-Za-z0-9_-]{0,64}",
     "nonce": r"[A-Za-z0-9_-]{0,64}",
 }
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
-meta_values = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.text(max_size=30), json_values)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+meta_values = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=30),
+    json_values,
+)
 
 
 @st.composite
 def headers(draw):
-    routing = {k: draw(st.from_regex(p, fullmatch=True) | json_values) if draw(st.integers(0, 9)) == 0 else draw(st.from_regex(p, fullmatch=True))
-               for k, p in PATTERNS.items()}
+    routing = {
+        k: draw(st.from_regex(p, fullmatch=True) | json_values)
+        if draw(st.integers(0, 9)) == 0
+        else draw(st.from_regex(p, fullmatch=True))
+        for k, p in PATTERNS.items()
+    }
     routing["schema"] = "2"
-    routing["kind"] = draw(st.sampled_from(["train", "update", "evaluate", "metrics", "finish", "done", "error", "ack", "shell"]))
-    meta = draw(st.dictionaries(st.sampled_from(["num_samples", "accuracy", "train_loss", "loss", "reason", "split", "x"]), meta_values, max_size=5))
+    routing["kind"] = draw(
+        st.sampled_from(
+            ["train", "update", "evaluate", "metrics", "finish", "done", "error", "ack", "shell"]
+        )
+    )
+    meta = draw(
+        st.dictionaries(
+            st.sampled_from(
+                ["num_samples", "accuracy", "train_loss", "loss", "reason", "split", "x"]
+            ),
+            meta_values,
+            max_size=5,
+        )
+    )
     try:
         routing["meta"] = json.dumps(meta)
     except ValueError:
@@ -96,7 +123,8 @@ def test_schema_built_envelopes_decode_into_schema_valid_messages_or_raise_wire_
     assert env.payload.meta == json.loads(json.loads(data[8 : 8 + n])["__metadata__"]["meta"])
 
 
-# --- everything else a device sends (issue 36) -------------------------------------------------------
+# --- everything else a device sends (issue 36)
+# -------------------------------------------------------
 
 
 def test_device_messages_of_every_kind_are_refused_with_wire_errors_or_meet_their_schema(tmp_path):
@@ -118,5 +146,7 @@ def test_device_messages_of_every_kind_are_refused_with_wire_errors_or_meet_thei
     assert tally.count("exception") == 0, tally.problems
     assert tally.count("violation") == 0, tally.problems
     for kind in device_fuzz.KINDS:  # every kind is both refused and accepted somewhere
-        assert tally.outcomes[(kind, "rejected")] > 0 and tally.outcomes[(kind, "accepted")] > 0, kind
+        assert tally.outcomes[(kind, "rejected")] > 0 and tally.outcomes[(kind, "accepted")] > 0, (
+            kind
+        )
     assert set(tally.worst) == set(device_fuzz.KINDS)

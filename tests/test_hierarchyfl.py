@@ -1,4 +1,5 @@
-"""HierarchyFL and HeteroFL: aligned averaging, sub-model slicing, the ensemble library, hot-plug."""
+"""HierarchyFL and HeteroFL: aligned averaging, sub-model slicing, the ensemble library,
+hot-plug."""
 
 from dataclasses import replace
 
@@ -240,7 +241,9 @@ def test_ensemble_labels_is_the_public_labels_cross_entropy_alone():
         outs = labels.hierarchy_outputs(x)
         m = torch.tensor([0.1, 0.2, 0.3, 0.4])
         expected = sum(torch.nn.functional.cross_entropy(p, y) for _, p in outs)
-        assert float(labels.distillation_loss(outs, m, y)) == pytest.approx(float(expected), rel=1e-6)
+        assert float(labels.distillation_loss(outs, m, y)) == pytest.approx(
+            float(expected), rel=1e-6
+        )
     with pytest.raises(ValueError, match="server_ce"):
         HierarchyFLOptions(ensemble="labels", server_ce=False)
 
@@ -276,7 +279,8 @@ def test_hot_plugged_device_starts_from_the_current_global_submodel():
     # Execute: a device the server has never seen joins with tier 2
     srv.ctx.fleet["late"] = DeviceRecord(spec("hierarchy-depth", "2"), num_samples=48)
     payload = srv.downlink(1, "late")
-    late = device(spec("hierarchy-depth", "2"), "late", bn_stats="average")  # the statistics as sent
+    # the statistics as sent
+    late = device(spec("hierarchy-depth", "2"), "late", bn_stats="average")
     late.receive(1, payload)
     # Assert: it got the current global sub-model, not the initial one, and its update counts
     state = srv.model.state_dict()
@@ -385,7 +389,9 @@ def test_the_server_step_at_its_defaults_does_not_lower_the_exits_on_the_check_s
     # measured on this case: −6.8, +3.9, +6.6 points at the defaults (server lr 0.05, T 1, chosen
     # by the benchmark's sweeps; at lr 0.005 and T 3 it was +1.0, +1.2, +4.3); the spec's earlier
     # step (lr 0.05, momentum 0.9, no CE) lost 11.1 points in its first round
-    srv = server("hierarchyfl", fleet("hierarchy-depth", ["1", "2", "3", "4"]), public_n=256, check_share=0.5)
+    srv = server(
+        "hierarchyfl", fleet("hierarchy-depth", ["1", "2", "3", "4"]), public_n=256, check_share=0.5
+    )
     _pretrain(srv, [0, 1, 2, 3])
     changes = [srv.aggregate(r, {})["check_change"] for r in range(3)]
     assert len(srv.check_set) == 128 and len(srv.distill_set) == 128
@@ -418,10 +424,14 @@ def test_server_lr_follows_the_runs_decay_schedule():
     assert [server_lr_at(opts, settings, r) for r in (0, 7, 8, 13, 14, 19)] == pytest.approx(
         [0.05, 0.05, 0.005, 0.005, 0.0005, 0.0005])
     devices = HierarchyFLOptions(server_lr=None)
-    assert [server_lr_at(devices, settings, r) for r in (0, 8, 14)] == pytest.approx([0.02, 0.002, 0.0002])
+    assert [server_lr_at(devices, settings, r) for r in (0, 8, 14)] == pytest.approx(
+        [0.02, 0.002, 0.0002]
+    )
 
 
-def _eval_and_batch_outputs(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _eval_and_batch_outputs(
+    model: torch.nn.Module, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's outputs on ``x`` with its running statistics (eval) and with x's own (train,
     on a copy: a forward in training mode moves the running statistics)."""
     import copy
@@ -439,7 +449,9 @@ def test_recalibrated_running_statistics_are_the_datas_statistics_for_the_curren
     dev.fit(0)
     stale = {k: v.clone() for k, v in dev.model.state_dict().items() if "running" in k}
     torch.manual_seed(3)
-    dev.model.load_state_dict({**dev.model.state_dict(), **{k: torch.rand_like(v) + 0.5 for k, v in stale.items()}})
+    dev.model.load_state_dict(
+        {**dev.model.state_dict(), **{k: torch.rand_like(v) + 0.5 for k, v in stale.items()}}
+    )
     x = dev.ctx.train_data.images()
     weights = {k: v.clone() for k, v in dev.model.named_parameters()}
     # Execute
@@ -450,8 +462,11 @@ def test_recalibrated_running_statistics_are_the_datas_statistics_for_the_curren
     for k, v in dev.model.named_parameters():
         torch.testing.assert_close(v, weights[k], rtol=0, atol=0)
     evaluated, batch = _eval_and_batch_outputs(dev.model, x)
-    torch.testing.assert_close(evaluated, batch, rtol=0.02, atol=0.02)  # unbiased vs biased variance
-    assert all(m.momentum == 0.1 for m in dev.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    # unbiased vs biased variance
+    torch.testing.assert_close(evaluated, batch, rtol=0.02, atol=0.02)
+    assert all(
+        m.momentum == 0.1 for m in dev.model.modules() if isinstance(m, torch.nn.BatchNorm2d)
+    )
 
 
 def test_a_device_recalibrates_the_received_statistics_by_default_and_keeps_them_on_request():
@@ -477,7 +492,9 @@ def test_a_device_recalibrates_the_received_statistics_by_default_and_keeps_them
     for k, v in keeping.model.state_dict().items():
         np.testing.assert_array_equal(v.numpy(), payload.arrays["w/" + k])
         if "running" not in k and "num_batches" not in k:
-            np.testing.assert_array_equal(recalibrating.model.state_dict()[k].numpy(), payload.arrays["w/" + k])
+            np.testing.assert_array_equal(
+                recalibrating.model.state_dict()[k].numpy(), payload.arrays["w/" + k]
+            )
 
 
 def test_the_uploaded_statistics_deltas_are_relative_to_the_received_statistics():
@@ -490,15 +507,24 @@ def test_the_uploaded_statistics_deltas_are_relative_to_the_received_statistics(
     up = dev.fit(0)
     state = dev.model.state_dict()
     for k in (k for k in state if "running" in k):
-        np.testing.assert_allclose(up.arrays[DELTAS + k], state[k].numpy() - payload.arrays["w/" + k], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(
+            up.arrays[DELTAS + k], state[k].numpy() - payload.arrays["w/" + k], rtol=0, atol=1e-6
+        )
 
 
 def test_heterofl_and_hierarchyfl_get_identical_partitions_for_a_seed(tmp_path):
     from edgefl.runtime.setup import assemble
     from tests.conftest import tiny_config
 
-    common = {"clients": 4, "model": "hierarchy-depth", "tiers": ("1", "2", "3", "4"), "partition": "dirichlet",
-              "alpha": 0.1, "public_fraction": 0.05, "seed": 3}
+    common = {
+        "clients": 4,
+        "model": "hierarchy-depth",
+        "tiers": ("1", "2", "3", "4"),
+        "partition": "dirichlet",
+        "alpha": 0.1,
+        "public_fraction": 0.05,
+        "seed": 3,
+    }
     hetero = assemble(tiny_config(tmp_path, algorithm="heterofl", **common))
     hier = assemble(tiny_config(tmp_path, algorithm="hierarchyfl", **common))
     # the same public carve-out, the same device pool and Dirichlet draw, the same tiers
@@ -508,7 +534,9 @@ def test_heterofl_and_hierarchyfl_get_identical_partitions_for_a_seed(tmp_path):
     assert len(hetero.data.parts) == len(hier.data.parts) == 4
     for a, b in zip(hetero.data.parts, hier.data.parts, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert {d: s.tier for d, s in hetero.specs.items()} == {d: s.tier for d, s in hier.specs.items()}
+    assert {d: s.tier for d, s in hetero.specs.items()} == {
+        d: s.tier for d, s in hier.specs.items()
+    }
     # and the benchmark pairs its cells that way: same configuration but the method and its options
     from benchmarks.hierarchyfl import make
 

@@ -22,7 +22,13 @@ from edgefl.transport.broker import MosquittoBroker
 from edgefl.transport.mqtt import Topics
 from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import scaled, tiny_config
-from tests.test_server_device import finish, need_mosquitto, profile_file, serve_in_thread, spawn  # noqa: F401
+from tests.test_server_device import (  # noqa: F401
+    finish,
+    need_mosquitto,
+    profile_file,
+    serve_in_thread,
+    spawn,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +36,12 @@ pytestmark = pytest.mark.slow
 class Liar:
     def __init__(self, port: int, fleet: str):
         self.topics, self.fleet = Topics(fleet), fleet
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="liar", protocol=mqtt.MQTTv5)
-        self.client.on_connect = lambda c, u, f, r, p: c.subscribe(self.topics.device("d00", "down"), qos=1)
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="liar", protocol=mqtt.MQTTv5
+        )
+        self.client.on_connect = lambda c, u, f, r, p: c.subscribe(
+            self.topics.device("d00", "down"), qos=1
+        )
         self.client.on_message = self.on_message
         self.port = port
         self.arrays: dict = {}
@@ -64,15 +74,36 @@ class Liar:
             if request.payload.arrays:
                 self.arrays = {k: np.array(v) for k, v in request.payload.arrays.items()}
             if self.sent["register"] == 0:  # d00 is ready and training: re-declare its size
-                profile = json.dumps({"name": "d00", "arch": "x", "cpu_model": "x", "cores": 1, "ram_total_mb": 1, "ram_available_mb": 1})
-                for extra in ({}, {"incarnation": "liar"}):  # no new epoch: refused; a new one: taken and bounded
+                profile = json.dumps(
+                    {
+                        "name": "d00",
+                        "arch": "x",
+                        "cpu_model": "x",
+                        "cores": 1,
+                        "ram_total_mb": 1,
+                        "ram_available_mb": 1,
+                    }
+                )
+                # no new epoch: refused; a new one: taken and bounded
+                for extra in ({}, {"incarnation": "liar"}):
                     meta = {"profile": profile, "ready": True, "num_samples": 10**9, **extra}
-                    self.publish("register", Envelope("register", 0, "d00", fleet=self.fleet, payload=Payload({}, meta)))
+                    self.publish(
+                        "register",
+                        Envelope("register", 0, "d00", fleet=self.fleet, payload=Payload({}, meta)),
+                    )
             if request.kind == "evaluate":
                 self.publish("up", request.reply("metrics", Payload({}, {"accuracy": 1.0})))
             elif self.arrays:
-                scaled = {k: (-5 * v).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in self.arrays.items()}
-                self.publish("up", request.reply("update", Payload(scaled, {"num_samples": 10**9, "train_loss": 0.0})))
+                scaled = {
+                    k: (-5 * v).astype(v.dtype) if v.dtype.kind == "f" else v
+                    for k, v in self.arrays.items()
+                }
+                self.publish(
+                    "up",
+                    request.reply(
+                        "update", Payload(scaled, {"num_samples": 10**9, "train_loss": 0.0})
+                    ),
+                )
 
 
 def measured_accuracy(cfg, state) -> float:
@@ -89,18 +120,37 @@ def measured_accuracy(cfg, state) -> float:
     return evaluate(model, load_dataset(cfg.dataset, "test"))["accuracy"]
 
 
-def test_a_lying_device_neither_poisons_the_model_nor_the_measured_results(tmp_path, profile_file, caplog):  # noqa: F811
+def test_a_lying_device_neither_poisons_the_model_nor_the_measured_results(
+    tmp_path, profile_file, caplog  # noqa: F811
+):
     need_mosquitto()
-    cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=3, clients=4, threads=1, fraction=1.0, eval_every=1, steps=6,
-                      options={"aggregator": "median"}).model_copy(update={"min_devices": 4})
+    cfg = tiny_config(
+        tmp_path,
+        algorithm="fedavg",
+        rounds=3,
+        clients=4,
+        threads=1,
+        fraction=1.0,
+        eval_every=1,
+        steps=6,
+        options={"aggregator": "median"},
+    ).model_copy(update={"min_devices": 4})
     clean = []
-    simulation.simulate(cfg.model_copy(update={"run_name": "clean"}), on_done=lambda s: clean.append(s.state_dict()))
+    simulation.simulate(
+        cfg.model_copy(update={"run_name": "clean"}), on_done=lambda s: clean.append(s.state_dict())
+    )
     fleet = "liar"
     broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     liar = Liar(broker.port, fleet).start()
     try:
-        t, box = serve_in_thread(cfg.model_copy(update={"run_name": "attacked"}), ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60)))
-        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0) for i in range(4)]
+        t, box = serve_in_thread(
+            cfg.model_copy(update={"run_name": "attacked"}),
+            ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60)),
+        )
+        procs = [
+            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0)
+            for i in range(4)
+        ]
         t.join(scaled(300))
         codes = finish(procs)
     finally:
@@ -110,8 +160,10 @@ def test_a_lying_device_neither_poisons_the_model_nor_the_measured_results(tmp_p
     assert codes == [0, 0, 0, 0]
     assert liar.sent["register"] == 2 and liar.sent["update"] >= 3 and liar.sent["metrics"] >= 3
     logs = caplog.text
-    assert "re-declared 1000000000 samples without a new registration epoch (declared" in logs  # refused
-    assert "re-registered (registration epoch liar) declaring 1000000000 samples" in logs  # taken, logged
+    # refused
+    assert "re-declared 1000000000 samples without a new registration epoch (declared" in logs
+    # taken, logged
+    assert "re-registered (registration epoch liar) declaring 1000000000 samples" in logs
     assert "device d00 claimed num_samples = 1e+09; clipped to" in logs  # and bounded
     summary = box["summary"]
     assert summary["registrations_rejected"] >= 1
@@ -120,7 +172,11 @@ def test_a_lying_device_neither_poisons_the_model_nor_the_measured_results(tmp_p
     assert abs(attacked_acc - clean_acc) <= 0.02, (attacked_acc, clean_acc)
     # the spoofed accuracy is in the summary only as what it is: a device's claim
     assert summary["client_accuracy"]["d00"] == 1.0
-    assert {"mean_accuracy", "client_accuracy", "tier_accuracy"} <= set(summary["sources"]["device_reported"])
-    assert not {"mean_accuracy", "client_accuracy", "tier_accuracy"} & set(summary["sources"]["server_measured"])
+    assert {"mean_accuracy", "client_accuracy", "tier_accuracy"} <= set(
+        summary["sources"]["device_reported"]
+    )
+    assert not {"mean_accuracy", "client_accuracy", "tier_accuracy"} & set(
+        summary["sources"]["server_measured"]
+    )
     assert summary["accuracy_reported_by"] == "devices"
     assert "as the devices report it" in (Path(summary["run_dir"]) / "summary.md").read_text()

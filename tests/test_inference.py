@@ -48,11 +48,15 @@ def test_wrong_input_shape_is_a_clear_error(exported):
     _, path = exported
     predictor = Predictor(path)
 
-    with pytest.raises(InferenceError, match=r"\[2, 3, 32, 32\] does not fit the model, which takes \[N, 1, 28, 28\]"):
+    with pytest.raises(
+        InferenceError,
+        match=r"\[2, 3, 32, 32\] does not fit the model, which takes \[N, 1, 28, 28\]",
+    ):
         predictor.predict(np.zeros((2, 3, 32, 32), np.float32))
     with pytest.raises(InferenceError, match="uint8 pixels or floats"):
         predictor.predict(np.zeros((2, 1, 28, 28), np.int32))
-    assert predictor.predict(np.zeros((1, 28, 28), np.float32)).shape == (1,)  # one image, no batch dim
+    # one image, no batch dim
+    assert predictor.predict(np.zeros((1, 28, 28), np.float32)).shape == (1,)
 
 
 @pytest.mark.parametrize(
@@ -77,9 +81,13 @@ def test_cli_errors_are_one_line(exported, tmp_path, monkeypatch, capsys):
     (tmp_path / "bad.onnx").write_bytes(b"garbage")
 
     code, _, err = _run(["infer", str(path), str(tmp_path / "wrong.npy")], monkeypatch, capsys)
-    assert code == 3 and "does not fit the model" in err and "Traceback" not in err  # bad input: ExitCode.CONFIG
-    code, _, err = _run(["infer", str(tmp_path / "bad.onnx"), "--dataset", "synthetic"], monkeypatch, capsys)
-    assert code == 3 and "not a valid ONNX model" in err and "Traceback" not in err  # an unreadable model file
+    # bad input: ExitCode.CONFIG
+    assert code == 3 and "does not fit the model" in err and "Traceback" not in err
+    code, _, err = _run(
+        ["infer", str(tmp_path / "bad.onnx"), "--dataset", "synthetic"], monkeypatch, capsys
+    )
+    # an unreadable model file
+    assert code == 3 and "not a valid ONNX model" in err and "Traceback" not in err
     code, _, err = _run(["infer", str(path)], monkeypatch, capsys)
     assert code == 3 and "image files or --dataset" in err  # ExitCode.CONFIG
 
@@ -100,7 +108,9 @@ def test_infer_images_prints_the_classes_pytorch_predicts(exported, tmp_path, mo
     with torch.no_grad():
         expected = model(SYNTH.images(np.arange(3))).argmax(1).tolist()
     assert [r["class"] for r in rows] == expected * 2
-    assert rows[0]["name"] == SYNTH.info.class_names[expected[0]] and 0 < rows[0]["probability"] <= 1
+    assert (
+        rows[0]["name"] == SYNTH.info.class_names[expected[0]] and 0 < rows[0]["probability"] <= 1
+    )
 
 
 def test_a_picture_of_another_size_needs_resize(exported, tmp_path):
@@ -119,8 +129,14 @@ def test_a_picture_of_another_size_needs_resize(exported, tmp_path):
 def test_an_onnx_file_without_edgefl_metadata_still_runs(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 4)).eval()
-    torch.onnx.export(model, (torch.zeros(1, 1, 28, 28),), str(tmp_path / "plain.onnx"), dynamo=False,
-                      input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    torch.onnx.export(
+        model,
+        (torch.zeros(1, 1, 28, 28),),
+        str(tmp_path / "plain.onnx"),
+        dynamo=False,
+        input_names=["x"],
+        dynamic_axes={"x": {0: "n"}},
+    )
 
     predictor = Predictor(tmp_path / "plain.onnx")
 
@@ -132,15 +148,73 @@ def test_an_onnx_file_without_edgefl_metadata_still_runs(tmp_path):
 
 def test_export_a_run_then_infer_its_accuracy(tmp_path, monkeypatch, capsys):
     # Prepare: a tiny run whose devices hold static-BN hierarchy-width models (the hard case)
-    _cli_ok(["simulate", "-a", "local", "--dataset", "synthetic", "--model", "hierarchy-width", "--tiers", "1/8,1/4",
-             "--width", "0.25", "--clients", "2", "--rounds", "1", "--steps", "3", "--train-samples", "300",
-             "--test-samples", "100", "--out", str(tmp_path), "--run-name", "r", "--quiet", "--json"], monkeypatch, capsys)
+    _cli_ok(
+        [
+            "simulate",
+            "-a",
+            "local",
+            "--dataset",
+            "synthetic",
+            "--model",
+            "hierarchy-width",
+            "--tiers",
+            "1/8,1/4",
+            "--width",
+            "0.25",
+            "--clients",
+            "2",
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--train-samples",
+            "300",
+            "--test-samples",
+            "100",
+            "--out",
+            str(tmp_path),
+            "--run-name",
+            "r",
+            "--quiet",
+            "--json",
+        ],
+        monkeypatch,
+        capsys,
+    )
     # Execute: export one tier with int8, then run the file on the dataset
-    out = _cli_ok(["export", "--run", str(tmp_path / "r"), "--tier", "1/4", "--out", str(tmp_path / "m.onnx"),
-                   "--quantize", "int8", "--calibration-samples", "64", "--json"], monkeypatch, capsys)
+    out = _cli_ok(
+        [
+            "export",
+            "--run",
+            str(tmp_path / "r"),
+            "--tier",
+            "1/4",
+            "--out",
+            str(tmp_path / "m.onnx"),
+            "--quantize",
+            "int8",
+            "--calibration-samples",
+            "64",
+            "--json",
+        ],
+        monkeypatch,
+        capsys,
+    )
     (report,) = json.loads(out)
-    infer = json.loads(_cli_ok(["infer", str(tmp_path / "m.onnx"), "--dataset", "synthetic", "--json"], monkeypatch, capsys))
-    infer8 = json.loads(_cli_ok(["infer", str(tmp_path / "m.int8.onnx"), "--dataset", "synthetic", "--json"], monkeypatch, capsys))
+    infer = json.loads(
+        _cli_ok(
+            ["infer", str(tmp_path / "m.onnx"), "--dataset", "synthetic", "--json"],
+            monkeypatch,
+            capsys,
+        )
+    )
+    infer8 = json.loads(
+        _cli_ok(
+            ["infer", str(tmp_path / "m.int8.onnx"), "--dataset", "synthetic", "--json"],
+            monkeypatch,
+            capsys,
+        )
+    )
     # Assert
     assert report["device_id"] == "d01" and report["spec"]["tier"] == "1/4"
     assert report["batch_norm"] == "frozen from 64 calibration images"
@@ -148,40 +222,150 @@ def test_export_a_run_then_infer_its_accuracy(tmp_path, monkeypatch, capsys):
     assert report["int8"]["accuracy"] == infer8["accuracy"] and "int8" in infer8["quantization"]
     assert report["int8"]["size_bytes"] < report["size_bytes"]
 
-    code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--device", "d07", "--out", str(tmp_path / "x.onnx")],
-                        monkeypatch, capsys)
+    code, _, err = _run(
+        [
+            "export",
+            "--run",
+            str(tmp_path / "r"),
+            "--device",
+            "d07",
+            "--out",
+            str(tmp_path / "x.onnx"),
+        ],
+        monkeypatch,
+        capsys,
+    )
     assert code == 3 and "no device 'd07'" in err  # ExitCode.CONFIG
-    code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "x.onnx")],
-                        monkeypatch, capsys)
+    code, _, err = _run(
+        ["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "x.onnx")],
+        monkeypatch,
+        capsys,
+    )
     assert code == 3 and "must be a directory" in err
 
 
 def test_a_run_exports_on_a_machine_without_its_dataset(tmp_path, monkeypatch, capsys):
-    """A fleet's server never held the devices' data: export checks parity on random images, says the
-    accuracy was not measured, and refuses what needs training images (int8, static BatchNorm)."""
+    """A fleet's server never held the devices' data: export checks parity on random images, says
+    the accuracy was not measured, and refuses what needs training images (int8, static
+    BatchNorm)."""
     import edgefl.data
     from edgefl.errors import DataNotFoundError
 
-    _cli_ok(["simulate", "-a", "fedavg", "--dataset", "synthetic", "--clients", "2", "--rounds", "1", "--steps", "3",
-             "--width", "0.25", "--train-samples", "300", "--test-samples", "100", "--out", str(tmp_path), "--run-name", "r",
-             "--quiet", "--json"], monkeypatch, capsys)
-    _cli_ok(["simulate", "-a", "local", "--dataset", "synthetic", "--model", "hierarchy-width", "--tiers", "1/8",
-             "--width", "0.25", "--clients", "1", "--rounds", "1", "--steps", "3", "--train-samples", "300",
-             "--test-samples", "100", "--out", str(tmp_path), "--run-name", "bn", "--quiet", "--json"], monkeypatch, capsys)
+    _cli_ok(
+        [
+            "simulate",
+            "-a",
+            "fedavg",
+            "--dataset",
+            "synthetic",
+            "--clients",
+            "2",
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--width",
+            "0.25",
+            "--train-samples",
+            "300",
+            "--test-samples",
+            "100",
+            "--out",
+            str(tmp_path),
+            "--run-name",
+            "r",
+            "--quiet",
+            "--json",
+        ],
+        monkeypatch,
+        capsys,
+    )
+    _cli_ok(
+        [
+            "simulate",
+            "-a",
+            "local",
+            "--dataset",
+            "synthetic",
+            "--model",
+            "hierarchy-width",
+            "--tiers",
+            "1/8",
+            "--width",
+            "0.25",
+            "--clients",
+            "1",
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--train-samples",
+            "300",
+            "--test-samples",
+            "100",
+            "--out",
+            str(tmp_path),
+            "--run-name",
+            "bn",
+            "--quiet",
+            "--json",
+        ],
+        monkeypatch,
+        capsys,
+    )
 
     def absent(name, split, data_dir=None):
         raise DataNotFoundError(f"{name} ({split}) not found. Looked in: nowhere")
 
-    monkeypatch.setattr(edgefl.data, "load_dataset", absent)  # this machine has no copy of the dataset
-    (report, _) = json.loads(_cli_ok(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "onnx"),
-                                      "--json"], monkeypatch, capsys))
+    # this machine has no copy of the dataset
+    monkeypatch.setattr(edgefl.data, "load_dataset", absent)
+    (report, _) = json.loads(
+        _cli_ok(
+            [
+                "export",
+                "--run",
+                str(tmp_path / "r"),
+                "--all",
+                "--out",
+                str(tmp_path / "onnx"),
+                "--json",
+            ],
+            monkeypatch,
+            capsys,
+        )
+    )
     assert "accuracy" not in report and "not found" in report["accuracy_not_measured"]
-    assert report["parity_max_abs_diff"] and max(report["parity_max_abs_diff"].values()) <= report["tolerance"]
-    infer = json.loads(_cli_ok(["infer", str(tmp_path / "onnx" / "d01.onnx"), "--dataset", "synthetic", "--json"],
-                               monkeypatch, capsys))
-    assert all(k == v for k, v in infer["class_map"].items()) and len(infer["class_map"]) == 10  # the dataset's names
-    code, _, err = _run(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(tmp_path / "q"), "--quantize", "int8"],
-                        monkeypatch, capsys)
+    assert (
+        report["parity_max_abs_diff"]
+        and max(report["parity_max_abs_diff"].values()) <= report["tolerance"]
+    )
+    infer = json.loads(
+        _cli_ok(
+            ["infer", str(tmp_path / "onnx" / "d01.onnx"), "--dataset", "synthetic", "--json"],
+            monkeypatch,
+            capsys,
+        )
+    )
+    # the dataset's names
+    assert all(k == v for k, v in infer["class_map"].items()) and len(infer["class_map"]) == 10
+    code, _, err = _run(
+        [
+            "export",
+            "--run",
+            str(tmp_path / "r"),
+            "--all",
+            "--out",
+            str(tmp_path / "q"),
+            "--quantize",
+            "int8",
+        ],
+        monkeypatch,
+        capsys,
+    )
     assert code == 3 and "int8 calibrates on training images" in err
-    code, _, err = _run(["export", "--run", str(tmp_path / "bn"), "--all", "--out", str(tmp_path / "bn-onnx")], monkeypatch, capsys)
+    code, _, err = _run(
+        ["export", "--run", str(tmp_path / "bn"), "--all", "--out", str(tmp_path / "bn-onnx")],
+        monkeypatch,
+        capsys,
+    )
     assert code == 3 and "batch statistics" in err

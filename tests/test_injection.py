@@ -30,12 +30,20 @@ from edgefl.wire import decode, encode
 from edgefl.wire.validate import peek
 from tests import wire_fuzz
 from tests.conftest import scaled, tiny_config
-from tests.test_server_device import finish, need_mosquitto, profile_file, serve_in_thread, spawn  # noqa: F401
+from tests.test_server_device import (  # noqa: F401
+    finish,
+    need_mosquitto,
+    profile_file,
+    serve_in_thread,
+    spawn,
+)
 
 pytestmark = pytest.mark.slow
 
 
-def _rewrite(data: bytes, routing_changes=None, meta_changes=None, tensor_changes=None, drop_meta=()) -> bytes:
+def _rewrite(
+    data: bytes, routing_changes=None, meta_changes=None, tensor_changes=None, drop_meta=()
+) -> bytes:
     """Re-write a captured envelope with changes, checksum recomputed (as an attacker can)."""
     header, body = wire_fuzz._header(data)
     routing = dict(header["__metadata__"])
@@ -56,11 +64,14 @@ def _rewrite(data: bytes, routing_changes=None, meta_changes=None, tensor_change
 class Attacker:
     def __init__(self, port: int, fleet: str):
         self.topics = Topics(fleet)
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="attacker", protocol=mqtt.MQTTv5)
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="attacker", protocol=mqtt.MQTTv5
+        )
         self.client.on_connect = self.on_connect
         self.client.on_message = self.on_message
         self.port = port
-        self.last_update: bytes | None = None  # d00's own update of an earlier round, for the replay
+        # d00's own update of an earlier round, for the replay
+        self.last_update: bytes | None = None
         # the model's arrays as last seen on d00's downlink: a train request after an evaluation
         # carries none (the device already holds the evaluation's model)
         self.arrays: dict = {}
@@ -114,23 +125,47 @@ class Attacker:
             self.send("accuracy nan", _rewrite(honest, meta_changes={"accuracy": "nan"}))
             return
         arrays = self.arrays
-        good = encode(request.reply("update", _payload(arrays, {"num_samples": 10, "train_loss": 1.0})))
+        good = encode(
+            request.reply("update", _payload(arrays, {"num_samples": 10, "train_loss": 1.0}))
+        )
         name = next(k for k, v in arrays.items() if v.ndim >= 2)
-        self.send("dtype list", _rewrite(good, tensor_changes={name: lambda t: (["F32"], t[1], t[2])}))
+        self.send(
+            "dtype list", _rewrite(good, tensor_changes={name: lambda t: (["F32"], t[1], t[2])})
+        )
         self.send("no num_samples", _rewrite(good, drop_meta=("num_samples",)))
-        self.send("float64 1e300", _rewrite(good, tensor_changes={name: lambda t: ("F64", t[1], np.full(t[1], 1e300).tobytes())}))
+        self.send(
+            "float64 1e300",
+            _rewrite(
+                good, tensor_changes={name: lambda t: ("F64", t[1], np.full(t[1], 1e300).tobytes())}
+            ),
+        )
         self.send("train_loss 1e308", _rewrite(good, meta_changes={"train_loss": 1e308}))
         deep = b"[" * 100_000
         self.send("deep header", struct.pack("<Q", len(deep)) + deep)
         self.send("other algorithm", _rewrite(good, routing_changes={"algorithm": "felo"}))
         if self.last_update is not None:
-            self.send("replay relabelled", _rewrite(self.last_update, routing_changes={"round": str(request.round)}))
+            self.send(
+                "replay relabelled",
+                _rewrite(self.last_update, routing_changes={"round": str(request.round)}),
+            )
             self.replayed_in.append(request.round)
         # malformed downlinks to d01
         self.send("garbage downlink", b"\x07 no envelope", device="d01", leaf="down")
-        down = _rewrite(self.downlink_with_arrays, routing_changes={"device": "d01", "nonce": "0" * 32})
-        self.send("dtype list downlink", _rewrite(down, tensor_changes={name: lambda t: (["F32"], t[1], t[2])}), device="d01", leaf="down")
-        self.send("other algorithm downlink", _rewrite(down, routing_changes={"algorithm": "felo"}), device="d01", leaf="down")
+        down = _rewrite(
+            self.downlink_with_arrays, routing_changes={"device": "d01", "nonce": "0" * 32}
+        )
+        self.send(
+            "dtype list downlink",
+            _rewrite(down, tensor_changes={name: lambda t: (["F32"], t[1], t[2])}),
+            device="d01",
+            leaf="down",
+        )
+        self.send(
+            "other algorithm downlink",
+            _rewrite(down, routing_changes={"algorithm": "felo"}),
+            device="d01",
+            leaf="down",
+        )
 
 
 def _payload(arrays, meta):
@@ -139,17 +174,26 @@ def _payload(arrays, meta):
     return Payload(arrays, meta)
 
 
-def test_injected_messages_never_crash_displace_or_reach_the_model(tmp_path, profile_file, caplog):  # noqa: F811
+def test_injected_messages_never_crash_displace_or_reach_the_model(
+    tmp_path, profile_file, caplog  # noqa: F811
+):
     need_mosquitto()
     rounds, deadline = 3, scaled(60)
-    cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=rounds, clients=3, eval_every=1).model_copy(update={"min_devices": 3})
+    cfg = tiny_config(
+        tmp_path, algorithm="fedavg", rounds=rounds, clients=3, eval_every=1
+    ).model_copy(update={"min_devices": 3})
     fleet = "injection"
     broker = MosquittoBroker(port=0).start()
     attacker = Attacker(broker.port, fleet).start()
     procs = []
     try:
-        t, box = serve_in_thread(cfg, ServeOptions(broker=broker.url, fleet=fleet, deadline=deadline))
-        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0) for i in range(3)]
+        t, box = serve_in_thread(
+            cfg, ServeOptions(broker=broker.url, fleet=fleet, deadline=deadline)
+        )
+        procs = [
+            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0)
+            for i in range(3)
+        ]
         t.join(scaled(600))
         codes = finish(procs)
     finally:
@@ -157,21 +201,41 @@ def test_injected_messages_never_crash_displace_or_reach_the_model(tmp_path, pro
         broker.stop()
 
     assert "error" not in box, box.get("error")
-    assert codes == [0, 0, 0]  # every device (d01 with its malformed downlinks too) served to the end
-    records = [json.loads(x) for x in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
-    assert [r["completed"] for r in records] == [["d00", "d01", "d02"]] * rounds  # no real update lost
+    # every device (d01 with its malformed downlinks too) served to the end
+    assert codes == [0, 0, 0]
+    records = [
+        json.loads(x)
+        for x in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()
+    ]
+    # no real update lost
+    assert [r["completed"] for r in records] == [["d00", "d01", "d02"]] * rounds
     assert all(r["failed"] == {} for r in records)
-    assert all(r["round_seconds"] < deadline / 2 for r in records)  # no round waited out its deadline
+    # no round waited out its deadline
+    assert all(r["round_seconds"] < deadline / 2 for r in records)
     # every injection of a train exchange was refused and counted against d00 in the round's
     # record: six per round, and the replay of d00's earlier update where there was one
     assert attacker.replayed_in, "no update was replayed"
     # (the attacker saw wire rounds: a training request carries the round's index from 0)
-    assert [r["rejected"].get("d00", 0) for r in records] == [6 + attacker.replayed_in.count(r["round"] - 1) for r in records]
+    assert [r["rejected"].get("d00", 0) for r in records] == [
+        6 + attacker.replayed_in.count(r["round"] - 1) for r in records
+    ]
     logs = caplog.text
-    for reason in ("nonce", "algorithm 'felo' does not match", "dtype float64", "num_samples: Field required",
-                   "train_loss", "nests deeper than the parser", "accuracy", "dtype"):
+    for reason in (
+        "nonce",
+        "algorithm 'felo' does not match",
+        "dtype float64",
+        "num_samples: Field required",
+        "train_loss",
+        "nests deeper than the parser",
+        "accuracy",
+        "dtype",
+    ):
         assert reason in logs, reason
     state = box["state"]
     weights = [v for k, v in state.items() if k.startswith("w/")]
-    assert weights and all(v.dtype == np.float32 and np.isfinite(v).all() and np.abs(v).max() < 100 for v in weights if v.dtype.kind == "f")
+    assert weights and all(
+        v.dtype == np.float32 and np.isfinite(v).all() and np.abs(v).max() < 100
+        for v in weights
+        if v.dtype.kind == "f"
+    )
     assert 0.0 <= box["summary"]["mean_accuracy"] <= 1.0

@@ -1,6 +1,6 @@
-"""Layers one way: cli → runtime → {algorithms, transport, wire, profiling, export} → {models, data},
-report at the side, and no import circles. Read from the source (ast), imports inside functions
-included: a lazy import is still a dependency."""
+"""Layers one way: cli → runtime → {algorithms, transport, wire, profiling, export} → {models,
+data}, report at the side, and no import circles. Read from the source (ast), imports inside
+functions included: a lazy import is still a dependency."""
 
 import ast
 from collections import defaultdict
@@ -12,10 +12,47 @@ ROOT = Path(edgefl.__file__).parent
 
 #: What each part of the library may import (besides itself). Everything else is a layering error.
 ALLOWED = {
-    "cli": {"names", "retry", "edgefl", "rollout", "dashboard", "runtime", "algorithms", "transport", "wire", "profiling", "export", "inference", "models", "data", "report", "config", "errors", "privacy"},
-    "runtime": {"retry", "privacy", "algorithms", "transport", "wire", "profiling", "export", "inference", "models", "data", "report", "config", "errors"},
+    "cli": {
+        "names",
+        "retry",
+        "edgefl",
+        "rollout",
+        "dashboard",
+        "runtime",
+        "algorithms",
+        "transport",
+        "wire",
+        "profiling",
+        "export",
+        "inference",
+        "models",
+        "data",
+        "report",
+        "config",
+        "errors",
+        "privacy",
+    },
+    "runtime": {
+        "retry",
+        "privacy",
+        "algorithms",
+        "transport",
+        "wire",
+        "profiling",
+        "export",
+        "inference",
+        "models",
+        "data",
+        "report",
+        "config",
+        "errors",
+    },
     "algorithms": {"privacy", "wire", "models", "data", "errors"},
-    "privacy": {"wire", "data", "errors"},  # differential privacy: declarations, mechanisms, accounting
+    "privacy": {
+        "wire",
+        "data",
+        "errors",
+    },  # differential privacy: declarations, mechanisms, accounting
     "transport": {"retry", "wire", "errors"},
     "wire": {"errors"},
     "profiling": {"models", "errors"},
@@ -24,8 +61,18 @@ ALLOWED = {
     "models": {"errors"},
     "data": {"errors"},
     "report": {"errors"},  # at the side: it gets plain records, never the objects that made them
-    "rollout": {"retry", "inference", "transport", "wire", "errors"},  # model rollout to devices, beside runtime
-    "dashboard": {"runtime", "report", "errors"},  # a web page over the fleet status (and its metrics), beside the CLI
+    "rollout": {
+        "retry",
+        "inference",
+        "transport",
+        "wire",
+        "errors",
+    },  # model rollout to devices, beside runtime
+    "dashboard": {
+        "runtime",
+        "report",
+        "errors",
+    },  # a web page over the fleet status (and its metrics), beside the CLI
     "config": {"errors"},
     "names": {"errors"},  # the registries' names, known without importing them (no torch)
     "errors": set(),
@@ -62,12 +109,21 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:  # relative
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1]
+                        + ([base] if base else [])
+                    )
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names
+                ]
             else:
                 continue
             for target in targets:
-                if target.startswith("edgefl") and (resolved := resolve(target)) and resolved != module:
+                if (
+                    target.startswith("edgefl")
+                    and (resolved := resolve(target))
+                    and resolved != module
+                ):
                     graph[module].add(resolved)
     return graph
 
@@ -92,8 +148,24 @@ def test_imports_go_down_the_layers_only():
 
 
 def test_nothing_below_runtime_imports_runtime_or_cli():
-    below = {"export", "models", "data", "wire", "transport", "algorithms", "profiling", "inference", "report", "rollout"}
-    up = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets if part(a) in below and part(b) in {"runtime", "cli"})
+    below = {
+        "export",
+        "models",
+        "data",
+        "wire",
+        "transport",
+        "algorithms",
+        "profiling",
+        "inference",
+        "report",
+        "rollout",
+    }
+    up = sorted(
+        f"{a} -> {b}"
+        for a, targets in import_graph().items()
+        for b in targets
+        if part(a) in below and part(b) in {"runtime", "cli"}
+    )
     assert up == []
 
 
@@ -154,16 +226,29 @@ def method_knowledge(source: str) -> list[str]:
     shared = {"base", "training"}  # the interface and the shared local-training helpers
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in names:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.lower() in names
+        ):
             found.append(f"line {node.lineno}: the method name {node.value!r}")
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edgefl.algorithms."):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.startswith("edgefl.algorithms.")
+        ):
             if node.module.split(".")[2] not in shared:
                 found.append(f"line {node.lineno}: imports {node.module}")
         elif isinstance(node, ast.ImportFrom) and node.module == "edgefl.algorithms":
-            found += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in names]
+            found += [
+                f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in names
+            ]
         elif (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-            and node.args and "option" in ast.unparse(node.args[0]).lower()
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and node.args
+            and "option" in ast.unparse(node.args[0]).lower()
         ):
             found.append(f"line {node.lineno}: {ast.unparse(node)}")
     return found
@@ -194,7 +279,11 @@ def test_no_command_module_imports_another():
     """The CLI stays thin: what commands share lives in edgefl.cli.common; only the app (main) and
     its reference generator put the commands together."""
     graph = import_graph()
-    commands = {m for m in module_files() if m.startswith("edgefl.cli.")} - {"edgefl.cli.common", "edgefl.cli.main", "edgefl.cli.reference"}
+    commands = {m for m in module_files() if m.startswith("edgefl.cli.")} - {
+        "edgefl.cli.common",
+        "edgefl.cli.main",
+        "edgefl.cli.reference",
+    }
     crossing = sorted(f"{m} -> {t}" for m in commands for t in graph.get(m, ()) if t in commands)
     assert crossing == []
 
@@ -232,7 +321,12 @@ def self_or_option_probes(source: str) -> list[tuple[int, str]]:
             and node.args
         ):
             target = ast.unparse(node.args[0])
-            if target == "self" or target.startswith("self.") or "option" in target.lower() or target == "opts":
+            if (
+                target == "self"
+                or target.startswith("self.")
+                or "option" in target.lower()
+                or target == "opts"
+            ):
                 found.append((node.lineno, ast.unparse(node)))
     return sorted(found)
 

@@ -34,7 +34,9 @@ def _fleet(tmp_path, n=3, **overrides):
     fleet = {}
     for i, d in enumerate(ids):
         data = train.subset(np.arange(i * 100, (i + 1) * 100))
-        half = algo.device(DeviceContext(d, specs[d], data, settings, seed=i, rounds=2), algo.parse_options({}))
+        half = algo.device(
+            DeviceContext(d, specs[d], data, settings, seed=i, rounds=2), algo.parse_options({})
+        )
         transport.connect(d, DeviceAgent(half, eval_sets={"quick": test, "test": test}).handle)
         fleet[d] = DeviceRecord(specs[d], len(data))
     ctx = ServerContext(10, fleet, settings, rounds=2, seed=0)
@@ -49,7 +51,9 @@ def test_a_crashing_device_is_recorded_and_the_round_goes_on(tmp_path):
 
     transport.connect("d01", crash)
     records = []
-    loop = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=2), on_round=records.append)
+    loop = RoundLoop(
+        algo.server(ctx, None), ctx, transport, LoopSettings(rounds=2), on_round=records.append
+    )
     final = loop.run()
     assert all("d01" in r["failed"] and "unplugged" in r["failed"]["d01"] for r in records)
     assert all(r["completed"] == ["d00", "d02"] for r in records)
@@ -57,14 +61,33 @@ def test_a_crashing_device_is_recorded_and_the_round_goes_on(tmp_path):
 
 
 def test_a_reply_that_would_not_decode_or_does_not_answer_is_rejected_not_fatal(tmp_path):
-    # in memory, the checks a decoder applies (here: finite values) and the loop's own (here: the nonce)
+    # in memory, the checks a decoder applies (here: finite values) and the loop's own (here: the
+    # nonce)
     algo, ctx, transport = _fleet(tmp_path)
-    transport.connect("d02", lambda env: env.reply("update", Payload({"w/x": np.array([np.nan], np.float32)}, {"num_samples": 1})))
-    transport.connect("d01", lambda env: dataclasses.replace(env.reply("update", Payload({}, {"num_samples": 1})), nonce="replayed"))
+    transport.connect(
+        "d02",
+        lambda env: env.reply(
+            "update", Payload({"w/x": np.array([np.nan], np.float32)}, {"num_samples": 1})
+        ),
+    )
+    transport.connect(
+        "d01",
+        lambda env: dataclasses.replace(
+            env.reply("update", Payload({}, {"num_samples": 1})), nonce="replayed"
+        ),
+    )
     records = []
-    RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1), on_round=records.append).run()
-    assert records[0]["failed"]["d02"].startswith("rejected") and "non-finite" in records[0]["failed"]["d02"]
-    assert records[0]["failed"]["d01"].startswith("rejected") and "nonce" in records[0]["failed"]["d01"]
+    RoundLoop(
+        algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1), on_round=records.append
+    ).run()
+    assert (
+        records[0]["failed"]["d02"].startswith("rejected")
+        and "non-finite" in records[0]["failed"]["d02"]
+    )
+    assert (
+        records[0]["failed"]["d01"].startswith("rejected")
+        and "nonce" in records[0]["failed"]["d01"]
+    )
     assert records[0]["completed"] == ["d00"]
 
 
@@ -77,7 +100,9 @@ def test_checkpoint_resumes_after_the_last_completed_round(tmp_path):
 
     fresh = algo.server(ctx, None)
     records = []
-    loop = RoundLoop(fresh, ctx, transport, LoopSettings(rounds=3, checkpoint_dir=ck), on_round=records.append)
+    loop = RoundLoop(
+        fresh, ctx, transport, LoopSettings(rounds=3, checkpoint_dir=ck), on_round=records.append
+    )
     assert loop.start_round == 1
     for k, v in saved.items():
         np.testing.assert_array_equal(fresh.state_dict()[k], v)
@@ -104,16 +129,25 @@ def test_an_evaluation_downlink_is_not_sent_again_to_train_and_training_is_uncha
     # Assert: the same final models; rounds 1 and 2 send no weights to train on
     assert evaluated["client_accuracy"] == plain["client_accuracy"]
     rounds = [json.loads(x) for x in (tmp_path / "a/run/rounds.jsonl").read_text().splitlines()]
-    plain_rounds = [json.loads(x) for x in (tmp_path / "b/run/rounds.jsonl").read_text().splitlines()]
-    assert rounds[0]["downlinks_not_resent"] == [] and rounds[1]["downlinks_not_resent"] == ["d00", "d01", "d02"]
+    plain_rounds = [
+        json.loads(x) for x in (tmp_path / "b/run/rounds.jsonl").read_text().splitlines()
+    ]
+    assert rounds[0]["downlinks_not_resent"] == [] and rounds[1]["downlinks_not_resent"] == [
+        "d00",
+        "d01",
+        "d02",
+    ]
     weights = plain_rounds[1]["bytes_down"]["d00"]
     assert rounds[1]["bytes_down"]["d00"] < weights / 20  # an envelope with no arrays
     assert rounds[0]["eval_bytes_down"]["d00"] >= weights  # the evaluation carried the model
-    assert rounds[0]["bytes_down_total"] == sum(rounds[0]["bytes_down"].values()) + sum(rounds[0]["eval_bytes_down"].values())
+    assert rounds[0]["bytes_down_total"] == sum(rounds[0]["bytes_down"].values()) + sum(
+        rounds[0]["eval_bytes_down"].values()
+    )
 
 
 def test_a_diverged_model_is_evaluated_at_its_accuracy_not_dropped(tmp_path):
-    # Prepare: one device whose model has diverged (inf weights: a NaN loss, chance-level predictions)
+    # Prepare: one device whose model has diverged (inf weights: a NaN loss, chance-level
+    # predictions)
     import torch
 
     algo, ctx, transport = _fleet(tmp_path)

@@ -121,7 +121,9 @@ def test_feddw_and_mlp_heads_put_fc_256_and_128_before_the_classifier(family, ti
     # Assert
     assert model.feature_dim == 128 and features.shape == (3, 128)
     # FedDW's classifier has no bias; the same network for its baselines ("mlp") keeps it
-    assert isinstance(model.classifier, nn.Linear) and (model.classifier.bias is None) == (head == "feddw")
+    assert isinstance(model.classifier, nn.Linear) and (model.classifier.bias is None) == (
+        head == "feddw"
+    )
     assert model.classifier.weight.shape == (NUM_CLASSES, 128)
     assert any(p.shape == (256, 24) for p in model.parameters())  # fc1 after the projection
 

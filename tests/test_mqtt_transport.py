@@ -21,8 +21,19 @@ F32 = np.dtype(np.float32)
 
 
 def test_check_arrays_accepts_the_declared_arrays():
-    expected = {"w/a": ArraySpec(F32, (2, 3)), "w/b": ArraySpec(F32, None), "p": ArraySpec(F32, (None, 4))}
-    check_arrays({"w/a": np.zeros((2, 3), np.float32), "w/b": np.zeros(7, np.float32), "p": np.zeros((9, 4), np.float32)}, expected)
+    expected = {
+        "w/a": ArraySpec(F32, (2, 3)),
+        "w/b": ArraySpec(F32, None),
+        "p": ArraySpec(F32, (None, 4)),
+    }
+    check_arrays(
+        {
+            "w/a": np.zeros((2, 3), np.float32),
+            "w/b": np.zeros(7, np.float32),
+            "p": np.zeros((9, 4), np.float32),
+        },
+        expected,
+    )
     check_arrays({"anything": np.zeros(1, np.float32)}, None)  # no declaration: no check
 
 
@@ -32,7 +43,14 @@ def test_check_arrays_accepts_the_declared_arrays():
         ({"w/a": np.zeros((3, 2), np.float32), "w/b": np.zeros(1, np.float32)}, "shape"),
         ({"w/a": np.zeros((2, 3), np.float64), "w/b": np.zeros(1, np.float32)}, "dtype float64"),
         ({"w/b": np.zeros(1, np.float32)}, "missing array 'w/a'"),
-        ({"w/a": np.zeros((2, 3), np.float32), "w/b": np.zeros(1, np.float32), "sl/x": np.zeros(1, np.float32)}, "undeclared array"),
+        (
+            {
+                "w/a": np.zeros((2, 3), np.float32),
+                "w/b": np.zeros(1, np.float32),
+                "sl/x": np.zeros(1, np.float32),
+            },
+            "undeclared array",
+        ),
     ],
 )
 def test_check_arrays_rejects_wrong_dtypes_shapes_missing_and_extra_arrays(arrays, reason):
@@ -48,7 +66,11 @@ def test_an_empty_declaration_means_no_arrays():
 
 def test_a_group_of_arrays_arrives_whole_or_not_at_all():
     # Prepare: "k" always; "r/x" and "r/k" together, or neither
-    expected = {"k": ArraySpec(F32, (2,)), "r/x": ArraySpec(F32, None, "r"), "r/k": ArraySpec(F32, (1,), "r")}
+    expected = {
+        "k": ArraySpec(F32, (2,)),
+        "r/x": ArraySpec(F32, None, "r"),
+        "r/k": ArraySpec(F32, (1,), "r"),
+    }
     k, x, kk = np.zeros(2, np.float32), np.zeros(5, np.float32), np.zeros(1, np.float32)
     # Execute / Assert
     check_arrays({"k": k}, expected)
@@ -60,9 +82,22 @@ def test_a_group_of_arrays_arrives_whole_or_not_at_all():
 
 
 def test_peek_reads_routing_without_tensors_and_refuses_junk():
-    env = Envelope("update", 4, "d01", fleet="f", payload=Payload({"w/x": np.ones(3, np.float32)}, {"ack": "m1", "num_samples": 3}))
+    env = Envelope(
+        "update",
+        4,
+        "d01",
+        fleet="f",
+        payload=Payload({"w/x": np.ones(3, np.float32)}, {"ack": "m1", "num_samples": 3}),
+    )
     r = peek(encode(env))
-    assert (r.kind, r.round, r.device_id, r.fleet, r.message_id, r.meta["ack"]) == ("update", 4, "d01", "f", env.message_id, "m1")
+    assert (r.kind, r.round, r.device_id, r.fleet, r.message_id, r.meta["ack"]) == (
+        "update",
+        4,
+        "d01",
+        "f",
+        env.message_id,
+        "m1",
+    )
     with pytest.raises(WireError, match="out of bounds|too short"):
         peek(b"\xff" * 64)
     with pytest.raises(WireError, match="exceeds the limit"):
@@ -71,14 +106,23 @@ def test_peek_reads_routing_without_tensors_and_refuses_junk():
 
 def test_broker_url_parsing():
     a = BrokerAddress.parse("mqtts://pi-07:s3cret@broker.lan?ca=/etc/ca.crt&protocol=5")
-    assert (a.host, a.port, a.username, a.password, a.tls, a.ca_file, a.protocol) == ("broker.lan", 8883, "pi-07", "s3cret", True, "/etc/ca.crt", "5")
+    assert (a.host, a.port, a.username, a.password, a.tls, a.ca_file, a.protocol) == (
+        "broker.lan",
+        8883,
+        "pi-07",
+        "s3cret",
+        True,
+        "/etc/ca.crt",
+        "5",
+    )
     assert BrokerAddress.parse("127.0.0.1:1999").port == 1999
     assert Topics("lab").device("d1", "up") == "edgefl/lab/devices/d1/up"
     assert Topics("lab").parse_device("edgefl/lab/devices/d1/register") == ("d1", "register")
     assert Topics("lab").parse_device("edgefl/other/devices/d1/up") is None
 
 
-# --- transport over the embedded broker -------------------------------------------------------------
+# --- transport over the embedded broker
+# -------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +132,15 @@ def amqtt():
 
 
 class EchoDevice:
-    """A device endpoint served by a thread: replies "update" to "train"; can lose the first request."""
+    """A device endpoint served by a thread: replies "update" to "train"; can lose the first
+    request."""
 
-    def __init__(self, url, fleet, device_id, *, lose_first=False, work=0.0, before_reply=None, **endpoint):
-        self.ep = MqttDeviceEndpoint(BrokerAddress.parse(url), fleet, device_id, **{"retry_after": 0.3, **endpoint})
+    def __init__(
+        self, url, fleet, device_id, *, lose_first=False, work=0.0, before_reply=None, **endpoint
+    ):
+        self.ep = MqttDeviceEndpoint(
+            BrokerAddress.parse(url), fleet, device_id, **{"retry_after": 0.3, **endpoint}
+        )
         self.published = []  # (kind, qos) of everything this device publishes on its uplink
         publish = self.ep.publish
 
@@ -101,14 +150,23 @@ class EchoDevice:
             publish(topic, data, **kw)
 
         self.ep.publish = recording
-        self.lose_first, self.work, self.trained, self.before_reply = lose_first, work, 0, before_reply
+        self.lose_first, self.work, self.trained, self.before_reply = (
+            lose_first,
+            work,
+            0,
+            before_reply,
+        )
         self.stop = threading.Event()
         if lose_first:  # drop the first downlink before the endpoint sees it: no ack, no work
             inner = self.ep._on_message_safe
             state = {"lost": False}
 
             def lossy(client, userdata, msg):
-                if not state["lost"] and msg.topic.endswith("/down") and peek(msg.payload).kind == "train":
+                if (
+                    not state["lost"]
+                    and msg.topic.endswith("/down")
+                    and peek(msg.payload).kind == "train"
+                ):
                     state["lost"] = True
                     return
                 inner(client, userdata, msg)
@@ -135,7 +193,9 @@ class EchoDevice:
             if self.before_reply is not None:
                 self.before_reply()
             self.trained += 1
-            reply = env.reply("update", Payload({"w/x": env.payload.arrays["w/x"] + 1}, {"num_samples": 1}))
+            reply = env.reply(
+                "update", Payload({"w/x": env.payload.arrays["w/x"] + 1}, {"num_samples": 1})
+            )
             self.ep.reply(routing, encode(reply))
 
     def close(self):
@@ -149,17 +209,31 @@ def _accept(device_id, data):
 
 
 def _train(fleet, device_id, rnd, value):
-    return encode(Envelope("train", rnd, device_id, fleet=fleet, payload=Payload({"w/x": np.full(4, value, np.float32)})))
+    return encode(
+        Envelope(
+            "train",
+            rnd,
+            device_id,
+            fleet=fleet,
+            payload=Payload({"w/x": np.full(4, value, np.float32)}),
+        )
+    )
 
 
 def test_request_reply_with_a_lost_downlink_retried_and_a_missing_device(amqtt):
     fleet = "t1"
     # (retry_after and the timeout stretched under load: "good" acknowledges before a re-send)
-    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(0.3)).start()
+    server = MqttServerTransport(
+        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(0.3)
+    ).start()
     good = EchoDevice(amqtt.url, fleet, "good").start()
     lossy = EchoDevice(amqtt.url, fleet, "lossy", lose_first=True).start()
     try:
-        out = server.request({d: _train(fleet, d, 0, 1.0) for d in ("good", "lossy", "ghost")}, timeout=scaled(6), accept=_accept)
+        out = server.request(
+            {d: _train(fleet, d, 0, 1.0) for d in ("good", "lossy", "ghost")},
+            timeout=scaled(6),
+            accept=_accept,
+        )
         stats = server.take_stats()
     finally:
         good.close()
@@ -170,17 +244,26 @@ def test_request_reply_with_a_lost_downlink_retried_and_a_missing_device(amqtt):
     assert out["ghost"].reply is None and "no acknowledgement" in out["ghost"].error
     assert stats.retries.get("lossy", 0) >= 1 and "good" not in stats.retries
     assert lossy.trained == 1  # the re-sent request was served once
-    assert stats.bytes_down["lossy"] > stats.bytes_down["good"]  # retries are counted as published bytes
+    # retries are counted as published bytes
+    assert stats.bytes_down["lossy"] > stats.bytes_down["good"]
 
 
 def test_a_quick_reply_stands_for_the_ack_and_slow_work_is_acknowledged_first(amqtt):
     fleet = "t4"
-    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(0.3)).start()
+    server = MqttServerTransport(
+        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(0.3)
+    ).start()
     # quick: its reply surely goes out before the (long) ack delay; slow: works past the delay
     quick = EchoDevice(amqtt.url, fleet, "quick", retry_after=30.0, ack_delay=scaled(5.0)).start()
-    slow = EchoDevice(amqtt.url, fleet, "slow", work=scaled(0.6), retry_after=30.0, ack_delay=0.05).start()
+    slow = EchoDevice(
+        amqtt.url, fleet, "slow", work=scaled(0.6), retry_after=30.0, ack_delay=0.05
+    ).start()
     try:
-        out = server.request({d: _train(fleet, d, 0, 1.0) for d in ("quick", "slow")}, timeout=scaled(10), accept=_accept)
+        out = server.request(
+            {d: _train(fleet, d, 0, 1.0) for d in ("quick", "slow")},
+            timeout=scaled(10),
+            accept=_accept,
+        )
     finally:
         quick.close()
         slow.close()
@@ -190,9 +273,13 @@ def test_a_quick_reply_stands_for_the_ack_and_slow_work_is_acknowledged_first(am
     assert slow.published == [("ack", 0), ("update", 1)]  # acks at QoS 0, replies at QoS 1
 
 
-def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exchange_goes_on(amqtt):
+def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exchange_goes_on(
+    amqtt,
+):
     fleet = "t5"
-    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(0.3), ack_delay=0.05).start()
+    server = MqttServerTransport(
+        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(0.3), ack_delay=0.05
+    ).start()
     sent = []  # (topic leaf, kind) of everything the server publishes
     publish = server.publish
 
@@ -202,11 +289,21 @@ def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exc
 
     server.publish = recording
     fast = EchoDevice(amqtt.url, fleet, "fast", retry_after=30.0, ack_delay=scaled(5.0)).start()
-    slow = EchoDevice(amqtt.url, fleet, "slow", work=scaled(0.6), retry_after=30.0, ack_delay=0.01).start()
+    slow = EchoDevice(
+        amqtt.url, fleet, "slow", work=scaled(0.6), retry_after=30.0, ack_delay=0.01
+    ).start()
     try:
-        out = server.request({d: _train(fleet, d, 7, 1.0) for d in ("fast", "slow")}, timeout=scaled(10), accept=_accept)
+        out = server.request(
+            {d: _train(fleet, d, 7, 1.0) for d in ("fast", "slow")},
+            timeout=scaled(10),
+            accept=_accept,
+        )
         # the closing broadcast arrives: nothing is left unacknowledged on either device
-        wait_until(lambda: not fast.ep.unacked and not slow.ep.unacked, "both replies acknowledged", timeout=30)
+        wait_until(
+            lambda: not fast.ep.unacked and not slow.ep.unacked,
+            "both replies acknowledged",
+            timeout=30,
+        )
         unacked = (dict(fast.ep.unacked), dict(slow.ep.unacked))
     finally:
         fast.close()
@@ -226,7 +323,8 @@ def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):
     try:
         msg = _train(fleet, "d", 3, 5.0)
         first = server.request({"d": msg}, timeout=scaled(6), accept=_accept)["d"]
-        again = server.request({"d": msg}, timeout=scaled(2), accept=_accept)["d"]  # same message id: a duplicate delivery
+        # same message id: a duplicate delivery
+        again = server.request({"d": msg}, timeout=scaled(2), accept=_accept)["d"]
     finally:
         dev.close()
         server.close()
@@ -237,9 +335,15 @@ def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):
 
 def test_oversized_messages_are_refused_on_both_sides(amqtt):
     fleet = "t3"
-    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, limits=Limits(max_bytes=10_000)).start()
+    server = MqttServerTransport(
+        BrokerAddress.parse(amqtt.url), fleet, limits=Limits(max_bytes=10_000)
+    ).start()
     try:
-        big = encode(Envelope("train", 0, "d", fleet=fleet, payload=Payload({"w/x": np.zeros(10_000, np.float32)})))
+        big = encode(
+            Envelope(
+                "train", 0, "d", fleet=fleet, payload=Payload({"w/x": np.zeros(10_000, np.float32)})
+            )
+        )
         out = server.request({"d": big}, timeout=1, accept=_accept)
     finally:
         server.close()
@@ -258,7 +362,9 @@ def test_the_broker_subscription_table_iterates_over_a_snapshot():
     assert table == {}
 
 
-def test_many_devices_connecting_at_once_all_get_their_subscriptions_and_no_broker_error(amqtt, caplog):
+def test_many_devices_connecting_at_once_all_get_their_subscriptions_and_no_broker_error(
+    amqtt, caplog
+):
     """amqtt 0.12 raised "dictionary changed size during iteration" when 20 devices subscribed at
     once; it logged an ERROR and dropped a session (seen in the 20-device demo)."""
     import logging
@@ -279,7 +385,9 @@ def test_many_devices_connecting_at_once_all_get_their_subscriptions_and_no_brok
     subscribed.append(-1)
     for i in range(30):
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"burst-{i}")
-        c.on_connect = lambda client, userdata, flags, rc, props, i=i: client.subscribe(f"edgefl/burst/devices/d{i}/down", qos=1)
+        c.on_connect = lambda client, userdata, flags, rc, props, i=i: client.subscribe(
+            f"edgefl/burst/devices/d{i}/down", qos=1
+        )
         c.on_subscribe = lambda client, userdata, mid, rcs, props, i=i: subscribed.append(i)
         c.connect(amqtt.host, amqtt.port)
         c.loop_start()
@@ -292,7 +400,11 @@ def test_many_devices_connecting_at_once_all_get_their_subscriptions_and_no_brok
         c.loop_stop()
     assert sorted(subscribed) == list(range(-1, len(clients) - 1))
     # (amqtt's own ERROR about the fixture's port probe, which sends no packet, is not this)
-    crashes = [r.getMessage() for r in caplog.records if r.name == "asyncio" or "changed size" in r.getMessage()]
+    crashes = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "asyncio" or "changed size" in r.getMessage()
+    ]
     assert crashes == []
 
 
@@ -314,10 +426,14 @@ def test_a_fleet_that_acknowledges_slowly_is_not_re_sent_to_once_its_wait_is_kno
     device.ep.client.on_message = behind
     device.start()
     try:
-        first = server.request({"slow": _train(fleet, "slow", 0, 1.0)}, timeout=scaled(10), accept=_accept)
+        first = server.request(
+            {"slow": _train(fleet, "slow", 0, 1.0)}, timeout=scaled(10), accept=_accept
+        )
         retries_first = server.take_stats().retries.get("slow", 0)
         learned = server.ack_wait
-        second = server.request({"slow": _train(fleet, "slow", 1, 2.0)}, timeout=scaled(10), accept=_accept)
+        second = server.request(
+            {"slow": _train(fleet, "slow", 1, 2.0)}, timeout=scaled(10), accept=_accept
+        )
         retries_second = server.take_stats().retries.get("slow", 0)
     finally:
         device.close()
@@ -333,10 +449,14 @@ def test_a_large_reply_is_checked_off_the_network_thread_so_others_are_not_held_
     # behind the large one and the large check would wait out its bound (events, not timings)
     fleet = "t-offload"
     big_checking, small_checked = threading.Event(), threading.Event()
-    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(5.0)).start()
+    server = MqttServerTransport(
+        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(5.0)
+    ).start()
     big = EchoDevice(amqtt.url, fleet, "big").start()
     # the small device replies only once the large reply is being checked
-    small = EchoDevice(amqtt.url, fleet, "small", before_reply=lambda: big_checking.wait(scaled(30))).start()
+    small = EchoDevice(
+        amqtt.url, fleet, "small", before_reply=lambda: big_checking.wait(scaled(30))
+    ).start()
     checked = {}
 
     def slow_accept(device_id, data):
@@ -348,10 +468,18 @@ def test_a_large_reply_is_checked_off_the_network_thread_so_others_are_not_held_
             small_checked.set()
         return decode(data)
 
-    large = encode(Envelope("train", 0, "big", fleet=fleet, payload=Payload({"w/x": np.zeros(300_000, np.float32)})))
+    large = encode(
+        Envelope(
+            "train", 0, "big", fleet=fleet, payload=Payload({"w/x": np.zeros(300_000, np.float32)})
+        )
+    )
     assert len(large) > 1 << 20
     try:
-        out = server.request({"big": large, "small": _train(fleet, "small", 0, 1.0)}, timeout=scaled(60), accept=slow_accept)
+        out = server.request(
+            {"big": large, "small": _train(fleet, "small", 0, 1.0)},
+            timeout=scaled(60),
+            accept=slow_accept,
+        )
     finally:
         big.close()
         small.close()

@@ -33,15 +33,25 @@ CLASSES = {1: "Trouser", 7: "Sneaker", 8: "Bag"}
 
 
 def edgefl(*args, cwd, timeout=300, ok=True):
-    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", "edgefl.cli.main", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if ok:
         assert done.returncode == 0, f"edgefl {' '.join(args)}: {done.stderr[-3000:]}"
     return done
 
 
 def start(args, cwd, log):
-    return subprocess.Popen([sys.executable, "-m", "edgefl.cli.main", *args], cwd=cwd, stdout=subprocess.DEVNULL,
-                            stderr=open(log, "wb"))  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, "-m", "edgefl.cli.main", *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115
+    )
 
 
 def wait_for(predicate, timeout, what):
@@ -52,7 +62,8 @@ def wait_for(predicate, timeout, what):
 
 
 def image_folder(root: Path, per_class: int = 10) -> None:
-    """root/test/<class name>/*.png from Fashion-MNIST's test split, as a person would sort photos."""
+    """root/test/<class name>/*.png from Fashion-MNIST's test split, as a person would sort
+    photos."""
     from PIL import Image
 
     with gzip.open(FMNIST / "t10k-images-idx3-ubyte.gz") as f:
@@ -68,7 +79,9 @@ def image_folder(root: Path, per_class: int = 10) -> None:
 
 def test_the_documented_journey_from_certificates_to_inference(tmp_path):
     if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
+        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
+            "CI"
+        ) == "true" else pytest.skip("mosquitto is not installed")
     if not FMNIST.is_dir():
         pytest.skip(f"Fashion-MNIST is not at {FMNIST}")
     # the operator's directory; as root, one the mosquitto user may enter (pytest's are 0700)
@@ -83,15 +96,51 @@ def test_the_documented_journey_from_certificates_to_inference(tmp_path):
 
 def _journey(ops: Path) -> None:
     # 1. certificates: the fleet CA, the broker's, one per client
-    edgefl("broker", "ca", "--certs", "broker/certs", "--fleet", FLEET, "--host", "localhost", "--ip", "127.0.0.1", cwd=ops)
-    edgefl("broker", "add-device", "edgefl-server", "--fleet", FLEET, "--role", "server", "--certs", "broker/certs", cwd=ops)
-    edgefl("broker", "add-device", "ops", "--fleet", FLEET, "--role", "operator", "--certs", "broker/certs", cwd=ops)
+    edgefl(
+        "broker",
+        "ca",
+        "--certs",
+        "broker/certs",
+        "--fleet",
+        FLEET,
+        "--host",
+        "localhost",
+        "--ip",
+        "127.0.0.1",
+        cwd=ops,
+    )
+    edgefl(
+        "broker",
+        "add-device",
+        "edgefl-server",
+        "--fleet",
+        FLEET,
+        "--role",
+        "server",
+        "--certs",
+        "broker/certs",
+        cwd=ops,
+    )
+    edgefl(
+        "broker",
+        "add-device",
+        "ops",
+        "--fleet",
+        FLEET,
+        "--role",
+        "operator",
+        "--certs",
+        "broker/certs",
+        cwd=ops,
+    )
     for d in DEVICES:
         edgefl("broker", "add-device", d, "--fleet", FLEET, "--certs", "broker/certs", cwd=ops)
     # 2. the broker: the shipped mutual-TLS config, on a free loopback port
     port = free_port()
     conf = (Path(__file__).parents[1] / "broker" / "mosquitto-tls.conf").read_text()
-    conf = conf.replace("listener 8883 0.0.0.0", f"listener {port} 127.0.0.1").replace("persistence true", "persistence false")
+    conf = conf.replace("listener 8883 0.0.0.0", f"listener {port} 127.0.0.1").replace(
+        "persistence true", "persistence false"
+    )
     (ops / "broker" / "mosquitto-tls.conf").write_text(conf)
     url = f"mqtts://127.0.0.1:{port}"
 
@@ -100,61 +149,204 @@ def _journey(ops: Path) -> None:
                 "--cert-file", f"broker/certs/{name}.crt", "--key-file", f"broker/certs/{name}.key"]
 
     (ops / "profile.json").write_text(json.dumps(SIMULATED_PROFILE))
-    cfg = tiny_config(ops, dataset="fashion-mnist", data_dir=str(FMNIST), clients=3, rounds=ROUNDS, train_samples=1500,
-                      test_samples=300, eval_samples=150)
+    cfg = tiny_config(
+        ops,
+        dataset="fashion-mnist",
+        data_dir=str(FMNIST),
+        clients=3,
+        rounds=ROUNDS,
+        train_samples=1500,
+        test_samples=300,
+        eval_samples=150,
+    )
     run = ops / "runs" / FLEET
-    deadline = scaled(60)  # the round deadline, for this machine's speed: later rounds must not wait it out
+    # the round deadline, for this machine's speed: later rounds must not wait it out
+    deadline = scaled(60)
     procs = []
-    broker = subprocess.Popen([mosquitto_binary(), "-c", "broker/mosquitto-tls.conf"], cwd=ops,
-                              stdout=subprocess.DEVNULL, stderr=open(ops / "mosquitto.log", "wb"))  # noqa: SIM115
+    broker = subprocess.Popen(
+        [mosquitto_binary(), "-c", "broker/mosquitto-tls.conf"],
+        cwd=ops,
+        stdout=subprocess.DEVNULL,
+        stderr=open(ops / "mosquitto.log", "wb"),  # noqa: SIM115
+    )
     try:
         wait_for_port("127.0.0.1", port)
         # 3. the server and three devices
-        server = start(["server", "start", *tls("edgefl-server"), "--algorithm", "fedavg", "--rounds", str(ROUNDS),
-                        "--min-devices", "3", "--deadline", str(deadline), "--dataset", "fashion-mnist", "--data-dir", str(FMNIST),
-                        "--width", "0.25", "--steps", "8", "--batch-size", "32", "--out", "runs", "--run-name", FLEET], ops, ops / "server.log")
-        devices = [start(["train", *tls(d), "--device-id", d, "--data", data_spec_for(cfg, i).to_string(), "--profile", "profile.json",
-                          "--delay", "1.5", "--threads", "1"], ops, ops / f"{d}.log") for i, d in enumerate(DEVICES)]
+        server = start(
+            [
+                "server",
+                "start",
+                *tls("edgefl-server"),
+                "--algorithm",
+                "fedavg",
+                "--rounds",
+                str(ROUNDS),
+                "--min-devices",
+                "3",
+                "--deadline",
+                str(deadline),
+                "--dataset",
+                "fashion-mnist",
+                "--data-dir",
+                str(FMNIST),
+                "--width",
+                "0.25",
+                "--steps",
+                "8",
+                "--batch-size",
+                "32",
+                "--out",
+                "runs",
+                "--run-name",
+                FLEET,
+            ],
+            ops,
+            ops / "server.log",
+        )
+        devices = [
+            start(
+                [
+                    "train",
+                    *tls(d),
+                    "--device-id",
+                    d,
+                    "--data",
+                    data_spec_for(cfg, i).to_string(),
+                    "--profile",
+                    "profile.json",
+                    "--delay",
+                    "1.5",
+                    "--threads",
+                    "1",
+                ],
+                ops,
+                ops / f"{d}.log",
+            )
+            for i, d in enumerate(DEVICES)
+        ]
         procs = [server, *devices]
         # 4. pi-03 dies after round 1
         rounds_file = run / "rounds.jsonl"
-        wait_for(lambda: rounds_file.exists() and len(rounds_file.read_text().splitlines()) >= 1, scaled(600), "round 1")
+        wait_for(
+            lambda: rounds_file.exists() and len(rounds_file.read_text().splitlines()) >= 1,
+            scaled(600),
+            "round 1",
+        )
         devices[2].send_signal(signal.SIGKILL)
         devices[2].wait(10)
-        # the round pi-03 died in waits out its deadline: the bound grows with it (an event, not a clock)
-        assert server.wait(scaled(600) + 2 * deadline) == 0, (ops / "server.log").read_text()[-3000:]
+        # the round pi-03 died in waits out its deadline: the bound grows with it (an event, not a
+        # clock)
+        assert server.wait(scaled(600) + 2 * deadline) == 0, (ops / "server.log").read_text()[
+            -3000:
+        ]
         assert [p.wait(60) for p in devices[:2]] == [0, 0]
         rounds = [json.loads(x) for x in rounds_file.read_text().splitlines()]
         assert [r["round"] for r in rounds] == [1, 2, 3, 4]
-        assert all(r["selected"] == ["pi-01", "pi-02"] and r["failed"] == {} and r["round_seconds"] < deadline for r in rounds[2:])
+        assert all(
+            r["selected"] == ["pi-01", "pi-02"]
+            and r["failed"] == {}
+            and r["round_seconds"] < deadline
+            for r in rounds[2:]
+        )
         # 5. a real accuracy, and the fleet's status says finished
         summary = json.loads((run / "summary.json").read_text())
-        assert summary["accuracy_from_round"] == {"pi-03": 1} and summary["mean_accuracy"] > 0.3  # chance: 0.1
+        # chance: 0.1
+        assert summary["accuracy_from_round"] == {"pi-03": 1} and summary["mean_accuracy"] > 0.3
         status = json.loads(edgefl("fleet", "status", *tls("ops"), "--json", cwd=ops).stdout)
         assert status["server"]["phase"] == "finished"
-        assert status["server"]["result"]["mean_accuracy"] == pytest.approx(summary["mean_accuracy"])
+        assert status["server"]["result"]["mean_accuracy"] == pytest.approx(
+            summary["mean_accuracy"]
+        )
         # 6. export the models the devices sent back
-        exported = json.loads(edgefl("export", "--run", str(run), "--all", "--out", str(run / "onnx"), "--test-samples", "200",
-                                     "--json", cwd=ops).stdout)
+        exported = json.loads(
+            edgefl(
+                "export",
+                "--run",
+                str(run),
+                "--all",
+                "--out",
+                str(run / "onnx"),
+                "--test-samples",
+                "200",
+                "--json",
+                cwd=ops,
+            ).stdout
+        )
         assert [r["device_id"] for r in exported if "path" in r] == ["pi-01", "pi-02"]
         assert all(r["accuracy"] > 0.3 for r in exported if "path" in r)
         # 7. three agents; the run's models to its devices, one model to all three, then pi-02 back
         stores = {d: ops / "dev" / d for d in DEVICES}
-        procs += [start(["device", "agent", *tls(d), "--device-id", d, "--models-dir", str(stores[d])], ops, ops / f"agent-{d}.log")
-                  for d in DEVICES]
-        first = json.loads(edgefl("deploy", "--run", str(run), "--version", "v1", "--wait", "120", "--json", *tls("ops"), cwd=ops).stdout)
+        procs += [
+            start(
+                ["device", "agent", *tls(d), "--device-id", d, "--models-dir", str(stores[d])],
+                ops,
+                ops / f"agent-{d}.log",
+            )
+            for d in DEVICES
+        ]
+        first = json.loads(
+            edgefl(
+                "deploy",
+                "--run",
+                str(run),
+                "--version",
+                "v1",
+                "--wait",
+                "120",
+                "--json",
+                *tls("ops"),
+                cwd=ops,
+            ).stdout
+        )
         assert {d: r["version"] for d, r in first.items()} == {"pi-01": "v1", "pi-02": "v1"}
         everyone = sum((["--device", d] for d in DEVICES), [])
-        second = json.loads(edgefl("deploy", "--model", str(run / "onnx" / "pi-01.onnx"), *everyone, "--version", "v2", "--wait", "120",
-                                   "--json", *tls("ops"), cwd=ops).stdout)
+        second = json.loads(
+            edgefl(
+                "deploy",
+                "--model",
+                str(run / "onnx" / "pi-01.onnx"),
+                *everyone,
+                "--version",
+                "v2",
+                "--wait",
+                "120",
+                "--json",
+                *tls("ops"),
+                cwd=ops,
+            ).stdout
+        )
         assert {d: r["version"] for d, r in second.items()} == dict.fromkeys(DEVICES, "v2")
-        back = json.loads(edgefl("deploy", "--rollback", "--device", "pi-02", "--wait", "120", "--json", *tls("ops"), cwd=ops).stdout)
+        back = json.loads(
+            edgefl(
+                "deploy",
+                "--rollback",
+                "--device",
+                "pi-02",
+                "--wait",
+                "120",
+                "--json",
+                *tls("ops"),
+                cwd=ops,
+            ).stdout
+        )
         assert back["pi-02"]["version"] == "v1"
-        assert ModelStore(stores["pi-02"]).active_path().read_bytes() == (run / "onnx" / "pi-02.onnx").read_bytes()
+        assert (
+            ModelStore(stores["pi-02"]).active_path().read_bytes()
+            == (run / "onnx" / "pi-02.onnx").read_bytes()
+        )
         # 8. infer on a folder of photos sorted by class name, with pi-02's active model
         image_folder(ops / "photos")
-        scored = json.loads(edgefl("infer", "--dataset", f"imagefolder:{ops / 'photos'}", "--models-dir", str(stores["pi-02"]),
-                                   "--json", cwd=ops).stdout)
+        scored = json.loads(
+            edgefl(
+                "infer",
+                "--dataset",
+                f"imagefolder:{ops / 'photos'}",
+                "--models-dir",
+                str(stores["pi-02"]),
+                "--json",
+                cwd=ops,
+            ).stdout
+        )
         assert scored["samples"] == 30 and scored["accuracy"] > 0.3
         assert set(scored["class_map"]) == set(CLASSES.values())
     finally:

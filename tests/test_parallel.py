@@ -18,7 +18,10 @@ from tests.conftest import tiny_config
 
 
 def _rounds(summary) -> list[dict]:
-    return [json.loads(line) for line in (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line)
+        for line in (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()
+    ]
 
 
 # FedAvg (weights averaged by the server) and FedProto (knowledge only; dropout masks drawn from
@@ -30,8 +33,12 @@ def test_two_workers_give_the_sequential_run(tmp_path, algorithm, extra):
     states = []
     sequential = simulation.simulate(cfg.model_copy(update={"run_name": "seq"}), plots=False,
                                      on_done=lambda s: states.append(s.state_dict()))
-    parallel = simulation.simulate(cfg.model_copy(update={"run_name": "par"}), plots=False, workers=2,
-                                   on_done=lambda s: states.append(s.state_dict()))
+    parallel = simulation.simulate(
+        cfg.model_copy(update={"run_name": "par"}),
+        plots=False,
+        workers=2,
+        on_done=lambda s: states.append(s.state_dict()),
+    )
 
     assert parallel["client_accuracy"] == sequential["client_accuracy"]
     assert set(states[0]) == set(states[1])
@@ -60,7 +67,17 @@ def _accept(device_id: str, data: bytes) -> Envelope:
 
 
 def _evaluate(device_id: str, run: str = "r") -> bytes:
-    return encode(Envelope("evaluate", 0, device_id, algorithm="fedavg", payload=Payload({}, {"split": "quick"}), run=run, nonce="n"))
+    return encode(
+        Envelope(
+            "evaluate",
+            0,
+            device_id,
+            algorithm="fedavg",
+            payload=Payload({}, {"split": "quick"}),
+            run=run,
+            nonce="n",
+        )
+    )
 
 
 def test_a_worker_that_dies_fails_its_devices_and_the_others_are_served(tmp_path):
@@ -71,20 +88,28 @@ def test_a_worker_that_dies_fails_its_devices_and_the_others_are_served(tmp_path
     try:
         assert pool.workers == 2 and pool.threads == 1 and set(pool.samples) == set(ids)
         first = pool.request({d: _evaluate(d) for d in ids}, accept=_accept)
-        assert all(first[d].error is None and 0 <= first[d].value.payload.meta["accuracy"] <= 1 for d in ids)
+        assert all(
+            first[d].error is None and 0 <= first[d].value.payload.meta["accuracy"] <= 1
+            for d in ids
+        )
 
         # worker 0 holds d00 and d02; kill it
         pool._procs[0].kill()
         pool._procs[0].join()
         second = pool.request({d: _evaluate(d) for d in ids}, accept=_accept)
         for d in ("d00", "d02"):
-            assert second[d].reply is None and ("exited" in second[d].error or "gone" in second[d].error)
+            assert second[d].reply is None and (
+                "exited" in second[d].error or "gone" in second[d].error
+            )
         for d in ("d01", "d03"):
             assert second[d].error is None and second[d].value.kind == "metrics"
 
-        # a reply the server refuses is a rejected delivery, not a crash; an unknown device is not connected
-        refused = pool.request({"d01": _evaluate("d01"), "d99": _evaluate("d99")},
-                               accept=lambda d, data: (_ for _ in ()).throw(WireError("refused by the test")))
+        # a reply the server refuses is a rejected delivery, not a crash; an unknown device is not
+        # connected
+        refused = pool.request(
+            {"d01": _evaluate("d01"), "d99": _evaluate("d99")},
+            accept=lambda d, data: (_ for _ in ()).throw(WireError("refused by the test")),
+        )
         assert refused["d01"].rejected == ("refused by the test",) and refused["d01"].reply is None
         assert refused["d99"].error == "device is not connected"
     finally:
@@ -95,7 +120,8 @@ def test_a_worker_that_dies_fails_its_devices_and_the_others_are_served(tmp_path
 def test_device_groups_balance_the_work_not_the_count():
     ids = ["a", "b", "c", "d", "e"]
     assert device_groups(ids, 2) == [["a", "c", "e"], ["b", "d"]]  # no costs: round-robin
-    # longest first onto the least loaded group (ties: the lower one): b | c, d, a; then e ties at 9 | 9
+    # longest first onto the least loaded group (ties: the lower one): b | c, d, a; then e ties at 9
+    # | 9
     costs = {"a": 1, "b": 9, "c": 5, "d": 3, "e": 1}
     groups = device_groups(ids, 2, costs)
     assert groups == [["b", "e"], ["a", "c", "d"]]  # each group in ids' order

@@ -53,17 +53,37 @@ def test_the_noise_on_a_clipped_update_has_the_calibrated_std():
 
 
 def test_the_noise_on_class_sums_and_counts_has_the_calibrated_std():
-    # Prepare: exact sums and counts of 10 classes × 20 000 dims; every class far above the threshold
+    # Prepare: exact sums and counts of 10 classes × 20 000 dims; every class far above the
+    # threshold
     stats = ClassStats(("feat",), reduce="sum", counts="count")
     sums = {"feat": np.zeros((10, 20_000))}
     counts = np.full(10, 1e6)
     z, clip = 0.8, 2.5
     # Execute: 50 000 draws of the counts (one call's 10 are too few to measure a std)
-    out = private_class_stats(sums, counts, stats, clip, z, np.random.default_rng(11), {"feat": np.float64, "count": np.float64})
-    count_noise = np.concatenate([
-        private_class_stats({"feat": np.zeros((10, 1))}, counts, stats, clip, z, np.random.default_rng(s), {"count": np.float64})["count"] - 1e6
-        for s in range(5000)
-    ])
+    out = private_class_stats(
+        sums,
+        counts,
+        stats,
+        clip,
+        z,
+        np.random.default_rng(11),
+        {"feat": np.float64, "count": np.float64},
+    )
+    count_noise = np.concatenate(
+        [
+            private_class_stats(
+                {"feat": np.zeros((10, 1))},
+                counts,
+                stats,
+                clip,
+                z,
+                np.random.default_rng(s),
+                {"count": np.float64},
+            )["count"]
+            - 1e6
+            for s in range(5000)
+        ]
+    )
     # Assert: sums noised with std z·2C, counts with z·2
     assert abs(out["feat"].std() / (z * SENSITIVITY * clip) - 1) < STD_TOLERANCE
     assert abs(count_noise.std() / (z * SENSITIVITY) - 1) < STD_TOLERANCE
@@ -74,7 +94,9 @@ def test_a_class_reported_absent_carries_no_row_and_no_count():
     stats = ClassStats(("proto",), reduce="mean", classes="proto_classes")
     sums = {"proto": np.array([[1000.0, 0.0], [0.0, 0.0]])}
     # Execute
-    out = private_class_stats(sums, np.array([1000.0, 0.0]), stats, 1.0, 1e-3, np.random.default_rng(0), {})
+    out = private_class_stats(
+        sums, np.array([1000.0, 0.0]), stats, 1.0, 1e-3, np.random.default_rng(0), {}
+    )
     # Assert: only class 0 reported, its mean close to the true mean
     assert out["proto_classes"].tolist() == [0]
     np.testing.assert_allclose(out["proto"], [[1.0, 0.0]], atol=1e-4)
@@ -95,7 +117,15 @@ def test_noisy_class_means_are_projected_onto_the_clip_ball_never_farther_from_t
     counts = np.bincount(labels, minlength=4).astype(np.float64)
     true = np.concatenate([sums["logit"], sums["feat"]], 1) / counts[:, None]
     # Execute
-    out = private_class_stats(sums, counts, stats, clip, z, np.random.default_rng(0), {"logit": np.float64, "feat": np.float64})
+    out = private_class_stats(
+        sums,
+        counts,
+        stats,
+        clip,
+        z,
+        np.random.default_rng(0),
+        {"logit": np.float64, "feat": np.float64},
+    )
     # Assert: every reported mean (both blocks together) within the ball, and no closer to the
     # truth without the projection (the same noise, drawn again from the same seed)
     released = np.concatenate([out["logit"], out["feat"]], 1)
@@ -104,14 +134,22 @@ def test_noisy_class_means_are_projected_onto_the_clip_ball_never_farther_from_t
     assert np.all(np.linalg.norm(released, axis=1) <= clip * (1 + 1e-9))
     raw_rng = np.random.default_rng(0)
     noisy_counts = counts + raw_rng.normal(0.0, z * SENSITIVITY, 4)
-    raw = np.concatenate([(sums[b] + raw_rng.normal(0.0, z * SENSITIVITY * clip, sums[b].shape)) / np.maximum(noisy_counts, 1.0)[:, None]
-                          for b in ("logit", "feat")], 1)
-    assert np.linalg.norm(raw[reported], axis=1).min() > 2 * clip  # the noise left the ball far behind
+    raw = np.concatenate(
+        [
+            (sums[b] + raw_rng.normal(0.0, z * SENSITIVITY * clip, sums[b].shape))
+            / np.maximum(noisy_counts, 1.0)[:, None]
+            for b in ("logit", "feat")
+        ],
+        1,
+    )
+    # the noise left the ball far behind
+    assert np.linalg.norm(raw[reported], axis=1).min() > 2 * clip
     for i in np.flatnonzero(reported):
         assert np.linalg.norm(released[i] - true[i]) <= np.linalg.norm(raw[i] - true[i]) + 1e-9
 
 
-# --- clipping bounds every contribution ------------------------------------------------------------
+# --- clipping bounds every contribution
+# ------------------------------------------------------------
 
 
 def test_clipping_bounds_a_whole_update_and_keeps_a_small_one():
@@ -151,14 +189,20 @@ def test_clipping_bounds_every_per_class_contribution_against_an_adversarial_sam
     rows = np.sqrt(sum(((s1[b] - s2[b]) ** 2).sum(1) for b in stats.blocks))
     assert rows.max() <= clip * (1 + 1e-9)
     assert np.sort(rows)[-2:].min() > 0.5 * clip  # the adversary's two classes both moved
-    total = math.sqrt(float(sum(((s1[b] - s2[b]) ** 2).sum() for b in stats.blocks)) / clip**2 + float(((n1 - n2) ** 2).sum()))
+    total = math.sqrt(
+        float(sum(((s1[b] - s2[b]) ** 2).sum() for b in stats.blocks)) / clip**2
+        + float(((n1 - n2) ** 2).sum())
+    )
     assert total <= SENSITIVITY * (1 + 1e-9)
 
 
-# --- the accountant is the library's composition ---------------------------------------------------
+# --- the accountant is the library's composition
+# ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("z", "k", "delta"), [(1.0, 10, 1e-5), (2.85, 20, 1e-5), (0.7, 1, 1e-6), (5.0, 100, 1e-5)])
+@pytest.mark.parametrize(
+    ("z", "k", "delta"), [(1.0, 10, 1e-5), (2.85, 20, 1e-5), (0.7, 1, 1e-6), (5.0, 100, 1e-5)]
+)
 def test_the_ledger_agrees_with_the_librarys_composition_of_k_gaussian_mechanisms(z, k, delta):
     # Prepare: the library's own accountants for the Gaussian mechanism composed k times
     library = rdp.RdpAccountant()
@@ -172,7 +216,11 @@ def test_the_ledger_agrees_with_the_librarys_composition_of_k_gaussian_mechanism
         ledger.spend("d00", 1)
     # Assert
     assert ledger.epsilon("d00") == pytest.approx(library.get_epsilon(delta), rel=1e-12)
-    assert tight.get_epsilon(delta) <= ledger.epsilon("d00") <= rho + 2 * math.sqrt(rho * math.log(1 / delta))
+    assert (
+        tight.get_epsilon(delta)
+        <= ledger.epsilon("d00")
+        <= rho + 2 * math.sqrt(rho * math.log(1 / delta))
+    )
 
 
 def test_calibration_spends_the_budget_over_the_rounds_and_no_more():
@@ -189,11 +237,14 @@ def test_adaptive_clipping_splits_the_noise_as_andrew_et_al():
         adaptive_update_noise(3.0, 1.0)
 
 
-# --- settings and refusals ---------------------------------------------------------------------------
+# --- settings and refusals
+# ---------------------------------------------------------------------------
 
 
 def test_privacy_options_are_split_from_the_methods_own_and_validated():
-    own, s = split_privacy_options({"lam": "2", "dp": "local", "dp_target_epsilon": "8", "dp_clip": "3"})
+    own, s = split_privacy_options(
+        {"lam": "2", "dp": "local", "dp_target_epsilon": "8", "dp_clip": "3"}
+    )
     assert own == {"lam": "2"}
     assert (s.mode, s.target_epsilon, s.clip, s.delta) == ("local", 8.0, 3.0, 1e-5)
     assert split_privacy_options(s.as_options())[1] == s
@@ -221,7 +272,8 @@ def test_central_dp_refuses_a_robust_aggregator(tmp_path):
         build_server(run.method, run.server_context(fleet))
 
 
-# --- the seam: a device refuses past its budget; central DP clips, averages, noises -------------------
+# --- the seam: a device refuses past its budget; central DP clips, averages, noises
+# -------------------
 
 
 def fedavg_assembly(tmp_path, **options):
@@ -237,7 +289,9 @@ def fedavg_assembly(tmp_path, **options):
 def test_a_device_refuses_to_train_once_its_budget_is_spent(tmp_path):
     # Prepare: a budget that pays for one round at this noise multiplier
     target = epsilon_of(4.0, 1, 1e-5) * 1.0001
-    run, fleet = fedavg_assembly(tmp_path, dp="local", dp_target_epsilon=target, dp_noise_multiplier=4.0)
+    run, fleet = fedavg_assembly(
+        tmp_path, dp="local", dp_target_epsilon=target, dp_noise_multiplier=4.0
+    )
     half = run.device_half("d00")
     from edgefl.runtime.setup import build_server
 
@@ -256,7 +310,11 @@ def test_a_run_drops_the_devices_that_spent_their_budget(tmp_path):
 
     z = 3.0
     target = epsilon_of(z, 2, 1e-5) * 1.0001
-    cfg = tiny_config(tmp_path, rounds=4, options={"dp": "local", "dp_target_epsilon": str(target), "dp_noise_multiplier": str(z)})
+    cfg = tiny_config(
+        tmp_path,
+        rounds=4,
+        options={"dp": "local", "dp_target_epsilon": str(target), "dp_noise_multiplier": str(z)},
+    )
     rounds = []
     # Execute
     summary = simulate(cfg, on_round=rounds.append, plots=False)
@@ -276,7 +334,9 @@ class AveragingServer:
 
     def aggregate(self, round, uplinks):
         assert {p.meta["num_samples"] for p in uplinks.values()} == {1}  # equal weights
-        self.weights = {"w/a": np.mean([p.arrays["w/a"] for p in uplinks.values()], axis=0).astype(np.float32)}
+        self.weights = {
+            "w/a": np.mean([p.arrays["w/a"] for p in uplinks.values()], axis=0).astype(np.float32)
+        }
         return {}
 
     def state_dict(self):
@@ -293,12 +353,21 @@ def test_central_dp_clips_each_update_and_noises_the_mean_at_the_calibrated_std(
     # Prepare: 4 devices; one sends an enormous update
     from edgefl.algorithms import ServerContext, TrainSettings
 
-    ctx = ServerContext(num_classes=10, fleet=dict.fromkeys(["a", "b", "c", "d"]), settings=TrainSettings(), rounds=5, seed=0)
+    ctx = ServerContext(
+        num_classes=10,
+        fleet=dict.fromkeys(["a", "b", "c", "d"]),
+        settings=TrainSettings(),
+        rounds=5,
+        seed=0,
+    )
     s = PrivacySettings(mode="central", target_epsilon=8, clip=1.0, noise_multiplier=1.5)
     server = PrivateServer(AveragingServer(ctx), s, Release(whole=("w/",)), rounds=5)
     direction = np.zeros(50_000, np.float32)
     direction[0] = 1
-    uplinks = {d: Payload({"w/a": direction * (1e6 if d == "a" else 0.5)}, {"num_samples": 100}) for d in "abcd"}
+    uplinks = {
+        d: Payload({"w/a": direction * (1e6 if d == "a" else 0.5)}, {"num_samples": 100})
+        for d in "abcd"
+    }
     # Execute
     metrics = server.aggregate(0, uplinks)
     # Assert: coordinate 0 holds the mean of the clipped updates (1 and three 0.5) plus noise; the
@@ -313,14 +382,26 @@ def test_central_dp_clips_each_update_and_noises_the_mean_at_the_calibrated_std(
 def test_adaptive_clipping_moves_the_clip_toward_the_update_norms():
     from edgefl.algorithms import ServerContext, TrainSettings
 
-    ctx = ServerContext(num_classes=10, fleet={f"d{i}": None for i in range(100)}, settings=TrainSettings(), rounds=30, seed=0)
-    s = PrivacySettings(mode="central", target_epsilon=8, clip=1.0, noise_multiplier=0.5, adaptive_quantile=0.5)
+    ctx = ServerContext(
+        num_classes=10,
+        fleet={f"d{i}": None for i in range(100)},
+        settings=TrainSettings(),
+        rounds=30,
+        seed=0,
+    )
+    s = PrivacySettings(
+        mode="central", target_epsilon=8, clip=1.0, noise_multiplier=0.5, adaptive_quantile=0.5
+    )
     server = PrivateServer(AveragingServer(ctx), s, Release(whole=("w/",)), rounds=30)
-    assert server.update_noise > server.noise_multiplier  # part of the noise budget pays for the count
+    # part of the noise budget pays for the count
+    assert server.update_noise > server.noise_multiplier
     norms = np.linspace(0.01, 0.1, 100)  # every update far below the starting clip
     for r in range(30):
         w = server.state_dict()["w/a"]
-        ups = {f"d{i}": Payload({"w/a": w + np.float32(n / math.sqrt(50_000))}, {"num_samples": 1}) for i, n in enumerate(norms)}
+        ups = {
+            f"d{i}": Payload({"w/a": w + np.float32(n / math.sqrt(50_000))}, {"num_samples": 1})
+            for i, n in enumerate(norms)
+        }
         server.aggregate(r, ups)
     assert 0.02 < server.clip < 0.3  # from 1.0 toward the median norm, 0.055
 
@@ -335,8 +416,16 @@ def test_fleet_status_shows_the_epsilon_each_device_has_spent(capsys):
     s = FleetStatus("lab", run_name="r", algorithm="felo", rounds=3)
     for d in ("d00", "d01"):
         s.registered(d, "10", "resnet10", {})
-    record = {"round": 0, "completed": ["d00"], "privacy": {"mode": "local", "target_epsilon": 8.0, "delta": 1e-5,
-                                                           "epsilon": {"d00": 3.25, "d01": 0.0}}}
+    record = {
+        "round": 0,
+        "completed": ["d00"],
+        "privacy": {
+            "mode": "local",
+            "target_epsilon": 8.0,
+            "delta": 1e-5,
+            "epsilon": {"d00": 3.25, "d01": 0.0},
+        },
+    }
     # Execute
     s.round_recorded(record)
     snapshot = json.loads(json.dumps(s.snapshot()))
@@ -352,11 +441,25 @@ def test_the_ledger_and_the_adaptive_clip_survive_a_checkpoint():
     # Prepare: a central-DP server after one round with adaptive clipping
     from edgefl.algorithms import ServerContext, TrainSettings
 
-    ctx = ServerContext(num_classes=10, fleet={f"d{i}": None for i in range(40)}, settings=TrainSettings(), rounds=5, seed=0)
-    s = PrivacySettings(mode="central", target_epsilon=100, clip=1.0, noise_multiplier=0.5, adaptive_quantile=0.5)
+    ctx = ServerContext(
+        num_classes=10,
+        fleet={f"d{i}": None for i in range(40)},
+        settings=TrainSettings(),
+        rounds=5,
+        seed=0,
+    )
+    s = PrivacySettings(
+        mode="central", target_epsilon=100, clip=1.0, noise_multiplier=0.5, adaptive_quantile=0.5
+    )
     server = PrivateServer(AveragingServer(ctx), s, Release(whole=("w/",)), rounds=5)
     selected = server.select(0, sorted(ctx.fleet), np.random.default_rng(0))
-    server.aggregate(0, {d: Payload({"w/a": np.full(50_000, 1e-4, np.float32)}, {"num_samples": 1}) for d in selected})
+    server.aggregate(
+        0,
+        {
+            d: Payload({"w/a": np.full(50_000, 1e-4, np.float32)}, {"num_samples": 1})
+            for d in selected
+        },
+    )
     # Execute: a new server from the checkpointed state
     restored = PrivateServer(AveragingServer(ctx), s, Release(whole=("w/",)), rounds=5)
     restored.load_state_dict(server.state_dict())
@@ -401,18 +504,44 @@ def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
     s = FleetStatus("lab", run_name="r", algorithm="felo", rounds=3)
     for d in ("d00", "d01"):
         s.registered(d, "10", "resnet10", {})
-    s.round_recorded({"round": 0, "completed": ["d00"], "privacy": {"mode": "local", "target_epsilon": 8.0, "delta": 1e-5,
-                                                                    "epsilon": {"d00": 3.25, "d01": 0.0}}})
+    s.round_recorded(
+        {
+            "round": 0,
+            "completed": ["d00"],
+            "privacy": {
+                "mode": "local",
+                "target_epsilon": 8.0,
+                "delta": 1e-5,
+                "epsilon": {"d00": 3.25, "d01": 0.0},
+            },
+        }
+    )
     (tmp_path / "status.json").write_text(json.dumps(s.snapshot()))
-    dash = subprocess.Popen([sys.executable, "-m", "edgefl.cli.main", "dashboard", "--run", str(tmp_path), "--port", "0",
-                             "--web-password", "s3cret"], stderr=subprocess.PIPE, text=True)
+    dash = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgefl.cli.main",
+            "dashboard",
+            "--run",
+            str(tmp_path),
+            "--port",
+            "0",
+            "--web-password",
+            "s3cret",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         match = re.search(r"http://127\.0\.0\.1:\d+/", dash.stderr.readline())
         assert match, "the dashboard did not start"
         with sync_playwright() as p:
             browser = launch_browser(p)
             try:
-                page = browser.new_context(http_credentials={"username": "ops", "password": "s3cret"}).new_page()
+                page = browser.new_context(
+                    http_credentials={"username": "ops", "password": "s3cret"}
+                ).new_page()
                 page.goto(match.group(0))
                 # Execute: wait for the status to be drawn
                 page.wait_for_selector("#privacy >> text=/ε spent/", timeout=60_000)
@@ -423,7 +552,11 @@ def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
         dash.terminate()
         dash.wait(30)
     # Assert: the mode, the budget and every device's ε
-    assert text == "Differential privacy (local), budget ε 8 at δ 0.00001 per device; ε spent: d00 3.25, d01 0.00"
+    assert (
+        text
+        == "Differential privacy (local), budget ε 8 at δ 0.00001 per device; ε spent: d00 3.25, "
+        "d01 0.00"
+    )
 
 
 def test_simulate_prints_epsilon_per_device_per_round_and_stops_at_the_target(tmp_path):
@@ -432,9 +565,39 @@ def test_simulate_prints_epsilon_per_device_per_round_and_stops_at_the_target(tm
 
     from edgefl.cli.main import app
 
-    args = ["simulate", "--algorithm", "felo", "--dp", "local", "--target-epsilon", "8", "--delta", "1e-5", "--clip", "5",
-            "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--steps", "2", "--train-samples", "600",
-            "--test-samples", "100", "--eval-samples", "100", "--width", "0.25", "--out", str(tmp_path), "--run-name", "r"]
+    args = [
+        "simulate",
+        "--algorithm",
+        "felo",
+        "--dp",
+        "local",
+        "--target-epsilon",
+        "8",
+        "--delta",
+        "1e-5",
+        "--clip",
+        "5",
+        "--dataset",
+        "synthetic",
+        "--clients",
+        "3",
+        "--rounds",
+        "2",
+        "--steps",
+        "2",
+        "--train-samples",
+        "600",
+        "--test-samples",
+        "100",
+        "--eval-samples",
+        "100",
+        "--width",
+        "0.25",
+        "--out",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    ]
     # Execute
     result = CliRunner().invoke(app, args)
     # Assert: one ε line per round naming every device; the last at the target
@@ -444,7 +607,9 @@ def test_simulate_prints_epsilon_per_device_per_round_and_stops_at_the_target(tm
     assert "d00 8.00" in lines[-1] and "(target 8)" in lines[-1]
 
 
-def test_privacy_noise_comes_from_the_process_own_entropy_unless_a_simulation_repeats(tmp_path, monkeypatch):
+def test_privacy_noise_comes_from_the_process_own_entropy_unless_a_simulation_repeats(
+    tmp_path, monkeypatch
+):
     """Noise drawn from the run seed could be regenerated and subtracted by whoever knows the seed
     (the server assigns it; config.json records it). A device process and the MQTT server draw it
     from their own entropy; only the simulations, which must repeat, draw it from the seed."""
@@ -456,7 +621,9 @@ def test_privacy_noise_comes_from_the_process_own_entropy_unless_a_simulation_re
     from edgefl.runtime.dataspec import DataSpec
     from edgefl.runtime.setup import assemble, build_server, resolve_method
 
-    assert noise_rng([1, 2, 3]).normal(size=4).tolist() == noise_rng([1, 2, 3]).normal(size=4).tolist()
+    assert (
+        noise_rng([1, 2, 3]).normal(size=4).tolist() == noise_rng([1, 2, 3]).normal(size=4).tolist()
+    )
     assert noise_rng(None).normal(size=4).tolist() != noise_rng(None).normal(size=4).tolist()
 
     options = {"dp": "local", "dp_target_epsilon": "8", "dp_clip": "1"}
@@ -467,7 +634,8 @@ def test_privacy_noise_comes_from_the_process_own_entropy_unless_a_simulation_re
     up = device.inner.fit(1).arrays
     releases = [device.protect(up, 1) for _ in range(2)]
     assert device.repeatable is False
-    assert any(not np.array_equal(releases[0][k], releases[1][k]) for k in up)  # fresh noise each time
+    # fresh noise each time
+    assert any(not np.array_equal(releases[0][k], releases[1][k]) for k in up)
     monkeypatch.setenv(REPEATABLE_NOISE_ENV, "1")  # a device process a simulation started
     device, _ = build_assigned(DataSpec.parse("synthetic:shard=0/2"), a, "d00")
     assert device.repeatable is True

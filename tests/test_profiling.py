@@ -67,8 +67,10 @@ def test_raspberry_pi_detected_from_device_tree(tmp_path):
     root = fake_root(
         tmp_path,
         model="Raspberry Pi 4 Model B Rev 1.4",
-        cpuinfo="processor\t: 0\nBogoMIPS\t: 108.00\n\nHardware\t: BCM2835\nModel\t: Raspberry Pi 4 Model B Rev 1.4\n",
-        meminfo="MemTotal:        3884096 kB\nMemFree:          100000 kB\nMemAvailable:    3072000 kB\n",
+        cpuinfo="processor\t: 0\nBogoMIPS\t: 108.00\n\nHardware\t: BCM2835\nModel\t: Raspberry Pi "
+        "4 Model B Rev 1.4\n",
+        meminfo="MemTotal:        3884096 kB\nMemFree:          100000 kB\nMemAvailable:    "
+        "3072000 kB\n",
     )
 
     kind, board = detect_kind(root, cuda=False)

@@ -38,8 +38,13 @@ def test_ray_actors_give_the_sequential_run(tmp_path):
     states = []
     sequential = simulation.simulate(cfg.model_copy(update={"run_name": "seq"}), plots=False,
                                      on_done=lambda s: states.append(s.state_dict()))
-    on_ray = simulation.simulate(cfg.model_copy(update={"run_name": "ray"}), plots=False, backend="ray", workers=2,
-                                 on_done=lambda s: states.append(s.state_dict()))
+    on_ray = simulation.simulate(
+        cfg.model_copy(update={"run_name": "ray"}),
+        plots=False,
+        backend="ray",
+        workers=2,
+        on_done=lambda s: states.append(s.state_dict()),
+    )
     _same_run(sequential, on_ray, states)
     assert not ray.is_initialized()  # the Ray it started for the run is stopped
 
@@ -52,16 +57,31 @@ def test_a_run_joins_a_ray_cluster_of_two_nodes(tmp_path):
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     address = f"127.0.0.1:{port}"
     try:
-        subprocess.run([exe, "start", "--head", "--port", str(port), "--include-dashboard", "false", *common],
-                       check=True, capture_output=True, timeout=180)
-        subprocess.run([exe, "start", "--address", address, *common], check=True, capture_output=True, timeout=180)
+        subprocess.run(
+            [exe, "start", "--head", "--port", str(port), "--include-dashboard", "false", *common],
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
+        subprocess.run(
+            [exe, "start", "--address", address, *common],
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
         cfg = tiny_config(tmp_path, algorithm="fedavg", threads=1, clients=4)
         states = []
         sequential = simulation.simulate(cfg.model_copy(update={"run_name": "seq"}), plots=False,
                                          on_done=lambda s: states.append(s.state_dict()))
         # Execute: two actors of one CPU each: Ray can only place them one per node
-        on_cluster = simulation.simulate(cfg.model_copy(update={"run_name": "cluster"}), plots=False, backend="ray",
-                                         workers=2, ray_address=address, on_done=lambda s: states.append(s.state_dict()))
+        on_cluster = simulation.simulate(
+            cfg.model_copy(update={"run_name": "cluster"}),
+            plots=False,
+            backend="ray",
+            workers=2,
+            ray_address=address,
+            on_done=lambda s: states.append(s.state_dict()),
+        )
         ray.init(address=address, log_to_driver=False, configure_logging=False)
         nodes = [n for n in ray.nodes() if n["Alive"]]
         ray.shutdown()

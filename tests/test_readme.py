@@ -20,10 +20,18 @@ def test_readme_fits_in_150_lines():
 
 
 def test_layout_names_every_subpackage_and_top_level_folder():
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     folders = {p.split("/")[0] for p in tracked if "/" in p and not p.startswith(".")}
-    subpackages = {f"edgefl/{p.split('/')[1]}" for p in tracked if re.fullmatch(r"edgefl/[^/]+/__init__\.py", p)}
+    subpackages = {
+        f"edgefl/{p.split('/')[1]}"
+        for p in tracked
+        if re.fullmatch(r"edgefl/[^/]+/__init__\.py", p)
+    }
     listed = layout_entries()
     expected = (folders - {"edgefl"}) | subpackages
     assert expected <= listed, f"the README's layout misses {sorted(expected - listed)}"
-    assert listed <= expected, f"the README's layout names what the tree lacks: {sorted(listed - expected)}"
+    assert listed <= expected, (
+        f"the README's layout names what the tree lacks: {sorted(listed - expected)}"
+    )

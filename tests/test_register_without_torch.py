@@ -17,16 +17,61 @@ pytestmark = pytest.mark.slow
 def test_register_without_torch_prints_the_assigned_model(tmp_path):
     broker = EmbeddedBroker(port=0).start()
     server = subprocess.Popen(
-        [sys.executable, "-m", "edgefl.cli.main", "server", "start", "--broker", broker.url, "--fleet", "base",
-         "--algorithm", "fedavg", "--rounds", "1", "--min-devices", "1", "--dataset", "synthetic", "--model", "cnn",
-         "--tiers", "1,2", "--width", "0.25", "--wait", "90", "--out", str(tmp_path / "runs"), "--run-name", "r"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "edgefl.cli.main",
+            "server",
+            "start",
+            "--broker",
+            broker.url,
+            "--fleet",
+            "base",
+            "--algorithm",
+            "fedavg",
+            "--rounds",
+            "1",
+            "--min-devices",
+            "1",
+            "--dataset",
+            "synthetic",
+            "--model",
+            "cnn",
+            "--tiers",
+            "1,2",
+            "--width",
+            "0.25",
+            "--wait",
+            "90",
+            "--out",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "r",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
     try:
-        result = run_edgefl("device", "register", "--broker", broker.url, "--fleet", "base", "--device-id", "pi-1",
-                            "--tier", "2", "--profile", str(profile), "--timeout", "60", "--json")
+        result = run_edgefl(
+            "device",
+            "register",
+            "--broker",
+            broker.url,
+            "--fleet",
+            "base",
+            "--device-id",
+            "pi-1",
+            "--tier",
+            "2",
+            "--profile",
+            str(profile),
+            "--timeout",
+            "60",
+            "--json",
+        )
     finally:
         server.kill()
         server.wait(10)

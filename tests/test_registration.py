@@ -27,8 +27,15 @@ def no_broker(monkeypatch):
 
 
 def runtime(device_id: str, **options) -> DeviceRuntime:
-    rt = DeviceRuntime(DeviceOptions(broker="mqtt://127.0.0.1:9", device_id=device_id, data="fashion-mnist",
-                                     profile=dict(SIMULATED_PROFILE), **options))
+    rt = DeviceRuntime(
+        DeviceOptions(
+            broker="mqtt://127.0.0.1:9",
+            device_id=device_id,
+            data="fashion-mnist",
+            profile=dict(SIMULATED_PROFILE),
+            **options,
+        )
+    )
     rt.sent = rt.endpoint.sent
     return rt
 
@@ -61,7 +68,8 @@ def test_a_server_that_answers_or_restarts_starts_the_retries_over(monkeypatch):
     for _ in range(4):
         rt._register()
     assert rt.unanswered == 4 and rt.next_register - now[0] >= 0.75 * 16
-    rt._on_server({"state": "online", "epoch": "e2"})  # a new server: register at once, from the start
+    # a new server: register at once, from the start
+    rt._on_server({"state": "online", "epoch": "e2"})
     assert rt.unanswered == 0 and rt.next_register == 0.0
     rt.endpoint.connected.set()
     rt.register_if_due()

@@ -1,5 +1,6 @@
 """Model rollout: versioned, digest-checked ONNX models installed atomically on devices, the
-previous version kept, rollback, refusals that leave the old model serving; over a real Mosquitto."""
+previous version kept, rollback, refusals that leave the old model serving; over a real
+Mosquitto."""
 
 import hashlib
 import json
@@ -32,9 +33,14 @@ def tiny_onnx(seed: int, side: int = 4, classes: int = 3) -> bytes:
     w = numpy_helper.from_array(rng.normal(size=(side * side, classes)).astype(np.float32), "w")
     b = numpy_helper.from_array(np.zeros(classes, np.float32), "b")
     graph = helper.make_graph(
-        [helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w", "b"], ["y"])],
-        "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, side, side])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])], initializer=[w, b],
+        [
+            helper.make_node("Flatten", ["x"], ["f"]),
+            helper.make_node("Gemm", ["f", "w", "b"], ["y"]),
+        ],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])],
+        initializer=[w, b],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -42,7 +48,8 @@ def tiny_onnx(seed: int, side: int = 4, classes: int = 3) -> bytes:
     return model.SerializeToString()
 
 
-# --- the device's store, without a broker ------------------------------------------------------------
+# --- the device's store, without a broker
+# ------------------------------------------------------------
 
 
 def test_install_keeps_the_previous_version_and_rollback_returns_to_it(tmp_path):
@@ -81,11 +88,16 @@ def test_corrupt_or_mismatched_models_are_refused_and_the_old_one_stays(tmp_path
     tampered[-20] ^= 0xFF
     # a model that does not load, announced with its own (matching) digest
     junk = b"this is not an onnx model" * 4
-    junk_cmd = deploy_command(FLEET, "d00", good, version="v3").model_copy(update={"digest": hashlib.sha256(junk).hexdigest(), "size": len(junk)})
+    junk_cmd = deploy_command(FLEET, "d00", good, version="v3").model_copy(
+        update={"digest": hashlib.sha256(junk).hexdigest(), "size": len(junk)}
+    )
     refusals = {
         "digest": (deploy_command(FLEET, "d00", other, version="v2"), bytes(tampered)),
         "not onnx": (junk_cmd, junk),
-        "input shape": (deploy_command(FLEET, "d00", tiny_onnx(2, side=5), version="v4"), tiny_onnx(2, side=5)),
+        "input shape": (
+            deploy_command(FLEET, "d00", tiny_onnx(2, side=5), version="v4"),
+            tiny_onnx(2, side=5),
+        ),
     }
     reasons = {}
     for name, (cmd, data) in refusals.items():
@@ -107,7 +119,9 @@ def test_malformed_model_messages_are_rejected_with_a_reason():
     body = {"model": np.frombuffer(tiny_onnx(0), np.uint8)}
 
     def with_meta(**changes):
-        return safetensors.numpy.save(body, metadata={"edgefl.model_command": json.dumps({**command.model_dump(), **changes})})
+        return safetensors.numpy.save(
+            body, metadata={"edgefl.model_command": json.dumps({**command.model_dump(), **changes})}
+        )
 
     cases = {
         "random bytes": os.urandom(200),
@@ -120,7 +134,10 @@ def test_malformed_model_messages_are_rejected_with_a_reason():
         "input shape as text": with_meta(input_shape="1,4,4"),
         "an extra field": with_meta(shell="rm -rf /"),
         "no metadata": safetensors.numpy.save(body),
-        "deploy without a model": safetensors.numpy.save({"none": np.zeros(0, np.uint8)}, metadata={"edgefl.model_command": command.model_dump_json()}),
+        "deploy without a model": safetensors.numpy.save(
+            {"none": np.zeros(0, np.uint8)},
+            metadata={"edgefl.model_command": command.model_dump_json()},
+        ),
     }
     rejected = {}
     for name, data in cases.items():
@@ -135,11 +152,17 @@ def test_malformed_model_messages_are_rejected_with_a_reason():
     assert command.version == "v1" and model == tiny_onnx(0)
 
 
-# --- over a real broker ----------------------------------------------------------------------------------
+# --- over a real broker
+# ----------------------------------------------------------------------------------
 
 
 def cli(*args, timeout=120, ok=True):
-    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], capture_output=True, text=True, timeout=scaled(timeout))
+    done = subprocess.run(
+        [sys.executable, "-m", "edgefl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=scaled(timeout),
+    )
     if ok:
         assert done.returncode == 0, done.stderr
     return done
@@ -148,64 +171,148 @@ def cli(*args, timeout=120, ok=True):
 @pytest.mark.slow
 def test_deploy_to_three_devices_rollback_and_a_corrupt_model_over_mosquitto(tmp_path):
     if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get("CI") == "true" else pytest.skip("mosquitto is not installed")
+        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
+            "CI"
+        ) == "true" else pytest.skip("mosquitto is not installed")
     from edgefl.rollout import publish_commands
     from edgefl.transport.mqtt import BrokerAddress
 
     # Prepare: accounts, a run directory with one exported model per device, three agents
     passwd, acl = tmp_path / "passwd", tmp_path / "acl"
     devices = ["d00", "d01", "d02"]
-    pw = {n: add_user(passwd, acl, n, fleet=FLEET, role="operator" if n == "ops" else "device") for n in ["ops", *devices]}
-    broker = MosquittoBroker(port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq").start()
+    pw = {
+        n: add_user(passwd, acl, n, fleet=FLEET, role="operator" if n == "ops" else "device")
+        for n in ["ops", *devices]
+    }
+    broker = MosquittoBroker(
+        port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq"
+    ).start()
 
     def url(name):
         return f"mqtt://{name}:{pw[name]}@127.0.0.1:{broker.port}"
 
     run = tmp_path / "runs" / "lab1"
     (run / "onnx").mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"fleet": {d: {"spec": {"tier": f"t{i}"}, "profile": {"arch": "x86_64"}} for i, d in enumerate(devices)}}))
+    (run / "config.json").write_text(
+        json.dumps(
+            {
+                "fleet": {
+                    d: {"spec": {"tier": f"t{i}"}, "profile": {"arch": "x86_64"}}
+                    for i, d in enumerate(devices)
+                }
+            }
+        )
+    )
     for i, d in enumerate(devices):
         (run / "onnx" / f"{d}.onnx").write_bytes(tiny_onnx(10 + i))
     stores = {d: tmp_path / "dev" / d for d in devices}
-    agents = [subprocess.Popen([sys.executable, "-m", "edgefl.cli.main", "device", "agent", "--broker", url(d), "--fleet", FLEET,
-                                "--device-id", d, "--models-dir", str(stores[d])], stderr=open(tmp_path / f"{d}.log", "wb"))  # noqa: SIM115
-              for d in devices]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "edgefl.cli.main",
+                "device",
+                "agent",
+                "--broker",
+                url(d),
+                "--fleet",
+                FLEET,
+                "--device-id",
+                d,
+                "--models-dir",
+                str(stores[d]),
+            ],
+            stderr=open(tmp_path / f"{d}.log", "wb"),  # noqa: SIM115
+        )
+        for d in devices
+    ]
     ops = ["--broker", url("ops"), "--fleet", FLEET]
     try:
         # Execute and Assert: the run's models on all three devices
-        first = json.loads(cli("deploy", "--run", str(run), "--version", "v1", "--wait", str(scaled(90)), "--json", *ops).stdout)
+        first = json.loads(
+            cli(
+                "deploy",
+                "--run",
+                str(run),
+                "--version",
+                "v1",
+                "--wait",
+                str(scaled(90)),
+                "--json",
+                *ops,
+            ).stdout
+        )
         assert {d: r["version"] for d, r in first.items()} == dict.fromkeys(devices, "v1")
         for i, d in enumerate(devices):
             assert ModelStore(stores[d]).active_path().read_bytes() == tiny_onnx(10 + i)
         # a second version from one file, then d01 back to the first
         (tmp_path / "v2.onnx").write_bytes(tiny_onnx(20))
-        second = json.loads(cli("deploy", "--model", str(tmp_path / "v2.onnx"), *sum((["--device", d] for d in devices), []),
-                                "--version", "v2", "--wait", str(scaled(60)), "--json", *ops).stdout)
+        second = json.loads(
+            cli(
+                "deploy",
+                "--model",
+                str(tmp_path / "v2.onnx"),
+                *sum((["--device", d] for d in devices), []),
+                "--version",
+                "v2",
+                "--wait",
+                str(scaled(60)),
+                "--json",
+                *ops,
+            ).stdout
+        )
         assert {d: r["version"] for d, r in second.items()} == dict.fromkeys(devices, "v2")
-        back = json.loads(cli("deploy", "--rollback", "--device", "d01", "--wait", str(scaled(60)), "--json", *ops).stdout)
-        assert back["d01"]["version"] == "v1" and ModelStore(stores["d01"]).active_path().read_bytes() == tiny_onnx(11)
+        back = json.loads(
+            cli(
+                "deploy", "--rollback", "--device", "d01", "--wait", str(scaled(60)), "--json", *ops
+            ).stdout
+        )
+        assert back["d01"]["version"] == "v1" and ModelStore(
+            stores["d01"]
+        ).active_path().read_bytes() == tiny_onnx(11)
 
-        # a corrupt model (bytes changed after the digest was taken) and a mismatched one: refused, old one serves
+        # a corrupt model (bytes changed after the digest was taken) and a mismatched one: refused,
+        # old one serves
         good = tiny_onnx(30)
         corrupt = bytearray(good)
         corrupt[-20] ^= 0xFF
         messages = {
-            "d02": encode_command(deploy_command(FLEET, "d02", good, version="v3"), bytes(corrupt)),  # the good model's digest
-            "d00": encode_command(deploy_command(FLEET, "d00", tiny_onnx(31, side=5), version="v3"), tiny_onnx(31, side=5)),
+            "d02": encode_command(
+                deploy_command(FLEET, "d02", good, version="v3"), bytes(corrupt)
+            ),  # the good model's digest
+            "d00": encode_command(
+                deploy_command(FLEET, "d00", tiny_onnx(31, side=5), version="v3"),
+                tiny_onnx(31, side=5),
+            ),
         }
-        reports = publish_commands(BrokerAddress.parse(url("ops")), FLEET, messages, wait=scaled(60), expect={"d02": "v3", "d00": "v3"})
+        reports = publish_commands(
+            BrokerAddress.parse(url("ops")),
+            FLEET,
+            messages,
+            wait=scaled(60),
+            expect={"d02": "v3", "d00": "v3"},
+        )
         assert "digest mismatch" in reports["d02"]["error"] and reports["d02"]["version"] == "v2"
         assert "[1, 5, 5]" in reports["d00"]["error"] and reports["d00"]["version"] == "v2"
         assert ModelStore(stores["d02"]).active_path().read_bytes() == tiny_onnx(20)
 
         # `edgefl infer` with no model runs the active one
         np.save(tmp_path / "x.npy", np.random.default_rng(0).random((2, 1, 4, 4), dtype=np.float32))
-        out = json.loads(cli("infer", str(tmp_path / "x.npy"), "--models-dir", str(stores["d02"]), "--json").stdout)
+        out = json.loads(
+            cli(
+                "infer", str(tmp_path / "x.npy"), "--models-dir", str(stores["d02"]), "--json"
+            ).stdout
+        )
         assert out["model"].endswith("v2.onnx") and len(out["predictions"]) == 2
 
         # fleet status shows each device's active version (and the refusal)
         status = json.loads(cli("fleet", "status", "--json", *ops).stdout)
-        assert {d: status["devices"][d]["model_version"] for d in devices} == {"d00": "v2", "d01": "v1", "d02": "v2"}
+        assert {d: status["devices"][d]["model_version"] for d in devices} == {
+            "d00": "v2",
+            "d01": "v1",
+            "d02": "v2",
+        }
         assert "digest mismatch" in status["devices"]["d02"]["model_error"]
     finally:
         for a in agents:

@@ -30,7 +30,9 @@ def test_a_device_that_misses_the_final_evaluation_counts_with_its_last_round_ma
     algo, ctx, transport = _fleet(tmp_path)
     transport.connect("d01", _misses_the_final_evaluation(transport.handlers["d01"]))
     records = []
-    final = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=3), on_round=records.append).run()
+    final = RoundLoop(
+        algo.server(ctx, None), ctx, transport, LoopSettings(rounds=3), on_round=records.append
+    ).run()
     # the evaluation after round 2 is d01's last (round 3's stands for the final one)
     assert [r["round"] for r in records if "eval" in r] == [1, 2]
     assert final["accuracy_from_round"] == {"d01": 2} and final["measured_by"] == "mixed"
@@ -40,23 +42,48 @@ def test_a_device_that_misses_the_final_evaluation_counts_with_its_last_round_ma
     assert "d01" in final["eval_failed"] and final["final_answered"] == 2
 
 
-def test_when_nobody_answers_the_final_evaluation_the_last_rounds_stand_in_and_nan_never_shows(tmp_path):
+def test_when_nobody_answers_the_final_evaluation_the_last_rounds_stand_in_and_nan_never_shows(
+    tmp_path,
+):
     algo, ctx, transport = _fleet(tmp_path)
     for d in ("d00", "d01", "d02"):
         transport.connect(d, _misses_the_final_evaluation(transport.handlers[d]))
     final = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=2)).run()
-    assert final["measured_by"] == "last-round" and final["accuracy_from_round"] == {"d00": 1, "d01": 1, "d02": 1}
+    assert final["measured_by"] == "last-round" and final["accuracy_from_round"] == {
+        "d00": 1,
+        "d01": 1,
+        "d02": 1,
+    }
     assert final["mean_accuracy"] is not None and final["mean_accuracy"] == final["mean_accuracy"]
     # never evaluated at all (eval_every 0): no number, and no "nan" either
     algo, ctx, transport = _fleet(tmp_path / "b")
     for d in ("d00", "d01", "d02"):
         transport.connect(d, _misses_the_final_evaluation(transport.handlers[d]))
-    final = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=2, eval_every=0)).run()
+    final = RoundLoop(
+        algo.server(ctx, None), ctx, transport, LoopSettings(rounds=2, eval_every=0)
+    ).run()
     assert final["mean_accuracy"] is None and final["unmeasured"] == ["d00", "d01", "d02"]
-    summary = {"algorithm": "fedavg", "rounds": 2, "wall_seconds": 1.0, "bytes_up_per_round": [1], "bytes_down_per_round": [1],
-               **{k: final[k] for k in ("mean_accuracy", "tier_accuracy", "client_accuracy", "accuracy_from_round", "unmeasured")}}
+    summary = {
+        "algorithm": "fedavg",
+        "rounds": 2,
+        "wall_seconds": 1.0,
+        "bytes_up_per_round": [1],
+        "bytes_down_per_round": [1],
+        **{
+            k: final[k]
+            for k in (
+                "mean_accuracy",
+                "tier_accuracy",
+                "client_accuracy",
+                "accuracy_from_round",
+                "unmeasured",
+            )
+        },
+    }
     for text in (result_text(summary), summary_markdown(summary)):
-        assert "nan" not in text.lower() and ("not measured" in text or "no accuracy measured" in text)
+        assert "nan" not in text.lower() and (
+            "not measured" in text or "no accuracy measured" in text
+        )
 
 
 def test_a_device_offline_by_its_last_will_is_not_asked_until_it_is_back(tmp_path):
@@ -69,13 +96,26 @@ def test_a_device_offline_by_its_last_will_is_not_asked_until_it_is_back(tmp_pat
         if r["round"] == 2:
             offline.clear()  # d02 registered again
 
-    loop = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=3), on_round=on_round,
-                     available=lambda d: d not in offline)
+    loop = RoundLoop(
+        algo.server(ctx, None),
+        ctx,
+        transport,
+        LoopSettings(rounds=3),
+        on_round=on_round,
+        available=lambda d: d not in offline,
+    )
     final = loop.run()
-    assert [r["selected"] for r in records] == [["d00", "d01"], ["d00", "d01"], ["d00", "d01", "d02"]]
+    assert [r["selected"] for r in records] == [
+        ["d00", "d01"],
+        ["d00", "d01"],
+        ["d00", "d01", "d02"],
+    ]
     assert records[0]["eval"]["eval_failed"] == {"d02": "not asked: offline (its Last Will)"}
     assert all(r["failed"] == {} for r in records)  # nobody waited on
-    assert set(final["client_accuracy"]) == {"d00", "d01", "d02"} and final["measured_by"] == "final-evaluation"
+    assert (
+        set(final["client_accuracy"]) == {"d00", "d01", "d02"}
+        and final["measured_by"] == "final-evaluation"
+    )
 
 
 def test_the_final_evaluation_takes_its_own_sample_limit_and_says_it_runs(tmp_path):
@@ -83,8 +123,13 @@ def test_the_final_evaluation_takes_its_own_sample_limit_and_says_it_runs(tmp_pa
     agent = transport.handlers["d00"].__self__
     assert agent.evaluate("test", 10)["samples"] == 10 and agent.evaluate("test")["samples"] == 100
     events = []
-    final = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1, final_samples=10),
-                      on_event=lambda name, info: events.append((name, info))).run()
+    final = RoundLoop(
+        algo.server(ctx, None),
+        ctx,
+        transport,
+        LoopSettings(rounds=1, final_samples=10),
+        on_event=lambda name, info: events.append((name, info)),
+    ).run()
     assert events[0] == ("final_evaluation", {"devices": 3, "deadline": None, "samples": 10})
     assert events[1][0] == "final_evaluation_done" and events[1][1]["answered"] == 3
     # accuracies over 10 samples are tenths
@@ -111,8 +156,12 @@ def test_final_models_come_back_checked_against_their_spec(tmp_path):
                      collect_models=ModelArrays(lambda d: ctx.fleet[d].spec))
     final = loop.run()
     assert sorted(loop.final_models) == ["d00", "d01"]
-    assert "final model" in final["finish_failed"]["d02"] and "shape" in final["finish_failed"]["d02"]
-    written = save_final_models(tmp_path / "run", loop.final_models, {d: r.spec for d, r in ctx.fleet.items()}, "synthetic")
+    assert (
+        "final model" in final["finish_failed"]["d02"] and "shape" in final["finish_failed"]["d02"]
+    )
+    written = save_final_models(
+        tmp_path / "run", loop.final_models, {d: r.spec for d, r in ctx.fleet.items()}, "synthetic"
+    )
     assert written == ["d00", "d01"]
     from edgefl.export.checkpoint import load_device_model
 
@@ -133,12 +182,27 @@ def test_ctrl_c_in_a_simulation_leaves_a_complete_record_marked_interrupted(tmp_
         simulate(cfg, on_round=interrupt)
     run = Path(caught.value.summary["run_dir"])
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["rounds_completed"] == 2 and summary["measured_by"] == "last-round"
-    assert summary["mean_accuracy"] is not None and set(summary["accuracy_from_round"].values()) == {2}
-    assert [json.loads(x)["round"] for x in (run / "rounds.jsonl").read_text().splitlines()] == [1, 2]
+    assert (
+        summary["interrupted"] is True
+        and summary["rounds_completed"] == 2
+        and summary["measured_by"] == "last-round"
+    )
+    assert summary["mean_accuracy"] is not None and set(
+        summary["accuracy_from_round"].values()
+    ) == {2}
+    assert [json.loads(x)["round"] for x in (run / "rounds.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+    ]
     assert (run / "accuracy.png").exists() and (run / "bytes.png").exists()
-    assert sorted(p.name for p in (run / "models").iterdir()) == ["d00.safetensors", "d01.safetensors", "d02.safetensors"]
-    assert "Interrupted" in (run / "summary.md").read_text() and "interrupted after round 2 of 4" in str(caught.value)
+    assert sorted(p.name for p in (run / "models").iterdir()) == [
+        "d00.safetensors",
+        "d01.safetensors",
+        "d02.safetensors",
+    ]
+    assert "Interrupted" in (
+        run / "summary.md"
+    ).read_text() and "interrupted after round 2 of 4" in str(caught.value)
 
 
 def test_ctrl_c_on_the_simulate_command_writes_the_record_and_exits_130(tmp_path):
@@ -147,15 +211,42 @@ def test_ctrl_c_on_the_simulate_command_writes_the_record_and_exits_130(tmp_path
     import sys
     import time
 
-    cmd = [sys.executable, "-m", "edgefl.cli.main", "simulate", "--dataset", "synthetic", "--clients", "3", "--rounds", "200",
-           "--train-samples", "600", "--test-samples", "200", "--eval-samples", "100", "--steps", "3", "--batch-size", "16",
-           "--width", "0.25", "--out", str(tmp_path), "--run-name", "r"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgefl.cli.main",
+        "simulate",
+        "--dataset",
+        "synthetic",
+        "--clients",
+        "3",
+        "--rounds",
+        "200",
+        "--train-samples",
+        "600",
+        "--test-samples",
+        "200",
+        "--eval-samples",
+        "100",
+        "--steps",
+        "3",
+        "--batch-size",
+        "16",
+        "--width",
+        "0.25",
+        "--out",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rounds = tmp_path / "r" / "rounds.jsonl"
     try:
         end = time.monotonic() + 300
         while not (rounds.exists() and len(rounds.read_text().splitlines()) >= 2):
-            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read() if proc.poll() is not None else "no round 2 in 300 s"
+            assert proc.poll() is None and time.monotonic() < end, (
+                proc.stderr.read() if proc.poll() is not None else "no round 2 in 300 s"
+            )
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=300)
@@ -165,10 +256,16 @@ def test_ctrl_c_on_the_simulate_command_writes_the_record_and_exits_130(tmp_path
     assert proc.returncode == 130, stderr[-3000:]
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     done = summary["rounds_completed"]
-    assert summary["interrupted"] is True and 2 <= done < 200 and len(rounds.read_text().splitlines()) == done
+    assert (
+        summary["interrupted"] is True
+        and 2 <= done < 200
+        and len(rounds.read_text().splitlines()) == done
+    )
     assert f"interrupted after round {done} of 200" in " ".join(stderr.split())
     assert "interrupted interrupted" not in " ".join(stderr.split())  # said once
-    assert (tmp_path / "r" / "accuracy.png").exists() and len(list((tmp_path / "r" / "models").iterdir())) == 3
+    assert (tmp_path / "r" / "accuracy.png").exists() and len(
+        list((tmp_path / "r" / "models").iterdir())
+    ) == 3
 
 
 def test_a_second_ctrl_c_while_the_record_is_written_exits_at_once():
@@ -176,9 +273,13 @@ def test_a_second_ctrl_c_while_the_record_is_written_exits_at_once():
     import subprocess
     import sys
 
-    code = ("import time\nfrom edgefl.runtime.interrupt import second_interrupt_exits\n"
-            "with second_interrupt_exits():\n    print('writing', flush=True)\n    time.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code = (
+        "import time\nfrom edgefl.runtime.interrupt import second_interrupt_exits\n"
+        "with second_interrupt_exits():\n    print('writing', flush=True)\n    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "writing"
         proc.send_signal(signal.SIGINT)
@@ -194,7 +295,9 @@ def test_plots_count_rounds_in_whole_numbers_from_1(tmp_path):
 
     from edgefl.report.plots import _accuracy_points, _integer_rounds, plot_run
 
-    rounds = [{"round": r, "eval": {"mean_accuracy": 0.5, "tier_accuracy": {"a": 0.5}}} for r in (1, 2)]
+    rounds = [
+        {"round": r, "eval": {"mean_accuracy": 0.5, "tier_accuracy": {"a": 0.5}}} for r in (1, 2)
+    ]
     summary = {"rounds": 3, "mean_accuracy": 0.6, "tier_accuracy": {"a": 0.6}}
     xs, _, means = _accuracy_points(rounds, summary)
     assert xs == [1, 2, 3] and means == [0.5, 0.5, 0.6]
@@ -211,7 +314,11 @@ def test_plots_count_rounds_in_whole_numbers_from_1(tmp_path):
     assert ticks and all(float(t).is_integer() for t in ticks)
     run = tmp_path / "run"
     run.mkdir()
-    (run / "rounds.jsonl").write_text("".join(json.dumps({**r, "bytes_up_total": 1, "bytes_down_total": 2}) + "\n" for r in rounds))
+    (run / "rounds.jsonl").write_text(
+        "".join(
+            json.dumps({**r, "bytes_up_total": 1, "bytes_down_total": 2}) + "\n" for r in rounds
+        )
+    )
     (run / "summary.json").write_text(json.dumps(summary))
     assert [p.name for p in plot_run(run)] == ["accuracy.png", "bytes.png"]
 
@@ -229,4 +336,5 @@ def test_under_local_differential_privacy_no_final_model_leaves_a_device(tmp_pat
     loop = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=1),
                      collect_models=ModelArrays(lambda d: ctx.fleet[d].spec))
     final = loop.run()
-    assert loop.final_models == {} and final["finish_failed"] == {}  # asked, and answered without the model
+    # asked, and answered without the model
+    assert loop.final_models == {} and final["finish_failed"] == {}

@@ -57,9 +57,30 @@ def profile_file(tmp_path):
     return p
 
 
-def spawn(url, fleet, cfg, index, tmp_path, profile_file, *, delay=0.0, suffix="", tier=None, launcher=None):
+def spawn(
+    url,
+    fleet,
+    cfg,
+    index,
+    tmp_path,
+    profile_file,
+    *,
+    delay=0.0,
+    suffix="",
+    tier=None,
+    launcher=None,
+):
     device_id = f"d{index:02d}"
-    cmd = device_command(url, fleet, device_id, data_spec_for(cfg, index), profile_file=profile_file, delay=delay, verbose=True, tier=tier)
+    cmd = device_command(
+        url,
+        fleet,
+        device_id,
+        data_spec_for(cfg, index),
+        profile_file=profile_file,
+        delay=delay,
+        verbose=True,
+        tier=tier,
+    )
     if launcher is not None:
         return launcher.start(cmd, tmp_path / f"{device_id}{suffix}.log")
     return start_device(cmd, tmp_path / f"{device_id}{suffix}.log")
@@ -81,7 +102,12 @@ def serve_in_thread(cfg, opts):
 
     def run():
         try:
-            box["summary"] = serve(cfg, opts, on_started=lambda t: box.__setitem__("transport", t), on_done=lambda s: box.__setitem__("state", s.state_dict()))
+            box["summary"] = serve(
+                cfg,
+                opts,
+                on_started=lambda t: box.__setitem__("transport", t),
+                on_done=lambda s: box.__setitem__("state", s.state_dict()),
+            )
         except BaseException as e:  # reported by the test
             box["error"] = e
 
@@ -90,7 +116,8 @@ def serve_in_thread(cfg, opts):
     return t, box
 
 
-# --- the same aggregate as in memory ------------------------------------------------------------------
+# --- the same aggregate as in memory
+# ------------------------------------------------------------------
 
 
 # FedProto: a knowledge method (prototypes; its CNNs draw dropout masks from torch's generator,
@@ -103,13 +130,20 @@ def serve_in_thread(cfg, opts):
     ("amqtt", "fedhenn", {"rad_source": "device", "rad_size": "20"}, False),
     ("mosquitto", "fedavg", {}, True),
 ])
-def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monkeypatch, broker_kind, algorithm, options, chunked):
+def test_mqtt_run_matches_the_in_memory_simulation(
+    tmp_path, profile_file, monkeypatch, broker_kind, algorithm, options, chunked
+):
     # Prepare: the in-memory reference, capturing its server half
     # one torch thread, as each device process runs: the same floating-point reductions
     # every device every round (fraction 1); the server starts when all 3 are ready (--min-devices)
-    cfg = tiny_config(tmp_path, algorithm=algorithm, rounds=2, clients=3, options=options, threads=1, fraction=1.0)
+    cfg = tiny_config(
+        tmp_path, algorithm=algorithm, rounds=2, clients=3, options=options, threads=1, fraction=1.0
+    )
     captured = []
-    reference = simulation.simulate(cfg.model_copy(update={"run_name": "memory"}), on_done=lambda s: captured.append(s.state_dict()))
+    reference = simulation.simulate(
+        cfg.model_copy(update={"run_name": "memory"}),
+        on_done=lambda s: captured.append(s.state_dict()),
+    )
     expected = captured[0]
     if chunked:  # models of ~60 kB in chunks of 8 kB
         monkeypatch.setenv("EDGEFL_CHUNK_THRESHOLD", "20000")
@@ -123,14 +157,29 @@ def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monke
     fleet = f"eq-{broker_kind}{'-chunks' if chunked else ''}"
     try:
         # Execute: server in this process, three device processes
-        t, box = serve_in_thread(cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}), ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60)))
+        t, box = serve_in_thread(
+            cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
+            ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60)),
+        )
         # the simulator's tier of each device (as `simulate --transport mqtt` gives them)
         tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
         # the chunked case's devices are forked from the fork server `simulate --transport mqtt`
         # uses (they must see the chunk settings set here, after that server may have started)
         launcher = DeviceLauncher(device_entry) if chunked else None
         assert launcher is None or launcher.launch == "fork"
-        procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)], launcher=launcher) for i in range(3)]
+        procs = [
+            spawn(
+                broker.url,
+                fleet,
+                cfg,
+                i,
+                tmp_path,
+                profile_file,
+                tier=tiers[i % len(tiers)],
+                launcher=launcher,
+            )
+            for i in range(3)
+        ]
         t.join(scaled(300))
         codes = finish(procs)
     finally:
@@ -144,7 +193,10 @@ def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monke
     for k in expected:
         np.testing.assert_allclose(got[k], expected[k], rtol=1e-5, atol=1e-6, err_msg=k)
     assert box["summary"]["client_accuracy"] == pytest.approx(reference["client_accuracy"])
-    rounds = [json.loads(line) for line in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        json.loads(line)
+        for line in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()
+    ]
     assert [r["completed"] for r in rounds] == [["d00", "d01", "d02"]] * 2
     # traffic accounting: what the transport published is what the round records, counted once
     # (the evaluation's downlink is not re-sent to train on, and counts with the round)
@@ -153,17 +205,29 @@ def test_mqtt_run_matches_the_in_memory_simulation(tmp_path, profile_file, monke
         for d in r["selected"]:
             recorded = r["bytes_down"][d] + r.get("eval_bytes_down", {}).get(d, 0)
             published = r["transport"]["published_down"][d]
-            assert published == recorded if not r["transport"]["retries"].get(d) else published > recorded
-        assert r["bytes_down_total"] == sum(r["bytes_down"].values()) + sum(r.get("eval_bytes_down", {}).values())
+            assert (
+                published == recorded
+                if not r["transport"]["retries"].get(d)
+                else published > recorded
+            )
+        assert r["bytes_down_total"] == sum(r["bytes_down"].values()) + sum(
+            r.get("eval_bytes_down", {}).values()
+        )
     sent, received = box["transport"].chunker.stats, box["transport"].reassembly.stats
     if chunked:  # the models went in chunks both ways, nothing twice
-        assert sent.messages >= 6 and received.completed >= 6 and sent.resent == 0 and received.duplicates == 0
+        assert (
+            sent.messages >= 6
+            and received.completed >= 6
+            and sent.resent == 0
+            and received.duplicates == 0
+        )
         assert all(not r["transport"]["retries"] for r in rounds)
     else:
         assert sent.messages == 0 and received.completed == 0
 
 
-# --- failures: a device, the broker, the server -------------------------------------------------------
+# --- failures: a device, the broker, the server
+# -------------------------------------------------------
 
 
 def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_file):
@@ -176,16 +240,51 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     watcher = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="watcher", protocol=mqtt.MQTTv5)
     seen = []  # (direction, routing) of d02's traffic
-    watcher.on_connect = lambda c, u, f, rc, p: [c.subscribe(Topics(fleet).device("d02", way), qos=1) for way in ("down", "up")]
-    watcher.on_message = lambda c, u, m: seen.append((m.topic.rsplit("/", 1)[-1], peek(m.payload))) if m.payload else None
+    watcher.on_connect = lambda c, u, f, rc, p: [
+        c.subscribe(Topics(fleet).device("d02", way), qos=1) for way in ("down", "up")
+    ]
+    watcher.on_message = lambda c, u, m: (
+        seen.append((m.topic.rsplit("/", 1)[-1], peek(m.payload))) if m.payload else None
+    )
     watcher.connect("127.0.0.1", broker.port)
     watcher.loop_start()
     out_dir, ck = tmp_path / "runs", tmp_path / "ck"
     server_cmd = [
-        sys.executable, "-m", "edgefl.cli.main", "--verbose", "server", "start", "--broker", broker.url, "--fleet", fleet,
-        "--algorithm", "fedavg", "--rounds", "5", "--min-devices", "3", "--deadline", str(deadline), "--checkpoint-dir", str(ck),
-        "--dataset", "synthetic", "--train-samples", "600", "--width", "0.25", "--steps", "3", "--batch-size", "16",
-        "--out", str(out_dir), "--run-name", "r", "--json",
+        sys.executable,
+        "-m",
+        "edgefl.cli.main",
+        "--verbose",
+        "server",
+        "start",
+        "--broker",
+        broker.url,
+        "--fleet",
+        fleet,
+        "--algorithm",
+        "fedavg",
+        "--rounds",
+        "5",
+        "--min-devices",
+        "3",
+        "--deadline",
+        str(deadline),
+        "--checkpoint-dir",
+        str(ck),
+        "--dataset",
+        "synthetic",
+        "--train-samples",
+        "600",
+        "--width",
+        "0.25",
+        "--steps",
+        "3",
+        "--batch-size",
+        "16",
+        "--out",
+        str(out_dir),
+        "--run-name",
+        "r",
+        "--json",
     ]
     rounds_file = out_dir / "r" / "rounds.jsonl"
 
@@ -195,16 +294,27 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
 
     procs = []
     try:
-        server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "server1.log", "wb"))
-        # every round takes >= 1.5 s (device delay), so the SIGKILL below lands mid-run however fast the transport
-        devices = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=120.0 if i == 2 else 1.5) for i in range(3)]
+        server = subprocess.Popen(
+            server_cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "server1.log", "wb")
+        )
+        # every round takes >= 1.5 s (device delay), so the SIGKILL below lands mid-run however fast
+        # the transport
+        devices = [
+            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=120.0 if i == 2 else 1.5)
+            for i in range(3)
+        ]
         procs = [*devices, server]
         # a device dies in the middle of round 1 (it acknowledged the request and is "training" for
         # 120 s), then comes back
-        wait_until(lambda: any(way == "up" and r.kind == "ack" and r.round == 0 for way, r in seen), "d02 to take round 1")  # index 0 on the wire
+        wait_until(
+            lambda: any(way == "up" and r.kind == "ack" and r.round == 0 for way, r in seen),
+            "d02 to take round 1",
+        )  # index 0 on the wire
         devices[2].send_signal(signal.SIGKILL)
         devices[2].wait(scaled(10))
-        devices[2] = spawn(broker.url, fleet, cfg, 2, tmp_path, profile_file, suffix="-rejoined", delay=1.5)
+        devices[2] = spawn(
+            broker.url, fleet, cfg, 2, tmp_path, profile_file, suffix="-rejoined", delay=1.5
+        )
         procs.append(devices[2])
         # the broker goes away for a second after round 2
         wait_until(lambda: len(rounds()) >= 2, "round 2 to complete")
@@ -215,7 +325,9 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
         server.wait(scaled(10))
         # the kill lands wherever the server is by now: what counts is the last checkpoint
         killed_after = json.loads((ck / "progress.json").read_text())["rounds_completed"]
-        server2 = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "server2.log", "wb"))
+        server2 = subprocess.Popen(
+            server_cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "server2.log", "wb")
+        )
         procs.append(server2)
         stdout, _ = server2.communicate(timeout=scaled(300))
         device_codes = finish([devices[0], devices[1], devices[2]])
@@ -231,7 +343,8 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     assert server2.returncode == 0
     assert 3 <= killed_after < 5, "the server must be killed mid-run for this test to mean anything"
     assert summary["resumed_at_round"] == killed_after + 1
-    assert [r["round"] for r in records] == [1, 2, 3, 4, 5]  # every round once, across two server processes
+    # every round once, across two server processes
+    assert [r["round"] for r in records] == [1, 2, 3, 4, 5]
     first = records[0]
     assert first["completed"] == ["d00", "d01"] and "deadline" in first["failed"]["d02"]
     assert first["round_seconds"] >= deadline  # the round closed at the deadline
@@ -241,21 +354,39 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     # the device said what happened as it happened: the broker outage and one line per round
     log = (tmp_path / "d00.log").read_text()
     assert "lost broker" in log and "connected to broker" in log
-    round_lines = [line for line in log.splitlines() if line.startswith("[d00] round ") and "| loss " in line]
-    assert {int(line.split()[2]) for line in round_lines} >= {1, 2, 3, 4, 5}  # from 1, as the server counts
+    round_lines = [
+        line for line in log.splitlines() if line.startswith("[d00] round ") and "| loss " in line
+    ]
+    # from 1, as the server counts
+    assert {int(line.split()[2]) for line in round_lines} >= {1, 2, 3, 4, 5}
     assert all(" kB | down " in line and line.endswith(" s") for line in round_lines)
 
 
-# --- hostile messages ----------------------------------------------------------------------------------
+# --- hostile messages
+# ----------------------------------------------------------------------------------
 
 
 def _raw_envelope(kind, device_id, fleet):
-    meta = {"schema": "2", "kind": kind, "fleet": fleet, "round": "0", "device": device_id, "message_id": "0" * 32,
-            "algorithm": "", "tier": "", "run": "", "nonce": "", "meta": "{}", "checksum": "00000000"}
+    meta = {
+        "schema": "2",
+        "kind": kind,
+        "fleet": fleet,
+        "round": "0",
+        "device": device_id,
+        "message_id": "0" * 32,
+        "algorithm": "",
+        "tier": "",
+        "run": "",
+        "nonce": "",
+        "meta": "{}",
+        "checksum": "00000000",
+    }
     return safetensors.numpy.save({"a": np.zeros(2, np.float32)}, metadata=meta)
 
 
-def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_serving(tmp_path, profile_file, caplog):
+def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_serving(
+    tmp_path, profile_file, caplog
+):
     cfg = tiny_config(tmp_path, algorithm="fedavg", rounds=2, clients=2)
     fleet = "hostile"
     topics = Topics(fleet)
@@ -274,12 +405,26 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
         from edgefl.wire import decode
 
         env = decode(msg.payload)
-        client.publish(topics.device("mallory", "up"), encode(Envelope("ack", r.round, "mallory", fleet=fleet, payload=Payload({}, {"ack": r.message_id}))), qos=1)
+        client.publish(
+            topics.device("mallory", "up"),
+            encode(
+                Envelope(
+                    "ack",
+                    r.round,
+                    "mallory",
+                    fleet=fleet,
+                    payload=Payload({}, {"ack": r.message_id}),
+                )
+            ),
+            qos=1,
+        )
         if env.payload.arrays:
             model.clear()
             model.update(env.payload.arrays)
         if r.kind == "train":
-            arrays = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in model.items()}
+            arrays = {
+                k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in model.items()
+            }
             name = next(k for k, v in arrays.items() if v.dtype.kind == "f" and v.ndim >= 2)
             if r.round == 0:
                 arrays[name] = np.full_like(arrays[name], np.nan)  # non-finite
@@ -287,7 +432,11 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
                 arrays[name] = arrays[name].reshape(arrays[name].shape[0], -1)[:, :1]  # wrong shape
             # a bad update (refused, counted, the exchange goes on), then an error reply: the
             # round closes at once instead of at its deadline
-            client.publish(topics.device("mallory", "up"), encode(env.reply("update", Payload(arrays, {"num_samples": 50}))), qos=1)
+            client.publish(
+                topics.device("mallory", "up"),
+                encode(env.reply("update", Payload(arrays, {"num_samples": 50}))),
+                qos=1,
+            )
             reply = env.reply("error", Payload({}, {"reason": "mallory gives up"}))
         elif r.kind == "evaluate":
             reply = env.reply("metrics", Payload({}, {"accuracy": 0.1, "loss": 2.0}))
@@ -313,7 +462,10 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
     procs = []
     deadline = scaled(20)  # mallory's error reply closes each round long before it
     try:
-        t, box = serve_in_thread(cfg.model_copy(update={"min_devices": 3}), ServeOptions(broker=broker.url, fleet=fleet, deadline=deadline, max_bytes=2_000_000))
+        t, box = serve_in_thread(
+            cfg.model_copy(update={"min_devices": 3}),
+            ServeOptions(broker=broker.url, fleet=fleet, deadline=deadline, max_bytes=2_000_000),
+        )
         procs = [spawn(broker.url, fleet, cfg, i, tmp_path, profile_file) for i in range(2)]
         m.connect("127.0.0.1", broker.port)
         m.loop_start()
@@ -323,10 +475,34 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
         m.publish(up, b"\x07garbage that is no envelope", qos=1)  # malformed
         m.publish(up, b"\x00" * 3_000_000, qos=1)  # oversized
         m.publish(reg, _raw_envelope("bogus", "mallory", fleet), qos=1)  # unknown kind
-        m.publish(reg, encode(Envelope("register", 0, "mallory", fleet=fleet, payload=Payload({}, {"profile": "[not json"}))), qos=1)
-        m.publish(topics.device("d00", "up"), encode(Envelope("update", 0, "mallory", fleet=fleet, payload=Payload({}, {"num_samples": 1}))), qos=1)  # posing as d00
+        m.publish(
+            reg,
+            encode(
+                Envelope(
+                    "register",
+                    0,
+                    "mallory",
+                    fleet=fleet,
+                    payload=Payload({}, {"profile": "[not json"}),
+                )
+            ),
+            qos=1,
+        )
+        m.publish(
+            topics.device("d00", "up"),
+            encode(
+                Envelope(
+                    "update", 0, "mallory", fleet=fleet, payload=Payload({}, {"num_samples": 1})
+                )
+            ),
+            qos=1,
+        )  # posing as d00
         good = {"profile": json.dumps(SIMULATED_PROFILE), "ready": True, "num_samples": 50}
-        m.publish(reg, encode(Envelope("register", 0, "mallory", fleet=fleet, payload=Payload({}, good))), qos=1)
+        m.publish(
+            reg,
+            encode(Envelope("register", 0, "mallory", fleet=fleet, payload=Payload({}, good))),
+            qos=1,
+        )
         t.join(scaled(300))
         codes = finish(procs)
     finally:
@@ -335,8 +511,12 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
 
     assert "error" not in box, box.get("error")
     assert codes == [0, 0]
-    records = [json.loads(x) for x in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()]
-    assert [r["completed"] for r in records] == [["d00", "d01"]] * 2  # the honest devices were served
+    records = [
+        json.loads(x)
+        for x in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()
+    ]
+    # the honest devices were served
+    assert [r["completed"] for r in records] == [["d00", "d01"]] * 2
     assert [r["failed"] for r in records] == [{"mallory": "mallory gives up"}] * 2
     assert [r["rejected"] for r in records] == [{"mallory": 1}] * 2
     assert all(r["round_seconds"] < deadline for r in records)  # no round waited out its deadline

@@ -39,7 +39,8 @@ def test_fedavgm_one_step_by_hand():
 def test_fedavgm_second_step_carries_the_momentum():
     opt = ServerOptimizer(ServerOptSettings("fedavgm", 1.0, beta1=0.9))
     x1 = opt.step("g", CURRENT, AVERAGED, {"w"})  # m = (0.5, -0.5), x1 = (1.5, -2.5)
-    x2 = opt.step("g", x1, {"w": x1["w"] + np.float32(0.1)}, {"w"})  # Δ = 0.1: m = 0.45 + 0.1, -0.45 + 0.1
+    # Δ = 0.1: m = 0.45 + 0.1, -0.45 + 0.1
+    x2 = opt.step("g", x1, {"w": x1["w"] + np.float32(0.1)}, {"w"})
     np.testing.assert_allclose(x2["w"], [1.5 + 0.55, -2.5 - 0.35], rtol=1e-6)
 
 
@@ -61,14 +62,18 @@ def test_fedyogi_shrinks_v_when_the_update_is_smaller_than_its_history():
     x2 = opt.step("g", x1, {"w": x1["w"] + np.float32(0.01)}, {"w"})  # Δ² = 1e-4 < v: v − 0.01·1e-4
     v = 0.002501 - 0.01 * 1e-4
     m = np.array([0.9 * 0.05 + 0.1 * 0.01, -0.9 * 0.05 + 0.1 * 0.01])
-    np.testing.assert_allclose(x2["w"], x1["w"].astype(np.float64) + 0.1 * m / (math.sqrt(v) + TAU), rtol=1e-6)
+    np.testing.assert_allclose(
+        x2["w"], x1["w"].astype(np.float64) + 0.1 * m / (math.sqrt(v) + TAU), rtol=1e-6
+    )
     np.testing.assert_allclose(opt.v["g"]["w"], [v, v], rtol=1e-9)
 
 
 def test_fedadagrad_one_step_by_hand():
     # v = τ² + Δ² = 0.250001
     step = 10**-1.5 * 0.05 / (math.sqrt(0.250001) + TAU)
-    np.testing.assert_allclose(one_step("fedadagrad", 10**-1.5), [1.0 + step, -2.0 - step], rtol=1e-6)
+    np.testing.assert_allclose(
+        one_step("fedadagrad", 10**-1.5), [1.0 + step, -2.0 - step], rtol=1e-6
+    )
 
 
 def test_the_default_lr_and_betas_are_the_papers():
@@ -78,12 +83,23 @@ def test_the_default_lr_and_betas_are_the_papers():
 
 
 def test_buffers_and_integer_tensors_keep_the_plain_average():
-    current = {"w": np.ones(2, np.float32), "bn.running_var": np.ones(2, np.float32), "bn.num_batches_tracked": np.array(3)}
-    averaged = {"w": np.full(2, 2.0, np.float32), "bn.running_var": np.full(2, 0.5, np.float32), "bn.num_batches_tracked": np.array(5)}
-    out = ServerOptimizer(ServerOptSettings("fedadam", 0.1)).step("g", current, averaged, {"w", "bn.num_batches_tracked"})
+    current = {
+        "w": np.ones(2, np.float32),
+        "bn.running_var": np.ones(2, np.float32),
+        "bn.num_batches_tracked": np.array(3),
+    }
+    averaged = {
+        "w": np.full(2, 2.0, np.float32),
+        "bn.running_var": np.full(2, 0.5, np.float32),
+        "bn.num_batches_tracked": np.array(5),
+    }
+    out = ServerOptimizer(ServerOptSettings("fedadam", 0.1)).step(
+        "g", current, averaged, {"w", "bn.num_batches_tracked"}
+    )
     np.testing.assert_array_equal(out["bn.running_var"], [0.5, 0.5])
     assert out["bn.num_batches_tracked"] == 5
-    assert out["w"].dtype == np.float32 and not np.allclose(out["w"], 2.0)  # the parameter took the Adam step
+    # the parameter took the Adam step
+    assert out["w"].dtype == np.float32 and not np.allclose(out["w"], 2.0)
 
 
 def test_state_dict_resumes_the_same_trajectory():
@@ -92,20 +108,28 @@ def test_state_dict_resumes_the_same_trajectory():
     b = ServerOptimizer(ServerOptSettings("fedadam", 0.05))
     b.load_state_dict({**a.state_dict(), "w/ignored": np.zeros(1)})
     nxt = {"w": x1["w"] + np.float32(0.2)}
-    np.testing.assert_array_equal(b.step("resnet10", x1, nxt, {"w"})["w"], a.step("resnet10", x1, nxt, {"w"})["w"])
+    np.testing.assert_array_equal(
+        b.step("resnet10", x1, nxt, {"w"})["w"], a.step("resnet10", x1, nxt, {"w"})["w"]
+    )
     assert sorted(a.state_dict()) == ["opt|resnet10|m|w", "opt|resnet10|v|w"]
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"name": "adam"}, "choose one of"), ({"name": "fedadam", "lr": 0.0}, "lr"), ({"beta1": 1.0}, "beta1"), ({"eps": 0.0}, "eps")],
+    [
+        ({"name": "adam"}, "choose one of"),
+        ({"name": "fedadam", "lr": 0.0}, "lr"),
+        ({"beta1": 1.0}, "beta1"),
+        ({"eps": 0.0}, "eps"),
+    ],
 )
 def test_bad_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ServerOptSettings(**kwargs)
 
 
-# --- in runs ---------------------------------------------------------------------------------------
+# --- in runs
+# ---------------------------------------------------------------------------------------
 
 
 def final_state(tmp_path: Path, name: str, **overrides) -> dict[str, np.ndarray]:
@@ -118,10 +142,14 @@ def final_state(tmp_path: Path, name: str, **overrides) -> dict[str, np.ndarray]
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "heterofl"])
-def test_fedavgm_without_momentum_at_lr_1_is_plain_averaging_and_fedadam_is_not(tmp_path, algorithm):
+def test_fedavgm_without_momentum_at_lr_1_is_plain_averaging_and_fedadam_is_not(
+    tmp_path, algorithm
+):
     # Prepare / Execute: the same run three ways
     plain = final_state(tmp_path, "plain", algorithm=algorithm)
-    sgd = final_state(tmp_path, "sgd", algorithm=algorithm, server_opt="fedavgm", server_opt_betas=(0.0, 0.99))
+    sgd = final_state(
+        tmp_path, "sgd", algorithm=algorithm, server_opt="fedavgm", server_opt_betas=(0.0, 0.99)
+    )
     adam = final_state(tmp_path, "adam", algorithm=algorithm, server_opt="fedadam")
     # Assert: FedAvgM(β=0, η=1) is averaging; FedAdam moved the weights elsewhere and kept moments
     weights = [k for k in plain if k.startswith("w/") and plain[k].dtype.kind == "f"]
@@ -132,10 +160,17 @@ def test_fedavgm_without_momentum_at_lr_1_is_plain_averaging_and_fedadam_is_not(
 
 
 def test_felo_steps_each_architecture_apart(tmp_path):
-    state = final_state(tmp_path, "felo", algorithm="felo", tiers=("10", "14"), server_opt="fedyogi",
-                        options={"warmup_fraction": "0"})
+    state = final_state(
+        tmp_path,
+        "felo",
+        algorithm="felo",
+        tiers=("10", "14"),
+        server_opt="fedyogi",
+        options={"warmup_fraction": "0"},
+    )
     groups = {k.split("|")[1] for k in state if k.startswith("opt|")}
-    assert len(groups) == 1  # devices d00 and d02 share ResNet10; d01 alone has ResNet14: nothing to average
+    # devices d00 and d02 share ResNet10; d01 alone has ResNet14: nothing to average
+    assert len(groups) == 1
 
 
 def test_a_method_without_averaged_weights_refuses_a_server_optimizer(tmp_path):
@@ -143,15 +178,24 @@ def test_a_method_without_averaged_weights_refuses_a_server_optimizer(tmp_path):
 
     with pytest.raises(ConfigError, match="averages no model weights"):
         assemble(tiny_config(tmp_path, algorithm="fedproto", server_opt="fedadam"))
-    with pytest.raises(ConfigError, match="averages no model weights"):  # Felo without its weight averaging
-        assemble(tiny_config(tmp_path, algorithm="felo", server_opt="fedadam", options={"average_weights": "false"}))
+    # Felo without its weight averaging
+    with pytest.raises(ConfigError, match="averages no model weights"):
+        assemble(
+            tiny_config(
+                tmp_path,
+                algorithm="felo",
+                server_opt="fedadam",
+                options={"average_weights": "false"},
+            )
+        )
 
 
 def test_central_privacy_refuses_a_server_optimizer_and_local_privacy_takes_one(tmp_path):
     from edgefl.runtime.setup import assemble
 
     dp = {"dp_noise_multiplier": "1.0"}
-    with pytest.raises(ConfigError, match="with --dp central is not supported"):  # noise calibrated for the plain average
+    # noise calibrated for the plain average
+    with pytest.raises(ConfigError, match="with --dp central is not supported"):
         assemble(tiny_config(tmp_path, server_opt="fedadam", options={"dp": "central", **dp}))
     run = assemble(tiny_config(tmp_path, server_opt="fedadam", options={"dp": "local", **dp}))
     assert run.method.privacy.mode == "local"
@@ -162,12 +206,47 @@ def test_cli_flags_reach_the_run(tmp_path):
 
     from edgefl.cli.main import app
 
-    result = CliRunner().invoke(app, [
-        "simulate", "--dataset", "synthetic", "--clients", "2", "--rounds", "1", "--steps", "1", "--width", "0.25",
-        "--train-samples", "200", "--test-samples", "50", "--eval-samples", "50",
-        "--server-opt", "fedyogi", "--server-opt-lr", "0.05", "--server-opt-betas", "0.8,0.95", "--server-opt-eps", "1e-4",
-        "--out", str(tmp_path), "--run-name", "cli", "--quiet", "--json",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--dataset",
+            "synthetic",
+            "--clients",
+            "2",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--width",
+            "0.25",
+            "--train-samples",
+            "200",
+            "--test-samples",
+            "50",
+            "--eval-samples",
+            "50",
+            "--server-opt",
+            "fedyogi",
+            "--server-opt-lr",
+            "0.05",
+            "--server-opt-betas",
+            "0.8,0.95",
+            "--server-opt-eps",
+            "1e-4",
+            "--out",
+            str(tmp_path),
+            "--run-name",
+            "cli",
+            "--quiet",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "cli" / "config.json").read_text())
-    assert (config["server_opt"], config["server_opt_lr"], config["server_opt_betas"], config["server_opt_eps"]) == ("fedyogi", 0.05, [0.8, 0.95], 1e-4)
+    assert (
+        config["server_opt"],
+        config["server_opt_lr"],
+        config["server_opt_betas"],
+        config["server_opt_eps"],
+    ) == ("fedyogi", 0.05, [0.8, 0.95], 1e-4)

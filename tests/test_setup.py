@@ -13,8 +13,14 @@ def assignment_for(run, device_id):
     """What the MQTT server would assign this device for the same configuration."""
     cfg = run.cfg
     return Assignment(
-        spec=run.specs[device_id], algorithm=cfg.algorithm, options=dict(cfg.options), settings=run.settings,
-        rounds=cfg.rounds, seed=cfg.seed, public_fraction=run.method.needs.public_share, epoch="e",
+        spec=run.specs[device_id],
+        algorithm=cfg.algorithm,
+        options=dict(cfg.options),
+        settings=run.settings,
+        rounds=cfg.rounds,
+        seed=cfg.seed,
+        public_fraction=run.method.needs.public_share,
+        epoch="e",
     )
 
 
@@ -25,13 +31,18 @@ def assignment_for(run, device_id):
 ])
 def test_a_device_process_builds_what_the_simulated_device_builds(tmp_path, algorithm, options):
     # Prepare
-    cfg = tiny_config(tmp_path, algorithm=algorithm, options=options, partition="dirichlet", alpha=0.5)
+    cfg = tiny_config(
+        tmp_path, algorithm=algorithm, options=options, partition="dirichlet", alpha=0.5
+    )
     run = assemble(cfg)
     for index, device_id in enumerate(run.ids):
-        # Execute: the simulation's device and the one a device process builds from --data + assignment
+        # Execute: the simulation's device and the one a device process builds from --data +
+        # assignment
         simulated = run.device_half(device_id)
         text = DataSpec.from_config(cfg, index).to_string()  # what `edgefl train --data` is given
-        built, evals = build_assigned(DataSpec.parse(text), assignment_for(run, device_id), device_id)
+        built, evals = build_assigned(
+            DataSpec.parse(text), assignment_for(run, device_id), device_id
+        )
 
         # Assert: same data, same pool, same initial model, same seed
         assert torch.equal(built.ctx.train_data.x, simulated.ctx.train_data.x)
@@ -78,6 +89,10 @@ def test_the_local_reference_ignores_how_the_server_combines_updates():
     from edgefl.runtime.reference import reference_key
 
     base = RunConfig(algorithm="fedavg")
-    other = RunConfig(algorithm="fedavg", server_opt="fedadam", server_opt_lr=0.1, aggregation="async", buffer=3)
+    other = RunConfig(
+        algorithm="fedavg", server_opt="fedadam", server_opt_lr=0.1, aggregation="async", buffer=3
+    )
     assert reference_key(base) == reference_key(other)
-    assert reference_key(base) != reference_key(RunConfig(algorithm="fedavg", epochs=base.epochs + 1))
+    assert reference_key(base) != reference_key(
+        RunConfig(algorithm="fedavg", epochs=base.epochs + 1)
+    )

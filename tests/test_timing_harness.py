@@ -51,9 +51,12 @@ def test_alternate_runs_variants_interleaved_and_records_load(tmp_path, monkeypa
 
 def test_ratio_pairs_samples_of_the_same_repetition():
     samples = [
-        {"repetition": 0, "variant": "a", "value": 1.0}, {"repetition": 0, "variant": "b", "value": 3.0},
-        {"repetition": 1, "variant": "a", "value": 10.0}, {"repetition": 1, "variant": "b", "value": 20.0},
-        {"repetition": 2, "variant": "a", "value": 5.0}, {"repetition": 2, "variant": "b", "value": None},
+        {"repetition": 0, "variant": "a", "value": 1.0},
+        {"repetition": 0, "variant": "b", "value": 3.0},
+        {"repetition": 1, "variant": "a", "value": 10.0},
+        {"repetition": 1, "variant": "b", "value": 20.0},
+        {"repetition": 2, "variant": "a", "value": 5.0},
+        {"repetition": 2, "variant": "b", "value": None},
     ]
     r = paired_ratio(samples, "b", "a")
     # 3 and 2: paired per repetition, not median(b) / median(a) = 11.5 / 5

@@ -21,7 +21,19 @@ def _env():
 def _train(*args, tmp_path, timeout=120):
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
-    cmd = [sys.executable, "-m", "edgefl.cli.main", "train", "--profile", str(profile), "--data", "synthetic", "--threads", "1", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgefl.cli.main",
+        "train",
+        "--profile",
+        str(profile),
+        "--data",
+        "synthetic",
+        "--threads",
+        "1",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
 
 
@@ -32,9 +44,24 @@ def test_a_refused_password_exits_5_without_retrying(tmp_path):
         pytest.skip("mosquitto is not installed")
     passwd, acl = tmp_path / "passwd", tmp_path / "acl"
     add_user(passwd, acl, "dev-a")
-    with MosquittoBroker(port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq") as broker:
-        result = _train("--broker", broker.url, "--fleet", "lab", "--device-id", "dev-a", "--username", "dev-a",
-                        "--password", "wrong", "--wait", "30", tmp_path=tmp_path)
+    with MosquittoBroker(
+        port=0, password_file=passwd, acl_file=acl, workdir=tmp_path / "mosq"
+    ) as broker:
+        result = _train(
+            "--broker",
+            broker.url,
+            "--fleet",
+            "lab",
+            "--device-id",
+            "dev-a",
+            "--username",
+            "dev-a",
+            "--password",
+            "wrong",
+            "--wait",
+            "30",
+            tmp_path=tmp_path,
+        )
     assert result.returncode == 5, result.stdout + result.stderr
     assert "refused" in result.stderr and "Traceback" not in result.stderr
     assert "wrong" not in result.stdout + result.stderr  # the password is never printed
@@ -43,14 +70,53 @@ def test_a_refused_password_exits_5_without_retrying(tmp_path):
 def test_a_tier_the_run_does_not_have_is_rejected_by_the_server_and_exits_6(tmp_path):
     broker = EmbeddedBroker(port=0).start()
     server_cmd = [
-        sys.executable, "-m", "edgefl.cli.main", "server", "start", "--broker", broker.url, "--fleet", "rej",
-        "--algorithm", "fedavg", "--rounds", "1", "--min-devices", "1", "--dataset", "synthetic", "--model", "cnn",
-        "--tiers", "1,2", "--width", "0.25", "--wait", "60", "--out", str(tmp_path / "runs"), "--run-name", "r",
+        sys.executable,
+        "-m",
+        "edgefl.cli.main",
+        "server",
+        "start",
+        "--broker",
+        broker.url,
+        "--fleet",
+        "rej",
+        "--algorithm",
+        "fedavg",
+        "--rounds",
+        "1",
+        "--min-devices",
+        "1",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "cnn",
+        "--tiers",
+        "1,2",
+        "--width",
+        "0.25",
+        "--wait",
+        "60",
+        "--out",
+        str(tmp_path / "runs"),
+        "--run-name",
+        "r",
     ]
-    server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
+    server = subprocess.Popen(
+        server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env()
+    )
     try:
-        result = _train("--broker", broker.url, "--fleet", "rej", "--device-id", "d00", "--tier", "9", "--wait", "30",
-                        tmp_path=tmp_path)
+        result = _train(
+            "--broker",
+            broker.url,
+            "--fleet",
+            "rej",
+            "--device-id",
+            "d00",
+            "--tier",
+            "9",
+            "--wait",
+            "30",
+            tmp_path=tmp_path,
+        )
     finally:
         server.kill()
         server.wait(10)

@@ -14,8 +14,19 @@ from edgefl.wire import Envelope, Limits, Payload, check, decode, encode, encode
 
 
 def _env(**arrays):
-    payload = Payload(arrays or {"w/a": np.arange(6, dtype=np.float32).reshape(2, 3)}, {"num_samples": 12, "tag": "x"})
-    return Envelope(kind="update", round=3, device_id="d01", fleet="f", algorithm="fedavg", tier="2", payload=payload)
+    payload = Payload(
+        arrays or {"w/a": np.arange(6, dtype=np.float32).reshape(2, 3)},
+        {"num_samples": 12, "tag": "x"},
+    )
+    return Envelope(
+        kind="update",
+        round=3,
+        device_id="d01",
+        fleet="f",
+        algorithm="fedavg",
+        tier="2",
+        payload=payload,
+    )
 
 
 def _tamper_header(data: bytes, fn) -> bytes:
@@ -28,9 +39,21 @@ def _tamper_header(data: bytes, fn) -> bytes:
 
 
 def test_round_trip_keeps_arrays_meta_and_routing():
-    env = _env(**{"w/a": np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32), "k": np.arange(3)})
+    env = _env(
+        **{
+            "w/a": np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32),
+            "k": np.arange(3),
+        }
+    )
     back = decode(encode(env))
-    assert (back.kind, back.round, back.device_id, back.fleet, back.algorithm, back.tier) == ("update", 3, "d01", "f", "fedavg", "2")
+    assert (back.kind, back.round, back.device_id, back.fleet, back.algorithm, back.tier) == (
+        "update",
+        3,
+        "d01",
+        "f",
+        "fedavg",
+        "2",
+    )
     assert back.message_id == env.message_id
     assert back.payload.meta == {"num_samples": 12, "tag": "x"}
     np.testing.assert_array_equal(back.payload.arrays["w/a"], env.payload.arrays["w/a"])
@@ -84,7 +107,13 @@ def test_checksum_covers_the_routing_fields():
 
 @pytest.mark.parametrize(
     "blob",
-    [b"", b"garbage", struct.pack("<Q", 10**9) + b"{}", struct.pack("<Q", 2) + b"[]", b"\x80\x04\x95" + b"\x00" * 40],
+    [
+        b"",
+        b"garbage",
+        struct.pack("<Q", 10**9) + b"{}",
+        struct.pack("<Q", 2) + b"[]",
+        b"\x80\x04\x95" + b"\x00" * 40,
+    ],
     ids=["empty", "short", "huge-header", "not-object", "pickle"],
 )
 def test_malformed_bytes_raise_wire_error(blob):
@@ -154,7 +183,8 @@ def test_a_deeply_nested_header_is_refused_by_the_parser_itself():
     data = struct.pack("<Q", len(deep)) + deep
     with pytest.raises(WireError, match="header nests deeper than the parser's recursion limit"):
         decode(data)
-    shallow_deep = b"[" * 500 + b"]" * 500  # within the recursion limit: measured on the parsed value
+    # within the recursion limit: measured on the parsed value
+    shallow_deep = b"[" * 500 + b"]" * 500
     with pytest.raises(WireError, match="header nests 500 deep"):
         decode(struct.pack("<Q", len(shallow_deep)) + shallow_deep)
 
@@ -163,7 +193,9 @@ def test_nesting_is_measured_on_the_parsed_header_and_bounded():
     from edgefl.wire.envelope import nesting
 
     assert [nesting(v) for v in (1, "[[", [], {"a": [1, {"b": []}]}, [[[[[]]]]])] == [0, 0, 1, 4, 5]
-    header = json.dumps({"t": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}, "__metadata__": {}}).encode()
+    header = json.dumps(
+        {"t": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}, "__metadata__": {}}
+    ).encode()
     data = struct.pack("<Q", len(header)) + header
     with pytest.raises(WireError, match="header nests 4 deep"):  # the limit is 3 levels
         decode(data, Limits(max_depth=3))
@@ -228,7 +260,9 @@ def test_update_metadata_is_typed_and_bounded(meta, reason):
 def test_metrics_accuracy_must_be_a_number_in_range():
     for bad in ("nan", 1.5, -0.1):
         env = Envelope("metrics", 0, "d00", payload=Payload({}, {"accuracy": 0.5}))
-        data = _tamper_header(encode(env), lambda h, b=bad: h["__metadata__"].update(meta=json.dumps({"accuracy": b})))
+        data = _tamper_header(
+            encode(env), lambda h, b=bad: h["__metadata__"].update(meta=json.dumps({"accuracy": b}))
+        )
         with pytest.raises(WireError, match="accuracy"):
             decode(data)
 
@@ -238,18 +272,26 @@ def test_a_reply_must_echo_its_request_and_carry_the_declared_dtypes():
     from edgefl.wire.schema import Expectation
     from edgefl.wire.validate import check_reply
 
-    request = Envelope("train", 2, "d01", fleet="f", algorithm="fedavg", tier="2", run="r1", nonce=new_nonce())
+    request = Envelope(
+        "train", 2, "d01", fleet="f", algorithm="fedavg", tier="2", run="r1", nonce=new_nonce()
+    )
     want = Expectation("train", 2, "d01", "f", "2", "r1", request.nonce, "fedavg",
                        arrays={"w/a": array_spec(np.float32, (2, 3))}, max_samples=20)
-    good = request.reply("update", Payload({"w/a": np.zeros((2, 3), np.float32)}, {"num_samples": 12}))
+    good = request.reply(
+        "update", Payload({"w/a": np.zeros((2, 3), np.float32)}, {"num_samples": 12})
+    )
     check_reply(decode(encode(good)), want)
     bad = {
         "nonce": dataclasses.replace(good, nonce=new_nonce()),
         "round": dataclasses.replace(good, round=1),
         "run": dataclasses.replace(good, run="r0"),
         "algorithm": dataclasses.replace(good, algorithm="felo"),
-        "dtype float64": dataclasses.replace(good, payload=Payload({"w/a": np.full((2, 3), 1e300)}, {"num_samples": 12})),
-        "claims 21 samples": dataclasses.replace(good, payload=Payload(good.payload.arrays, {"num_samples": 21})),
+        "dtype float64": dataclasses.replace(
+            good, payload=Payload({"w/a": np.full((2, 3), 1e300)}, {"num_samples": 12})
+        ),
+        "claims 21 samples": dataclasses.replace(
+            good, payload=Payload(good.payload.arrays, {"num_samples": 21})
+        ),
     }
     for reason, reply in bad.items():
         with pytest.raises(WireError, match=reason):
@@ -289,13 +331,30 @@ def test_a_device_answers_a_downlink_of_the_wrong_dtype_with_an_error_and_keeps_
 
     data = load_dataset("synthetic", "train").subset(np.arange(40))
     spec = ModelSpec("cnn", "1", 10, data.info.in_shape, width=0.25)
-    half = get_algorithm("fedavg").device(DeviceContext("d00", spec, data, TrainSettings(steps=1), 0, 1), get_algorithm("fedavg").parse_options({}))
+    half = get_algorithm("fedavg").device(
+        DeviceContext("d00", spec, data, TrainSettings(steps=1), 0, 1),
+        get_algorithm("fedavg").parse_options({}),
+    )
     agent = DeviceAgent(half, algorithm="fedavg", run_id="r1")
     before = {k: v.clone() for k, v in half.model.state_dict().items()}
-    weights = {k: np.full(v.shape, 1e300) for k, v in half.expected_downlink().items()}  # float64, right shapes
-    request = Envelope("train", 0, "d00", algorithm="fedavg", tier="1", run="r1", nonce="ab" * 16, payload=Payload(weights))
+    # float64, right shapes
+    weights = {k: np.full(v.shape, 1e300) for k, v in half.expected_downlink().items()}
+    request = Envelope(
+        "train",
+        0,
+        "d00",
+        algorithm="fedavg",
+        tier="1",
+        run="r1",
+        nonce="ab" * 16,
+        payload=Payload(weights),
+    )
     reply = decode(agent.handle_bytes(encode(request)))
-    assert reply.kind == "error" and "dtype float64" in reply.payload.meta["reason"] and reply.nonce == request.nonce
+    assert (
+        reply.kind == "error"
+        and "dtype float64" in reply.payload.meta["reason"]
+        and reply.nonce == request.nonce
+    )
     assert all(torch.equal(before[k], v) for k, v in half.model.state_dict().items())
     other_run = dataclasses.replace(request, run="r0", payload=Payload())
     assert "run 'r0'" in decode(agent.handle_bytes(encode(other_run))).payload.meta["reason"]
@@ -317,15 +376,23 @@ def _envelopes(draw):
     meta = {"num_samples": draw(st.integers(1, 10**6)),
             "x": draw(st.floats(-1e9, 1e9, allow_nan=False)),
             "s": draw(st.text(max_size=20))}
-    return Envelope("update", draw(st.integers(0, 10**6)), f"d{draw(st.integers(0, 999)):03d}", algorithm="fedavg",
-                    tier=str(draw(st.integers(1, 99))), payload=Payload(arrays, meta), run="r0",
-                    nonce=draw(st.text("abcdef0123456789", min_size=1, max_size=32)))
+    return Envelope(
+        "update",
+        draw(st.integers(0, 10**6)),
+        f"d{draw(st.integers(0, 999)):03d}",
+        algorithm="fedavg",
+        tier=str(draw(st.integers(1, 99))),
+        payload=Payload(arrays, meta),
+        run="r0",
+        nonce=draw(st.text("abcdef0123456789", min_size=1, max_size=32)),
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_envelopes())
 def test_encoded_size_is_the_encoding_length_and_check_gives_what_decode_gives(env):
-    # safetensors orders tensors by dtype then name, and the offsets' digits change the header's length
+    # safetensors orders tensors by dtype then name, and the offsets' digits change the header's
+    # length
     assert encoded_size(env) == len(encode(env))
     got, want = check(env), decode(encode(env))
     assert got.payload.meta == want.payload.meta and got.payload.meta is not env.payload.meta
@@ -336,7 +403,9 @@ def test_encoded_size_is_the_encoding_length_and_check_gives_what_decode_gives(e
 
 def test_check_hands_over_read_only_views_without_copying():
     weights = np.arange(1_000_000, dtype=np.float32)
-    env = Envelope("train", 0, "d00", algorithm="fedavg", payload=Payload({"w/x": weights}), run="r", nonce="n")
+    env = Envelope(
+        "train", 0, "d00", algorithm="fedavg", payload=Payload({"w/x": weights}), run="r", nonce="n"
+    )
     got = check(env).payload.arrays["w/x"]
     assert np.shares_memory(got, weights)  # no copy
     with pytest.raises(ValueError, match="read-only"):
@@ -344,15 +413,25 @@ def test_check_hands_over_read_only_views_without_copying():
     assert weights.flags.writeable  # the sender's own array is untouched
 
 
-@pytest.mark.parametrize(("arrays", "meta", "limits", "reason"), [
-    ({"w": np.array([np.nan], np.float32)}, {}, Limits(), "non-finite"),
-    ({"w": np.array([1.0], np.complex64)}, {}, Limits(), "dtype"),
-    ({"w": np.zeros(100, np.float32)}, {}, Limits(max_bytes=300), "exceeds the limit"),
-    ({f"w{i}": np.zeros(1, np.float32) for i in range(5)}, {}, Limits(max_tensors=4), "tensors exceed"),
-    ({}, {"split": "x" * 10_000}, Limits(), "metadata"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "meta", "limits", "reason"),
+    [
+        ({"w": np.array([np.nan], np.float32)}, {}, Limits(), "non-finite"),
+        ({"w": np.array([1.0], np.complex64)}, {}, Limits(), "dtype"),
+        ({"w": np.zeros(100, np.float32)}, {}, Limits(max_bytes=300), "exceeds the limit"),
+        (
+            {f"w{i}": np.zeros(1, np.float32) for i in range(5)},
+            {},
+            Limits(max_tensors=4),
+            "tensors exceed",
+        ),
+        ({}, {"split": "x" * 10_000}, Limits(), "metadata"),
+    ],
+)
 def test_check_refuses_what_decode_refuses(arrays, meta, limits, reason):
-    env = Envelope("evaluate", 0, "d00", algorithm="fedavg", payload=Payload(arrays, meta), run="r", nonce="n")
+    env = Envelope(
+        "evaluate", 0, "d00", algorithm="fedavg", payload=Payload(arrays, meta), run="r", nonce="n"
+    )
     with pytest.raises(WireError, match=reason):
         check(env, limits)
     try:

@@ -64,7 +64,9 @@ def capture(methods: list[str], workdir: Path | None = None) -> list[Case]:
         seen: set[tuple[str, str]] = set()
         agents = {}
 
-        def request(self, messages, *, timeout=None, accept, _seen=seen, _method=method, _agents=agents):
+        def request(
+            self, messages, *, timeout=None, accept, _seen=seen, _method=method, _agents=agents
+        ):
             # in memory the envelopes travel as objects: fuzz their encodings, checked as a wire
             # transport checks them (decode, then the receiver's own check)
             out = original(self, messages, timeout=timeout, accept=accept)
@@ -73,16 +75,42 @@ def capture(methods: list[str], workdir: Path | None = None) -> list[Case]:
                 data = encode(down)
                 if ("down", down.kind) not in _seen:
                     _seen.add(("down", down.kind))
-                    cases.append(Case(_method, "down", down.kind, data, _device_check(agent), _down_oracle(agent)))
+                    cases.append(
+                        Case(
+                            _method,
+                            "down",
+                            down.kind,
+                            data,
+                            _device_check(agent),
+                            _down_oracle(agent),
+                        )
+                    )
                 d = out[device_id]
                 replies = [encode(d.reply)] if d.reply is not None and d.value is not None else []
                 if down.kind == "train":  # the error reply a device sends when it cannot train
-                    replies.append(encode(down.reply("error", Payload({}, {"reason": "out of memory"}), algorithm=agent.algorithm)))
+                    replies.append(
+                        encode(
+                            down.reply(
+                                "error",
+                                Payload({}, {"reason": "out of memory"}),
+                                algorithm=agent.algorithm,
+                            )
+                        )
+                    )
                 for reply in replies:
                     kind = decode(reply).kind
                     if ("up", kind) not in _seen:
                         _seen.add(("up", kind))
-                        cases.append(Case(_method, "up", kind, reply, lambda b, a=accept, i=device_id: a(i, decode(b)), _up_oracle(accept, device_id)))
+                        cases.append(
+                            Case(
+                                _method,
+                                "up",
+                                kind,
+                                reply,
+                                lambda b, a=accept, i=device_id: a(i, decode(b)),
+                                _up_oracle(accept, device_id),
+                            )
+                        )
             return out
 
         InMemoryTransport.request = request
@@ -120,13 +148,23 @@ TIER = re.compile(r"[A-Za-z0-9._/:-]{0,64}")
 
 
 def _finite_number(v: Any, lo: float = -1e12, hi: float = 1e12) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+    return (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and lo <= v <= hi
+    )
 
 
 def _routing_problem(env: Envelope) -> str | None:
     if not (NAME.fullmatch(env.fleet) and (env.device_id == "*" or NAME.fullmatch(env.device_id))):
         return "fleet/device charset"
-    if not (TOKEN.fullmatch(env.algorithm) and TOKEN.fullmatch(env.run) and TOKEN.fullmatch(env.nonce) and TIER.fullmatch(env.tier)):
+    if not (
+        TOKEN.fullmatch(env.algorithm)
+        and TOKEN.fullmatch(env.run)
+        and TOKEN.fullmatch(env.nonce)
+        and TIER.fullmatch(env.tier)
+    ):
         return "token charset"
     if not (isinstance(env.round, int) and 0 <= env.round < 10**9):
         return "round range"
@@ -166,7 +204,11 @@ def _up_oracle(accept, device_id) -> Callable[[Envelope], str | None]:
             return "tier"
         if env.kind == "update":
             n = meta.get("num_samples")
-            if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= (want.max_samples or 10**9)):
+            if not (
+                isinstance(n, int)
+                and not isinstance(n, bool)
+                and 1 <= n <= (want.max_samples or 10**9)
+            ):
                 return "num_samples"
             for k in ("train_loss", "train_seconds", "samples_seen"):
                 if k in meta and not _finite_number(meta[k], -1e12 if k == "train_loss" else 0.0):
@@ -178,7 +220,13 @@ def _up_oracle(accept, device_id) -> Callable[[Envelope], str | None]:
                     a = env.payload.arrays[name]
                     if a.dtype != spec.dtype:
                         return f"array {name} dtype"
-                    if spec.shape is not None and (a.ndim != len(spec.shape) or any(s is not None and s != g for s, g in zip(spec.shape, a.shape, strict=True))):
+                    if spec.shape is not None and (
+                        a.ndim != len(spec.shape)
+                        or any(
+                            s is not None and s != g
+                            for s, g in zip(spec.shape, a.shape, strict=True)
+                        )
+                    ):
                         return f"array {name} shape"
         elif env.kind == "metrics":
             if not (_finite_number(meta.get("accuracy"), 0.0, 1.0)):
@@ -193,7 +241,11 @@ def _down_oracle(agent) -> Callable[[Envelope], str | None]:
         problem = _routing_problem(env)
         if problem:
             return problem
-        if (env.device_id, env.fleet, env.algorithm) != (agent.device_id, agent.fleet, agent.algorithm):
+        if (env.device_id, env.fleet, env.algorithm) != (
+            agent.device_id,
+            agent.fleet,
+            agent.algorithm,
+        ):
             return "a request for another device, fleet or algorithm"
         if agent.run_id is not None and env.run != agent.run_id:
             return "a request of another run"
@@ -202,14 +254,23 @@ def _down_oracle(agent) -> Callable[[Envelope], str | None]:
             names = set(env.payload.arrays)
             # an array of a group may be absent with its whole group; a None axis is any length
             groups = {spec.group for name, spec in declared.items() if name in names}
-            required = {name for name, spec in declared.items() if spec.group is None or spec.group in groups}
+            required = {
+                name
+                for name, spec in declared.items()
+                if spec.group is None or spec.group in groups
+            }
             if not required <= names <= set(declared):
                 return "downlink array names"
             for name in names:
                 spec, a = declared[name], env.payload.arrays[name]
                 if a.dtype != spec.dtype:
                     return f"downlink array {name}"
-                if spec.shape is not None and (a.ndim != len(spec.shape) or any(w is not None and g != w for g, w in zip(a.shape, spec.shape, strict=False))):
+                if spec.shape is not None and (
+                    a.ndim != len(spec.shape)
+                    or any(
+                        w is not None and g != w for g, w in zip(a.shape, spec.shape, strict=False)
+                    )
+                ):
                     return f"downlink array {name}"
         return None
 
@@ -218,9 +279,57 @@ def _down_oracle(agent) -> Callable[[Envelope], str | None]:
 
 # --- mutation --------------------------------------------------------------------------------
 
-NASTY_JSON = [None, True, False, 0, -1, 1, 2**63, -(2**70), 1e308, -1e308, 1.5, "", "x" * 70, "../../etc", "a/b", "ünïcode", "nan",
-              "NaN", "inf", "-1", "1e3", "0x10", " 1", [], [1], {}, {"a": 1}, [[[]]], "fedavg", "*", "\u0000", "\ud800"]
-NASTY_NUMBERS = [float("nan"), float("inf"), -float("inf"), 1e308, -1e308, 1e300, 3.5e38, 0, -1, 10**12, 10**13, 2**63, -0.0, 0.5, 1e-320]
+NASTY_JSON = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**63,
+    -(2**70),
+    1e308,
+    -1e308,
+    1.5,
+    "",
+    "x" * 70,
+    "../../etc",
+    "a/b",
+    "ünïcode",
+    "nan",
+    "NaN",
+    "inf",
+    "-1",
+    "1e3",
+    "0x10",
+    " 1",
+    [],
+    [1],
+    {},
+    {"a": 1},
+    [[[]]],
+    "fedavg",
+    "*",
+    "\u0000",
+    "\ud800",
+]
+NASTY_NUMBERS = [
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    1e308,
+    -1e308,
+    1e300,
+    3.5e38,
+    0,
+    -1,
+    10**12,
+    10**13,
+    2**63,
+    -0.0,
+    0.5,
+    1e-320,
+]
 
 
 def _header(data: bytes) -> tuple[dict, bytes]:
@@ -238,11 +347,20 @@ def _tensors_of(header: dict, body: bytes) -> dict[str, tuple[str, list, bytes]]
     return out
 
 
-def write(routing: Any, tensors: dict[str, tuple[Any, Any, bytes]], *, fix_checksum: bool = True, pad: bool = True) -> bytes:
+def write(
+    routing: Any,
+    tensors: dict[str, tuple[Any, Any, bytes]],
+    *,
+    fix_checksum: bool = True,
+    pad: bool = True,
+) -> bytes:
     """The attacker's writer: any routing values, any dtype/shape claims, checksum recomputed."""
     if fix_checksum and isinstance(routing, dict):
         try:
-            items = [(n, str(t), tuple(s) if isinstance(s, list) else (), raw) for n, (t, s, raw) in sorted(tensors.items())]
+            items = [
+                (n, str(t), tuple(s) if isinstance(s, list) else (), raw)
+                for n, (t, s, raw) in sorted(tensors.items())
+            ]
             routing = {**routing, "checksum": _checksum(routing, items)}
         except (TypeError, ValueError):
             pass
@@ -290,18 +408,34 @@ def mutate(data: bytes, r: random.Random, corpus: list[bytes]) -> tuple[str, byt
             "tier": ["1", "2", "3", "1/8", "resnet10", ""],
         }[field_])
     elif op == "meta_value":
-        key = r.choice(sorted(meta) + ["num_samples", "accuracy", "train_loss", "reason", "split", "new"])
+        key = r.choice(
+            sorted(meta) + ["num_samples", "accuracy", "train_loss", "reason", "split", "new"]
+        )
         meta[key] = r.choice(NASTY_JSON + NASTY_NUMBERS)
         routing["meta"] = json.dumps(meta)
     elif op == "meta_drop" and meta:
         meta.pop(r.choice(sorted(meta)))
         routing["meta"] = json.dumps(meta)
     elif op == "meta_raw":
-        routing["meta"] = r.choice(["", "[]", "null", "{", "[" * 5000, '{"a": ' * 3 + "1" + "}" * 3, "NaN", '{"num_samples": 1e999}', "{}" * 3])
+        routing["meta"] = r.choice(
+            [
+                "",
+                "[]",
+                "null",
+                "{",
+                "[" * 5000,
+                '{"a": ' * 3 + "1" + "}" * 3,
+                "NaN",
+                '{"num_samples": 1e999}',
+                "{}" * 3,
+            ]
+        )
     elif op == "dtype_swap" and tensors:
         name = r.choice(sorted(tensors))
         tag, shape, raw = tensors[name]
-        new = r.choice(["F64", "F16", "F32", "I64", "I32", "U8", "BOOL", "F8_E4M3", "BF16", ["F32"], None, 5])
+        new = r.choice(
+            ["F64", "F16", "F32", "I64", "I32", "U8", "BOOL", "F8_E4M3", "BF16", ["F32"], None, 5]
+        )
         if isinstance(new, str) and new in TAGS:
             count = math.prod(shape) if isinstance(shape, list) else 0
             fill = r.choice([0.0, 1.0, 1e300, -1e300, 3e38, 255, 2])
@@ -313,18 +447,42 @@ def mutate(data: bytes, r: random.Random, corpus: list[bytes]) -> tuple[str, byt
     elif op == "shape_change" and tensors:
         name = r.choice(sorted(tensors))
         tag, shape, raw = tensors[name]
-        tensors[name] = (tag, r.choice([[], [0], list(reversed(shape)), shape + [1], [2**62, 2**62], [-1], ["3"], None, [1.5]]), raw)
+        tensors[name] = (
+            tag,
+            r.choice(
+                [
+                    [],
+                    [0],
+                    list(reversed(shape)),
+                    shape + [1],
+                    [2**62, 2**62],
+                    [-1],
+                    ["3"],
+                    None,
+                    [1.5],
+                ]
+            ),
+            raw,
+        )
     elif op == "tensor_values" and tensors:
         name = r.choice(sorted(tensors))
         tag, shape, raw = tensors[name]
         if tag in TAGS and len(raw):
             a = np.frombuffer(raw, TAGS[tag]).copy()
-            a[r.randrange(a.size)] = np.array(r.choice(NASTY_NUMBERS)).astype(a.dtype) if a.dtype.kind == "f" else r.randrange(256)
+            a[r.randrange(a.size)] = (
+                np.array(r.choice(NASTY_NUMBERS)).astype(a.dtype)
+                if a.dtype.kind == "f"
+                else r.randrange(256)
+            )
             tensors[name] = (tag, shape, a.tobytes())
     elif op == "tensor_drop" and tensors:
         tensors.pop(r.choice(sorted(tensors)))
     elif op == "tensor_add":
-        tensors[r.choice(["extra", "w/extra", "__metadata__x", "logit"])] = ("F32", [2], np.zeros(2, np.float32).tobytes())
+        tensors[r.choice(["extra", "w/extra", "__metadata__x", "logit"])] = (
+            "F32",
+            [2],
+            np.zeros(2, np.float32).tobytes(),
+        )
     elif op == "replay_other":
         other_header, other_body = _header(r.choice(corpus))
         tensors = _tensors_of(other_header, other_body)
@@ -334,8 +492,24 @@ def mutate(data: bytes, r: random.Random, corpus: list[bytes]) -> tuple[str, byt
     return op, write(routing, tensors, fix_checksum=r.random() < 0.95)
 
 
-OPERATORS = ["flip_bytes", "truncate", "routing_value", "routing_drop", "routing_add", "relabel", "meta_value", "meta_drop",
-             "meta_raw", "dtype_swap", "shape_change", "tensor_values", "tensor_drop", "tensor_add", "replay_other", "deep_header"]
+OPERATORS = [
+    "flip_bytes",
+    "truncate",
+    "routing_value",
+    "routing_drop",
+    "routing_add",
+    "relabel",
+    "meta_value",
+    "meta_drop",
+    "meta_raw",
+    "dtype_swap",
+    "shape_change",
+    "tensor_values",
+    "tensor_drop",
+    "tensor_add",
+    "replay_other",
+    "deep_header",
+]
 
 
 @dataclass
@@ -358,12 +532,16 @@ def run_case(case: Case, data: bytes, op: str, tally: Tally) -> None:
     except Exception as e:  # noqa: BLE001 - what the harness is looking for
         outcome = "exception"
         if len(tally.problems) < 20:
-            tally.problems.append(f"{case.method} {case.direction} {case.kind} {op}: {type(e).__name__}: {e}"[:300])
+            tally.problems.append(
+                f"{case.method} {case.direction} {case.kind} {op}: {type(e).__name__}: {e}"[:300]
+            )
     else:
         problem = case.oracle(env)
         outcome = "violation" if problem else "accepted"
         if problem and len(tally.problems) < 20:
-            tally.problems.append(f"{case.method} {case.direction} {case.kind} {op}: accepted but {problem}")
+            tally.problems.append(
+                f"{case.method} {case.direction} {case.kind} {op}: accepted but {problem}"
+            )
     tally.outcomes[(case.method, case.direction, case.kind, outcome)] += 1
     tally.operators[(op, outcome)] += 1
 

@@ -7,9 +7,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = Path(__file__).with_name("synthetic-cnn.onnx")
-EXTRAS = ("torch", "torchvision", "onnx", "onnxscript", "amqtt", "matplotlib", "cryptography", "aiohttp")
+EXTRAS = (
+    "torch",
+    "torchvision",
+    "onnx",
+    "onnxscript",
+    "amqtt",
+    "matplotlib",
+    "cryptography",
+    "aiohttp",
+)
 
-IMAGES = ("PIL",)  # the [images] layer (pillow): the folder tests need it, so it is blocked on request
+# the [images] layer (pillow): the folder tests need it, so it is blocked on request
+IMAGES = ("PIL",)
 
 
 def _block(modules: tuple[str, ...]) -> str:
@@ -26,7 +36,9 @@ sys.meta_path.insert(0, _Missing())
 
 def edgefl_command(*args: str, block_extras: bool = True, block_images: bool = False) -> list[str]:
     blocked = (EXTRAS if block_extras else ()) + (IMAGES if block_images else ())
-    code = (_block(blocked) if blocked else "") + "import sys; from edgefl.cli.main import main; sys.argv[0] = 'edgefl'; main()"
+    code = (
+        _block(blocked) if blocked else ""
+    ) + "import sys; from edgefl.cli.main import main; sys.argv[0] = 'edgefl'; main()"
     return [sys.executable, "-c", code, *args]
 
 
@@ -35,11 +47,20 @@ def env() -> dict[str, str]:
 
 
 def run_edgefl(
-    *args: str, timeout: float = 120, block_extras: bool = True, block_images: bool = False, extra_env=None, cwd=None
+    *args: str,
+    timeout: float = 120,
+    block_extras: bool = True,
+    block_images: bool = False,
+    extra_env=None,
+    cwd=None,
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        edgefl_command(*args, block_extras=block_extras, block_images=block_images), capture_output=True, text=True, timeout=timeout,
-        env={**env(), **(extra_env or {})}, cwd=cwd,
+        edgefl_command(*args, block_extras=block_extras, block_images=block_images),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env(), **(extra_env or {})},
+        cwd=cwd,
     )
 
 

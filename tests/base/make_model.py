@@ -27,7 +27,11 @@ def train_and_export(dataset: str, out: Path, samples: int | None = None, epochs
     if samples is not None:
         train = train.subset(np.random.default_rng(0).permutation(len(train))[:samples])
     info = train.info
-    model = build_model(ModelSpec("cnn", "2", info.num_classes, info.in_shape, width=0.25, mean=info.mean, std=info.std))
+    model = build_model(
+        ModelSpec(
+            "cnn", "2", info.num_classes, info.in_shape, width=0.25, mean=info.mean, std=info.std
+        )
+    )
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(epochs):
@@ -37,8 +41,13 @@ def train_and_export(dataset: str, out: Path, samples: int | None = None, epochs
             opt.step()
     model.eval()
     test = load_dataset(dataset, "test")
-    report = export_model(model, out, class_names=info.class_names, parity_images=test.images(np.arange(64)),
-                          calibration_images=train.images(np.arange(256)))
+    report = export_model(
+        model,
+        out,
+        class_names=info.class_names,
+        parity_images=test.images(np.arange(64)),
+        calibration_images=train.images(np.arange(256)),
+    )
     print(f"wrote {out} ({out.stat().st_size} bytes), max |diff| {report.max_abs_diff:.2g}")
 
 

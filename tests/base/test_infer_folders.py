@@ -48,15 +48,20 @@ def test_the_model_is_better_than_chance_so_a_wrong_mapping_would_show(builtin_a
     assert builtin_accuracy > 0.5
 
 
-def test_a_test_folder_alone_with_the_models_class_names_gives_the_builtin_accuracy(tmp_path, test_arrays, builtin_accuracy):
+def test_a_test_folder_alone_with_the_models_class_names_gives_the_builtin_accuracy(
+    tmp_path, test_arrays, builtin_accuracy
+):
     x, y, names = test_arrays
-    root = _write_folder(tmp_path / "pics", x, y, names)  # no train/, no test/: the class folders themselves
+    # no train/, no test/: the class folders themselves
+    root = _write_folder(tmp_path / "pics", x, y, names)
     result = _infer("--dataset", f"imagefolder:{root}")
     assert result["accuracy"] == pytest.approx(builtin_accuracy) and result["samples"] == SAMPLES
     assert result["class_map"] == {n: n for n in names}
 
 
-def test_names_spelled_differently_are_matched_without_case_and_punctuation(tmp_path, test_arrays, builtin_accuracy):
+def test_names_spelled_differently_are_matched_without_case_and_punctuation(
+    tmp_path, test_arrays, builtin_accuracy
+):
     x, y, names = test_arrays
     spelled = [n.upper().replace("-", "_") for n in names]  # "PATTERN_3" for "pattern-3"
     root = _write_folder(tmp_path / "data" / "test", x, y, spelled)
@@ -65,7 +70,9 @@ def test_names_spelled_differently_are_matched_without_case_and_punctuation(tmp_
     assert result["class_map"]["PATTERN_3"] == "pattern-3"
 
 
-def test_renamed_and_reordered_folders_need_a_mapping_and_then_give_the_builtin_accuracy(tmp_path, test_arrays, builtin_accuracy):
+def test_renamed_and_reordered_folders_need_a_mapping_and_then_give_the_builtin_accuracy(
+    tmp_path, test_arrays, builtin_accuracy
+):
     x, y, names = test_arrays
     # alphabetical folder order is the reverse of the model's class order
     renamed = [f"{chr(ord('z') - i)}-class" for i in range(len(names))]
@@ -76,7 +83,11 @@ def test_renamed_and_reordered_folders_need_a_mapping_and_then_give_the_builtin_
     assert "z-class" in refused.stderr and "match none of the model's classes" in refused.stderr
     assert "--class-map" in refused.stderr
 
-    mapping = [arg for old, new in zip(renamed, names, strict=True) for arg in ("--class-map", f"{old}={new}")]
+    mapping = [
+        arg
+        for old, new in zip(renamed, names, strict=True)
+        for arg in ("--class-map", f"{old}={new}")
+    ]
     result = _infer("--dataset", f"imagefolder:{root}", *mapping)
     assert result["accuracy"] == pytest.approx(builtin_accuracy)
 
@@ -84,11 +95,15 @@ def test_renamed_and_reordered_folders_need_a_mapping_and_then_give_the_builtin_
 def test_a_mapping_to_a_class_the_model_does_not_have_is_refused(tmp_path, test_arrays):
     x, y, names = test_arrays
     root = _write_folder(tmp_path / "pics", x, y, names)
-    result = run_edgefl("infer", str(MODEL), "--dataset", f"imagefolder:{root}", "--class-map", "pattern-0=sandal")
+    result = run_edgefl(
+        "infer", str(MODEL), "--dataset", f"imagefolder:{root}", "--class-map", "pattern-0=sandal"
+    )
     assert result.returncode == 3 and "sandal" in result.stderr
 
 
-def test_mixed_grey_and_rgb_images_are_converted_one_by_one(tmp_path, test_arrays, builtin_accuracy):
+def test_mixed_grey_and_rgb_images_are_converted_one_by_one(
+    tmp_path, test_arrays, builtin_accuracy
+):
     x, y, names = test_arrays
     root = _write_folder(tmp_path / "mixed", x, y, names, rgb_every=2)
     assert Image.open(next((root / names[y[0]]).iterdir())).mode in ("L", "RGB")
@@ -97,7 +112,8 @@ def test_mixed_grey_and_rgb_images_are_converted_one_by_one(tmp_path, test_array
 
 
 def test_a_builtin_dataset_whose_classes_the_model_lacks_is_refused():
-    # MNIST's classes are digits; the model knows patterns (needs no MNIST files: refused or missing)
+    # MNIST's classes are digits; the model knows patterns (needs no MNIST files: refused or
+    # missing)
     result = run_edgefl("infer", str(MODEL), "--dataset", "synthetic-rgb")
     assert result.returncode != 0 and "Traceback" not in result.stderr
 
@@ -132,9 +148,15 @@ def fashion_arrays():
     return x[:1000], y[:1000], info.class_names
 
 
-def test_fashion_mnist_folders_named_after_its_classes_give_the_builtin_accuracy(tmp_path, fashion_arrays):
+def test_fashion_mnist_folders_named_after_its_classes_give_the_builtin_accuracy(
+    tmp_path, fashion_arrays
+):
     x, y, names = fashion_arrays
-    builtin = json.loads(run_edgefl("infer", str(FASHION_MODEL), "--dataset", "fashion-mnist", "--limit", "1000", "--json").stdout)
+    builtin = json.loads(
+        run_edgefl(
+            "infer", str(FASHION_MODEL), "--dataset", "fashion-mnist", "--limit", "1000", "--json"
+        ).stdout
+    )
     assert builtin["accuracy"] > 0.6  # a trained model: a wrong class order would fall towards 10%
     folders = [n.replace("/", "_") for n in names]  # "T-shirt_top"
     root = _write_folder(tmp_path / "fashion", x, y, folders)

@@ -23,7 +23,12 @@ def test_delays_grow_by_the_factor_and_stop_at_the_cap():
     delays = Backoff(initial=0.5, factor=2.0, cap=3.0).delays()
     assert [next(delays) for _ in range(6)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
     # the k-th delay on its own (a caller that counts its failures), also far past the cap
-    assert [Backoff(initial=0.5, factor=2.0, cap=3.0).delay(k) for k in (0, 2, 3, 10_000)] == [0.5, 2.0, 3.0, 3.0]
+    assert [Backoff(initial=0.5, factor=2.0, cap=3.0).delay(k) for k in (0, 2, 3, 10_000)] == [
+        0.5,
+        2.0,
+        3.0,
+        3.0,
+    ]
 
 
 @pytest.mark.parametrize("bad", [dict(initial=0), dict(factor=0.5), dict(initial=5, cap=1)])
@@ -41,8 +46,14 @@ def test_retries_until_the_attempt_succeeds_and_reports_each_retry():
             raise BrokerUnreachableError("down")
         return "up"
 
-    result = retry(attempt, retry_on=(BrokerUnreachableError,), backoff=Backoff(1, 2, 3), sleep=t.sleep, clock=t.clock,
-                   on_retry=lambda n, d, e: told.append((n, d, str(e))))
+    result = retry(
+        attempt,
+        retry_on=(BrokerUnreachableError,),
+        backoff=Backoff(1, 2, 3),
+        sleep=t.sleep,
+        clock=t.clock,
+        on_retry=lambda n, d, e: told.append((n, d, str(e))),
+    )
     assert result == "up"
     assert t.sleeps == [1, 2, 3] and calls == [0, 1, 3, 6]
     assert told == [(1, 1, "down"), (2, 2, "down"), (3, 3, "down")]
@@ -55,7 +66,14 @@ def test_the_total_wait_is_bounded_and_the_last_error_is_raised():
         raise BrokerUnreachableError(f"down at {t.now:g}")
 
     with pytest.raises(BrokerUnreachableError, match="down at 10"):
-        retry(attempt, retry_on=(BrokerUnreachableError,), backoff=Backoff(1, 2, 4), wait=10, sleep=t.sleep, clock=t.clock)
+        retry(
+            attempt,
+            retry_on=(BrokerUnreachableError,),
+            backoff=Backoff(1, 2, 4),
+            wait=10,
+            sleep=t.sleep,
+            clock=t.clock,
+        )
     assert t.sleeps == [1, 2, 4, 3]  # the last sleep is cut to the time left
     assert t.now == 10
 

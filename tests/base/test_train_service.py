@@ -21,15 +21,30 @@ def _cli_start_seconds() -> float:
     """What starting the CLI and parsing train's options costs on this machine right now
     (``--print-config`` does that much and no more)."""
     t0 = time.monotonic()
-    assert run_edgefl("train", "--device-id", "d", "--data", "synthetic", "--print-config").returncode == 0
+    assert (
+        run_edgefl("train", "--device-id", "d", "--data", "synthetic", "--print-config").returncode
+        == 0
+    )
     return time.monotonic() - t0
 
 
 def test_no_broker_says_so_within_a_second_retries_and_exits_4_after_wait():
     port = _free_port()
-    cmd = edgefl_command("train", "--broker", f"mqtt://127.0.0.1:{port}", "--device-id", "pi-1", "--data", "synthetic", "--wait", "3")
+    cmd = edgefl_command(
+        "train",
+        "--broker",
+        f"mqtt://127.0.0.1:{port}",
+        "--device-id",
+        "pi-1",
+        "--data",
+        "synthetic",
+        "--wait",
+        "3",
+    )
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT
+    )
     try:
         first = proc.stdout.readline()
         first_after = time.monotonic() - t0
@@ -44,7 +59,9 @@ def test_no_broker_says_so_within_a_second_retries_and_exits_4_after_wait():
     # the speed factor: the load changes between the two runs): nothing heavy (paho, numpy, torch)
     # may come before the line
     bound = max(scaled(1.0), 1.5 * _cli_start_seconds() + scaled(0.5))
-    assert first_after < bound, f"the first line came after {first_after:.2f} s (bound {bound:.2f} s)"
+    assert first_after < bound, (
+        f"the first line came after {first_after:.2f} s (bound {bound:.2f} s)"
+    )
     retries = [line for line in rest.splitlines() if "unreachable" in line and "retry" in line]
     assert len(retries) == 2 and "retry 1 in 1.0 s" in retries[0]
     # the second delay doubles to 2 s, clipped to what is left of --wait 3 (less by the time the
@@ -57,7 +74,9 @@ def test_no_broker_says_so_within_a_second_retries_and_exits_4_after_wait():
 
 
 def test_a_bad_broker_url_is_a_configuration_error():
-    result = run_edgefl("train", "--broker", "http://x", "--device-id", "pi-1", "--data", "synthetic", "--wait", "1")
+    result = run_edgefl(
+        "train", "--broker", "http://x", "--device-id", "pi-1", "--data", "synthetic", "--wait", "1"
+    )
     assert result.returncode == 3 and "scheme must be mqtt" in result.stderr
 
 
@@ -76,7 +95,8 @@ def test_settings_precedence_is_options_then_environment_then_file(tmp_path):
     config = tmp_path / "device.toml"
     config.write_text(
         '[device]\nbroker = "mqtt://from-file:1883"\nfleet = "file-fleet"\ndevice_id = "file-id"\n'
-        f'data = "synthetic"\nusername = "file-user"\npassword_file = "{tmp_path / "pw"}"\nwait = 30\n'
+        f'data = "synthetic"\nusername = "file-user"\npassword_file = "{tmp_path / "pw"}"\nwait = '
+        "30\n"
     )
     result = run_edgefl(
         "train", "--config", str(config), "--device-id", "option-id", "--print-config",
