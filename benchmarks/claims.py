@@ -1,13 +1,13 @@
 """Claims and their verdicts (../shared/specs/BENCHMARKS.md, "Seeds, margins, claims").
 
-A :class:`Claim` is ``"a OP b"`` in one setting on one metric, paired by seed; :func:`evaluate_claim`
-gives its verdict in one vocabulary: **reproduced** (mean beyond 2 sd, every seed agreeing), **not
-reproduced** (with the measured numbers), **reversed** (significantly the other way), **not
-comparable** (with the reason: too few seeds, not converged — the last-quarter slope of a method's
-mean curve over the seeds at or above :data:`SLOPE_LIMIT` points per 10 % of rounds —, collapsed
-runs, failed gates). Non-inferiority rows ("not worse than": mean above −1 sd) are their own kind
-and never count as a paper's claim. A :class:`Sweep` picks an open default on a validation split
-(:func:`evaluate_sweep`).
+A :class:`Claim` is ``"a OP b"`` in one setting on one metric, paired by seed;
+:func:`evaluate_claim` gives its verdict in one vocabulary: **reproduced** (mean beyond 2 sd, every
+seed agreeing), **not reproduced** (with the measured numbers), **reversed** (significantly the
+other way), **not comparable** (with the reason: too few seeds, not converged — the last-quarter
+slope of a method's mean curve over the seeds at or above :data:`SLOPE_LIMIT` points per 10 % of
+rounds —, collapsed runs, failed gates). Non-inferiority rows ("not worse than": mean above −1 sd)
+are their own kind and never count as a paper's claim. A :class:`Sweep` picks an open default on a
+validation split (:func:`evaluate_sweep`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,14 @@ SLOPE_LIMIT = 0.5
 #: method against Local and FedAvg, a row the paper implies; "not worse": a non-inferiority row;
 #: "construction": true by construction (shown, nothing to reproduce); "diagnostic": a measured
 #: explanation.
-KINDS = {"paper": "the paper's claim", "control": "control (counted as a claim)", "implied": "implied by the paper",
-         "not worse": "not worse than", "construction": "true by construction", "diagnostic": "diagnostic"}
+KINDS = {
+    "paper": "the paper's claim",
+    "control": "control (counted as a claim)",
+    "implied": "implied by the paper",
+    "not worse": "not worse than",
+    "construction": "true by construction",
+    "diagnostic": "diagnostic",
+}
 COUNTED = ("paper", "control")
 VERDICTS = ("reproduced", "not reproduced", "reversed", "not comparable")
 
@@ -45,9 +51,11 @@ class Claim:
     metric_a: str | None = None
     metric_b: str | None = None
     note: str = ""
-    #: one of :data:`KINDS`; "paper", "control" and "implied" are strict (> or <), "not worse" weak (≥ or ≤)
+    #: one of :data:`KINDS`; "paper", "control" and "implied" are strict (> or <), "not worse" weak
+    #: (≥ or ≤)
     kind: str = "paper"
-    #: the paper's own number for the claim (its table, dataset and setting), shown beside the verdict
+    #: the paper's own number for the claim (its table, dataset and setting), shown beside the
+    #: verdict
     paper: str = ""
     #: the earlier spelling of kind="diagnostic" (kept for declarations written before the kinds)
     diagnostic: bool = False
@@ -69,7 +77,9 @@ class Claim:
             a, sep, b = self.statement.partition(f" {op} ")
             if sep:
                 return a.strip(), {">=": "≥", "<=": "≤"}.get(op, op), b.strip()
-        raise ValueError(f"claim {self.id}: cannot parse {self.statement!r} (use 'a > b', 'a ≥ b', …)")
+        raise ValueError(
+            f"claim {self.id}: cannot parse {self.statement!r} (use 'a > b', 'a ≥ b', …)"
+        )
 
 
 @dataclass(frozen=True)
@@ -89,8 +99,10 @@ class Sweep:
 
     def __post_init__(self):
         if self.default is not None and self.default not in self.grid:
-            raise ValueError(f"sweep {self.parameter}: the default {self.default!r} is not in the grid {list(self.grid)}")
-
+            raise ValueError(
+                f"sweep {self.parameter}: the default {self.default!r} is not in the grid "
+                f"{list(self.grid)}"
+            )
 
 
 class MetricMissing(KeyError):
@@ -98,7 +110,8 @@ class MetricMissing(KeyError):
 
 
 def metric_value(record: Mapping[str, Any], path: str) -> float:
-    """``record``'s metric at a dotted ``path`` (``per_tier.1``), or the difference ``"a - b"`` of two."""
+    """``record``'s metric at a dotted ``path`` (``per_tier.1``), or the difference ``"a - b"`` of
+    two."""
     if " - " in path:
         a, b = path.split(" - ", 1)
         return metric_value(record, a) - metric_value(record, b)
@@ -109,23 +122,46 @@ def metric_value(record: Mapping[str, Any], path: str) -> float:
             break
         value = value[part]
     if value is None:
-        raise MetricMissing(f"run {record.get('method')}/{record.get('setting')}/s{record.get('seed')} has no metric {path!r}")
+        raise MetricMissing(
+            f"run {record.get('method')}/{record.get('setting')}/s{record.get('seed')} has no "
+            f"metric {path!r}"
+        )
     return float(value)
 
 
-def paired_difference(runs: Iterable[Mapping[str, Any]], a: str, b: str, setting: str, *, method: str,
-                      as_setting: str | None = None) -> list[dict[str, Any]]:
+def paired_difference(
+    runs: Iterable[Mapping[str, Any]],
+    a: str,
+    b: str,
+    setting: str,
+    *,
+    method: str,
+    as_setting: str | None = None,
+) -> list[dict[str, Any]]:
     """Derived runs ``a − b`` in ``setting``, paired by seed: every numeric top-level metric and
-    every tier of ``per_tier`` differenced, labelled ``method`` in ``as_setting``; their slope is the
-    larger of the pair's, so a claim on a difference is read only where both runs converged."""
-    by = {(r["method"], r["seed"]): r for r in runs if r["setting"] == setting and r.get("role", "grid") == "grid"}
+    every tier of ``per_tier`` differenced, labelled ``method`` in ``as_setting``; their slope is
+    the larger of the pair's, so a claim on a difference is read only where both runs converged."""
+    by = {
+        (r["method"], r["seed"]): r
+        for r in runs
+        if r["setting"] == setting and r.get("role", "grid") == "grid"
+    }
     out = []
     for seed in sorted({s for (m, s) in by if m == a} & {s for (m, s) in by if m == b}):
         ra, rb = by[(a, seed)], by[(b, seed)]
-        record: dict[str, Any] = {"method": method, "setting": as_setting or setting, "seed": seed, "role": "grid",
-                                  "derived_from": [a, b, setting]}
+        record: dict[str, Any] = {
+            "method": method,
+            "setting": as_setting or setting,
+            "seed": seed,
+            "role": "grid",
+            "derived_from": [a, b, setting],
+        }
         for k, v in ra.items():
-            if k in ("seed", "wall_seconds", "slope") or isinstance(v, bool) or not isinstance(v, (int, float)):
+            if (
+                k in ("seed", "wall_seconds", "slope")
+                or isinstance(v, bool)
+                or not isinstance(v, (int, float))
+            ):
                 continue
             if isinstance(rb.get(k), (int, float)) and not isinstance(rb.get(k), bool):
                 record[k] = v - rb[k]
@@ -156,8 +192,13 @@ def statistic(op: str, diffs: Sequence[float]) -> tuple[str, float, float]:
     return "not reproduced", mean, sd
 
 
-def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]], *, collapsed: Mapping[str, Sequence[str]] | None = None,
-                   gate_failures: Sequence[str] = ()) -> dict[str, Any]:
+def evaluate_claim(
+    claim: Claim,
+    runs: Iterable[Mapping[str, Any]],
+    *,
+    collapsed: Mapping[str, Sequence[str]] | None = None,
+    gate_failures: Sequence[str] = (),
+) -> dict[str, Any]:
     """A claim's verdict (:data:`VERDICTS`; "not worse" / "worse" for a "not worse" row) with its
     ``reason``: the measured numbers where it is not reproduced, why where it is not comparable
     (no runs, a metric missing, fewer than 3 seeds, not converged, collapsed runs — ``collapsed``
@@ -166,23 +207,57 @@ def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]], *, collapsed
     a, op, b = claim.parse()
     metric_a, metric_b = claim.metric_a or claim.metric, claim.metric_b or claim.metric
     runs = list(runs)
-    by = {(r["method"], r["setting"], r["seed"]): r for r in runs if r.get("role", "grid") == "grid"}
-    seeds = sorted({s for (m, st, s) in by if m == a and st == claim.setting} & {s for (m, st, s) in by if m == b and st == claim.setting})
-    out = {
-        "id": claim.id, "statement": claim.statement, "a": a, "b": b, "op": op, "setting": claim.setting,
-        "metric": claim.metric, "metric_a": metric_a, "metric_b": metric_b, "seeds": seeds, "note": claim.note,
-        "kind": claim.kind, "paper": claim.paper,
+    by = {
+        (r["method"], r["setting"], r["seed"]): r for r in runs if r.get("role", "grid") == "grid"
     }
-    empty = {"mean_diff": None, "sd": None, "signs": [], "converged": False, "holds": False, "statistic": None}
+    seeds = sorted(
+        {s for (m, st, s) in by if m == a and st == claim.setting}
+        & {s for (m, st, s) in by if m == b and st == claim.setting}
+    )
+    out = {
+        "id": claim.id,
+        "statement": claim.statement,
+        "a": a,
+        "b": b,
+        "op": op,
+        "setting": claim.setting,
+        "metric": claim.metric,
+        "metric_a": metric_a,
+        "metric_b": metric_b,
+        "seeds": seeds,
+        "note": claim.note,
+        "kind": claim.kind,
+        "paper": claim.paper,
+    }
+    empty = {
+        "mean_diff": None,
+        "sd": None,
+        "signs": [],
+        "converged": False,
+        "holds": False,
+        "statistic": None,
+    }
     if not seeds:
         return {**out, **empty, "verdict": "not comparable", "reason": "no runs"}
     try:
-        diffs = [metric_value(by[(a, claim.setting, s)], metric_a) - metric_value(by[(b, claim.setting, s)], metric_b) for s in seeds]
+        diffs = [
+            metric_value(by[(a, claim.setting, s)], metric_a)
+            - metric_value(by[(b, claim.setting, s)], metric_b)
+            for s in seeds
+        ]
     except MetricMissing as e:
-        return {**out, **empty, "verdict": "not comparable", "reason": f"metric missing: {e.args[0]}", "missing": str(e.args[0])}
+        return {
+            **out,
+            **empty,
+            "verdict": "not comparable",
+            "reason": f"metric missing: {e.args[0]}",
+            "missing": str(e.args[0]),
+        }
     stat, mean, sd = statistic(op, diffs)
     signs = [int(math.copysign(1, d)) if d != 0 else 0 for d in diffs]
-    per_method = {m: [by[(m, claim.setting, s)].get("slope") for s in seeds] for m in dict.fromkeys((a, b))}
+    per_method = {
+        m: [by[(m, claim.setting, s)].get("slope") for s in seeds] for m in dict.fromkeys((a, b))
+    }
     slopes = [x for xs in per_method.values() for x in xs]
     # A method's slope is that of its mean curve over the seeds (the mean of the runs' slopes): the
     # protocol reads a claim where every compared *method* has flattened. One run's least-squares
@@ -196,7 +271,11 @@ def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]], *, collapsed
     for s in seeds:
         for m in dict.fromkeys((a, b)):
             r = by[(m, claim.setting, s)]
-            sources = [(x, r["derived_from"][2]) for x in r["derived_from"][:2]] if r.get("derived_from") else [(m, claim.setting)]
+            sources = (
+                [(x, r["derived_from"][2]) for x in r["derived_from"][:2]]
+                if r.get("derived_from")
+                else [(m, claim.setting)]
+            )
             for src_m, src_s in sources:
                 why = (collapsed or {}).get(f"{src_m}|{src_s}|{s}")
                 if why:
@@ -204,8 +283,12 @@ def evaluate_claim(claim: Claim, runs: Iterable[Mapping[str, Any]], *, collapsed
     fallen = list(dict.fromkeys(fallen))
     scale = metric_scale(metric_a)
     unit = " points" if scale == 100 else ""
-    measured = (f"{scale * mean:+.2f} ± {scale * sd:.2f}{unit} (mean ± sd of {len(diffs)} paired differences), "
-                f"{sum(1 for x in signs if x == (1 if op in ('>', '≥') else -1))} of {len(signs)} seeds the claimed way")
+    measured = (
+        f"{scale * mean:+.2f} ± {scale * sd:.2f}{unit} (mean ± sd of {len(diffs)} paired "
+        "differences), "
+        f"{sum(1 for x in signs if x == (1 if op in ('>', '≥') else -1))} of {len(signs)} seeds "
+        "the claimed way"
+    )
     why = []  # every reason the runs cannot answer, most basic first
     if gate_failures:
         why.append("the benchmark fails its sanity gates: " + "; ".join(gate_failures))
@@ -241,7 +324,12 @@ def evaluate_sweep(sweep: Sweep, records: Mapping[Cell, Mapping[str, Any]]) -> d
         sds.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
     best = None if missing else sweep.grid[max(range(len(means)), key=lambda i: means[i])]
     chosen, kept = best, False
-    if best is not None and sweep.default is not None and sweep.default in sweep.grid and best != sweep.default:
+    if (
+        best is not None
+        and sweep.default is not None
+        and sweep.default in sweep.grid
+        and best != sweep.default
+    ):
         b, d = sweep.grid.index(best), sweep.grid.index(sweep.default)
         if means[b] - means[d] <= max(sds[b], sds[d]):
             chosen, kept = sweep.default, True
@@ -264,5 +352,6 @@ def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
 
 def metric_scale(metric: str) -> int:
     """Accuracies (fractions) are shown in points; other metrics (bytes, seconds) as they are."""
-    return 100 if "accuracy" in metric or metric.startswith("per_tier") or "agreement" in metric else 1
-
+    return (
+        100 if "accuracy" in metric or metric.startswith("per_tier") or "agreement" in metric else 1
+    )

@@ -12,9 +12,18 @@ from typing import Any
 from benchmarks.claims import mean_sd
 
 
-def band_panel(ax, runs: Sequence[Mapping[str, Any]], value: Callable[[Mapping[str, Any]], float | None],
-               bounds: Mapping[str, float | None], title: str, ylabel: str, *, lw: float = 1.4, fontsize: int = 10,
-               legend_size: int = 7) -> None:
+def band_panel(
+    ax,
+    runs: Sequence[Mapping[str, Any]],
+    value: Callable[[Mapping[str, Any]], float | None],
+    bounds: Mapping[str, float | None],
+    title: str,
+    ylabel: str,
+    *,
+    lw: float = 1.4,
+    fontsize: int = 10,
+    legend_size: int = 7,
+) -> None:
     """One panel of curves per round: each method's mean over its runs (``value`` of a per-round
     entry, a fraction) with a band of ± 1 sd, and each bound as a dashed line; in %, 0 to 100."""
     import numpy as np
@@ -22,8 +31,16 @@ def band_panel(ax, runs: Sequence[Mapping[str, Any]], value: Callable[[Mapping[s
     for method in dict.fromkeys(r["method"] for r in runs):
         mr = [r for r in runs if r["method"] == method]
         xs = sorted({p["round"] for r in mr for p in r["per_round"] if value(p) is not None})
-        curves = [[next((value(p) for p in r["per_round"] if p["round"] == x and value(p) is not None), np.nan)
-                   for x in xs] for r in mr]
+        curves = [
+            [
+                next(
+                    (value(p) for p in r["per_round"] if p["round"] == x and value(p) is not None),
+                    np.nan,
+                )
+                for x in xs
+            ]
+            for r in mr
+        ]
         arr = 100 * np.array(curves, dtype=float)
         m, s = np.nanmean(arr, 0), np.nanstd(arr, 0)
         (line,) = ax.plot(xs, m, label=f"{method} (n={len(mr)})", lw=lw)
@@ -31,7 +48,9 @@ def band_panel(ax, runs: Sequence[Mapping[str, Any]], value: Callable[[Mapping[s
     for name, bound in bounds.items():
         if bound is not None and not (isinstance(bound, float) and math.isnan(bound)):
             ax.axhline(100 * bound, ls="--", lw=0.9, color="grey")
-            ax.text(ax.get_xlim()[0], 100 * bound, f" {name}", fontsize=7, va="bottom", color="grey")
+            ax.text(
+                ax.get_xlim()[0], 100 * bound, f" {name}", fontsize=7, va="bottom", color="grey"
+            )
     ax.set_title(title, fontsize=fontsize)
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)
@@ -70,7 +89,9 @@ def plot_results(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
         rs = [r for r in runs if r["setting"] == setting]
         for method in dict.fromkeys(r["method"] for r in rs):
             mr = [r for r in rs if r["method"] == method]
-            b = statistics.fmean(r["bytes_up_per_device_round"] + r["bytes_down_per_device_round"] for r in mr)
+            b = statistics.fmean(
+                r["bytes_up_per_device_round"] + r["bytes_down_per_device_round"] for r in mr
+            )
             a, s = mean_sd([r["final_accuracy"] for r in mr])
             ax.errorbar([max(b, 1)], [100 * a], yerr=[100 * s], fmt="o", capsize=3, label=method)
         ax.set_xscale("log")

@@ -31,32 +31,40 @@ PRE_PROVENANCE = "code hash unknown (pre-provenance)"
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
     return done.stdout.strip()
 
 
 def module_files(record_extras: str | None) -> list[Path]:
-    """The source file of the module a cell's ``record_extras`` hook lives in (none without a hook)."""
+    """The source file of the module a cell's ``record_extras`` hook lives in (none without a
+    hook)."""
     if not record_extras:
         return []
     spec = importlib.util.find_spec(record_extras.partition(":")[0])
     if spec is None:
         raise ValueError(f"record_extras {record_extras!r}: module not found")
-    return [] if spec.origin is None else [Path(spec.origin).resolve()]  # a namespace package has no file
+    # a namespace package has no file
+    return [] if spec.origin is None else [Path(spec.origin).resolve()]
 
 
 def code_files(record_extras: str | None = None) -> list[Path]:
     """Every file the code hash covers: the ``edgefl`` package's sources and the hook's module."""
-    files = sorted(p for p in PACKAGE.rglob("*") if p.is_file() and p.suffix in (".py", ".json", ".toml")
-                   and "__pycache__" not in p.parts)
+    files = sorted(
+        p
+        for p in PACKAGE.rglob("*")
+        if p.is_file() and p.suffix in (".py", ".json", ".toml") and "__pycache__" not in p.parts
+    )
     return files + module_files(record_extras)
 
 
 @cache
 def code_hash(record_extras: str | None = None) -> str:
-    """sha256 (16 hex digits) over the covered files' paths (relative to the repository) and bytes."""
+    """sha256 (16 hex digits) over the covered files' paths (relative to the repository) and
+    bytes."""
     h = hashlib.sha256()
     for path in code_files(record_extras):
         rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
@@ -71,7 +79,9 @@ def code_version(record_extras: str | None = None) -> str:
     head = _git("rev-parse", "--short", "HEAD")
     if head is None:
         return "unknown"
-    paths = ["edgefl"] + [str(p.relative_to(ROOT)) for p in module_files(record_extras) if p.is_relative_to(ROOT)]
+    paths = ["edgefl"] + [
+        str(p.relative_to(ROOT)) for p in module_files(record_extras) if p.is_relative_to(ROOT)
+    ]
     status = _git("status", "--porcelain", "--untracked-files=all", "--", *paths) or ""
     dirty = [line for line in status.splitlines() if line[3:].endswith((".py", ".json", ".toml"))
              and "__pycache__" not in line]
@@ -84,7 +94,8 @@ def is_dirty(version: str) -> bool:
 
 @cache
 def contains(commit: str, ancestor: str) -> bool | None:
-    """Whether ``commit`` (``+dirty`` ignored) descends from ``ancestor``; None when git cannot tell."""
+    """Whether ``commit`` (``+dirty`` ignored) descends from ``ancestor``; None when git cannot
+    tell."""
     commit = commit.removesuffix("+dirty")
     done = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", ancestor, commit],
                           capture_output=True, text=True)

@@ -27,15 +27,24 @@ def group_labels(run: Path) -> dict[str, dict]:
     groups: dict[str, np.ndarray] = {}
     for tier, counts in device_class_counts(json.loads((run / "config.json").read_text())).values():
         groups[tier] = groups.get(tier, 0) + np.asarray(counts)
-    return {t: {"class_counts": c.tolist(), "rare_classes": int((c / c.sum() < 0.02).sum())} for t, c in groups.items()}
+    return {
+        t: {"class_counts": c.tolist(), "rare_classes": int((c / c.sum() < 0.02).sum())}
+        for t, c in groups.items()
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--run", type=Path, default=ROOT / "runs" / "demo")
-    p.add_argument("--seconds", type=float, required=True, help="wall time of the whole `make demo`")
+    p.add_argument(
+        "--seconds", type=float, required=True, help="wall time of the whole `make demo`"
+    )
     p.add_argument("--load-before", default="", help="load average before the run (1/5/15 min)")
-    p.add_argument("--machine-note", default="", help="what is known of this machine's speed (a measured comparison)")
+    p.add_argument(
+        "--machine-note",
+        default="",
+        help="what is known of this machine's speed (a measured comparison)",
+    )
     args = p.parse_args()
     summary = json.loads((args.run / "summary.json").read_text())
     local = summary.get("local_reference") or {}
@@ -48,7 +57,9 @@ def main() -> None:
         "machine_note": args.machine_note,
         "mean_accuracy": summary["mean_accuracy"],
         "local_mean_accuracy": local.get("mean_accuracy"),
-        "gain_points": None if not local else 100 * (summary["mean_accuracy"] - local["mean_accuracy"]),
+        "gain_points": None
+        if not local
+        else 100 * (summary["mean_accuracy"] - local["mean_accuracy"]),
         "tier_accuracy": summary["tier_accuracy"],
         "local_tier_accuracy": local.get("tier_accuracy"),
         "rounds": summary["rounds"],
@@ -62,49 +73,74 @@ def main() -> None:
     felo_velo = json.loads((HERE.parent / "felo_velo" / "results.json").read_text())
     iid = f"{100 * felo_velo['bounds']['local_iid']:.1f} %"
     tiers = "\n".join(
-        f"| {t} | {100 * a:.2f} | {100 * local['tier_accuracy'][t]:.2f} | {100 * (a - local['tier_accuracy'][t]):+.2f} | "
+        f"| {t} | {100 * a:.2f} | {100 * local['tier_accuracy'][t]:.2f} | "
+        f"{100 * (a - local['tier_accuracy'][t]):+.2f} | "
         f"{groups[t]['rare_classes']} | {', '.join(map(str, groups[t]['class_counts']))} |"
-        for t, a in summary["tier_accuracy"].items() if local and t in local["tier_accuracy"]
+        for t, a in summary["tier_accuracy"].items()
+        if local and t in local["tier_accuracy"]
     )
-    rounds = [json.loads(line) for line in (args.run / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    rounds = [
+        json.loads(line)
+        for line in (args.run / "rounds.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     collect = sum(r.get("collect_seconds", 0) for r in rounds)
     server = sum(r.get("aggregate_seconds", 0) for r in rounds)
     total = sum(r.get("round_seconds", 0) for r in rounds)
-    results["round_seconds"] = {"rounds": round(total, 1), "devices_phase": round(collect, 1), "server_step": round(server, 1)}
-    timing = (f"{total:.0f} s in rounds, of which {collect:.0f} s waiting for the devices' replies (training, and the "
-              f"first round's start of the device processes) and {server:.0f} s in the server's step (the CVAE every second "
-              f"round); the rest of the {args.seconds:.0f} s is the start-up, the evaluation, the Local reference from the cache, the "
-              "export with int8 and ONNX Runtime's evaluation")
+    results["round_seconds"] = {
+        "rounds": round(total, 1),
+        "devices_phase": round(collect, 1),
+        "server_step": round(server, 1),
+    }
+    timing = (
+        f"{total:.0f} s in rounds, of which {collect:.0f} s waiting for the devices' replies "
+        "(training, and the "
+        f"first round's start of the device processes) and {server:.0f} s in the server's step "
+        "(the CVAE every second "
+        f"round); the rest of the {args.seconds:.0f} s is the start-up, the evaluation, the Local "
+        "reference from the cache, the "
+        "export with int8 and ONNX Runtime's evaluation"
+    )
     m = results["machine_after"]
     cfg = json.loads((args.run / "config.json").read_text())
     decay = ", ".join(str(r + 1) for r in cfg.get("lr_decay_rounds") or ()) or "never"
     options = ", ".join(f"{k}={v}" for k, v in (cfg.get("options") or {}).items()) or "none"
     text = f"""# `make demo`: measured
 
-Velo over MQTT (embedded broker, {results['devices']} device processes, ResNet10/14/18/22/26 at width {cfg['width']:g},
-{results['devices'] // 5} devices per depth), real Fashion-MNIST ({cfg['train_samples']:,} training images), Dir({cfg['alpha']:g}),
-{results['rounds']} rounds of {cfg['epochs']} local epochs with Adam at lr {cfg['lr']:g} (batch {cfg['batch_size']}), ×0.1 from
+Velo over MQTT (embedded broker, {results['devices']} device processes, ResNet10/14/18/22/26 at \
+width {cfg['width']:g},
+{results['devices'] // 5} devices per depth), real Fashion-MNIST ({cfg['train_samples']:,} \
+training images), Dir({cfg['alpha']:g}),
+{results['rounds']} rounds of {cfg['epochs']} local epochs with Adam at lr {cfg['lr']:g} (batch \
+{cfg['batch_size']}), ×0.1 from
 round {decay}, options {options} (the CVAE trained every second round): the budget chosen on a
 validation split over four seeds ([tune/](tune/results.md));
-then ONNX export with int8 and ONNX Runtime evaluation. Written by `python -m benchmarks.demo.record`
+then ONNX export with int8 and ONNX Runtime evaluation. Written by `python -m \
+benchmarks.demo.record`
 from `runs/demo`.
 
 - mean device accuracy on 2,000 test images: **{100 * results['mean_accuracy']:.2f} %**
-- Local (the same devices without federation): {100 * (results['local_mean_accuracy'] or float('nan')):.2f} %
+- Local (the same devices without federation): \
+{100 * (results['local_mean_accuracy'] or float('nan')):.2f} %
   → the federation adds **{results['gain_points']:+.2f} points**
 - whole `make demo` (training, Local reference from the cache, export, int8, ONNX Runtime):
-  **{args.seconds:.0f} s** on {m['cores']} cores; load average before {args.load_before or '?'}, after {m['loadavg_1_5_15']}
+  **{args.seconds:.0f} s** on {m['cores']} cores; load average before {args.load_before or '?'}, \
+after {m['loadavg_1_5_15']}
 - failed devices per round: {results['failed_per_round']}
 - code: `{results['code']}`
-- issue 14's targets: whole demo within 4 minutes: **{'met' if args.seconds <= 240 else 'not met'}**; mean accuracy
-  of at least 70 %: **{'met' if results['mean_accuracy'] >= 0.70 else 'not met'}**; at least 5 points over Local:
+- issue 14's targets: whole demo within 4 minutes: \
+**{'met' if args.seconds <= 240 else 'not met'}**; mean accuracy
+  of at least 70 %: **{'met' if results['mean_accuracy'] >= 0.70 else 'not met'}**; at least 5 \
+points over Local:
   **{'met' if (results['gain_points'] or 0) >= 5 else 'not met'}**
 {f"{chr(10)}The machine: {args.machine_note}{chr(10)}" if args.machine_note else ""}
-| tier | Velo (%) | Local (%) | gain (points) | classes under 2 % of the tier's images | the tier's images per class (0–9) |
+| tier | Velo (%) | Local (%) | gain (points) | classes under 2 % of the tier's images | the \
+tier's images per class (0–9) |
 |---|---|---|---|---|---|
 {tiers}
 
-The weights of one depth are averaged over its {results['devices'] // 5} devices, so each tier's model learns from the
+The weights of one depth are averaged over its {results['devices'] // 5} devices, so each tier's \
+model learns from the
 union of their data. Under Dir(0.5) that union still lacks some classes (the last two columns,
 rebuilt from the run's partition); Felo/Velo's knowledge regularises each device on its own labels
 and does not teach a class its depth group has almost no images of, so the tiers whose groups miss

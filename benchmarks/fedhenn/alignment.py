@@ -45,20 +45,38 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     todo = cells()
-    records = run_cells(todo, Cache(HERE / "alignment" / "cells", record_extras="benchmarks.fedhenn:extras"),
-                        workers=args.workers, keep_server_metrics=("cka_mean", "cka_before_mean"))
-    lines = ["# FedHeNN: does the alignment term move the representations?", "",
-             __doc__.split("\n\n")[2].replace("\n", " "), "",
-             "CKA: mean over the second half of the rounds (each round: mean over its devices). Accuracies on the "
-             "validation split: `local` the paper's metric (each device's classes), `global` all classes.", "",
-             "| setting | η₀ | CKA before training | CKA after training | local acc % | global acc % |",
-             "|---|---|---|---|---|---|"]
+    records = run_cells(
+        todo,
+        Cache(HERE / "alignment" / "cells", record_extras="benchmarks.fedhenn:extras"),
+        workers=args.workers,
+        keep_server_metrics=("cka_mean", "cka_before_mean"),
+    )
+    lines = [
+        "# FedHeNN: does the alignment term move the representations?",
+        "",
+        __doc__.split("\n\n")[2].replace("\n", " "),
+        "",
+        "CKA: mean over the second half of the rounds (each round: mean over its devices). "
+        "Accuracies on the "
+        "validation split: `local` the paper's metric (each device's classes), `global` all "
+        "classes.",
+        "",
+        "| setting | η₀ | CKA before training | CKA after training | local acc % | global acc % |",
+        "|---|---|---|---|---|---|",
+    ]
     for cell, r in zip(todo, records, strict=True):
-        half = [p["server"] for p in r["per_round"][len(r["per_round"]) // 2:] if "cka_mean" in p.get("server", {})]
+        half = [
+            p["server"]
+            for p in r["per_round"][len(r["per_round"]) // 2 :]
+            if "cka_mean" in p.get("server", {})
+        ]
         before = statistics.fmean(h["cka_before_mean"] for h in half) if half else float("nan")
         after = statistics.fmean(h["cka_mean"] for h in half) if half else float("nan")
-        lines.append(f"| {cell.setting.removeprefix('alignment-')} | {cell.method.removeprefix('eta0=')} | {before:.3f} | "
-                     f"{after:.3f} | {100 * r['local_accuracy']:.2f} | {100 * r['final_accuracy']:.2f} |")
+        lines.append(
+            f"| {cell.setting.removeprefix('alignment-')} | {cell.method.removeprefix('eta0=')} | "
+            f"{before:.3f} | "
+            f"{after:.3f} | {100 * r['local_accuracy']:.2f} | {100 * r['final_accuracy']:.2f} |"
+        )
     (HERE / "alignment.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
-#: relative to the repository root, where benchmarks run: the cells' cache keys stay the same on every clone
+#: relative to the repository root, where benchmarks run: the cells' cache keys stay the same on
+#: every clone
 PATH = "benchmarks/fedvtc/oracle.safetensors"
 MODEL = {"family": "cnn", "tier": "5", "width": 0.5}
 EPOCHS, LR, BATCH, SEED = 3, 1e-3, 64, 0
@@ -38,11 +39,16 @@ def train(path: Path) -> dict:
     from edgefl.models.files import save_model_file
 
     info = dataset_info("fashion-mnist")
-    spec = ModelSpec(MODEL["family"], MODEL["tier"], info.num_classes, info.in_shape, width=MODEL["width"])
+    spec = ModelSpec(
+        MODEL["family"], MODEL["tier"], info.num_classes, info.in_shape, width=MODEL["width"]
+    )
     torch.manual_seed(SEED)
     model = build_model(spec)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
-    train_set, test_set = load_dataset("fashion-mnist", "train"), load_dataset("fashion-mnist", "test")
+    train_set, test_set = (
+        load_dataset("fashion-mnist", "train"),
+        load_dataset("fashion-mnist", "test"),
+    )
     rng = np.random.default_rng(SEED)
     start = time.perf_counter()
     for epoch in range(EPOCHS):
@@ -54,10 +60,19 @@ def train(path: Path) -> dict:
         print(f"oracle: epoch {epoch + 1}/{EPOCHS} done ({time.perf_counter() - start:.0f} s)")
     model.eval()
     with torch.no_grad():
-        correct = sum(int((model(x).argmax(1) == y).sum()) for x, y in test_set.batches(1000, shuffle=False))
-    record = {"model": MODEL, "epochs": EPOCHS, "optimizer": f"adam lr {LR}", "batch_size": BATCH, "seed": SEED,
-              "train_images": len(train_set), "test_accuracy": correct / len(test_set),
-              "seconds": round(time.perf_counter() - start, 1)}
+        correct = sum(
+            int((model(x).argmax(1) == y).sum()) for x, y in test_set.batches(1000, shuffle=False)
+        )
+    record = {
+        "model": MODEL,
+        "epochs": EPOCHS,
+        "optimizer": f"adam lr {LR}",
+        "batch_size": BATCH,
+        "seed": SEED,
+        "train_images": len(train_set),
+        "test_accuracy": correct / len(test_set),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     save_model_file(model, path, dataset="fashion-mnist")
     path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"oracle: {100 * record['test_accuracy']:.2f} % on the test set → {path}")

@@ -60,10 +60,16 @@ RENAMED = {t: f"{t}; T=5" for t in TRAINING}
 
 def config(name: str, seed: int) -> dict:
     cand = CANDIDATES[name]
-    return {**QUICK, "train_samples": QUICK["train_samples"] + VALIDATION, "validation_samples": VALIDATION,
-            "eval_samples": VALIDATION, "seed": seed, "threads": 1,
-            **{k: v for k, v in cand.items() if k != "options"},
-            "options": {"oracle": "benchmarks/fedvtc/oracle.safetensors", **cand.get("options", {})}}
+    return {
+        **QUICK,
+        "train_samples": QUICK["train_samples"] + VALIDATION,
+        "validation_samples": VALIDATION,
+        "eval_samples": VALIDATION,
+        "seed": seed,
+        "threads": 1,
+        **{k: v for k, v in cand.items() if k != "options"},
+        "options": {"oracle": "benchmarks/fedvtc/oracle.safetensors", **cand.get("options", {})},
+    }
 
 
 def run_one(name: str, seed: int) -> dict:
@@ -75,21 +81,38 @@ def run_one(name: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="edgefl-quick-") as tmp:
         explicit = {**explicit, "out_dir": tmp, "run_name": "run"}
         cfg = resolve_config(explicit, dict(get_algorithm("fedvtc").defaults))
-        load0, cpu0, t0 = os.getloadavg(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        load0, cpu0, t0 = (
+            os.getloadavg(),
+            resource.getrusage(resource.RUSAGE_SELF),
+            time.perf_counter(),
+        )
         summary = simulate(cfg, plots=False)
         wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
-        rounds = [json.loads(line) for line in (Path(tmp) / "run" / "rounds.jsonl").read_text().splitlines()]
+        rounds = [
+            json.loads(line)
+            for line in (Path(tmp) / "run" / "rounds.jsonl").read_text().splitlines()
+        ]
     last = next(r for r in rounds if r["round"] == cfg.rounds)  # the last training round (from 1)
-    server = next((r.get("server") or {} for r in rounds if r["round"] == cfg.rounds + 1), {})  # the closing round
+    # the closing round
+    server = next((r.get("server") or {} for r in rounds if r["round"] == cfg.rounds + 1), {})
     return {
-        "candidate": name, "seed": seed, "settings": CANDIDATES[name],
-        "after": summary["mean_accuracy"], "before": last["eval"]["mean_accuracy"],
-        "device_after": summary["client_accuracy"], "device_before": last["eval"]["client_accuracy"],
-        "trained": {d: sum(d in r.get("completed", []) for r in rounds if r.get("phase") == "train")
-                    for d in summary["client_accuracy"]},
-        "oracle_agreement": server.get("oracle_agreement"), "device_agreement": server.get("device_agreement"),
-        "wall_s": wall, "cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
-        "load_start": load0, "load_end": os.getloadavg(),
+        "candidate": name,
+        "seed": seed,
+        "settings": CANDIDATES[name],
+        "after": summary["mean_accuracy"],
+        "before": last["eval"]["mean_accuracy"],
+        "device_after": summary["client_accuracy"],
+        "device_before": last["eval"]["client_accuracy"],
+        "trained": {
+            d: sum(d in r.get("completed", []) for r in rounds if r.get("phase") == "train")
+            for d in summary["client_accuracy"]
+        },
+        "oracle_agreement": server.get("oracle_agreement"),
+        "device_agreement": server.get("device_agreement"),
+        "wall_s": wall,
+        "cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
+        "load_start": load0,
+        "load_end": os.getloadavg(),
     }
 
 
@@ -109,47 +132,87 @@ def report(runs: list[dict]) -> str:
         xs = [x for x in xs if x is not None]
         if not xs:
             return "—"
-        return f"{100 * statistics.fmean(xs):.2f}" + (f" ± {100 * statistics.stdev(xs):.2f}" if len(xs) > 1 else "")
+        return f"{100 * statistics.fmean(xs):.2f}" + (
+            f" ± {100 * statistics.stdev(xs):.2f}" if len(xs) > 1 else ""
+        )
 
-    lines = ["# FedVTC quick-command defaults (issue 17), chosen on a validation split", "",
-             f"Configuration: `edgefl simulate --algorithm fedvtc --clients 4 --rounds 3 --train-samples 3000` with "
-             f"{VALIDATION} more training images carved out as a stratified validation set (devices keep 750 images "
-             f"each; the test set is never read), one torch thread. Seeds {list(SEEDS)}. Accuracy: mean over devices "
-             "on the validation set, in %; **before**: after the last training round; **after**: after the synthetic "
-             "fine-tune (the run's result). **oracle**: share of the averaged ψ's samples the central classifier "
-             "assigns to the intended class; **device**: each device's model on its own ψ_k. Wall and CPU seconds "
-             "are per run, on a shared 2-core machine (load average at the start in the runs table).", "",
-             "Candidates: the local training at most doubled (6 device-epochs of 750 images at the old defaults, "
-             "12 at the others, so the command stays within its 2-minute budget on 2 cores) × the synthetic "
-             "fine-tune (the paper's 𝒯 = 5 epochs at the run's lr, SGD 0.01 with momentum 0.9; one epoch; "
-             "𝒯 = 5 at lr 0.001).", "",
-             f"Choice (code: the best mean validation accuracy after the fine-tune): **{best}**. The fine-tune "
-             f"lowers the mean accuracy in {lowered} of {len(changes)} candidates (its change is the mean over seeds "
-             "of after − before).", "",
-             "| candidate | after (val %) | before (val %) | fine-tune (points) | oracle % | device % | wall s | CPU s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# FedVTC quick-command defaults (issue 17), chosen on a validation split",
+        "",
+        "Configuration: `edgefl simulate --algorithm fedvtc --clients 4 --rounds 3 "
+        "--train-samples 3000` with "
+        f"{VALIDATION} more training images carved out as a stratified validation set (devices "
+        "keep 750 images "
+        f"each; the test set is never read), one torch thread. Seeds {list(SEEDS)}. Accuracy: "
+        "mean over devices "
+        "on the validation set, in %; **before**: after the last training round; **after**: after "
+        "the synthetic "
+        "fine-tune (the run's result). **oracle**: share of the averaged ψ's samples the central "
+        "classifier "
+        "assigns to the intended class; **device**: each device's model on its own ψ_k. Wall and "
+        "CPU seconds "
+        "are per run, on a shared 2-core machine (load average at the start in the runs table).",
+        "",
+        "Candidates: the local training at most doubled (6 device-epochs of 750 images at the old "
+        "defaults, "
+        "12 at the others, so the command stays within its 2-minute budget on 2 cores) × the "
+        "synthetic "
+        "fine-tune (the paper's 𝒯 = 5 epochs at the run's lr, SGD 0.01 with momentum 0.9; one "
+        "epoch; "
+        "𝒯 = 5 at lr 0.001).",
+        "",
+        f"Choice (code: the best mean validation accuracy after the fine-tune): **{best}**. The "
+        "fine-tune "
+        f"lowers the mean accuracy in {lowered} of {len(changes)} candidates (its change is the "
+        "mean over seeds "
+        "of after − before).",
+        "",
+        "| candidate | after (val %) | before (val %) | fine-tune (points) | oracle % | device % "
+        "| wall s | CPU s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for n, rs in by.items():
         if not rs:
             continue
         change = [r["after"] - r["before"] for r in rs]
-        lines.append(f"| {n}{' (chosen)' if n == best else ''} | {ms(r['after'] for r in rs)} | {ms(r['before'] for r in rs)} | "
-                     f"{statistics.fmean(change) * 100:+.2f} | {ms(r['oracle_agreement'] for r in rs)} | "
-                     f"{ms(r['device_agreement'] for r in rs)} | {statistics.fmean(r['wall_s'] for r in rs):.0f} | "
-                     f"{statistics.fmean(r['cpu_s'] for r in rs):.0f} |")
-    lines += ["", "## Runs", "", "| candidate | seed | after | before | per device after (before) | epochs trained per device | oracle | wall s | load at start |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {n}{' (chosen)' if n == best else ''} | {ms(r['after'] for r in rs)} | "
+            f"{ms(r['before'] for r in rs)} | "
+            f"{statistics.fmean(change) * 100:+.2f} | {ms(r['oracle_agreement'] for r in rs)} | "
+            f"{ms(r['device_agreement'] for r in rs)} | "
+            f"{statistics.fmean(r['wall_s'] for r in rs):.0f} | "
+            f"{statistics.fmean(r['cpu_s'] for r in rs):.0f} |"
+        )
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| candidate | seed | after | before | per device after (before) | epochs trained per "
+        "device | oracle | wall s | load at start |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
-        per = ", ".join(f"{d} {100 * a:.1f} ({100 * r['device_before'][d]:.1f})" for d, a in r["device_after"].items())
-        trained = ", ".join(f"{d} {n * r['settings'].get('epochs', 1)}" for d, n in r["trained"].items())
-        lines.append(f"| {r['candidate']} | {r['seed']} | {100 * r['after']:.2f} | {100 * r['before']:.2f} | {per} | {trained} | "
-                     f"{ms([r['oracle_agreement']])} | {r['wall_s']:.0f} | "
-                     f"{r['load_start'][0]:.1f} |")
+        per = ", ".join(
+            f"{d} {100 * a:.1f} ({100 * r['device_before'][d]:.1f})"
+            for d, a in r["device_after"].items()
+        )
+        trained = ", ".join(
+            f"{d} {n * r['settings'].get('epochs', 1)}" for d, n in r["trained"].items()
+        )
+        lines.append(
+            f"| {r['candidate']} | {r['seed']} | {100 * r['after']:.2f} | {100 * r['before']:.2f} "
+            f"| {per} | {trained} | "
+            f"{ms([r['oracle_agreement']])} | {r['wall_s']:.0f} | "
+            f"{r['load_start'][0]:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--report", action="store_true", help="write the report from the stored runs only")
+    parser.add_argument(
+        "--report", action="store_true", help="write the report from the stored runs only"
+    )
     args = parser.parse_args()
     runs = json.loads(OUT_JSON.read_text())["runs"] if OUT_JSON.exists() else []
     for r in runs:
@@ -164,10 +227,19 @@ def main() -> None:
                 print(f"running {name}, seed {seed}", flush=True)
                 runs.append(run_one(name, seed))
                 r = runs[-1]
-                print(f"  after {100 * r['after']:.2f} before {100 * r['before']:.2f} wall {r['wall_s']:.0f} s", flush=True)
+                print(
+                    f"  after {100 * r['after']:.2f} before {100 * r['before']:.2f} wall "
+                    f"{r['wall_s']:.0f} s",
+                    flush=True,
+                )
                 OUT_JSON.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     order = list(CANDIDATES)
-    runs.sort(key=lambda r: (order.index(r["candidate"]) if r["candidate"] in order else len(order), r["seed"]))
+    runs.sort(
+        key=lambda r: (
+            order.index(r["candidate"]) if r["candidate"] in order else len(order),
+            r["seed"],
+        )
+    )
     best, _ = choose(runs)
     OUT_JSON.write_text(json.dumps({"chosen": best, "runs": runs}, indent=1) + "\n")
     OUT_MD.write_text(report(runs))

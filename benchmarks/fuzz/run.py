@@ -8,7 +8,7 @@ that violate the schema. Counts per method, direction, kind and outcome, and per
 operator, and the worst time per byte of each device message kind, go to results.json /
 results.md next to this file.
 
-    nice -n 10 python -m benchmarks.fuzz.run                 # 13 methods, 104,000 + 102,000 cases (single core)
+    nice -n 10 python -m benchmarks.fuzz.run   # 13 methods, 104,000 + 102,000 cases (single core)
     python -m benchmarks.fuzz.run --cases 2000 --device-cases 1200 --methods fedavg   # smoke test
 """
 
@@ -68,36 +68,64 @@ def main(argv: list[str] | None = None) -> None:
     per_op = {}
     for (op, outcome), n in sorted(tally.operators.items()):
         per_op.setdefault(op, {})[outcome] = n
-    write_json(args.out / "results.json", {
-        "command": command, "machine": machine(), "cases": tally.cases, "totals": totals,
-        "message_kinds": len(cases), "capture_seconds": t1 - t0, "fuzz_seconds": t2 - t1,
-        "per_kind": per_kind, "per_operator": per_op, "problems": tally.problems,
-        "device_messages": {
-            "cases": dev.cases, "totals": dev_totals, "fuzz_seconds": t3 - t2, "per_kind": dev_kinds, "per_operator": dev_ops,
-            "worst_time_per_byte": dev.worst, "problems": dev.problems,
+    write_json(
+        args.out / "results.json",
+        {
+            "command": command,
+            "machine": machine(),
+            "cases": tally.cases,
+            "totals": totals,
+            "message_kinds": len(cases),
+            "capture_seconds": t1 - t0,
+            "fuzz_seconds": t2 - t1,
+            "per_kind": per_kind,
+            "per_operator": per_op,
+            "problems": tally.problems,
+            "device_messages": {
+                "cases": dev.cases,
+                "totals": dev_totals,
+                "fuzz_seconds": t3 - t2,
+                "per_kind": dev_kinds,
+                "per_operator": dev_ops,
+                "worst_time_per_byte": dev.worst,
+                "problems": dev.problems,
+            },
         },
-    })
+    )
     lines = [
         "# Wire fuzzing: mutations of real messages through the receivers' checks",
         "",
         f"Command: `{command}`  ",
-        f"{tally.cases:,} cases over {len(cases)} captured messages ({len({c.method for c in cases})} methods, every kind each exchanges); "
+        f"{tally.cases:,} cases over {len(cases)} captured messages "
+        f"({len({c.method for c in cases})} methods, every kind each exchanges); "
         f"fuzzing took {t2 - t1:.0f} s on one core.  ",
         f"Machine: {json.dumps(machine())}",
         "",
-        f"**Totals: rejected with WireError {totals['rejected']:,}; accepted and schema-valid {totals['accepted']:,}; "
-        f"other exceptions {totals['exception']}; accepted but violating the schema {totals['violation']}.**",
+        f"**Totals: rejected with WireError {totals['rejected']:,}; accepted and schema-valid "
+        f"{totals['accepted']:,}; "
+        f"other exceptions {totals['exception']}; accepted but violating the schema "
+        f"{totals['violation']}.**",
         "",
-        "Accepted cases are mutations the schema allows (a metadata field added or dropped where it is optional, a "
-        "tensor value changed to another finite value, a re-sent copy, a downlink's arrays, which devices do not declare).",
+        "Accepted cases are mutations the schema allows (a metadata field added or dropped where "
+        "it is optional, a "
+        "tensor value changed to another finite value, a re-sent copy, a downlink's arrays, which "
+        "devices do not declare).",
         "",
         "| message | rejected | accepted | exception | violation |",
         "|---|---|---|---|---|",
-        *[f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | {v.get('violation', 0)} |" for k, v in per_kind.items()],
+        *[
+            f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | "
+            f"{v.get('violation', 0)} |"
+            for k, v in per_kind.items()
+        ],
         "",
         "| mutation | rejected | accepted | exception | violation |",
         "|---|---|---|---|---|",
-        *[f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | {v.get('violation', 0)} |" for k, v in per_op.items()],
+        *[
+            f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | "
+            f"{v.get('violation', 0)} |"
+            for k, v in per_op.items()
+        ],
     ]
     if tally.problems:
         lines += ["", "First problems:", "", *[f"- {p}" for p in tally.problems]]
@@ -105,28 +133,45 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "## Everything else a device sends (issue 36)",
         "",
-        f"{dev.cases:,} cases over registrations, status words, model reports, metrics replies, chunk headers and chunk acks "
-        f"(tests/device_fuzz.py, through `Registry.handle`, `parse_status`, `parse_active`, `decode` + `check_reply`, "
+        f"{dev.cases:,} cases over registrations, status words, model reports, metrics replies, "
+        "chunk headers and chunk acks "
+        "(tests/device_fuzz.py, through `Registry.handle`, `parse_status`, `parse_active`, "
+        "`decode` + `check_reply`, "
         f"`Reassembler.add`, `ChunkSender.on_ack`); {t3 - t2:.0f} s on one core.",
         "",
-        f"**Totals: rejected {dev_totals['rejected']:,}; accepted and schema-valid {dev_totals['accepted']:,}; "
-        f"other exceptions {dev_totals['exception']}; accepted but violating the schema {dev_totals['violation']}.**",
+        f"**Totals: rejected {dev_totals['rejected']:,}; accepted and schema-valid "
+        f"{dev_totals['accepted']:,}; "
+        f"other exceptions {dev_totals['exception']}; accepted but violating the schema "
+        f"{dev_totals['violation']}.**",
         "",
-        "| kind | rejected | accepted | exception | violation | worst µs per byte (bytes, mutation) | slowest case µs (bytes, mutation) |",
+        "| kind | rejected | accepted | exception | violation | worst µs per byte (bytes, "
+        "mutation) | slowest case µs (bytes, mutation) |",
         "|---|---|---|---|---|---|---|",
-        *[f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | {v.get('violation', 0)} | "
-          f"{1e6 * dev.worst[k]['seconds_per_byte']:.2f} ({dev.worst[k]['bytes']:,}, {dev.worst[k].get('operator')}) | "
-          f"{1e6 * dev.worst[k]['max_seconds']:.0f} ({dev.worst[k]['max_seconds_bytes']:,}, {dev.worst[k].get('max_seconds_operator')}) |"
-          for k, v in dev_kinds.items()],
+        *[
+            f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | "
+            f"{v.get('violation', 0)} | "
+            f"{1e6 * dev.worst[k]['seconds_per_byte']:.2f} ({dev.worst[k]['bytes']:,}, "
+            f"{dev.worst[k].get('operator')}) | "
+            f"{1e6 * dev.worst[k]['max_seconds']:.0f} ({dev.worst[k]['max_seconds_bytes']:,}, "
+            f"{dev.worst[k].get('max_seconds_operator')}) |"
+            for k, v in dev_kinds.items()
+        ],
         "",
-        "Each kind's 5 slowest cases per byte and 5 slowest overall (wall-clock, shared machine: load above) are timed again,"
-        " best of 5, so that a scheduling pause is not counted as the message's cost; per byte, the smallest messages show"
-        " their fixed cost (a 0-byte message counts as 1 byte). Only the receiver's call is timed: the state it is in (a registered"
+        "Each kind's 5 slowest cases per byte and 5 slowest overall (wall-clock, shared machine: "
+        "load above) are timed again,"
+        " best of 5, so that a scheduling pause is not counted as the message's cost; per byte, "
+        "the smallest messages show"
+        " their fixed cost (a 0-byte message counts as 1 byte). Only the receiver's call is "
+        "timed: the state it is in (a registered"
         " device, a partial message, a transfer in flight) is set up before each case.",
         "",
         "| kind and mutation | rejected | accepted | exception | violation |",
         "|---|---|---|---|---|",
-        *[f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | {v.get('violation', 0)} |" for k, v in dev_ops.items()],
+        *[
+            f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | "
+            f"{v.get('violation', 0)} |"
+            for k, v in dev_ops.items()
+        ],
     ]
     if dev.problems:
         lines += ["", "First problems:", "", *[f"- {p}" for p in dev.problems]]

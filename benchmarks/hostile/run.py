@@ -8,10 +8,10 @@
    messages, 1 MiB chunks, 1 GiB budget). An honest device sends 5 MiB envelopes in 1 MiB chunks,
    one chunk at a time, timing each chunk's acknowledgement; first without forgers, then while
    two forger accounts send first chunks claiming the maximum size (1 MiB bodies and 53-byte
-   ones, fresh message ids) at ``--rate`` chunks a second each, from their own processes. Recorded: the acknowledgement
-   latency distribution of each phase (target p99 < 100 ms under attack), the server process's
-   resident memory before and at its peak during the attack (target growth < 50 MiB), the
-   honest messages completed, the chunks refused, and the machine's load.
+   ones, fresh message ids) at ``--rate`` chunks a second each, from their own processes. Recorded:
+   the acknowledgement latency distribution of each phase (target p99 < 100 ms under attack), the
+   server process's resident memory before and at its peak during the attack (target growth < 50
+   MiB), the honest messages completed, the chunks refused, and the machine's load.
 
     nice -n 10 python -m benchmarks.hostile.run            # about a minute
 """
@@ -50,7 +50,9 @@ def refusal_times(repeats: int) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         registry = Receivers(Path(tmp)).registry
-    deep_registration = encode(Envelope("register", 0, "d0", payload=Payload({}, {"profile": "[" * 16000})))
+    deep_registration = encode(
+        Envelope("register", 0, "d0", payload=Payload({}, {"profile": "[" * 16000}))
+    )
     deep = b"[" * (4 * 1024 * 1024 - 16)
     deep_header = struct.pack("<Q", len(deep)) + deep
     out = {}
@@ -67,7 +69,10 @@ def refusal_times(repeats: int) -> dict:
         assert registry.handle("d0", deep_registration) is None
         times.append(time.perf_counter() - t0), cpu.append(time.thread_time() - c0)
         assert registry.rejected == before + 1
-    out["registration_16000_deep_profile"] = {**_summary(times, len(deep_registration)), "cpu": _summary(cpu)}
+    out["registration_16000_deep_profile"] = {
+        **_summary(times, len(deep_registration)),
+        "cpu": _summary(cpu),
+    }
     gc.collect()
     times, cpu = [], []
     for _ in range(repeats):
@@ -86,7 +91,14 @@ def refusal_times(repeats: int) -> dict:
 def _summary(seconds: list[float], size: int | None = None) -> dict:
     ms = sorted(1e3 * s for s in seconds)
     q = lambda p: ms[min(len(ms) - 1, int(round(p * (len(ms) - 1))))]  # noqa: E731
-    out = {"n": len(ms), "p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99), "max_ms": ms[-1], "mean_ms": statistics.fmean(ms)}
+    out = {
+        "n": len(ms),
+        "p50_ms": q(0.5),
+        "p90_ms": q(0.9),
+        "p99_ms": q(0.99),
+        "max_ms": ms[-1],
+        "mean_ms": statistics.fmean(ms),
+    }
     if size is not None:
         out["bytes"] = size
     return out
@@ -104,8 +116,12 @@ class Honest:
         self.topics, self.device_id = Topics(fleet), device_id
         self.acks: list[bytes] = []
         self.got = threading.Condition()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=device_id, protocol=mqtt.MQTTv5)
-        self.client.on_connect = lambda c, u, f, r, p: c.subscribe(self.topics.device(device_id, "down"), qos=1)
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=device_id, protocol=mqtt.MQTTv5
+        )
+        self.client.on_connect = lambda c, u, f, r, p: c.subscribe(
+            self.topics.device(device_id, "down"), qos=1
+        )
         self.client.on_message = self.on_message
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
@@ -122,8 +138,16 @@ class Honest:
         from edgefl.transport.chunks import COMPLETE, parse_ack, split
         from edgefl.wire import Envelope, Payload, encode
 
-        env = Envelope("update", 0, self.device_id, fleet=fleet,
-                       payload=Payload({"w": np.random.default_rng().random(5 * 262144 + 1000, dtype=np.float32)}, {"num_samples": 10}))
+        env = Envelope(
+            "update",
+            0,
+            self.device_id,
+            fleet=fleet,
+            payload=Payload(
+                {"w": np.random.default_rng().random(5 * 262144 + 1000, dtype=np.float32)},
+                {"num_samples": 10},
+            ),
+        )
         data = encode(env)
         chunks = split(data, bytes.fromhex(env.message_id), 1024 * 1024)
         status = None
@@ -206,9 +230,14 @@ def chunk_forgers(seconds: float, rate: float) -> dict:
         try:
             for phase in ("quiet", "forgers"):
                 stop, start, counts, out = mp.Event(), mp.Event(), mp.Queue(), mp.Queue()
-                children = [mp.Process(target=honest_device, args=(broker.port, fleet, seconds, start, out))]
+                children = [
+                    mp.Process(target=honest_device, args=(broker.port, fleet, seconds, start, out))
+                ]
                 if phase == "forgers":
-                    children += [mp.Process(target=forge, args=(broker.port, fleet, a, stop, counts, rate)) for a in ("mallory", "trudy")]
+                    children += [
+                        mp.Process(target=forge, args=(broker.port, fleet, a, stop, counts, rate))
+                        for a in ("mallory", "trudy")
+                    ]
                 for c in children:
                     c.start()
                 time.sleep(2.0)  # connected, forgers under way
@@ -235,9 +264,14 @@ def chunk_forgers(seconds: float, rate: float) -> dict:
                     "honest_messages": {"sent": sent, "completed": completed},
                     "forged_chunks_sent": sent_forged,
                     "forger_rate_per_account": rate if phase == "forgers" else 0,
-                    "server_rss_mib": {"before": rss0 / 2**20, "peak": peak[0] / 2**20, "growth": (peak[0] - rss0) / 2**20},
+                    "server_rss_mib": {
+                        "before": rss0 / 2**20,
+                        "peak": peak[0] / 2**20,
+                        "growth": (peak[0] - rss0) / 2**20,
+                    },
                     "reassembly": {**stats, "partial_bytes_after": server.reassembly.partial_bytes},
-                    "loadavg_before": [round(x, 2) for x in load0], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                    "loadavg_before": [round(x, 2) for x in load0],
+                    "loadavg_after": [round(x, 2) for x in os.getloadavg()],
                 }
         finally:
             server.close()
@@ -248,7 +282,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each chunk phase")
-    ap.add_argument("--rate", type=float, default=50.0, help="forged first chunks per second per forger account")
+    ap.add_argument(
+        "--rate", type=float, default=50.0, help="forged first chunks per second per forger account"
+    )
     ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args(argv)
     logging.disable(logging.CRITICAL)  # every refusal logs a warning
@@ -256,7 +292,13 @@ def main(argv: list[str] | None = None) -> None:
     refusals = refusal_times(args.repeats)
     chunks = chunk_forgers(args.seconds, args.rate)
     command = command_line("benchmarks.hostile.run", argv)
-    result = {"command": command.strip(), "machine_before": before, "machine_after": machine(), "refusals": refusals, "chunks": chunks}
+    result = {
+        "command": command.strip(),
+        "machine_before": before,
+        "machine_after": machine(),
+        "refusals": refusals,
+        "chunks": chunks,
+    }
     write_json(args.out / "results.json", result)
     q, a = chunks["quiet"], chunks["forgers"]
     lines = [
@@ -268,28 +310,49 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "## Refusals (target < 50 ms each)",
         "",
-        "| message | bytes | repeats | wall p50 ms | wall p99 ms | wall max ms | CPU p50 ms | CPU max ms |",
+        "| message | bytes | repeats | wall p50 ms | wall p99 ms | wall max ms | CPU p50 ms | CPU "
+        "max ms |",
         "|---|---|---|---|---|---|---|---|",
-        *[f"| {k} | {v['bytes']:,} | {v['n']} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['max_ms']:.2f} | {v['cpu']['p50_ms']:.2f} | "
-          f"{v['cpu']['max_ms']:.2f} |" for k, v in refusals.items()],
+        *[
+            f"| {k} | {v['bytes']:,} | {v['n']} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | "
+            f"{v['max_ms']:.2f} | {v['cpu']['p50_ms']:.2f} | "
+            f"{v['cpu']['max_ms']:.2f} |"
+            for k, v in refusals.items()
+        ],
         "",
-        "Wall time includes any pause of this process on the shared machine (load above); CPU time is the thread's own work."
-        " The set-up's garbage is collected before each series (a collection it left pending once cost one call 110 ms).",
+        "Wall time includes any pause of this process on the shared machine (load above); CPU "
+        "time is the thread's own work."
+        " The set-up's garbage is collected before each series (a collection it left pending once "
+        "cost one call 110 ms).",
         "",
-        "## An honest device's chunk acknowledgements, without and with two forger accounts (target p99 < 100 ms)",
+        "## An honest device's chunk acknowledgements, without and with two forger accounts "
+        "(target p99 < 100 ms)",
         "",
-        "| phase | acks | p50 ms | p90 ms | p99 ms | max ms | honest messages completed | forged chunks sent | chunks refused | forged partials evicted | server RSS growth MiB | load before → after |",
+        "| phase | acks | p50 ms | p90 ms | p99 ms | max ms | honest messages completed | forged "
+        "chunks sent | chunks refused | forged partials evicted | server RSS growth MiB | load "
+        "before → after |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *[f"| {name} | {p['ack_latency']['n']} | {p['ack_latency']['p50_ms']:.1f} | {p['ack_latency']['p90_ms']:.1f} | {p['ack_latency']['p99_ms']:.1f} | "
-          f"{p['ack_latency']['max_ms']:.1f} | {p['honest_messages']['completed']} of {p['honest_messages']['sent']} | "
-          f"{sum(p['forged_chunks_sent'].values()):,} | {p['reassembly']['rejected']:,} | {p['reassembly']['evicted']:,} | {p['server_rss_mib']['growth']:.1f} | "
-          f"{p['loadavg_before'][0]} → {p['loadavg_after'][0]} |" for name, p in (("quiet", q), ("forgers", a))],
+        *[
+            f"| {name} | {p['ack_latency']['n']} | {p['ack_latency']['p50_ms']:.1f} | "
+            f"{p['ack_latency']['p90_ms']:.1f} | {p['ack_latency']['p99_ms']:.1f} | "
+            f"{p['ack_latency']['max_ms']:.1f} | {p['honest_messages']['completed']} of "
+            f"{p['honest_messages']['sent']} | "
+            f"{sum(p['forged_chunks_sent'].values()):,} | {p['reassembly']['rejected']:,} | "
+            f"{p['reassembly']['evicted']:,} | {p['server_rss_mib']['growth']:.1f} | "
+            f"{p['loadavg_before'][0]} → {p['loadavg_after'][0]} |"
+            for name, p in (("quiet", q), ("forgers", a))
+        ],
         "",
-        f"Two forger accounts (separate processes) each send {args.rate:g} forged first chunks a second; each claims a 256 MiB "
-        "message (a quarter with a 1 MiB body, the rest 53 bytes with one-byte chunks). The honest device (another process) "
-        "sends 5 MiB envelopes in 1 MiB chunks, one at a time, and times each acknowledgement; RSS is the server's process. "
-        "The server holds only what arrived, at most two partial messages and one message's share per sender, so the forgers "
-        "keep a few MiB between them and the honest device's messages complete; latencies include the broker's two hops on "
+        f"Two forger accounts (separate processes) each send {args.rate:g} forged first chunks a "
+        "second; each claims a 256 MiB "
+        "message (a quarter with a 1 MiB body, the rest 53 bytes with one-byte chunks). The "
+        "honest device (another process) "
+        "sends 5 MiB envelopes in 1 MiB chunks, one at a time, and times each acknowledgement; "
+        "RSS is the server's process. "
+        "The server holds only what arrived, at most two partial messages and one message's share "
+        "per sender, so the forgers "
+        "keep a few MiB between them and the honest device's messages complete; latencies include "
+        "the broker's two hops on "
         "a machine shared with other work (the load columns).",
     ]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")

@@ -35,7 +35,9 @@ def hwcaps() -> str:
         return ""
     aux = {int(k): int(v) for k, v in raw}
     hw, hw2 = aux.get(16, 0), aux.get(26, 0)
-    names = [n for n, bit in HWCAP.items() if hw >> bit & 1] + [n for n, bit in HWCAP2.items() if hw2 >> bit & 1]
+    names = [n for n, bit in HWCAP.items() if hw >> bit & 1] + [
+        n for n, bit in HWCAP2.items() if hw2 >> bit & 1
+    ]
     return " ".join(names)
 
 
@@ -111,21 +113,32 @@ def main() -> None:
         out["cnn_torch_fp32_vs_fp64"] = max_err(model(x).numpy(), ref)
         with torch.backends.mkldnn.flags(enabled=False):
             out["cnn_torch_fp32_no_onednn_vs_fp64"] = max_err(model(x).numpy(), ref)
-        out["cnn_torch_batch1_vs_fp64"] = max(max_err(model(x[i : i + 1]).numpy(), ref[i : i + 1]) for i in range(8))
+        out["cnn_torch_batch1_vs_fp64"] = max(
+            max_err(model(x[i : i + 1]).numpy(), ref[i : i + 1]) for i in range(8)
+        )
         proto = _onnx(model, x[:1])
     out["cnn_ort_fp32_vs_fp64"] = max_err(_ort(proto, x.numpy()), ref)
     out["cnn_ort_fastmath_off_vs_fp64"] = max_err(
         _ort(proto, x.numpy(), **{"mlas.enable_gemm_fastmath_arm64_bfloat16": "0"}), ref)
-    out["cnn_ort_batch1_vs_fp64"] = max(max_err(_ort(proto, x[i : i + 1].numpy()), ref[i : i + 1]) for i in range(8))
+    out["cnn_ort_batch1_vs_fp64"] = max(
+        max_err(_ort(proto, x[i : i + 1].numpy()), ref[i : i + 1]) for i in range(8)
+    )
 
     from edgefl.export.errors import ExportError
     from edgefl.export.onnx_export import export_model
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            report = export_model(model, Path(tmp) / "m.onnx", class_names=[str(i) for i in range(10)],
-                                  parity_images=x[:8])
-            out["edgefl_export"] = {"ok": True, "parity": report.to_dict().get("parity_max_abs_diff")}
+            report = export_model(
+                model,
+                Path(tmp) / "m.onnx",
+                class_names=[str(i) for i in range(10)],
+                parity_images=x[:8],
+            )
+            out["edgefl_export"] = {
+                "ok": True,
+                "parity": report.to_dict().get("parity_max_abs_diff"),
+            }
         except ExportError as exc:
             out["edgefl_export"] = {"ok": False, "error": str(exc)[:400]}
     print(json.dumps(out))

@@ -66,7 +66,9 @@ from edgefl.report import recorder  # noqa: E402
 from edgefl.runtime import simulation  # noqa: E402
 
 # skip the per-run plots (the machine is shared)
-simulation.finish_run = lambda rec, summary, plots=True: recorder.finish_run(rec, summary, plots=False)
+simulation.finish_run = lambda rec, summary, plots=True: recorder.finish_run(
+    rec, summary, plots=False
+)
 
 HERE = Path(__file__).parent
 CLIENTS = 10
@@ -99,10 +101,12 @@ class Probe:
     """What one cell's honest devices sent and how their training went."""
 
     def __init__(self):
-        self.sent: list[float] = []  # per uplink (FedAvg) or per class prototype (FedProto): distance from ref
+        # per uplink (FedAvg) or per class prototype (FedProto): distance from ref
+        self.sent: list[float] = []
         self.ce: list[float] = []
         self.term: list[float] = []  # the knowledge term of the loss (λ·MSE)
-        self.proto_error: list[float] = []  # per round: mean distance of the global prototypes from honest class means
+        # per round: mean distance of the global prototypes from honest class means
+        self.proto_error: list[float] = []
 
 
 def _dist(a: np.ndarray, ref: np.ndarray | None) -> float:
@@ -137,7 +141,10 @@ def _attack_logits(arrays: dict, received: dict, attack: str) -> None:
 def _received_protos(received: dict) -> dict[int, np.ndarray]:
     if fedproto_mod.PROTO not in received:
         return {}
-    return {int(c): received[fedproto_mod.PROTO][i] for i, c in enumerate(received[fedproto_mod.PROTO_CLASSES])}
+    return {
+        int(c): received[fedproto_mod.PROTO][i]
+        for i, c in enumerate(received[fedproto_mod.PROTO_CLASSES])
+    }
 
 
 def _attack_protos(arrays: dict, received: dict, attack: str, num_classes: int) -> None:
@@ -176,15 +183,33 @@ def install_attack(method: str, attack: str | None, probe: Probe):
                 for name in ("logit",):
                     ref = received.get(name)
                     for c in np.flatnonzero(up.arrays["count"] > 0):
-                        probe.sent.append(_dist(up.arrays[name][c], None if ref is None or not received["known"][c] else ref[c]))
+                        probe.sent.append(
+                            _dist(
+                                up.arrays[name][c],
+                                None if ref is None or not received["known"][c] else ref[c],
+                            )
+                        )
             elif method == "fedproto":
                 refs = _received_protos(received)
                 for i, c in enumerate(up.arrays[fedproto_mod.PROTO_CLASSES]):
                     probe.sent.append(_dist(up.arrays[fedproto_mod.PROTO][i], refs.get(int(c))))
             else:
-                probe.sent.append(_dist(np.concatenate([np.ravel(a) for k, a in up.arrays.items() if a.dtype.kind == "f"]),
-                                        np.concatenate([np.ravel(received[k]) for k, a in up.arrays.items() if a.dtype.kind == "f"])
-                                        if received else None))
+                probe.sent.append(
+                    _dist(
+                        np.concatenate(
+                            [np.ravel(a) for k, a in up.arrays.items() if a.dtype.kind == "f"]
+                        ),
+                        np.concatenate(
+                            [
+                                np.ravel(received[k])
+                                for k, a in up.arrays.items()
+                                if a.dtype.kind == "f"
+                            ]
+                        )
+                        if received
+                        else None,
+                    )
+                )
             return up
         if attack is None:
             return up
@@ -206,7 +231,11 @@ def install_attack(method: str, attack: str | None, probe: Probe):
         return ce + term
 
     def probed_aggregate(self, round, uplinks):
-        honest = [fedproto_mod.unpack_prototypes(p.arrays, self.ctx.num_classes, self.dim) for d, p in uplinks.items() if d not in ATTACKERS]
+        honest = [
+            fedproto_mod.unpack_prototypes(p.arrays, self.ctx.num_classes, self.dim)
+            for d, p in uplinks.items()
+            if d not in ATTACKERS
+        ]
         out = aggregate(self, round, uplinks)
         errors = []
         for c in range(self.ctx.num_classes):
@@ -242,7 +271,9 @@ def install_attack(method: str, attack: str | None, probe: Probe):
     return undo
 
 
-def run_cell(method: str, attack: str | None, defence: str, seed: int, args, clip: float | None) -> dict:
+def run_cell(
+    method: str, attack: str | None, defence: str, seed: int, args, clip: float | None
+) -> dict:
     settings = {**SETTINGS[method], **({"rounds": 2} if args.quick else {})}
     options = dict(DEFENCES[defence])
     if defence == "clip":
@@ -271,29 +302,56 @@ def run_cell(method: str, attack: str | None, defence: str, seed: int, args, cli
     undo = install_attack(method, attack, probe)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    cell = {"method": method, "attack": attack or "none", "defence": defence, "seed": seed, "options": options,
-            "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}}
+    cell = {
+        "method": method,
+        "attack": attack or "none",
+        "defence": defence,
+        "seed": seed,
+        "options": options,
+        "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()},
+    }
     try:
         with tempfile.TemporaryDirectory() as out:
             cfg = resolve_config({**explicit, "out_dir": out}, dict(algo.defaults))
             summary = simulation.simulate(cfg, plots=False)
     except EdgeflError as e:  # the attack broke training: every device's loss went non-finite
-        return {**cell, "honest_accuracy": None, "diverged": str(e)[:200], "seconds": time.perf_counter() - t0}
+        return {
+            **cell,
+            "honest_accuracy": None,
+            "diverged": str(e)[:200],
+            "seconds": time.perf_counter() - t0,
+        }
     finally:
         undo()
     honest = [a for d, a in summary["client_accuracy"].items() if d not in ATTACKERS]
     probes = {"honest_sent": probe.sent}
     if probe.ce:
-        probes.update({"honest_ce": statistics.mean(probe.ce), "honest_knowledge_term": statistics.mean(probe.term)})
+        probes.update(
+            {
+                "honest_ce": statistics.mean(probe.ce),
+                "honest_knowledge_term": statistics.mean(probe.term),
+            }
+        )
     if probe.proto_error:
         probes["prototype_error_last_round"] = probe.proto_error[-1]
-    return {**cell, "honest_accuracy": statistics.mean(honest), "mean_accuracy": summary["mean_accuracy"],
-            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0, **probes}
+    return {
+        **cell,
+        "honest_accuracy": statistics.mean(honest),
+        "mean_accuracy": summary["mean_accuracy"],
+        "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - cpu0,
+        **probes,
+    }
 
 
 def calibrate(results: list[dict], method: str) -> float | None:
     """The clip bound: the median of what honest devices sent in the clean cells."""
-    sent = [x for r in results if r["method"] == method and r["attack"] == "none" and r["defence"] == "none" for x in r.get("honest_sent", [])]
+    sent = [
+        x
+        for r in results
+        if r["method"] == method and r["attack"] == "none" and r["defence"] == "none"
+        for x in r.get("honest_sent", [])
+    ]
     return float(np.median(sent)) if sent else None
 
 
@@ -302,16 +360,31 @@ def table(results: list[dict]) -> list[str]:
     for r in results:
         cells.setdefault((r["method"], r["attack"], r["defence"]), []).append(r)
     order = {d: i for i, d in enumerate(DEFENCES)}
-    lines = ["| method | attack | defence | honest devices' accuracy, % (mean ± sd) | per seed | diverged | CE / knowledge term |",
-             "|---|---|---|---|---|---|---|"]
-    for (m, a, d), rs in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] != "none", kv[0][1], order[kv[0][2]])):
+    lines = [
+        "| method | attack | defence | honest devices' accuracy, % (mean ± sd) | per seed | "
+        "diverged | CE / knowledge term |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (m, a, d), rs in sorted(
+        cells.items(), key=lambda kv: (kv[0][0], kv[0][1] != "none", kv[0][1], order[kv[0][2]])
+    ):
         rs = sorted(rs, key=lambda r: r["seed"])
         done = [r["honest_accuracy"] for r in rs if r["honest_accuracy"] is not None]
         sd = statistics.stdev(done) if len(done) > 1 else 0.0
-        acc = f"{100 * statistics.mean(done):.1f} ± {100 * sd:.1f}" if done else "— (no run finished)"
-        per_seed = ", ".join("div." if r["honest_accuracy"] is None else f"{100 * r['honest_accuracy']:.1f}" for r in rs)
+        acc = (
+            f"{100 * statistics.mean(done):.1f} ± {100 * sd:.1f}" if done else "— (no run finished)"
+        )
+        per_seed = ", ".join(
+            "div." if r["honest_accuracy"] is None else f"{100 * r['honest_accuracy']:.1f}"
+            for r in rs
+        )
         terms = [(r["honest_ce"], r["honest_knowledge_term"]) for r in rs if "honest_ce" in r]
-        term = f"{statistics.mean(t[0] for t in terms):.3f} / {statistics.mean(t[1] for t in terms):.4f}" if terms else ""
+        term = (
+            f"{statistics.mean(t[0] for t in terms):.3f} / "
+            f"{statistics.mean(t[1] for t in terms):.4f}"
+            if terms
+            else ""
+        )
         lines.append(f"| {m} | {a} | {d} | {acc} | {per_seed} | {len(rs) - len(done)} | {term} |")
     return lines
 
@@ -319,15 +392,33 @@ def table(results: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--attacks", default="", help="override the attacks, e.g. fedavg=scale+signflip;fedhe=signflip")
-    ap.add_argument("--defences", default="", help="only these defences (e.g. trimmed_mean,clip: to split the cells over processes)")
-    ap.add_argument("--seed-list", default="", help="only these seeds (e.g. 0,1: to split the cells over processes)")
+    ap.add_argument(
+        "--attacks",
+        default="",
+        help="override the attacks, e.g. fedavg=scale+signflip;fedhe=signflip",
+    )
+    ap.add_argument(
+        "--defences",
+        default="",
+        help="only these defences (e.g. trimmed_mean,clip: to split the cells over processes)",
+    )
+    ap.add_argument(
+        "--seed-list",
+        default="",
+        help="only these seeds (e.g. 0,1: to split the cells over processes)",
+    )
     ap.add_argument("--test", type=int, default=2000, help="test images")
     ap.add_argument("--methods", default="fedavg,fedhe,fedproto")
-    ap.add_argument("--no-cost", action="store_true", help="skip the defences' cost without an attack")
+    ap.add_argument(
+        "--no-cost", action="store_true", help="skip the defences' cost without an attack"
+    )
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
-    ap.add_argument("--quick", action="store_true", help="one seed, 2 rounds, into --out (a smoke test)")
-    ap.add_argument("--report", action="store_true", help="only rewrite results.json/md from the cell files")
+    ap.add_argument(
+        "--quick", action="store_true", help="one seed, 2 rounds, into --out (a smoke test)"
+    )
+    ap.add_argument(
+        "--report", action="store_true", help="only rewrite results.json/md from the cell files"
+    )
     ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -347,16 +438,22 @@ def main(argv: list[str] | None = None) -> None:
     # clean cells first (they calibrate the clip bound), then attacks without and with each
     # defence, then the defences' cost without an attack
     order = [(m, None, "none") for m in methods]
-    order += [(m, a, d) for m in methods for a in attacks[m] for d in METHOD_DEFENCES.get(m, DEFENCES)]
+    order += [
+        (m, a, d) for m in methods for a in attacks[m] for d in METHOD_DEFENCES.get(m, DEFENCES)
+    ]
     if not args.no_cost:
-        order += [(m, None, d) for m in methods for d in METHOD_DEFENCES.get(m, DEFENCES) if d != "none"]
+        order += [
+            (m, None, d) for m in methods for d in METHOD_DEFENCES.get(m, DEFENCES) if d != "none"
+        ]
     order = [c for c in order if c[2] in only]
     seeds = [int(x) for x in args.seed_list.split(",")] if args.seed_list else range(args.seeds)
     for method, attack, defence in order:
         for seed in seeds:
             path = cells_dir / f"{method}-{attack or 'none'}-{defence}-{seed}.json"
             settings = {**SETTINGS[method], **({"rounds": 2} if args.quick else {})}
-            if path.exists() and json.loads(path.read_text()).get("settings") == json.loads(json.dumps(settings)):
+            if path.exists() and json.loads(path.read_text()).get("settings") == json.loads(
+                json.dumps(settings)
+            ):
                 continue  # resume: a finished cell of the same settings is kept
             clip = calibrate(_cells(cells_dir), method) if defence == "clip" else None
             if defence == "clip" and clip is None:
@@ -379,40 +476,75 @@ def write_results(args, command: str) -> None:
     results = _cells(args.out / "cells")
     clips = {m: calibrate(results, m) for m in {r["method"] for r in results}}
     commands = sorted({r.get("command", "") for r in results})
-    write_json(args.out / "results.json", {"commands": commands, "machine": machine(), "settings": SETTINGS,
-                                           "attackers": list(ATTACKERS), "factors": FACTORS, "wrong_class_pull": PULL,
-                                           "clip_norm": clips, "results": results})
+    write_json(
+        args.out / "results.json",
+        {
+            "commands": commands,
+            "machine": machine(),
+            "settings": SETTINGS,
+            "attackers": list(ATTACKERS),
+            "factors": FACTORS,
+            "wrong_class_pull": PULL,
+            "clip_norm": clips,
+            "results": results,
+        },
+    )
     loads = [r["load_after"][0] for r in results if "load_after" in r]
     cpu = sum(r.get("cpu_seconds", 0.0) for r in results)
     md = [
         f"# Poisoning: {len(ATTACKERS)} of {CLIENTS} devices send malicious updates",
         "",
-        "Command(s): " + ", ".join(f"`{c}`" for c in commands) + " (the cells are files under cells/; processes may run side by side)  ",
-        f"Fashion-MNIST IID over {CLIENTS} devices, every device every round, test on {args.test} images; "
-        f"attackers {', '.join(ATTACKERS)} ({100 * len(ATTACKERS) // CLIENTS}%); accuracy is the mean over the "
-        f"{CLIENTS - len(ATTACKERS)} honest devices (FedAvg: the global model; FedHe and FedProto: each device's own model).  ",
-        "Per method: " + "; ".join(f"{m}: {v['train_samples']} training images, {v['rounds']} rounds × {v['epochs']} local epoch"
-                                   + (f", CNN tier {v['tiers'][0]} width {v['width']}" if "tiers" in v else "") for m, v in SETTINGS.items()) + ".  ",
-        f"Attacks: `scale` ×{FACTORS['scale']:g} and `signflip` ×{FACTORS['signflip']:g} of the update from what the device received; "
-        f"`wrong_class`: class y's knowledge (FedHe: logit row; FedProto: prototype) moved ×{PULL:g} towards the attacker's own of class y+1.  ",
-        "Clip bounds (median of what honest devices sent in the clean cells — FedAvg: the weight update's L2 norm; FedHe: "
+        "Command(s): "
+        + ", ".join(f"`{c}`" for c in commands)
+        + " (the cells are files under cells/; processes may run side by side)  ",
+        f"Fashion-MNIST IID over {CLIENTS} devices, every device every round, test on {args.test} "
+        "images; "
+        f"attackers {', '.join(ATTACKERS)} ({100 * len(ATTACKERS) // CLIENTS}%); accuracy is the "
+        "mean over the "
+        f"{CLIENTS - len(ATTACKERS)} honest devices (FedAvg: the global model; FedHe and "
+        "FedProto: each device's own model).  ",
+        "Per method: "
+        + "; ".join(
+            f"{m}: {v['train_samples']} training images, {v['rounds']} rounds × {v['epochs']} "
+            "local epoch"
+            + (f", CNN tier {v['tiers'][0]} width {v['width']}" if "tiers" in v else "")
+            for m, v in SETTINGS.items()
+        )
+        + ".  ",
+        f"Attacks: `scale` ×{FACTORS['scale']:g} and `signflip` ×{FACTORS['signflip']:g} of the "
+        "update from what the device received; "
+        "`wrong_class`: class y's knowledge (FedHe: logit row; FedProto: prototype) moved "
+        f"×{PULL:g} towards the attacker's own of class y+1.  ",
+        "Clip bounds (median of what honest devices sent in the clean cells — FedAvg: the weight "
+        "update's L2 norm; FedHe: "
         "a class logit row's distance from the server's; FedProto: a class prototype's): "
-        + ", ".join(f"{m} {c:.3f}" if c is not None else f"{m} —" for m, c in sorted(clips.items())) + "  ",
+        + ", ".join(f"{m} {c:.3f}" if c is not None else f"{m} —" for m, c in sorted(clips.items()))
+        + "  ",
         f"Total CPU {cpu / 60:.1f} min over {len(results)} cells; 1-min load after each cell "
-        + (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—") + f".  \nMachine at the last write: {json.dumps(machine())}",
+        + (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—")
+        + f".  \nMachine at the last write: {json.dumps(machine())}",
         "",
         *table(results),
         "",
-        "CE / knowledge term: the honest devices' mean cross-entropy and mean knowledge term of their loss (FedHe: α·KL to the "
-        "class logits; FedProto: λ·MSE to the global prototypes) over every local step of the cell.",
+        "CE / knowledge term: the honest devices' mean cross-entropy and mean knowledge term of "
+        "their loss (FedHe: α·KL to the "
+        "class logits; FedProto: λ·MSE to the global prototypes) over every local step of the "
+        "cell.",
         "",
-        "Why a wrong-class payload barely moves a knowledge method's accuracy here: both methods add the payload's term to "
-        "the device's own cross-entropy on its own labels. FedHe: per sample, CE(p, y) + α·KL(q‖p) is smallest at "
-        "p = (e_y + α·q)/(1 + α), whose largest entry is still y for any target q when α < 1 (the default α is 0.5): "
-        "a poisoned class target can soften a device's predictions but not turn them on the samples it trains on. "
-        "FedProto: λ·MSE pulls features towards the class prototypes while the head is trained by CE alone; a "
-        "prototype table whose classes are permuted (wrong_class) is still a set of distinct targets, and the head "
-        "learns where each class now lies. What can harm FedProto is magnitude: scaled prototypes make the MSE term "
+        "Why a wrong-class payload barely moves a knowledge method's accuracy here: both methods "
+        "add the payload's term to "
+        "the device's own cross-entropy on its own labels. FedHe: per sample, CE(p, y) + "
+        "α·KL(q‖p) is smallest at "
+        "p = (e_y + α·q)/(1 + α), whose largest entry is still y for any target q when α < 1 (the "
+        "default α is 0.5): "
+        "a poisoned class target can soften a device's predictions but not turn them on the "
+        "samples it trains on. "
+        "FedProto: λ·MSE pulls features towards the class prototypes while the head is trained by "
+        "CE alone; a "
+        "prototype table whose classes are permuted (wrong_class) is still a set of distinct "
+        "targets, and the head "
+        "learns where each class now lies. What can harm FedProto is magnitude: scaled prototypes "
+        "make the MSE term "
         "dominate (the knowledge-term column of the scale_x100 cells, where run).",
     ]
     (args.out / "results.md").write_text("\n".join(md) + "\n")

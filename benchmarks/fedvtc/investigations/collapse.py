@@ -10,7 +10,8 @@ class for four generators, each decoding latents v ~ N(c, diag σ²):
 Plus, per device, the mean distance of its class means from the global prototypes against the
 mean within-class spread of its latents (is z pulled onto c at all?).
 
-    python -m benchmarks.fedvtc.investigations.collapse [--tc-weight W] [--lr LR] [--optimizer sgd|adam] [--rounds R]
+    python -m benchmarks.fedvtc.investigations.collapse [--tc-weight W] [--lr LR]
+        [--optimizer sgd|adam] [--rounds R]
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def main() -> None:
     p.add_argument("--optimizer", default="sgd")
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--clients", type=int, default=5)
-    p.add_argument("--option", "-o", action="append", default=[], help="another FedVTC option key=value")
+    p.add_argument(
+        "--option", "-o", action="append", default=[], help="another FedVTC option key=value"
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     stash: dict[str, dict] = {}
@@ -57,16 +60,40 @@ def main() -> None:
         return original(self, uplinks)
 
     FedVTCServer.average_psi = keep
-    cfg = resolve_config({"algorithm": "fedvtc", "dataset": "fashion-mnist", "tiers": ("1", "2", "3", "4", "5"),
-                          "width": 0.25, "feature_dim": 980, "clients": args.clients, "fraction": 1.0,
-                          "rounds": args.rounds, "epochs": 1, "optimizer": args.optimizer, "lr": args.lr,
-                          "momentum": 0.0, "batch_size": 16, "train_samples": 600 * args.clients,
-                          "test_samples": 500, "eval_samples": 500, "eval_every": args.rounds, "seed": 0,
-                          "partition": "dirichlet", "alpha": 1.0, "out_dir": "/tmp/edgefl-collapse", "run_name": "run",
-                          "threads": 1, "options": {"tc_weight": args.tc_weight, "align_weight": args.align_weight,
-                                                      "finetune_epochs": "0",
-                                                      **dict(o.split("=", 1) for o in args.option)}},
-                         dict(get_algorithm("fedvtc").defaults))
+    cfg = resolve_config(
+        {
+            "algorithm": "fedvtc",
+            "dataset": "fashion-mnist",
+            "tiers": ("1", "2", "3", "4", "5"),
+            "width": 0.25,
+            "feature_dim": 980,
+            "clients": args.clients,
+            "fraction": 1.0,
+            "rounds": args.rounds,
+            "epochs": 1,
+            "optimizer": args.optimizer,
+            "lr": args.lr,
+            "momentum": 0.0,
+            "batch_size": 16,
+            "train_samples": 600 * args.clients,
+            "test_samples": 500,
+            "eval_samples": 500,
+            "eval_every": args.rounds,
+            "seed": 0,
+            "partition": "dirichlet",
+            "alpha": 1.0,
+            "out_dir": "/tmp/edgefl-collapse",
+            "run_name": "run",
+            "threads": 1,
+            "options": {
+                "tc_weight": args.tc_weight,
+                "align_weight": args.align_weight,
+                "finetune_epochs": "0",
+                **dict(o.split("=", 1) for o in args.option),
+            },
+        },
+        dict(get_algorithm("fedvtc").defaults),
+    )
     from edgefl.runtime.simulation import simulate
 
     servers = []
@@ -83,14 +110,21 @@ def main() -> None:
     def share(psi: VTCDecoder, c: torch.Tensor, train_bn: bool = False) -> float:
         if train_bn:  # generate's draw, decoded with the batch's own BN statistics
             y = torch.tensor(classes).repeat_interleave(50)
-            x = psi.train()(c[y] + sigma * torch.randn(len(y), c.shape[1], generator=torch.Generator().manual_seed(0)))
+            x = psi.train()(
+                c[y]
+                + sigma
+                * torch.randn(len(y), c.shape[1], generator=torch.Generator().manual_seed(0))
+            )
             psi.eval()
         else:
             x, y = generate(psi, c, sigma, classes, 50, torch.Generator().manual_seed(0))
         return float((judge(x).argmax(1) == y).float().mean())
 
-    print(f"run: {summary['mean_accuracy'] * 100:.1f} % before any fine-tune; tc_weight {args.tc_weight}, align_weight {args.align_weight}, "
-          f"{args.optimizer} lr {args.lr}, {args.rounds} rounds, {args.clients} devices")
+    print(
+        f"run: {summary['mean_accuracy'] * 100:.1f} % before any fine-tune; tc_weight "
+        f"{args.tc_weight}, align_weight {args.align_weight}, "
+        f"{args.optimizer} lr {args.lr}, {args.rounds} rounds, {args.clients} devices"
+    )
     avg = load_decoder(server.layout, server.psi)
     print(f"averaged ψ, global c, BN eval: oracle {100 * share(avg, protos):.0f} %")
     print(f"averaged ψ, global c, BN train: oracle {100 * share(avg, protos, True):.0f} %")
@@ -103,11 +137,17 @@ def main() -> None:
         own = protos.clone()
         for c, m in means.items():
             own[c] = torch.from_numpy(m)
-        dist = statistics.fmean(float(np.linalg.norm(m - server.table.values[c])) for c, m in means.items())
+        dist = statistics.fmean(
+            float(np.linalg.norm(m - server.table.values[c])) for c, m in means.items()
+        )
         within = float(np.sqrt((spread ** 2).sum()))
         psi = load_decoder(server.layout, stash[d])
-        print(f"{d} (tier {spec[d].tier}): own ψ_k, global c: oracle {100 * share(psi, protos):.0f} %; "
-              f"own ψ_k, own c: {100 * share(psi, own):.0f} %; ‖own mean − c‖ {dist:.2f} vs within-class spread {within:.2f}")
+        print(
+            f"{d} (tier {spec[d].tier}): own ψ_k, global c: oracle {100 * share(psi, protos):.0f} "
+            "%; "
+            f"own ψ_k, own c: {100 * share(psi, own):.0f} %; ‖own mean − c‖ {dist:.2f} vs "
+            f"within-class spread {within:.2f}"
+        )
 
 
 if __name__ == "__main__":

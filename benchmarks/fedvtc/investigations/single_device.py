@@ -28,7 +28,9 @@ from edgefl.wire import Payload
 def main(tc_weight: float, lr: float, optimizer: str, epochs: int = 12) -> None:
     torch.set_num_threads(1)
     spec = ModelSpec("cnn", "3", 10, (1, 28, 28), width=0.25, feature_dim=980)
-    data = load_dataset("fashion-mnist", "train").subset(np.random.default_rng(0).choice(60000, 600, replace=False))
+    data = load_dataset("fashion-mnist", "train").subset(
+        np.random.default_rng(0).choice(60000, 600, replace=False)
+    )
     test = load_dataset("fashion-mnist", "test").subset(np.arange(1000))
     algo = get_algorithm("fedvtc")
     settings = TrainSettings(batch_size=16, epochs=1, lr=lr, momentum=0.0, optimizer=optimizer)
@@ -38,7 +40,8 @@ def main(tc_weight: float, lr: float, optimizer: str, epochs: int = 12) -> None:
     judge = load_oracle(ROOT / oracle.PATH, spec, 10)
     for epoch in range(epochs):
         stats = device.train_round(epoch)
-        for c, v in local_prototypes(device.model, data).items():  # its own class means, every epoch
+        # its own class means, every epoch
+        for c, v in local_prototypes(device.model, data).items():
             device.protos[c] = torch.from_numpy(np.asarray(v, np.float32))
             device.known[c] = True
         if epoch % 3 == 2:
@@ -50,9 +53,13 @@ def main(tc_weight: float, lr: float, optimizer: str, epochs: int = 12) -> None:
                 own = float((device.model(x).argmax(1) == y).float().mean())
                 device.model.train()
             spread = float(x.reshape(10, 20, -1).mean(1).std(0).mean())
-            print(f"epoch {epoch + 1}: ce {stats['ce']:.3f} l_rc {stats['l_rc']:.1f} σ {stats['sigma_mean']:.3f} "
-                  f"test {100 * evaluate(device.model, test)['accuracy']:.1f} % oracle {100 * judged:.0f} % "
-                  f"own model {100 * own:.0f} % class-image spread {spread:.3f}")
+            print(
+                f"epoch {epoch + 1}: ce {stats['ce']:.3f} l_rc {stats['l_rc']:.1f} σ "
+                f"{stats['sigma_mean']:.3f} "
+                f"test {100 * evaluate(device.model, test)['accuracy']:.1f} % oracle "
+                f"{100 * judged:.0f} % "
+                f"own model {100 * own:.0f} % class-image spread {spread:.3f}"
+            )
 
 
 if __name__ == "__main__":
