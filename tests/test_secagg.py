@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from edgefl.errors import ConfigError, EdgeflError
-from edgefl.privacy.secagg import CANARIES, DeviceRound, SecAggSettings, ServerRound, decode
+from edgefl.privacy.secagg import CANARIES, DeviceRound, SecAggSettings, decode
 from edgefl.privacy.secagg_crypto import (
     KEY_BYTES,
     SecAggError,
@@ -29,10 +29,17 @@ from edgefl.privacy.secagg_crypto import (
     share_value,
     to_secret,
 )
+from edgefl.privacy.secagg_server import ServerRound
 from tests.conftest import tiny_config
 
 SETTINGS = SecAggSettings(on=True)
 CONTEXT = "run0|0"
+
+
+def share_keys(device, server, t):
+    """What ``device`` seals for its neighbours, from what the server announces to it."""
+    hood = server.neighbourhood(device.me)
+    return device.share(list(server.roster), hood, t, server.k, server.seed)
 
 
 def after_sharing(ids, settings=SETTINGS):
@@ -41,7 +48,7 @@ def after_sharing(ids, settings=SETTINGS):
     devices = {d: DeviceRound(d, CONTEXT, settings) for d in ids}
     server = ServerRound(CONTEXT, settings)
     t = server.set_roster({d: v.advert for d, v in devices.items()})
-    return devices, server, server.relay({d: v.share(server.roster, t) for d, v in devices.items()})
+    return devices, server, server.relay({d: share_keys(v, server, t) for d, v in devices.items()})
 
 
 def protocol(updates, weights, *, drop=(), settings=SETTINGS, liar=None, unmask_from=None):
@@ -52,7 +59,7 @@ def protocol(updates, weights, *, drop=(), settings=SETTINGS, liar=None, unmask_
     server = ServerRound(CONTEXT, settings)
     view = {"adverts": {d: devices[d].advert for d in ids}}
     t = server.set_roster(view["adverts"])
-    view["sealed"] = {d: devices[d].share(server.roster, t) for d in ids}
+    view["sealed"] = {d: share_keys(devices[d], server, t) for d in ids}
     inbox = server.relay(view["sealed"])
     view["masked"] = {
         d: devices[d].masked_input(inbox[d], updates[d], weights[d])[0]
@@ -61,7 +68,7 @@ def protocol(updates, weights, *, drop=(), settings=SETTINGS, liar=None, unmask_
     }
     survivors = server.add_masked(view["masked"])
     holders = unmask_from or survivors
-    view["shares"] = {d: devices[d].unmask(survivors) for d in holders}
+    view["shares"] = {d: devices[d].unmask(server.alive_for(d)) for d in holders}
     if liar is not None:
         seeds, keys = view["shares"][liar]
         view["shares"][liar] = ([bytes(66 - 1) + b"\x07"] * len(seeds), list(keys))
@@ -173,10 +180,11 @@ def test_a_device_asked_for_both_shares_of_a_peer_refuses(five):
 
 def test_a_device_refuses_a_threshold_lower_than_the_settings_give():
     devices = {d: DeviceRound(d, CONTEXT, SETTINGS) for d in ("a", "b", "c", "d", "e")}
-    roster = {d: v.advert for d, v in devices.items()}
-    with pytest.raises(SecAggError, match="threshold 2 \\(the settings give 3\\)"):
-        devices["a"].share(roster, 2)
-    assert set(devices["b"].share(roster, 3)) == {"a", "c", "d", "e"}
+    server = ServerRound(CONTEXT, SETTINGS)
+    server.set_roster({d: v.advert for d, v in devices.items()})
+    with pytest.raises(SecAggError, match="threshold 2 \\(the settings give 4 and 3\\)"):
+        share_keys(devices["a"], server, 2)
+    assert set(share_keys(devices["b"], server, 3)) == {"a", "c", "d", "e"}
 
 
 def test_a_liar_among_more_than_t_holders_is_named_and_the_sum_stays_exact(five):

@@ -1,21 +1,25 @@
 """Secure aggregation for weight averaging: the protocol, one device and the server, one round.
 
-The protocol is SecAgg (Bonawitz et al., CCS 2017) in the form SecAgg+ (Bell et al., CCS 2020)
-gives it, on the **full graph** (every pair of the round's devices masks: no neighbour graph):
+The protocol is SecAgg+ (Bell et al., CCS 2020): SecAgg (Bonawitz et al., CCS 2017) on a
+k-regular **neighbour graph** (:mod:`edgefl.privacy.secagg_graph`; k = n - 1 is the full graph):
 
 0. **advertise keys** — each device makes two fresh X25519 key pairs (one for the channel, one for
    the pairwise masks) and a 256-bit self-mask seed, and sends both public keys and a SHA-256
-   commitment to the seed. The server relays the roster (U1) to every device.
-1. **share keys** — each device splits its seed and its mask private key into Shamir shares
-   (threshold t, GF(2⁵²¹-1)), and seals each peer's pair of shares with ChaCha20-Poly1305 under
-   the key both agree on by X25519; the server relays the sealed shares (it cannot read them).
-2. **masked input** — each device that received its peers' shares (U2) trains, and sends its
-   weighted update in fixed point plus its self mask plus, for each peer v, ±PRG(agreed secret)
-   (+ when its id sorts before v's). Pairwise masks cancel in the sum; the self mask does not.
-3. **unmasking** — the server names the devices whose masked input arrived (U3); each survivor
-   sends its shares of the survivors' seeds and of the dropped devices' mask keys, never both
-   kinds for one peer (a device asked for both refuses). With t shares of each the server
-   removes the self masks and the dropped devices' pairwise masks: what is left is the sum.
+   commitment to the seed. The server fixes the roster (U1), draws the graph's seed and sends
+   each device the roster's ids, the seed, and its neighbours' keys.
+1. **share keys** — each device rebuilds the graph from the seed and checks it, splits its seed
+   and its mask private key into Shamir shares (threshold t of the k + 1 holders: its neighbours
+   and itself, GF(2⁵²¹-1)), and seals each neighbour's pair of shares with ChaCha20-Poly1305
+   under the key both agree on by X25519; the server relays them (it cannot read them).
+2. **masked input** — each device that received its neighbours' shares (U2) trains, and sends
+   its weighted update in fixed point plus its self mask plus, for each neighbour v that shared,
+   ±PRG(agreed secret) (+ when its id sorts before v's). Pairwise masks cancel in the sum; the
+   self mask does not.
+3. **unmasking** — the server names to each device its neighbours whose masked input arrived
+   (U3); each sends its shares of those neighbours' seeds and of its dropped neighbours' mask
+   keys, never both kinds for one peer (a device asked for both refuses). With t shares of each
+   the server removes the self masks and the dropped devices' pairwise masks: what is left is
+   the sum.
 
 Integrity: every reconstructed secret is checked against what its owner committed to in step 0
 (the seed's hash, the private key's public key); a share that does not fit is its holder's lie
@@ -51,12 +55,17 @@ from edgefl.privacy.secagg_crypto import (
     open_sealed,
     prg,
     private_bytes,
-    public_of,
-    recover,
     seal,
     share_bytes,
     share_secret,
     share_value,
+)
+from edgefl.privacy.secagg_graph import (
+    check_graph,
+    degree_for,
+    harary_graph,
+    parse_neighbours,
+    threshold_of,
 )
 
 #: Bits of headroom above the largest possible sum (a stray mask lands outside with prob. 3/4).
@@ -69,28 +78,44 @@ ADVERT_BYTES = 3 * KEY_BYTES
 SEALED_BYTES = 12 + 2 * SHARE_BYTES + 16
 
 #: The method options that carry secure aggregation (``-o secagg=on``, the CLI's ``--secagg``).
-OPTION_KEYS = {"secagg": "on", "secagg_threshold": "threshold", "secagg_clip": "clip"}
+OPTION_KEYS = {
+    "secagg": "on",
+    "secagg_threshold": "threshold",
+    "secagg_clip": "clip",
+    "secagg_neighbours": "neighbours",
+}
 
 
 @dataclass(frozen=True)
 class SecAggSettings:
-    """``threshold``: the fraction of the devices that advertised keys whose shares are needed
-    to remove a mask (t = ⌈threshold·n⌉, at least 2): up to n - t devices may drop out after
-    sharing, and the server with fewer than t devices learns nothing but the sum. ``clip``: the
-    fixed-point range of one coordinate of a device's update."""
+    """``neighbours``: each device's neighbours in the round's graph (``auto``, ``full`` or an
+    even k; :mod:`edgefl.privacy.secagg_graph`). ``threshold``: the fraction of the k + 1 holders
+    of a device's shares (its neighbours and itself) needed to remove a mask (t =
+    ⌈threshold·(k + 1)⌉, at least 2): up to k + 1 - t of them may drop out after sharing, and the
+    server with fewer than t of them learns nothing but the sum. ``clip``: the fixed-point range
+    of one coordinate of a device's update."""
 
     on: bool = False
     threshold: float = 0.6
     clip: float = 8.0
+    neighbours: str = "auto"
 
     def __post_init__(self):
         if not 0.5 <= self.threshold <= 1:
             raise ConfigError(f"secagg_threshold must be in [0.5, 1] (got {self.threshold})")
         if not (self.clip > 0 and math.isfinite(self.clip)):
             raise ConfigError(f"secagg_clip must be a finite number > 0 (got {self.clip})")
+        object.__setattr__(self, "neighbours", parse_neighbours(self.neighbours))
+        if self.neighbours != "auto" and not self.on:
+            raise ConfigError("secagg_neighbours is an option of secure aggregation: add secagg=on")
+
+    def neighbours_for(self, n: int) -> int:
+        """Each device's number of neighbours k in a round of n devices (n - 1: full graph)."""
+        return degree_for(self.neighbours, n, self.threshold)
 
     def threshold_for(self, n: int) -> int:
-        return max(2, math.ceil(self.threshold * n - 1e-9))
+        """t in a round of n devices: of the k + 1 holders of each device's shares."""
+        return threshold_of(self.neighbours_for(n), self.threshold)
 
     @property
     def scale(self) -> float:
@@ -104,6 +129,7 @@ class SecAggSettings:
             "secagg": "on",
             "secagg_threshold": repr(self.threshold),
             "secagg_clip": repr(self.clip),
+            "secagg_neighbours": self.neighbours,
         }
 
 
@@ -119,6 +145,9 @@ def split_secagg_options(raw: Mapping[str, object]) -> tuple[dict[str, object], 
             if text not in ("on", "off", "true", "false", "1", "0"):
                 raise ConfigError(f"option secagg={raw[key]!r}: choose on or off")
             values[name] = text in ("on", "true", "1")
+            continue
+        if name == "neighbours":
+            values[name] = text
             continue
         try:
             values[name] = float(text)
@@ -155,7 +184,7 @@ def decode(total: np.ndarray, devices: int, settings: SecAggSettings) -> np.ndar
     return body.astype(np.float64) / settings.scale
 
 
-def _pair_sign(me: str, peer: str) -> int:
+def pair_sign(me: str, peer: str) -> int:
     return 1 if me < peer else -1
 
 
@@ -175,40 +204,60 @@ class DeviceRound:
         self.threshold = 0
         # peer → (its seed share, its key share) for me
         self.held: dict[str, tuple[int, int]] = {}
-        self.peers: list[str] = []  # the peers whose shares I hold (my view of U2, less me)
+        self.neighbours: list[str] = []  # my neighbours in the round's graph
+        self.peers: list[str] = []  # the neighbours whose shares I hold (my view of U2, less me)
         self.revealed: dict[str, str] = {}  # peer → "seed" or "key": what I told the server
         self.stage = "advertised"
 
-    def share(self, roster: Mapping[str, bytes], threshold: int) -> dict[str, bytes]:
-        """Sealed shares of my seed and mask key for every other device of the roster (U1)."""
+    def share(
+        self, ids: Sequence[str], adverts: Mapping[str, bytes], threshold: int, k: int, seed: bytes
+    ) -> dict[str, bytes]:
+        """Sealed shares of my seed and mask key for each of my neighbours: ``ids``, the roster
+        (U1); ``k`` and ``seed``, the graph's degree and seed; ``adverts``, my neighbours' keys
+        and mine, as the server sends them. Refuses a graph that is not the settings' or not
+        well formed, and keys that are not my neighbours'."""
         self._expect("advertised", "share keys")
-        if roster.get(self.me) != self.advert:
-            raise SecAggError(f"the roster does not carry {self.me}'s own keys")
-        if len(roster) < threshold or threshold != self.settings.threshold_for(len(roster)):
-            # the device computes t itself: a server that lowered it could rebuild a secret
-            # from fewer shares than the run's settings promise
+        n = len(ids)
+        if len(set(ids)) != n or self.me not in ids:
+            raise SecAggError("the roster repeats a device or leaves this one out")
+        # the device computes k and t itself: a server that lowered either could rebuild a
+        # secret from fewer shares (or fewer colluders) than the run's settings promise
+        want_k, want_t = self.settings.neighbours_for(n), self.settings.threshold_for(n)
+        if (k, threshold) != (want_k, want_t):
             raise SecAggError(
-                f"a roster of {len(roster)} devices with threshold {threshold} (the settings "
-                f"give {self.settings.threshold_for(len(roster))})"
+                f"a roster of {n} devices with {k} neighbours and threshold {threshold} (the "
+                f"settings give {want_k} and {want_t}): refused"
             )
-        if len({bytes(a[:KEY_BYTES]) for a in roster.values()}) < len(roster) or len(
-            {bytes(a[KEY_BYTES : 2 * KEY_BYTES]) for a in roster.values()}
-        ) < len(roster):
+        graph = harary_graph(list(ids), k, bytes(seed), self.context)
+        check_graph(graph, list(ids), k)
+        near = graph[self.me]
+        if set(adverts) != near | {self.me}:
+            raise SecAggError(
+                "the keys sent to this device are not those of its neighbours in the graph the "
+                "announced seed gives: refused"
+            )
+        if adverts[self.me] != self.advert:
+            raise SecAggError(f"the roster does not carry {self.me}'s own keys")
+        if len({bytes(a[:KEY_BYTES]) for a in adverts.values()}) < len(adverts) or len(
+            {bytes(a[KEY_BYTES : 2 * KEY_BYTES]) for a in adverts.values()}
+        ) < len(adverts):
             raise SecAggError("two devices of the roster advertise the same key")
-        self.roster, self.threshold = {k: bytes(v) for k, v in roster.items()}, threshold
-        points = points_of(self.roster)
-        seeds = share_secret(self.seed, list(points.values()), threshold)
-        keys = share_secret(private_bytes(self.mask_sk), list(points.values()), threshold)
+        self.roster, self.threshold = {d: bytes(v) for d, v in adverts.items()}, threshold
+        self.neighbours = sorted(near)
+        points = points_of(ids)
+        xs = [points[d] for d in sorted(self.roster)]
+        seeds = share_secret(self.seed, xs, threshold)
+        keys = share_secret(private_bytes(self.mask_sk), xs, threshold)
         self.held[self.me] = (seeds[points[self.me]], keys[points[self.me]])
         out = {}
-        for peer, x in points.items():
-            if peer != self.me:
-                key = derive(
-                    agree(self.channel_sk, self.roster[peer][:KEY_BYTES]), "channel", self.context
-                )
-                out[peer] = seal(
-                    key, self.context, self.me, peer, share_bytes(seeds[x]) + share_bytes(keys[x])
-                )
+        for peer in self.neighbours:
+            x = points[peer]
+            key = derive(
+                agree(self.channel_sk, self.roster[peer][:KEY_BYTES]), "channel", self.context
+            )
+            out[peer] = seal(
+                key, self.context, self.me, peer, share_bytes(seeds[x]) + share_bytes(keys[x])
+            )
         self.stage = "shared"
         return out
 
@@ -218,12 +267,13 @@ class DeviceRound:
         """My weighted update, masked; ``sealed``: the shares each peer that shared (U2) sealed
         for me. Also returns the number of coordinates the fixed-point clip cut."""
         self._expect("shared", "masked input")
-        unknown = sorted(set(sealed) - set(self.roster) | ({self.me} & set(sealed)))
+        unknown = sorted(set(sealed) - set(self.neighbours))
         if unknown:
-            raise SecAggError(f"shares from {unknown[0]!r}, which is not a peer of this round")
+            raise SecAggError(f"shares from {unknown[0]!r}, which is not a neighbour of this device")
         if len(sealed) + 1 < self.threshold:
             raise SecAggError(
-                f"only {len(sealed) + 1} devices shared keys; the threshold is {self.threshold}"
+                f"only {len(sealed) + 1} of this device's neighbourhood shared keys; the "
+                f"threshold is {self.threshold}"
             )
         if not 0 < weight <= 1:
             raise SecAggError(f"a weight of {weight} (must be in (0, 1])")
@@ -238,13 +288,14 @@ class DeviceRound:
         y += prg(derive(self.seed, "self-mask", self.context), len(y))
         for peer in self.peers:
             mask = prg(pair_key(self.mask_sk, self.roster[peer], self.context), len(y))
-            y = y + mask if _pair_sign(self.me, peer) > 0 else y - mask
+            y = y + mask if pair_sign(self.me, peer) > 0 else y - mask
         self.stage = "masked"
         return y, clipped
 
     def unmask(self, survivors: Sequence[str]) -> tuple[list[bytes], list[bytes]]:
-        """My shares of the survivors' seeds (in ``survivors``' order) and of the dropped peers'
-        mask keys (in sorted order). Refuses a request that would reveal both kinds for a peer."""
+        """My shares of the seeds of ``survivors`` (my neighbours and I whose masked input
+        arrived, in that order) and of the mask keys of the neighbours that shared and did not
+        survive (in sorted order). Refuses a request that would reveal both kinds for a peer."""
         if self.stage not in ("masked", "unmasked"):
             raise SecAggError(
                 f"an unmasking request before this device sent its masked input ({self.stage})"
@@ -258,7 +309,10 @@ class DeviceRound:
                 f"{outside[0]!r} is named a survivor, but it sent this device no shares"
             )
         if len(alive) < self.threshold:
-            raise SecAggError(f"{len(alive)} survivors; the threshold is {self.threshold}")
+            raise SecAggError(
+                f"{len(alive)} survivors in this device's neighbourhood; the threshold is "
+                f"{self.threshold}"
+            )
         dropped = sorted(set(self.peers) - set(alive))
         asked = {**dict.fromkeys(alive, "seed"), **dict.fromkeys(dropped, "key")}
         both = sorted(p for p, kind in asked.items() if self.revealed.get(p, kind) != kind)
@@ -286,99 +340,3 @@ def points_of(roster: Mapping[str, bytes]) -> dict[str, int]:
 def pair_key(sk, peer_advert: bytes, context: str) -> bytes:
     """The PRG key of a pair's mask: X25519 of one's mask key and the peer's, through HKDF."""
     return derive(agree(sk, bytes(peer_advert[KEY_BYTES : 2 * KEY_BYTES])), "pair-mask", context)
-
-
-# --- the server ----------------------------------------------------------------------------------
-
-
-class ServerRound:
-    """The server's part in one round: relays, sums, and unmasks (it never holds a device's
-    secret while that device's input is in the sum)."""
-
-    def __init__(self, context: str, settings: SecAggSettings):
-        self.context, self.settings = context, settings
-        self.roster: dict[str, bytes] = {}
-        self.threshold = 0
-        self.shared: list[str] = []
-        self.total: np.ndarray | None = None
-        self.survivors: list[str] = []
-        self.liars: dict[str, str] = {}  # holder → whose secret its share did not fit
-
-    def set_roster(self, adverts: Mapping[str, bytes]) -> int:
-        """U1: the devices that advertised keys; returns the threshold t."""
-        self.roster = {d: bytes(a) for d, a in sorted(adverts.items())}
-        self.threshold = self.settings.threshold_for(len(self.roster))
-        if len(self.roster) < self.threshold:
-            raise SecAggError(
-                f"{len(self.roster)} devices advertised keys; secure aggregation needs at least "
-                f"{self.threshold}"
-            )
-        return self.threshold
-
-    def relay(self, sealed: Mapping[str, Mapping[str, bytes]]) -> dict[str, dict[str, bytes]]:
-        """U2 and what each of its devices is to receive: recipient → {sender: sealed shares}."""
-        self.shared = sorted(sealed)
-        if len(self.shared) < self.threshold:
-            raise SecAggError(
-                f"{len(self.shared)} devices shared keys; the threshold is {self.threshold}"
-            )
-        return {r: {s: sealed[s][r] for s in self.shared if s != r} for r in self.shared}
-
-    def add_masked(self, masked: Mapping[str, np.ndarray]) -> list[str]:
-        """Sum the masked inputs (U3); returns the survivors to name in the unmasking request."""
-        self.survivors = sorted(masked)
-        if len(self.survivors) < self.threshold:
-            raise SecAggError(
-                f"{len(self.survivors)} masked inputs arrived; the threshold is {self.threshold}"
-            )
-        total = None
-        for d in self.survivors:
-            y = np.asarray(masked[d]).view(np.uint32)
-            total = y.copy() if total is None else total + y
-        self.total = total
-        return self.survivors
-
-    @property
-    def dropped(self) -> list[str]:
-        return sorted(set(self.shared) - set(self.survivors))
-
-    def unmask(self, shares: Mapping[str, tuple[Sequence[bytes], Sequence[bytes]]]) -> np.ndarray:
-        """The sum of the survivors' weighted updates, from the survivors' shares (holder →
-        (seed shares in survivors' order, key shares in dropped order))."""
-        if len(shares) < self.threshold:
-            raise SecAggError(
-                f"{len(shares)} devices sent their shares; the threshold is {self.threshold}"
-            )
-        points, cache = points_of(self.roster), {}
-        total = self.total.copy()
-        for i, v in enumerate(self.survivors):
-            owner = self.roster[v][2 * KEY_BYTES :]
-            seed = self._recover(
-                v,
-                {points[h]: share_value(s[0][i]) for h, s in shares.items()},
-                lambda secret, c=owner: commitment(secret, self.context) == c,
-                cache,
-            )
-            total -= prg(derive(seed, "self-mask", self.context), len(total))
-        for i, v in enumerate(self.dropped):
-            public = self.roster[v][KEY_BYTES : 2 * KEY_BYTES]
-            sk = self._recover(
-                v,
-                {points[h]: share_value(s[1][i]) for h, s in shares.items()},
-                lambda secret, p=public: public_of(secret) == p,
-                cache,
-            )
-            for u in self.survivors:  # u added sign(u, v)·PRG(k_uv): take it out
-                mask = prg(pair_key(sk, self.roster[u], self.context), len(total))
-                total = total - mask if _pair_sign(u, v) > 0 else total + mask
-        return decode(total, len(self.survivors), self.settings)
-
-    def _recover(self, owner: str, shares: dict[int, int], valid, cache: dict) -> bytes:
-        try:
-            secret, bad = recover(shares, self.threshold, valid, weights_cache=cache)
-        except SecAggError as e:
-            raise SecAggError(f"cannot remove {owner}'s mask: {e}") from None
-        by_point = {x: d for d, x in points_of(self.roster).items()}
-        for x in bad:
-            self.liars[by_point[x]] = owner
-        return secret

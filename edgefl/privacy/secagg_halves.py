@@ -33,12 +33,16 @@ from edgefl.privacy.secagg import (
     SecAggSettings,
 )
 from edgefl.privacy.secagg_crypto import SHARE_BYTES, SecAggError
+from edgefl.privacy.secagg_graph import SEED_BYTES
 from edgefl.wire import ArraySpec, Payload, array_spec, in_group
 
 log = logging.getLogger(__name__)
 
 #: Request metadata: the stage (keys, shares, mask, unmask), the round's context, and more.
 STAGE, CONTEXT, THRESHOLD, WEIGHT = "secagg", "secagg_context", "secagg_threshold", "secagg_weight"
+#: The graph's degree k (request metadata) and the arrays that announce the graph: its seed, and
+#: the device's neighbourhood (its neighbours and itself, sorted: the rows of ``ADVERTS``).
+DEGREE, GRAPH_SEED, NEIGHBOURS = "secagg_degree", "secagg/graph_seed", "secagg/neighbours"
 STAGES = ("keys", "shares", "mask", "unmask")
 #: Arrays (all under secagg/): ids ([n, 64] ASCII, zero-padded), adverts, sealed shares, …
 IDS, ADVERTS, SEALED = "secagg/ids", "secagg/adverts", "secagg/sealed"
@@ -176,7 +180,10 @@ class SecAggDevice:
         return {
             **in_group(base, "model"),
             IDS: array_spec(np.uint8, (None, ID_BYTES), "ids"),
-            ADVERTS: array_spec(np.uint8, (None, ADVERT_BYTES), "adverts"),
+            # the key-sharing request's: a device's neighbours' keys, their ids and the graph
+            ADVERTS: array_spec(np.uint8, (None, ADVERT_BYTES), "graph"),
+            NEIGHBOURS: array_spec(np.uint8, (None, ID_BYTES), "graph"),
+            GRAPH_SEED: array_spec(np.uint8, (SEED_BYTES,), "graph"),
             SEALED: array_spec(np.uint8, (None, SEALED_BYTES), "sealed"),
         }
 
@@ -218,22 +225,34 @@ class SecAggDevice:
         if state is None or state.context != context:
             raise SecAggError(f"a {stage} request for another round than this device's keys")
         if stage == "shares":
-            ids = ids_of(p.arrays[IDS])
-            adverts = rows(p.arrays[ADVERTS])
-            if len(adverts) != len(ids):
-                raise SecAggError("the roster's ids and keys differ in number")
-            sealed = state.share(
-                dict(zip(ids, adverts, strict=True)), int(p.meta.get(THRESHOLD, 0))
-            )
-            return Payload(
-                {SEALED: stack([sealed[d] for d in ids if d != state.me], SEALED_BYTES)},
-                {"num_samples": n},
-            )
+            return self._share(state, p, n)
         if stage == "mask":
             return self._masked(round, state, p, n)
         seeds, keys = state.unmask(ids_of(p.arrays[IDS]))
         return Payload(
             {SEED_SHARES: stack(seeds, SHARE_BYTES), KEY_SHARES: stack(keys, SHARE_BYTES)},
+            {"num_samples": n},
+        )
+
+    def _share(self, state: DeviceRound, p: Payload, n: int) -> Payload:
+        if NEIGHBOURS not in p.arrays or GRAPH_SEED not in p.arrays:
+            raise SecAggError("the key-sharing request announces no neighbour graph")
+        hood = ids_of(p.arrays[NEIGHBOURS])
+        adverts = rows(p.arrays[ADVERTS])
+        if len(adverts) != len(hood):
+            raise SecAggError("the neighbourhood's ids and keys differ in number")
+        degree = p.meta.get(DEGREE)
+        if isinstance(degree, bool) or not isinstance(degree, int):
+            raise SecAggError("the key-sharing request names no graph degree")
+        sealed = state.share(
+            ids_of(p.arrays[IDS]),
+            dict(zip(hood, adverts, strict=True)),
+            int(p.meta.get(THRESHOLD, 0)),
+            degree,
+            bytes(np.asarray(p.arrays[GRAPH_SEED], np.uint8)),
+        )
+        return Payload(
+            {SEALED: stack([sealed[d] for d in state.neighbours], SEALED_BYTES)},
             {"num_samples": n},
         )
 
@@ -301,11 +320,13 @@ class SecAggServer:
         return {k: v for k, v in self.inner.state_dict().items() if k.startswith("w/")}
 
     def stage_specs(self, stage: str, n: int = 0, dropped: int = 0) -> dict[str, ArraySpec]:
+        """What a reply carries at ``stage``: ``n`` is the device's number of neighbours (shares)
+        or of survivors named to it (unmask), ``dropped`` its dropped neighbours (unmask)."""
         u8 = np.uint8
         if stage == "keys":
             return {ADVERT: array_spec(u8, (ADVERT_BYTES,))}
         if stage == "shares":
-            return {SEALED: array_spec(u8, (n - 1, SEALED_BYTES))}
+            return {SEALED: array_spec(u8, (n, SEALED_BYTES))}
         if stage == "unmask":
             return {
                 SEED_SHARES: array_spec(u8, (n, SHARE_BYTES)),

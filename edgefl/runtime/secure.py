@@ -18,16 +18,21 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from edgefl.privacy.secagg import ADVERT_BYTES, SEALED_BYTES, ServerRound
+import numpy as np
+
+from edgefl.privacy.secagg import ADVERT_BYTES, SEALED_BYTES
 from edgefl.privacy.secagg_crypto import SecAggError
 from edgefl.privacy.secagg_halves import (
     ADVERT,
     ADVERTS,
     CONTEXT,
+    DEGREE,
     DEVICES,
+    GRAPH_SEED,
     IDS,
     KEY_SHARES,
     MASKED,
+    NEIGHBOURS,
     SEALED,
     SEED_SHARES,
     STAGE,
@@ -38,6 +43,7 @@ from edgefl.privacy.secagg_halves import (
     rows,
     stack,
 )
+from edgefl.privacy.secagg_server import ServerRound
 from edgefl.runtime.claims import bound_uplinks
 from edgefl.wire import Payload
 
@@ -99,17 +105,26 @@ class SecureRound:
         weights = self.weights(ex)
         t = p.set_roster(adverts)
         ids = list(p.roster)
-        # 1. share keys (sealed for each peer; the server only relays)
-        roster = {IDS: ids_array(ids), ADVERTS: stack([p.roster[d] for d in ids], ADVERT_BYTES)}
+        # 1. share keys: the roster, the graph's seed and the device's neighbours' keys; each
+        # device seals shares for its neighbours, and the server only relays them
+        common = {IDS: ids_array(ids), GRAPH_SEED: np.frombuffer(p.seed, np.uint8).copy()}
+        meta = self.meta("shares", **{THRESHOLD: t, DEGREE: p.k})
+        payloads = {}
+        for d in ids:
+            hood = p.neighbourhood(d)
+            arrays = {
+                **common,
+                NEIGHBOURS: ids_array(list(hood)),
+                ADVERTS: stack(list(hood.values()), ADVERT_BYTES),
+            }
+            payloads[d] = Payload(arrays, meta)
         ex = self.exchange(
-            "shares",
-            {d: Payload(roster, self.meta("shares", **{THRESHOLD: t})) for d in ids},
-            lambda d: server.stage_specs("shares", len(ids)),
+            "shares", payloads, lambda d: server.stage_specs("shares", len(p.graph[d]))
         )
         sealed = {}
         for s, r in ex.replies.items():
             boxes = rows(r.payload.arrays[SEALED])
-            sealed[s] = dict(zip([d for d in ids if d != s], boxes, strict=True))
+            sealed[s] = dict(zip(sorted(p.graph[s]), boxes, strict=True))
         inbox = p.relay(sealed)
         # 2. masked input: the model, the shares sealed for the device, its weight; it trains
         payloads = {}
@@ -131,12 +146,15 @@ class SecureRound:
             for d, r in masked_ex.replies.items()
         }
         survivors = p.add_masked(masked)
-        dropped = p.dropped
-        # 3. unmasking: the survivors' shares of the survivors' seeds and the dropped devices' keys
+        # 3. unmasking: each survivor's shares of its surviving neighbours' seeds (and its own)
+        # and of its dropped neighbours' keys
         ex = self.exchange(
             "unmask",
-            {d: Payload({IDS: ids_array(survivors)}, self.meta("unmask")) for d in survivors},
-            lambda d: server.stage_specs("unmask", len(survivors), len(dropped)),
+            {
+                d: Payload({IDS: ids_array(p.alive_for(d))}, self.meta("unmask"))
+                for d in survivors
+            },
+            lambda d: server.stage_specs("unmask", len(p.alive_for(d)), len(p.dropped_for(d))),
         )
         shares = {
             h: (rows(r.payload.arrays[SEED_SHARES]), rows(r.payload.arrays[KEY_SHARES]))
@@ -177,7 +195,8 @@ class SecureRound:
     def _report(self) -> dict[str, Any]:
         p = self.protocol
         return {
-            "graph": "full",
+            "graph": "full" if p.full or not p.roster else "k-regular",
+            "neighbours": p.k,
             "threshold": p.threshold,
             "advertised": len(p.roster),
             "shared": len(p.shared),
