@@ -1,5 +1,6 @@
-"""Secure aggregation over MQTT: a server and three device processes on a real Mosquitto broker run
-FedAvg with ``secagg=on`` (every stage a train request and its update reply in the one message
+"""Secure aggregation over MQTT: a server and four device processes on a real Mosquitto broker run
+FedAvg with ``secagg=on`` on a 2-regular neighbour graph (SecAgg+: each device masks with and
+shares among 2 of the other 3; every stage a train request and its update reply in the one message
 shape, each validated on arrival), and end with the global model of the same run in memory."""
 
 import json
@@ -33,8 +34,8 @@ def test_fedavg_with_secagg_over_mosquitto_matches_the_in_memory_run(
         tmp_path,
         algorithm="fedavg",
         rounds=2,
-        clients=3,
-        options={"secagg": "on"},
+        clients=4,
+        options={"secagg": "on", "secagg_neighbours": "2"},
         threads=1,
         fraction=1.0,
     )
@@ -48,13 +49,13 @@ def test_fedavg_with_secagg_over_mosquitto_matches_the_in_memory_run(
     broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     try:
         t, box = serve_in_thread(
-            cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
+            cfg.model_copy(update={"min_devices": 4, "run_name": "mqtt"}),
             ServeOptions(broker=broker.url, fleet="secagg", deadline=scaled(60)),
         )
         tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
         procs = [
             spawn(broker.url, "secagg", cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)])
-            for i in range(3)
+            for i in range(4)
         ]
         t.join(scaled(300))
         codes = finish(procs)
@@ -62,7 +63,7 @@ def test_fedavg_with_secagg_over_mosquitto_matches_the_in_memory_run(
         broker.stop()
 
     assert "error" not in box, box.get("error")
-    assert codes == [0, 0, 0]
+    assert codes == [0, 0, 0, 0]
     got = box["state"]
     assert set(got) == set(expected) and expected
     for k in expected:  # the unmasked sum is exact in the ring: the same model as in memory
@@ -72,10 +73,9 @@ def test_fedavg_with_secagg_over_mosquitto_matches_the_in_memory_run(
         for line in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()
     ]
     for r in rounds:
-        assert r["completed"] == ["d00", "d01", "d02"] and not r["failed"] and not r["rejected"]
-        assert (
-            r["secagg"]["survivors"] == 3
-            and r["secagg"]["threshold"] == 2
-            and r["secagg"]["dropped"] == []
-        )
+        assert r["completed"] == ["d00", "d01", "d02", "d03"]
+        assert not r["failed"] and not r["rejected"]
+        info = r["secagg"]
+        assert (info["graph"], info["neighbours"], info["threshold"]) == ("k-regular", 2, 2)
+        assert info["survivors"] == 4 and info["dropped"] == []
         assert r["train_loss"] == {}  # no device's loss reaches the server

@@ -44,6 +44,13 @@ def start(
         help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of "
         "the updates (-o secagg=on); docs/privacy.md.",
     ),
+    secagg_neighbours: str = typer.Option(
+        None,
+        "--secagg-neighbours",
+        help="With --secagg: each device's neighbours in the round's graph (SecAgg+): auto (the "
+        "full graph under 50 devices, else k = O(log n)), full, or an even k "
+        "(-o secagg_neighbours=K); docs/privacy.md.",
+    ),
     rounds: int = typer.Option(None, help="Training rounds."),
     min_devices: int = typer.Option(
         None, help="Ready devices to wait for before the first round (start threshold only)."
@@ -141,7 +148,8 @@ def start(
         "seed": seed,
         "out_dir": str(out) if out else None, "run_name": run_name,
     }  # fmt: skip
-    explicit = run_settings(config, flags, option, {"secagg": "on" if secagg else None})
+    secure = {"secagg": "on" if secagg else None, "secagg_neighbours": secagg_neighbours}
+    explicit = run_settings(config, flags, option, secure)
     explicit.setdefault(
         "clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1)
     )

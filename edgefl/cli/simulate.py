@@ -201,6 +201,13 @@ def simulate(
         help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of "
         "the updates (-o secagg=on); docs/privacy.md.",
     ),
+    secagg_neighbours: str = typer.Option(
+        None,
+        "--secagg-neighbours",
+        help="With --secagg: each device's neighbours in the round's graph (SecAgg+): auto (the "
+        "full graph under 50 devices, else k = O(log n)), full, or an even k "
+        "(-o secagg_neighbours=K); docs/privacy.md.",
+    ),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
     flags = {
@@ -248,7 +255,8 @@ def simulate(
         "dp_clip": clip,
         "dp_noise_multiplier": noise_multiplier,
     }  # the dp options every method takes (docs/privacy.md)
-    explicit = run_settings(config, flags, option, privacy | {"secagg": "on" if secagg else None})
+    secure = {"secagg": "on" if secagg else None, "secagg_neighbours": secagg_neighbours}
+    explicit = run_settings(config, flags, option, privacy | secure)
     _fleet_file_clients(explicit)
     check_run_names(explicit)  # names and values, before torch is imported
     if transport not in ("memory", "mqtt"):

@@ -269,7 +269,9 @@ class DeviceRound:
         self._expect("shared", "masked input")
         unknown = sorted(set(sealed) - set(self.neighbours))
         if unknown:
-            raise SecAggError(f"shares from {unknown[0]!r}, which is not a neighbour of this device")
+            raise SecAggError(
+                f"shares from {unknown[0]!r}, which is not a neighbour of this device"
+            )
         if len(sealed) + 1 < self.threshold:
             raise SecAggError(
                 f"only {len(sealed) + 1} of this device's neighbourhood shared keys; the "

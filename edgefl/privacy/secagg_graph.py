@@ -155,7 +155,9 @@ def check_graph(graph: Mapping[str, set[str]], ids: Sequence[str], k: int) -> No
         if d in near:
             raise SecAggError(f"the neighbour graph makes {d!r} its own neighbour")
         if len(near) != k:
-            raise SecAggError(f"{d!r} has {len(near)} neighbours, not {k}: the graph is not regular")
+            raise SecAggError(
+                f"{d!r} has {len(near)} neighbours, not {k}: the graph is not regular"
+            )
         for v in near:
             if v not in graph or d not in graph[v]:
                 raise SecAggError(f"{d!r} lists {v!r} as a neighbour, but not the other way round")
