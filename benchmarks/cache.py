@@ -2,8 +2,8 @@
 
 Finished cells are cached as ``<benchmark>/cells/<key>-<code hash>.json``: the key a hash of the
 cell's full configuration (:attr:`benchmarks.cells.Cell.key`), the code hash one of the code the
-cell runs (:mod:`benchmarks.provenance`), so an interrupted benchmark resumes, a finished one is only
-re-reported and a code change never reuses a cell. :func:`run_cells` runs the missing cells in
+cell runs (:mod:`benchmarks.provenance`), so an interrupted benchmark resumes, a finished one is
+only re-reported and a code change never reuses a cell. :func:`run_cells` runs the missing cells in
 worker processes (each on one torch thread) and refuses to run a cell from code that differs from
 its commit unless the cache is a draft's (``--draft``).
 """
@@ -20,7 +20,8 @@ from benchmarks import provenance
 from benchmarks.cells import Cell, _worker_init, run_cell
 from edgefl.report.recorder import json_safe
 
-#: the commit (``+dirty`` where the code differs from it) a measurement runs at: the timing benchmarks' record
+#: the commit (``+dirty`` where the code differs from it) a measurement runs at: the timing
+#: benchmarks' record
 code_version = provenance.code_version
 
 
@@ -37,8 +38,14 @@ class Cache:
     (``<key>.json``, pre-provenance), each marked so on the page. With ``record_extras`` a record
     made without that hook is a miss (it lacks the metrics the claims name)."""
 
-    def __init__(self, directory: Path, record_extras: str | None = None, *, code_hash: str | None = None,
-                 draft: bool = False):
+    def __init__(
+        self,
+        directory: Path,
+        record_extras: str | None = None,
+        *,
+        code_hash: str | None = None,
+        draft: bool = False,
+    ):
         self.dir = Path(directory)
         self.record_extras = record_extras
         self.code_hash = code_hash or provenance.code_hash(record_extras)
@@ -82,14 +89,22 @@ class Cache:
         tmp.replace(self.path(cell))  # atomic: an interrupted write never leaves half a record
 
 
-def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_metrics: Sequence[str] = (),
-              log: Callable[[str], None] = lambda m: print(m, flush=True), tmp_root: Path | None = None,
-              progress: bool = False) -> list[dict]:
+def run_cells(
+    cells: Sequence[Cell],
+    cache: Cache,
+    *,
+    workers: int,
+    keep_server_metrics: Sequence[str] = (),
+    log: Callable[[str], None] = lambda m: print(m, flush=True),
+    tmp_root: Path | None = None,
+    progress: bool = False,
+) -> list[dict]:
     """Every cell's record, running the ones not in the cache (``workers`` processes at a time).
     Refuses (:class:`DirtyCode`) to run a cell from code that differs from its commit unless the
     cache is a draft's; run directories live under ``tmp_root`` while their cell runs."""
     records: dict[Cell, dict] = {}
-    todo, waiting = [], {}  # one run per key: cells that spell one configuration differently share it
+    # one run per key: cells that spell one configuration differently share it
+    todo, waiting = [], {}
     for cell in cells:
         hit = cache.get(cell)
         if hit is not None:
@@ -102,17 +117,33 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
     log(f"{len(cells)} cells: {len(records)} cached, {len(todo)} to run on {workers} worker(s)")
     version = provenance.code_version(cache.record_extras)
     if todo and provenance.is_dirty(version) and not cache.draft:
-        raise DirtyCode(f"{len(todo)} cells would run from code at {version}: the edgefl package or the benchmark's "
-                        "module differs from the commit. Commit first, or ask for a draft (--draft), whose cells are "
-                        "marked and never reused by a run that is not a draft")
+        raise DirtyCode(
+            f"{len(todo)} cells would run from code at {version}: the edgefl package or the "
+            "benchmark's "
+            "module differs from the commit. Commit first, or ask for a draft (--draft), whose "
+            "cells are "
+            "marked and never reused by a run that is not a draft"
+        )
     if todo:
         t0 = time.perf_counter()
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init
+        ) as pool:
             tmp = None if tmp_root is None else str(tmp_root)
-            pending = {pool.submit(run_cell, c, tuple(keep_server_metrics), cache.record_extras, tmp, progress, cache.draft): c
-                       for c in todo}
+            pending = {
+                pool.submit(
+                    run_cell,
+                    c,
+                    tuple(keep_server_metrics),
+                    cache.record_extras,
+                    tmp,
+                    progress,
+                    cache.draft,
+                ): c
+                for c in todo
+            }
             done_count = 0
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -122,8 +153,10 @@ def run_cells(cells: Sequence[Cell], cache: Cache, *, workers: int, keep_server_
                     # device failing or every budget spent, is a record: cells.stopped_summary)
                     record = fut.result()
                     if record.get("code_hash") != cache.code_hash:
-                        raise RuntimeError(f"{cell.label}: the code changed while the benchmark ran (hash "
-                                           f"{record.get('code_hash')} against {cache.code_hash} at the start)")
+                        raise RuntimeError(
+                            f"{cell.label}: the code changed while the benchmark ran (hash "
+                            f"{record.get('code_hash')} against {cache.code_hash} at the start)"
+                        )
                     cache.put(cell, record)
                     for same in waiting[cell.key]:
                         records[same] = cache.get(same)

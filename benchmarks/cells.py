@@ -1,4 +1,5 @@
-"""A benchmark's cells (../shared/specs/BENCHMARKS.md, "The runner"): what one run is and how it runs.
+"""A benchmark's cells (../shared/specs/BENCHMARKS.md, "The runner"): what one run is and how it
+runs.
 
 A :class:`Cell` is one ``edgefl.runtime.simulation.simulate`` call (method × setting × seed with its
 explicit settings); its :attr:`Cell.key` hashes the *resolved* run (the algorithm's defaults and
@@ -34,7 +35,8 @@ RECORD_VERSION = 1
 
 @dataclass(frozen=True, eq=False)
 class Cell:
-    """One run: ``config`` is the explicit RunConfig settings (the algorithm's defaults fill the rest)."""
+    """One run: ``config`` is the explicit RunConfig settings (the algorithm's defaults fill the
+    rest)."""
 
     method: str
     setting: str
@@ -49,11 +51,19 @@ class Cell:
     def key(self) -> str:
         """Hash of the *resolved* run: the explicit settings, the algorithm's defaults and its
         options with their defaults, so a changed default never reuses a stale result."""
-        blob = json.dumps({"v": RECORD_VERSION, "run": resolved_run(self)}, sort_keys=True, default=list)
+        blob = json.dumps(
+            {"v": RECORD_VERSION, "run": resolved_run(self)}, sort_keys=True, default=list
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def _identity(self) -> tuple:
-        return (self.role, self.method, self.setting, self.seed, json.dumps(self.config, sort_keys=True, default=list))
+        return (
+            self.role,
+            self.method,
+            self.setting,
+            self.seed,
+            json.dumps(self.config, sort_keys=True, default=list),
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Cell) and self._identity() == other._identity()
@@ -68,15 +78,16 @@ class Cell:
 
 @dataclass(frozen=True)
 class RunOutput:
-    """What a finished cell leaves for a benchmark's ``record_extras`` hook; ``run_dir`` (config.json,
-    rounds.jsonl, models/) exists only while the hook runs."""
+    """What a finished cell leaves for a benchmark's ``record_extras`` hook; ``run_dir``
+    (config.json, rounds.jsonl, models/) exists only while the hook runs."""
 
     cell: Cell
     config: Any  # the resolved edgefl.config.RunConfig
     run_dir: Path
     summary: dict[str, Any]
     rounds: list[dict[str, Any]]
-    server: Any = None  # the run's server half after the last round (e.g. FedVTC's ψ, for sample grids)
+    # the run's server half after the last round (e.g. FedVTC's ψ, for sample grids)
+    server: Any = None
 
 
 def load_hook(spec: str) -> Callable[[RunOutput], Mapping[str, Any]]:
@@ -102,7 +113,8 @@ ADDED_OPTIONS: dict[str, dict[str, Any]] = {
 # paper's FedAvg); HeteroFL/HierarchyFL's default since issue 15's quick command, not before
 for _method in ("felo", "velo", "heterofl", "hierarchyfl"):
     ADDED_OPTIONS.setdefault(_method, {})["bn_stats"] = "average"
-for _method in ("felo", "velo"):  # the classifier trained on the server's class features: off by default
+# the classifier trained on the server's class features: off by default
+for _method in ("felo", "velo"):
     ADDED_OPTIONS[_method]["server_feature_ce"] = 0.0
 
 
@@ -111,9 +123,13 @@ for _method in ("felo", "velo"):  # the classifier trained on the server's class
 #: ADDED_OPTIONS). Entries are never removed.
 ADDED_SETTINGS: dict[str, Any] = {
     # the server optimizer (issue 39): plain averaging
-    "server_opt": "fedavg", "server_opt_lr": None, "server_opt_betas": [0.9, 0.99], "server_opt_eps": 1e-3,
+    "server_opt": "fedavg",
+    "server_opt_lr": None,
+    "server_opt_betas": [0.9, 0.99],
+    "server_opt_eps": 1e-3,
     # asynchronous buffered aggregation (issue 39): rounds
-    "aggregation": "sync", "buffer": None,
+    "aggregation": "sync",
+    "buffer": None,
 }
 
 
@@ -128,7 +144,8 @@ def resolved_run(cell: Cell) -> dict[str, Any]:
 
         algorithm = get_algorithm(cell.config.get("algorithm", "fedavg"))
         cfg = resolve_config(cell.full_config(), dict(algorithm.defaults))
-        options = resolve_method(cfg.algorithm, cfg.options).options_dict()  # the dp options too, when set
+        # the dp options too, when set
+        options = resolve_method(cfg.algorithm, cfg.options).options_dict()
         run = cfg.model_dump(mode="json", exclude={"out_dir", "run_name", "threads", "options"})
         run = {k: v for k, v in run.items() if not (k in ADDED_SETTINGS and v == ADDED_SETTINGS[k])}
         added = ADDED_OPTIONS.get(cfg.algorithm, {})
@@ -145,7 +162,8 @@ def _worker_init() -> None:
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT))
-    os.chdir(ROOT)  # a configuration's relative paths (FedVTC's oracle) name files of the repository
+    # a configuration's relative paths (FedVTC's oracle) name files of the repository
+    os.chdir(ROOT)
     parent = os.getppid()
 
     def orphaned() -> None:  # a killed benchmark must not leave its cells running
@@ -156,8 +174,14 @@ def _worker_init() -> None:
     threading.Thread(target=orphaned, daemon=True).start()
 
 
-def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras: str | None = None,
-             tmp_root: str | None = None, progress: bool = False, draft: bool = False) -> dict[str, Any]:
+def run_cell(
+    cell: Cell,
+    keep_server_metrics: Sequence[str] = (),
+    record_extras: str | None = None,
+    tmp_root: str | None = None,
+    progress: bool = False,
+    draft: bool = False,
+) -> dict[str, Any]:
     """Run one cell in this process and return its record (what results.json keeps per run);
     its run directory lives under ``tmp_root`` (the system's temporary folder by default) while it
     runs; ``progress`` prints a line per round."""
@@ -175,14 +199,17 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras:
         Path(tmp_root).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgefl-bench-", dir=tmp_root) as tmp:
         explicit = {**cfg_dict, "out_dir": tmp, "run_name": "run", "threads": 1}
-        cfg = resolve_config(explicit, dict(get_algorithm(explicit.get("algorithm", "fedavg")).defaults))
+        cfg = resolve_config(
+            explicit, dict(get_algorithm(explicit.get("algorithm", "fedavg")).defaults)
+        )
         t0 = time.perf_counter()
         server: list[Any] = []
 
         def on_round(r: dict[str, Any]) -> None:
             acc = (r.get("eval") or {}).get("mean_accuracy")
             phase = r.get("phase", "train")
-            step = f"round {r.get('round')}/{cfg.rounds}" if phase == "train" else f"{phase} round"  # from 1
+            # from 1
+            step = f"round {r.get('round')}/{cfg.rounds}" if phase == "train" else f"{phase} round"
             print(f"  {cell.label} {step}" + (f": {100 * acc:.2f} %" if acc is not None else "")
                   + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
 
@@ -194,13 +221,26 @@ def run_cell(cell: Cell, keep_server_metrics: Sequence[str] = (), record_extras:
         wall = time.perf_counter() - t0
         rounds = read_rounds(Path(tmp) / "run")
         record = make_record(cell, resolved_run(cell), summary, rounds, wall, keep_server_metrics)
-        record.update(code=provenance.code_version(record_extras), code_hash=provenance.code_hash(record_extras),
-                      draft=draft, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **predictions(cfg, Path(tmp) / "run"))
+        record.update(
+            code=provenance.code_version(record_extras),
+            code_hash=provenance.code_hash(record_extras),
+            draft=draft,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **predictions(cfg, Path(tmp) / "run"),
+        )
         if record_extras:
-            extras = dict(load_hook(record_extras)(RunOutput(cell, cfg, Path(tmp) / "run", summary, rounds, server[0] if server else None)))
+            extras = dict(
+                load_hook(record_extras)(
+                    RunOutput(
+                        cell, cfg, Path(tmp) / "run", summary, rounds, server[0] if server else None
+                    )
+                )
+            )
             clash = sorted(set(extras) & set(record))
             if clash:
-                raise ValueError(f"record_extras {record_extras} returned keys the record already has: {clash}")
+                raise ValueError(
+                    f"record_extras {record_extras} returned keys the record already has: {clash}"
+                )
             record.update(extras, extras_from=record_extras)
     return record
 
@@ -329,7 +369,11 @@ def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None
     if not total_rounds:
         return None
     start = total_rounds * 0.75
-    pts = [(p["round"], p["accuracy"]) for p in per_round if "accuracy" in p and p["round"] >= start and p["accuracy"] is not None]
+    pts = [
+        (p["round"], p["accuracy"])
+        for p in per_round
+        if "accuracy" in p and p["round"] >= start and p["accuracy"] is not None
+    ]
     if len(pts) < 2:
         return None
     xs, ys = [p[0] for p in pts], [100 * p[1] for p in pts]

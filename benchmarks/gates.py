@@ -1,4 +1,5 @@
-"""The sanity gates a benchmark's runs must pass before its claims are read (BENCHMARKS.md, issue 37).
+"""The sanity gates a benchmark's runs must pass before its claims are read (BENCHMARKS.md, issue
+37).
 
 - **Bounds.** The centralized bound is above every federated method and above Local-IID, each
   beyond the noise (the sd over seeds of the two sides, combined); Local-IID reaches 75 %.
@@ -32,10 +33,25 @@ LOCAL_IID_FLOOR = 0.75  # Local on IID shards of a few hundred Fashion-MNIST ima
 ONE_CLASS_SHARE = 0.95  # a device whose most predicted class takes this share of its predictions
 HELD_SHARE = 0.10  # a class the device "holds": at least this share of its training images
 GLOBAL_MARGIN = 0.03  # proxy on the class-balanced test set: within 3 points of 1 / classes
-LOCAL_MARGIN = 0.05  # proxy on the device's local split: within 5 points of its largest class's share
+# proxy on the device's local split: within 5 points of its largest class's share
+LOCAL_MARGIN = 0.05
 #: the data settings that decide a partition (rebuilt class counts are shared between the methods)
-_DATA_KEYS = ("dataset", "train_samples", "test_samples", "validation_samples", "clients", "partition", "alpha",
-              "classes_per_client", "seed", "public_fraction", "min_size", "tiers", "fleet_file", "data_dir")
+_DATA_KEYS = (
+    "dataset",
+    "train_samples",
+    "test_samples",
+    "validation_samples",
+    "clients",
+    "partition",
+    "alpha",
+    "classes_per_client",
+    "seed",
+    "public_fraction",
+    "min_size",
+    "tiers",
+    "fleet_file",
+    "data_dir",
+)
 _COUNTS: dict[str, dict[str, list[int]]] = {}
 
 
@@ -86,7 +102,9 @@ def run_collapse(record: Mapping[str, Any]) -> list[str]:
     classes = len(next(iter(counts.values()))) if counts else 10
     acc = record.get("final_accuracy")
     if acc is not None and acc <= 1 / classes + CHANCE_MARGIN:
-        reasons.append(f"accuracy {100 * acc:.1f} % within {100 * CHANCE_MARGIN:.0f} points of chance")
+        reasons.append(
+            f"accuracy {100 * acc:.1f} % within {100 * CHANCE_MARGIN:.0f} points of chance"
+        )
     devices, how = collapsed_devices(record)
     if devices:
         reasons.append(f"{len(devices)} of {len(counts)} devices predict one class ({how})")
@@ -97,37 +115,57 @@ def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
-def bounds_failures(bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs: Iterable[Mapping[str, Any]]) -> list[str]:
+def bounds_failures(
+    bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs: Iterable[Mapping[str, Any]]
+) -> list[str]:
     """The bounds gate's failures, each a sentence with the numbers."""
     out = []
     central = [r["final_accuracy"] for r in bound_runs.get("centralized", [])]
     local = [r["final_accuracy"] for r in bound_runs.get("local_iid", [])]
-    # the protocol's bounds are not optional: a benchmark without them has nothing to check its runs against
-    out += [f"no {name} runs (the protocol asks for both bounds)" for name, xs in (("centralized bound", central), ("Local-IID", local)) if not xs]
+    # the protocol's bounds are not optional: a benchmark without them has nothing to check its runs
+    # against
+    out += [
+        f"no {name} runs (the protocol asks for both bounds)"
+        for name, xs in (("centralized bound", central), ("Local-IID", local))
+        if not xs
+    ]
     if local:
         m, _ = _mean_sd(local)
         if m < LOCAL_IID_FLOOR:
-            out.append(f"Local-IID {100 * m:.1f} % is under the protocol's {100 * LOCAL_IID_FLOOR:.0f} % (the runs are too short "
-                       "or the recipe too weak)")
+            out.append(
+                f"Local-IID {100 * m:.1f} % is under the protocol's {100 * LOCAL_IID_FLOOR:.0f} % "
+                "(the runs are too short "
+                "or the recipe too weak)"
+            )
     if not central:
         return out
     c, csd = _mean_sd(central)
     groups: dict[tuple[str, str], list[float]] = {}
     for r in runs:
-        if r.get("role", "grid") == "grid" and not r.get("derived_from") and r.get("config", {}).get("algorithm") != "local":
+        if (
+            r.get("role", "grid") == "grid"
+            and not r.get("derived_from")
+            and r.get("config", {}).get("algorithm") != "local"
+        ):
             if r["final_accuracy"] is not None:  # none: a run that stopped before an evaluation
                 groups.setdefault((r["method"], r["setting"]), []).append(r["final_accuracy"])
     if local:
         m, sd = _mean_sd(local)
         if m - c > math.hypot(sd, csd):
-            out.append(f"the centralized bound {100 * c:.1f} % is below Local-IID {100 * m:.1f} % by more than the noise")
+            out.append(
+                f"the centralized bound {100 * c:.1f} % is below Local-IID {100 * m:.1f} % by "
+                "more than the noise"
+            )
     above = []
     for (method, setting), xs in groups.items():
         m, sd = _mean_sd(xs)
         if m - c > math.hypot(sd, csd):
             above.append(f"{method} in {setting} ({100 * m:.1f} ± {100 * sd:.1f} %)")
     if above:
-        out.append(f"the centralized bound {100 * c:.1f} % is below federated methods by more than the noise: " + "; ".join(above))
+        out.append(
+            f"the centralized bound {100 * c:.1f} % is below federated methods by more than the "
+            "noise: " + "; ".join(above)
+        )
     return out
 
 
@@ -143,8 +181,11 @@ def collapsed_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
     return collapsed
 
 
-def evaluate(bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``{"failures": [...], "collapsed": {"method|setting|seed": [reasons]}}`` over the grid runs."""
+def evaluate(
+    bound_runs: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``{"failures": [...], "collapsed": {"method|setting|seed": [reasons]}}`` over the grid
+    runs."""
     return {"failures": bounds_failures(bound_runs, runs), "collapsed": collapsed_runs(runs)}
 
 

@@ -10,8 +10,8 @@ and hands it to :func:`main`. The runner does the rest:
   worker runs it, alone or beside others;
 - caches every finished cell (:mod:`benchmarks.cache`) as ``<benchmark>/cells/<key>-<code
   hash>.json``: the key a hash of the cell's full configuration, the code hash one of the code the
-  cell runs (:mod:`benchmarks.provenance`), so an interrupted benchmark resumes, a finished one is only
-  re-reported and a code change never reuses a cell; it refuses to run a cell from code that
+  cell runs (:mod:`benchmarks.provenance`), so an interrupted benchmark resumes, a finished one is
+  only re-reported and a code change never reuses a cell; it refuses to run a cell from code that
   differs from its commit unless asked for a draft (``--draft``);
 - evaluates the claims in code (paired by seed; mean difference, sd of the differences, sign per
   seed) in one vocabulary: **reproduced** (mean beyond 2 sd, every seed agreeing), **not
@@ -38,9 +38,9 @@ every claim between the chosen methods in that setting.
 The runner is split by what its parts are: :mod:`benchmarks.cells` (one cell: its key, its run,
 its record), :mod:`benchmarks.cache` (the cache, the parallel run, provenance),
 :mod:`benchmarks.claims` (claims, sweeps, verdicts), :mod:`benchmarks.pages` and
-:mod:`benchmarks.figures` (results.md, the README index, the figures); this module holds the declaration (:class:`Benchmark`), results.json
-(:func:`build_results`), the reviewer's check and the command line, and re-exports the names the
-benchmarks import.
+:mod:`benchmarks.figures` (results.md, the README index, the figures); this module holds the
+declaration (:class:`Benchmark`), results.json (:func:`build_results`), the reviewer's check and the
+command line, and re-exports the names the benchmarks import.
 """
 
 from __future__ import annotations
@@ -92,13 +92,49 @@ from benchmarks.pages import pct, results_markdown, runs_table, write_readme_ind
 from edgefl.report.recorder import json_safe
 
 __all__ = [
-    "ADDED_OPTIONS", "ADDED_SETTINGS", "BENCHMARKS", "COUNTED", "KINDS", "RECORD_VERSION", "ROOT",
-    "SLOPE_LIMIT", "VERDICTS", "Benchmark", "Cache", "Cell", "Claim", "DirtyCode", "MetricMissing",
-    "RunOutput", "Sweep", "band_panel", "build_results", "check", "code_version", "evaluate_claim",
-    "evaluate_sweep", "last_quarter_slope", "load_hook", "machine", "main", "make_record", "mean_sd",
-    "metric_scale", "metric_value", "paired_difference", "pct", "plot_results", "predictions",
-    "resolved_run", "results_markdown", "reviewer_cells", "run_cell", "run_cells", "runs_table",
-    "statistic", "write_readme_index",
+    "ADDED_OPTIONS",
+    "ADDED_SETTINGS",
+    "BENCHMARKS",
+    "COUNTED",
+    "KINDS",
+    "RECORD_VERSION",
+    "ROOT",
+    "SLOPE_LIMIT",
+    "VERDICTS",
+    "Benchmark",
+    "Cache",
+    "Cell",
+    "Claim",
+    "DirtyCode",
+    "MetricMissing",
+    "RunOutput",
+    "Sweep",
+    "band_panel",
+    "build_results",
+    "check",
+    "code_version",
+    "evaluate_claim",
+    "evaluate_sweep",
+    "last_quarter_slope",
+    "load_hook",
+    "machine",
+    "main",
+    "make_record",
+    "mean_sd",
+    "metric_scale",
+    "metric_value",
+    "paired_difference",
+    "pct",
+    "plot_results",
+    "predictions",
+    "resolved_run",
+    "results_markdown",
+    "reviewer_cells",
+    "run_cell",
+    "run_cells",
+    "runs_table",
+    "statistic",
+    "write_readme_index",
 ]
 
 
@@ -115,7 +151,8 @@ class Benchmark:
     bounds: Mapping[str, Sequence[Cell]] = field(default_factory=dict)
     #: extra per-round server metrics to keep (e.g. Velo's cvae_fit)
     keep_server_metrics: Sequence[str] = ()
-    #: markdown added to results.md after the tables (diagnostics); gets results.json's content, returns text
+    #: markdown added to results.md after the tables (diagnostics); gets results.json's content,
+    #: returns text
     diagnostics: Callable[[dict], str] | None = None
     #: how to recreate the results (shown on the page)
     command: str = ""
@@ -128,8 +165,8 @@ class Benchmark:
     derived: Callable[[list[dict]], list[dict]] | None = None
     #: run once before any cell (not with ``--report-only``): e.g. train a benchmark's oracle
     prepare: Callable[[], None] | None = None
-    #: figures beyond the runner's own: gets results.json's content and the results directory, writes its
-    #: files there and returns the markdown that shows them (under the page's Figures)
+    #: figures beyond the runner's own: gets results.json's content and the results directory,
+    #: writes its files there and returns the markdown that shows them (under the page's Figures)
     figures: Callable[[dict, Path], str] | None = None
     #: the paper the claims come from (benchmarks/README.md's line "claims reproduced: k of n")
     paper: str = ""
@@ -142,19 +179,37 @@ class Benchmark:
 
 
 
-def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before: dict, machine_after: dict,
-                  command: str, *, bench_dir: Path | None = None) -> dict[str, Any]:
-    """results.json's content: the runs, the gates, the claims with their verdicts and provenance."""
+def build_results(
+    bench: Benchmark,
+    records: Mapping[Cell, dict],
+    machine_before: dict,
+    machine_after: dict,
+    command: str,
+    *,
+    bench_dir: Path | None = None,
+) -> dict[str, Any]:
+    """results.json's content: the runs, the gates, the claims with their verdicts and
+    provenance."""
     grid_runs = [records[c] for c in bench.cells]
     derived = bench.derived(grid_runs) if bench.derived is not None else []
     bound_runs = {name: [records[c] for c in cells] for name, cells in bench.bounds.items()}
-    bounds = {name: mean_sd([r["final_accuracy"] for r in rs])[0] for name, rs in bound_runs.items()}
+    bounds = {
+        name: mean_sd([r["final_accuracy"] for r in rs])[0] for name, rs in bound_runs.items()
+    }
     gate = gates.evaluate(bound_runs, grid_runs)
-    claims = [evaluate_claim(c, grid_runs + derived, collapsed=gate["collapsed"], gate_failures=gate["failures"])
-              for c in bench.claims]
+    claims = [
+        evaluate_claim(
+            c, grid_runs + derived, collapsed=gate["collapsed"], gate_failures=gate["failures"]
+        )
+        for c in bench.claims
+    ]
     sweep_runs = [records[c] for s in bench.sweeps for v in s.grid for c in s.cells[v]]
     current = provenance.code_hash(bench.record_extras)
-    every = list({id(r): r for r in grid_runs + [r for rs in bound_runs.values() for r in rs] + sweep_runs}.values())
+    every = list(
+        {
+            id(r): r for r in grid_runs + [r for rs in bound_runs.values() for r in rs] + sweep_runs
+        }.values()
+    )
     commits: dict[str, int] = {}
     status: dict[str, int] = {}
     for r in every:
@@ -167,8 +222,19 @@ def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before
         cells = []
         for s in c["seeds"]:
             for m in dict.fromkeys((c["a"], c["b"])):
-                d = next((x for x in derived if (x["method"], x["setting"], x["seed"]) == (m, c["setting"], s)), None)
-                cells += [(x, d["derived_from"][2], s) for x in d["derived_from"][:2]] if d else [(m, c["setting"], s)]
+                d = next(
+                    (
+                        x
+                        for x in derived
+                        if (x["method"], x["setting"], x["seed"]) == (m, c["setting"], s)
+                    ),
+                    None,
+                )
+                cells += (
+                    [(x, d["derived_from"][2], s) for x in d["derived_from"][:2]]
+                    if d
+                    else [(m, c["setting"], s)]
+                )
         c["commits"] = sorted({code_of.get(k, "unknown") for k in cells})
         c["counted"] = c["kind"] in COUNTED
         if decl is not None:
@@ -177,13 +243,30 @@ def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before
             c["declared"] = declared
             c["counted"] = c["counted"] and declared == "main"
             at = decl.get("declared_at")
-            c["before_declaration"] = at is None or any(provenance.contains(x, at) is not True for x in c["commits"])
-        # the protocol answers a claim only over cells run at a clean commit after its settings were declared
+            c["before_declaration"] = at is None or any(
+                provenance.contains(x, at) is not True for x in c["commits"]
+            )
+        # the protocol answers a claim only over cells run at a clean commit after its settings were
+        # declared
         unclean = [x for x in c["commits"] if x == "unknown" or x.endswith("+dirty")]
-        if c["verdict"] in ("reproduced", "not reproduced", "reversed") and (unclean or c.get("before_declaration")):
-            why = [f"cells from a tree that was not a clean commit ({', '.join(unclean)})"] if unclean else []
-            why += ["cells run before the settings were declared"] if c.get("before_declaration") else []
-            c.update(verdict="not comparable", holds=False, reason=" | ".join([*why, *filter(None, [c.get("reason")])]))
+        if c["verdict"] in ("reproduced", "not reproduced", "reversed") and (
+            unclean or c.get("before_declaration")
+        ):
+            why = (
+                [f"cells from a tree that was not a clean commit ({', '.join(unclean)})"]
+                if unclean
+                else []
+            )
+            why += (
+                ["cells run before the settings were declared"]
+                if c.get("before_declaration")
+                else []
+            )
+            c.update(
+                verdict="not comparable",
+                holds=False,
+                reason=" | ".join([*why, *filter(None, [c.get("reason")])]),
+            )
     return {
         "benchmark": bench.name,
         "title": bench.title,
@@ -195,8 +278,13 @@ def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before
         "bounds": bounds,
         "bound_runs": bound_runs,
         "gates": gate,
-        "provenance": {"commits": commits, "cells": status,
-                       "declaration": None if decl is None else {k: decl.get(k) for k in ("main", "alternatives", "declared_at", "note")}},
+        "provenance": {
+            "commits": commits,
+            "cells": status,
+            "declaration": None
+            if decl is None
+            else {k: decl.get(k) for k in ("main", "alternatives", "declared_at", "note")},
+        },
         "runs": grid_runs,
         "derived_runs": derived,
         "claims": claims,
@@ -205,7 +293,9 @@ def build_results(bench: Benchmark, records: Mapping[Cell, dict], machine_before
     }
 
 
-def reviewer_cells(bench: Benchmark, methods: Sequence[str], setting: str, seeds: Sequence[int]) -> list[Cell]:
+def reviewer_cells(
+    bench: Benchmark, methods: Sequence[str], setting: str, seeds: Sequence[int]
+) -> list[Cell]:
     """The reviewer's check: the grid cells of ``methods`` in ``setting``, each with ``seeds``
     instead of the benchmark's (the same configuration otherwise)."""
     grid = [c for c in bench.cells if c.setting == setting]
@@ -216,33 +306,62 @@ def reviewer_cells(bench: Benchmark, methods: Sequence[str], setting: str, seeds
     for method in methods:
         template = next((c for c in grid if c.method == method), None)
         if template is None:
-            raise SystemExit(f"method {method!r} has no cell in {setting}; there: " + ", ".join(dict.fromkeys(c.method for c in grid)))
+            raise SystemExit(
+                f"method {method!r} has no cell in {setting}; there: "
+                + ", ".join(dict.fromkeys(c.method for c in grid))
+            )
         cells += [Cell(method, setting, seed, template.config, template.role) for seed in seeds]
     return cells
 
 
-def check(bench: Benchmark, methods: Sequence[str], setting: str, seeds: Sequence[int], out: Path, *, workers: int,
-          draft: bool = False) -> dict[str, Any]:
+def check(
+    bench: Benchmark,
+    methods: Sequence[str],
+    setting: str,
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    workers: int,
+    draft: bool = False,
+) -> dict[str, Any]:
     """Run the reviewer's cells into ``out`` (``out/cells``, temporary files under ``out/tmp``) and
     evaluate every claim of the benchmark between the chosen methods in that setting over them
-    (collapse gates included; the bounds are not rerun). Writes ``out/check.json``; prints the verdicts."""
+    (collapse gates included; the bounds are not rerun). Writes ``out/check.json``; prints the
+    verdicts."""
     cells = reviewer_cells(bench, methods, setting, seeds)
     cache = Cache(out / "cells", bench.record_extras, draft=draft)
     runs = run_cells(cells, cache, workers=workers, keep_server_metrics=bench.keep_server_metrics,
                      tmp_root=out / "tmp", progress=True)
-    claims = [c for c in bench.claims if c.setting == setting and set(c.parse()[::2]) <= set(methods)]
-    gate = {"collapsed": gates.collapsed_runs(runs)}  # the bounds are not rerun: only the collapse gate applies
+    claims = [
+        c for c in bench.claims if c.setting == setting and set(c.parse()[::2]) <= set(methods)
+    ]
+    # the bounds are not rerun: only the collapse gate applies
+    gate = {"collapsed": gates.collapsed_runs(runs)}
     verdicts = [evaluate_claim(c, runs, collapsed=gate["collapsed"]) for c in claims]
-    result = {"benchmark": bench.name, "setting": setting, "methods": list(methods), "seeds": list(seeds),
-              "code": provenance.code_version(bench.record_extras), "code_hash": cache.code_hash, "gates": gate,
-              "claims": verdicts, "runs": [{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "code")} for r in runs]}
+    result = {
+        "benchmark": bench.name,
+        "setting": setting,
+        "methods": list(methods),
+        "seeds": list(seeds),
+        "code": provenance.code_version(bench.record_extras),
+        "code_hash": cache.code_hash,
+        "gates": gate,
+        "claims": verdicts,
+        "runs": [
+            {k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "code")}
+            for r in runs
+        ],
+    }
     (out / "check.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
     for r in runs:
         print(f"{r['method']:>20} seed {r['seed']}: {100 * r['final_accuracy']:.2f} %")
     if not verdicts:
         print(f"no claim of {bench.name} compares only {', '.join(methods)} in {setting}")
     for c in verdicts:
-        print(f"{c['verdict']:>15}: {c['statement']} [{c['setting']}] ({KINDS[c['kind']]}): {c['reason']}")
+        print(
+            f"{c['verdict']:>15}: {c['statement']} [{c['setting']}] ({KINDS[c['kind']]}): "
+            f"{c['reason']}"
+        )
     print(f"check: {out / 'check.json'}")
     return result
 
@@ -256,19 +375,44 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     """``python -m benchmarks.<name> [--quick] [--workers N] [--report-only] [--missing-only]
     [--only ROLE] [--draft] [--cells A,B --setting S --seeds 1,2,3] [--out DIR]``."""
     p = argparse.ArgumentParser(description="Run a benchmark declared for benchmarks/runner.py.")
-    p.add_argument("--quick", action="store_true", help="the small profile, into runs/bench-quick/<name>")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel cells (default: cores)")
-    p.add_argument("--report-only", action="store_true", help="rewrite results from cached cells; run nothing")
-    p.add_argument("--only", choices=("sweep", "bound", "grid"), help="run only these cells (the rest must be cached to report)")
-    p.add_argument("--missing-only", action="store_true",
-                   help="run only the cells no code has a cached record of; report every cell from the "
-                        "cache as --report-only does (cells of other commits are listed so on the page)")
+    p.add_argument(
+        "--quick", action="store_true", help="the small profile, into runs/bench-quick/<name>"
+    )
+    p.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="parallel cells (default: cores)"
+    )
+    p.add_argument(
+        "--report-only", action="store_true", help="rewrite results from cached cells; run nothing"
+    )
+    p.add_argument(
+        "--only",
+        choices=("sweep", "bound", "grid"),
+        help="run only these cells (the rest must be cached to report)",
+    )
+    p.add_argument(
+        "--missing-only",
+        action="store_true",
+        help="run only the cells no code has a cached record of; report every cell from the "
+        "cache as --report-only does (cells of other commits are listed so on the page)",
+    )
     p.add_argument("--out", type=Path, help="results directory (default: the benchmark's folder)")
-    p.add_argument("--draft", action="store_true",
-                   help="allow cells to run from code that differs from its commit (marked draft, never reused otherwise)")
-    p.add_argument("--cells", type=_csv, help="the reviewer's check: these methods (comma-separated) of one --setting")
+    p.add_argument(
+        "--draft",
+        action="store_true",
+        help="allow cells to run from code that differs from its commit (marked draft, never "
+        "reused otherwise)",
+    )
+    p.add_argument(
+        "--cells",
+        type=_csv,
+        help="the reviewer's check: these methods (comma-separated) of one --setting",
+    )
     p.add_argument("--setting", help="the reviewer's check: the setting of --cells")
-    p.add_argument("--seeds", type=lambda t: [int(x) for x in _csv(t)], help="the reviewer's check: seeds, comma-separated")
+    p.add_argument(
+        "--seeds",
+        type=lambda t: [int(x) for x in _csv(t)],
+        help="the reviewer's check: seeds, comma-separated",
+    )
     args = p.parse_args(argv)
     bench = make(args.quick)
     if args.cells or args.setting or args.seeds:
@@ -277,15 +421,30 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
         out = (args.out or ROOT / "runs" / "check" / bench.name).resolve()
         out.mkdir(parents=True, exist_ok=True)
         if out == (BENCHMARKS / bench.name).resolve():
-            p.error("the reviewer's check writes into a folder of its own, not the committed results")
+            p.error(
+                "the reviewer's check writes into a folder of its own, not the committed results"
+            )
         try:
-            return check(bench, args.cells, args.setting, args.seeds, out, workers=max(1, args.workers), draft=args.draft)
+            return check(
+                bench,
+                args.cells,
+                args.setting,
+                args.seeds,
+                out,
+                workers=max(1, args.workers),
+                draft=args.draft,
+            )
         except DirtyCode as e:
             raise SystemExit(str(e)) from None
-    out = (args.out or (ROOT / "runs" / "bench-quick" / bench.name if args.quick else BENCHMARKS / bench.name)).resolve()
+    out = (
+        args.out
+        or (ROOT / "runs" / "bench-quick" / bench.name if args.quick else BENCHMARKS / bench.name)
+    ).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cache = Cache(out / "cells", bench.record_extras, draft=args.draft)
-    command = bench.command or f"python -m benchmarks.{bench.name}" + (" --quick" if args.quick else "")
+    command = bench.command or f"python -m benchmarks.{bench.name}" + (
+        " --quick" if args.quick else ""
+    )
     before = machine()
     cells = bench.all_cells()
     if args.only:
@@ -299,16 +458,26 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
         if bench.prepare is not None and any(cache.get(c) is None for c in cells):
             bench.prepare()
         try:
-            run_cells(cells, cache, workers=max(1, args.workers), keep_server_metrics=bench.keep_server_metrics,
-                      tmp_root=out / "tmp")
+            run_cells(
+                cells,
+                cache,
+                workers=max(1, args.workers),
+                keep_server_metrics=bench.keep_server_metrics,
+                tmp_root=out / "tmp",
+            )
         except DirtyCode as e:
             raise SystemExit(str(e)) from None
         records = {c: (cache.find if args.missing_only else cache.get)(c) for c in every}
     missing = [c for c, r in records.items() if r is None]
     if missing:
-        print(f"{len(missing)} cells are not cached yet (e.g. {missing[0].label}); results not written")
+        print(
+            f"{len(missing)} cells are not cached yet (e.g. {missing[0].label}); results not "
+            "written"
+        )
         return {}
-    results = build_results(bench, records, before, machine(), command, bench_dir=BENCHMARKS / bench.name)
+    results = build_results(
+        bench, records, before, machine(), command, bench_dir=BENCHMARKS / bench.name
+    )
     if args.report_only and (out / "results.json").exists():
         # a report rewritten from cached cells: the machine is that of the run that made them
         previous = json.loads((out / "results.json").read_text())

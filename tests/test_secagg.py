@@ -377,7 +377,9 @@ def test_simulate_secagg_flag_runs_fedavg_with_secure_aggregation(tmp_path):
             "--out", str(tmp_path), "--run-name", "r"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    (record,) = [json.loads(line) for line in (tmp_path / "r" / "rounds.jsonl").read_text().splitlines()]
+    (record,) = [
+        json.loads(line) for line in (tmp_path / "r" / "rounds.jsonl").read_text().splitlines()
+    ]
     assert record["secagg"]["survivors"] == 3 and record["completed"] == ["d00", "d01", "d02"]
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["resolved_options"]["secagg"] == "on"

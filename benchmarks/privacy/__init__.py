@@ -90,26 +90,63 @@ def make(quick: bool = False) -> Benchmark:
             config = {**base, **settings, "options": options(method, epsilon)}
             cells += [Cell(label(method, epsilon), SETTING, s, config) for s in seeds]
     # Local on Felo's devices and models: what a device reaches without any uplink (ε = 0)
-    cells += [Cell("local", SETTING, s, {**base, **FELO, "algorithm": "local", "options": {}}) for s in seeds]
+    cells += [
+        Cell("local", SETTING, s, {**base, **FELO, "algorithm": "local", "options": {}})
+        for s in seeds
+    ]
     local_iid = [Cell("local", "local-iid", s, {**base, **FELO, "algorithm": "local", "options": {},
                                                 "partition": "iid"}, role="bound") for s in seeds]
     # one model (CNN tier 2 at width 0.25) on the union of the devices' data: the same sample visits
-    centralized = [Cell("local", "centralized", s, {**base, **FEDAVG, "algorithm": "local", "clients": 1,
-                                                    "partition": "iid"}, role="bound") for s in seeds]
+    centralized = [
+        Cell(
+            "local",
+            "centralized",
+            s,
+            {**base, **FEDAVG, "algorithm": "local", "clients": 1, "partition": "iid"},
+            role="bound",
+        )
+        for s in seeds
+    ]
     claims = []
     for m in METHODS:
-        claims.append(Claim(f"{m}-eps8-gt-local", f"{label(m, 8)} > local", SETTING, paper="issue 40 (ours)",
-                            note=f"{m} under DP at ε = 8 still adds accuracy over no federation"))
-        claims.append(Claim(f"{m}-eps8-ge-nondp", f"{label(m, 8)} ≥ {label(m, None)}", SETTING, kind="not worse",
-                            note=f"{m} at ε = 8 not worse than without DP"))
-        claims.append(Claim(f"{m}-privacy-cost", f"{label(m, None)} > {label(m, 1)}", SETTING, kind="diagnostic",
-                            note="the noise costs accuracy at the tightest budget"))
-    fleet = "5 devices, 1,000 training images, 3 rounds, one seed" if quick else \
-        "10 devices, 3,000 training images (about 300 a device), 16 rounds (lr ÷10 from round 11), seeds 0–2"
+        claims.append(
+            Claim(
+                f"{m}-eps8-gt-local",
+                f"{label(m, 8)} > local",
+                SETTING,
+                paper="issue 40 (ours)",
+                note=f"{m} under DP at ε = 8 still adds accuracy over no federation",
+            )
+        )
+        claims.append(
+            Claim(
+                f"{m}-eps8-ge-nondp",
+                f"{label(m, 8)} ≥ {label(m, None)}",
+                SETTING,
+                kind="not worse",
+                note=f"{m} at ε = 8 not worse than without DP",
+            )
+        )
+        claims.append(
+            Claim(
+                f"{m}-privacy-cost",
+                f"{label(m, None)} > {label(m, 1)}",
+                SETTING,
+                kind="diagnostic",
+                note="the noise costs accuracy at the tightest budget",
+            )
+        )
+    fleet = (
+        "5 devices, 1,000 training images, 3 rounds, one seed"
+        if quick
+        else "10 devices, 3,000 training images (about 300 a device), 16 rounds (lr ÷10 from round "
+        "11), seeds 0–2"
+    )
     return Benchmark(
         name="privacy",
-        title="Accuracy against the privacy budget ε: FedAvg (central DP), Felo, FedProto and FedDW (local DP), "
-              "Fashion-MNIST Dir(0.5)",
+        title="Accuracy against the privacy budget ε: FedAvg (central DP), Felo, FedProto and "
+        "FedDW (local DP), "
+        "Fashion-MNIST Dir(0.5)",
         description=f"""
 {fleet}; one local epoch per round, every device every round; ε ∈ {{1, 4, 8, ∞}} at δ = {DELTA}
 (ε = ∞: the method without DP), the noise multiplier the smallest that spends the budget over the
@@ -128,7 +165,8 @@ each update to C, averages with equal weights and adds noise z·C/n per coordina
 **centralized**: CNN tier 2 at width 0.25 on the union of the training data, the same sample visits.
 
 Clips (the median of the measured norms at round 0 on a validation split, rounded; the diagnostics
-below): Felo {CLIPS['felo']}, FedProto {CLIPS['fedproto']}, FedAvg {CLIPS['fedavg']}, FedDW {CLIPS['feddw']}.
+below): Felo {CLIPS["felo"]}, FedProto {CLIPS["fedproto"]}, FedAvg {CLIPS["fedavg"]}, FedDW \
+{CLIPS["feddw"]}.
 A run that stops before its last round is a cell with the round it stopped at and why: **every
 device failed** a round (losses non-finite or past 1e12, refused; the loop ends the run) counts as
 a **collapsed** run, and its accuracy is that of its last evaluated round; **every device's
@@ -144,5 +182,6 @@ release's error 2–3× (below), and without it devices diverged (non-finite log
         claims=claims,
         bounds={"centralized": centralized, "local_iid": local_iid},
         diagnostics=diagnostics,
-        command="nice -n 10 python -m benchmarks.privacy --workers 2" + (" --quick" if quick else ""),
+        command="nice -n 10 python -m benchmarks.privacy --workers 2"
+        + (" --quick" if quick else ""),
     )

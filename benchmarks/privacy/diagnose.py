@@ -58,8 +58,11 @@ def build(settings: dict, seed: int):
     return assemble(resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults)))
 
 
-def fedavg_updates(settings: dict, seed: int, devices: int | None = None) -> tuple[list[np.ndarray], int]:
-    """Round-0 updates (flattened float weights: trained − initial) of the first ``devices`` devices."""
+def fedavg_updates(
+    settings: dict, seed: int, devices: int | None = None
+) -> tuple[list[np.ndarray], int]:
+    """Round-0 updates (flattened float weights: trained − initial) of the first ``devices``
+    devices."""
     run = build(settings, seed)
     out = []
     for d in run.ids[: devices or len(run.ids)]:
@@ -67,12 +70,19 @@ def fedavg_updates(settings: dict, seed: int, devices: int | None = None) -> tup
         before = state_to_arrays(half.model.state_dict(), "w/")
         up = half.fit(0)
         keys = sorted(k for k, v in before.items() if np.asarray(v).dtype.kind == "f")
-        out.append(np.concatenate([(np.asarray(up.arrays[k], np.float64) - before[k]).ravel() for k in keys]))
+        out.append(
+            np.concatenate(
+                [(np.asarray(up.arrays[k], np.float64) - before[k]).ravel() for k in keys]
+            )
+        )
     return out, len(out[0])
 
 
-def fedavg_table(settings: dict, rounds: int, seeds, n_devices: int, sample: int | None = None) -> dict:
-    """Update norms and the per-round signal/noise of DP-FedAvg with n = ``n_devices`` at C = median norm."""
+def fedavg_table(
+    settings: dict, rounds: int, seeds, n_devices: int, sample: int | None = None
+) -> dict:
+    """Update norms and the per-round signal/noise of DP-FedAvg with n = ``n_devices`` at C = median
+    norm."""
     updates, d = [], 0
     for seed in seeds:
         u, d = fedavg_updates({**settings, "clients": n_devices}, seed, sample)
@@ -88,10 +98,24 @@ def fedavg_table(settings: dict, rounds: int, seeds, n_devices: int, sample: int
         for eps in EPSILONS:
             z = calibrate_noise(eps, DELTA, rounds)
             noise = z * clip * math.sqrt(d) / n_devices
-            rows.append({"clip": clip, "epsilon": eps, "z": z, "noise_std_on_mean": z * clip / n_devices,
-                         "noise_norm_on_mean": noise, "signal_norm": float(np.mean(signal)),
-                         "noise_to_signal": noise / float(np.mean(signal))})
-    return {"devices": n_devices, "d": d, "update_norm": q, "devices_measured": len(norms), "rows": rows}
+            rows.append(
+                {
+                    "clip": clip,
+                    "epsilon": eps,
+                    "z": z,
+                    "noise_std_on_mean": z * clip / n_devices,
+                    "noise_norm_on_mean": noise,
+                    "signal_norm": float(np.mean(signal)),
+                    "noise_to_signal": noise / float(np.mean(signal)),
+                }
+            )
+    return {
+        "devices": n_devices,
+        "d": d,
+        "update_norm": q,
+        "devices_measured": len(norms),
+        "rows": rows,
+    }
 
 
 def local_weights_table(settings: dict, rounds: int, seeds, parts: int) -> dict:
@@ -105,14 +129,32 @@ def local_weights_table(settings: dict, rounds: int, seeds, parts: int) -> dict:
     q = quantiles(norms)
     n = len(updates) // len(seeds)
     clip = q["median"]
-    signal = float(np.mean([np.linalg.norm(np.mean([x * min(1.0, clip / np.linalg.norm(x)) for s, x in updates if s == seed], 0))
-                            for seed in seeds]))
+    signal = float(
+        np.mean(
+            [
+                np.linalg.norm(
+                    np.mean(
+                        [x * min(1.0, clip / np.linalg.norm(x)) for s, x in updates if s == seed], 0
+                    )
+                )
+                for seed in seeds
+            ]
+        )
+    )
     rows = []
     for eps in EPSILONS:
         z = calibrate_noise(eps, DELTA, rounds * parts)
         noise = z * 2 * clip * math.sqrt(d) / math.sqrt(n)
-        rows.append({"clip": clip, "epsilon": eps, "z": z, "noise_norm_on_mean": noise, "signal_norm": signal,
-                     "noise_to_signal": noise / signal})
+        rows.append(
+            {
+                "clip": clip,
+                "epsilon": eps,
+                "z": z,
+                "noise_norm_on_mean": noise,
+                "signal_norm": signal,
+                "noise_to_signal": noise / signal,
+            }
+        )
     return {"devices": n, "d": d, "update_norm": q, "rows": rows}
 
 
@@ -133,10 +175,15 @@ def stats_table(settings: dict, rounds: int, seeds, clip: float | None) -> dict:
                 half.model.eval()
                 vec = half.sample_vectors(x)
                 half.model.train()
-            norms += np.linalg.norm(np.concatenate([vec[b].double().flatten(1).numpy() for b in stats.blocks], 1), axis=1).tolist()
+            norms += np.linalg.norm(
+                np.concatenate([vec[b].double().flatten(1).numpy() for b in stats.blocks], 1),
+                axis=1,
+            ).tolist()
             if clip is None:
                 continue
-            sums, counts = class_sums(half.sample_vectors, half.model, data, stats, half.ctx.num_classes, clip)
+            sums, counts = class_sums(
+                half.sample_vectors, half.model, data, stats, half.ctx.num_classes, clip
+            )
             held = counts > 0
             true = np.concatenate([sums[b] for b in stats.blocks], 1)[held] / counts[held, None]
             for eps in EPSILONS:
@@ -147,7 +194,9 @@ def stats_table(settings: dict, rounds: int, seeds, clip: float | None) -> dict:
                 dense = ClassStats(stats.blocks, reduce="sum", counts="count")
                 floats = {k: np.float64 for k in (*stats.blocks, "count")}
                 out = private_class_stats(sums, counts, dense, clip, z, rng, floats)
-                noisy = np.concatenate([np.asarray(out[b], np.float64) for b in stats.blocks], 1)[held]
+                noisy = np.concatenate([np.asarray(out[b], np.float64) for b in stats.blocks], 1)[
+                    held
+                ]
                 noisy_counts = np.asarray(out["count"])[held]
                 reported = noisy_counts > 0
                 if not reported.any():
@@ -155,18 +204,28 @@ def stats_table(settings: dict, rounds: int, seeds, clip: float | None) -> dict:
                 raw = noisy[reported] / np.maximum(noisy_counts[reported], 1.0)[:, None]
                 projected = clip_rows(raw, clip)  # what the mean release sends
                 errors[eps]["raw"] += np.linalg.norm(raw - true[reported], axis=1).tolist()
-                errors[eps]["projected"] += np.linalg.norm(projected - true[reported], axis=1).tolist()
+                errors[eps]["projected"] += np.linalg.norm(
+                    projected - true[reported], axis=1
+                ).tolist()
                 if "logit" in stats.blocks:
                     w = out["logit"].shape[1]
-                    for name, arr in (("raw", raw), ("projected", projected), ("true", true[reported])):
+                    for name, arr in (
+                        ("raw", raw),
+                        ("projected", projected),
+                        ("true", true[reported]),
+                    ):
                         p = torch.softmax(torch.tensor(arr[:, :w]), 1).max(1).values
                         peak[eps][name] += p.tolist()
     table = {"sample_norm": quantiles(norms), "clip": clip, "rows": []}
     for eps in EPSILONS:
         if not errors[eps]["raw"]:
             continue
-        row = {"epsilon": eps, "z": calibrate_noise(eps, DELTA, rounds * run.method.release.parts),
-               "error_raw": quantiles(errors[eps]["raw"]), "error_projected": quantiles(errors[eps]["projected"])}
+        row = {
+            "epsilon": eps,
+            "z": calibrate_noise(eps, DELTA, rounds * run.method.release.parts),
+            "error_raw": quantiles(errors[eps]["raw"]),
+            "error_projected": quantiles(errors[eps]["projected"]),
+        }
         if peak[eps]["raw"]:
             row["max_softmax"] = {k: float(np.median(v)) for k, v in peak[eps].items()}
         table["rows"].append(row)
@@ -187,19 +246,32 @@ def validate(tag: str, workers: int = 1) -> dict:
     cells = [Cell(label(m, 1), "validation", s, {**base, **settings, "options": options(m, 1)})
              for m, settings in (("felo", FELO), ("fedproto", FEDPROTO)) for s in (0, 1)]
     rows = []
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=mp.get_context("spawn"), initializer=_worker_init
+    ) as pool:
         for r in pool.map(run_cell, cells):
-            rows.append({"method": r["method"], "seed": r["seed"], "validation_accuracy": r["final_accuracy"],
-                         "slope": r["slope"], "collapsed": gates.run_collapse(r), "code": r["code"]})
+            rows.append(
+                {
+                    "method": r["method"],
+                    "seed": r["seed"],
+                    "validation_accuracy": r["final_accuracy"],
+                    "slope": r["slope"],
+                    "collapsed": gates.run_collapse(r),
+                    "code": r["code"],
+                }
+            )
             print(tag, rows[-1], flush=True)
-            (HERE / f"diagnose-validate-{tag}.json").write_text(json.dumps({"tag": tag, "rows": rows}, indent=1) + "\n")
+            (HERE / f"diagnose-validate-{tag}.json").write_text(
+                json.dumps({"tag": tag, "rows": rows}, indent=1) + "\n"
+            )
     return {"tag": tag, "rows": rows}
 
 
 def stops(method: str, points, path: Path) -> dict:
     """DP-FedAvg (central) or FedDW (local) with the benchmark's settings (test split, as the grid)
     at each (ε, seed) of ``points``: the final accuracy, or the round the run stopped at (every
-    device failing), and the accuracy and failed devices per round. Rows land in ``path`` as they finish."""
+    device failing), and the accuracy and failed devices per round. Rows land in ``path`` as they
+    finish."""
     from benchmarks.privacy import FEDAVG, FEDDW, label, options, profile
     from edgefl.errors import EdgeflError
     from edgefl.runtime.simulation import simulate
@@ -208,22 +280,41 @@ def stops(method: str, points, path: Path) -> dict:
     out = json.loads(path.read_text()) if path.exists() else {"rows": []}
     done = {(r["epsilon"], r["seed"]) for r in out["rows"]}
     for eps, seed in [p for p in points if p not in done]:
-        explicit = {**profile(False), **settings, "options": options(method, eps), "seed": seed, "threads": 1,
-                    "out_dir": "/tmp/privbench-stops", "run_name": f"{method}-{eps}-{seed}"}
+        explicit = {
+            **profile(False),
+            **settings,
+            "options": options(method, eps),
+            "seed": seed,
+            "threads": 1,
+            "out_dir": "/tmp/privbench-stops",
+            "run_name": f"{method}-{eps}-{seed}",
+        }
         cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
         seen: list[dict] = []
 
         def on_round(r: dict, seen=seen) -> None:
             acc = (r.get("eval") or {}).get("mean_accuracy")
-            seen.append({"round": r.get("round"), "accuracy": acc, "completed": len(r.get("completed", [])),
-                         "failed": len(r.get("failed", {})) + len(r.get("rejected", {}))})
+            seen.append(
+                {
+                    "round": r.get("round"),
+                    "accuracy": acc,
+                    "completed": len(r.get("completed", [])),
+                    "failed": len(r.get("failed", {})) + len(r.get("rejected", {})),
+                }
+            )
 
         try:
             summary = simulate(cfg, on_round, plots=False)
-            row = {"cell": label(method, eps), "stopped": None, "final_accuracy": summary["mean_accuracy"]}
+            row = {
+                "cell": label(method, eps),
+                "stopped": None,
+                "final_accuracy": summary["mean_accuracy"],
+            }
         except EdgeflError as e:
             row = {"cell": label(method, eps), "stopped": str(e)}
-        out["rows"].append({**row, "epsilon": eps, "seed": seed, "code": code_version(), "rounds": seen})
+        out["rows"].append(
+            {**row, "epsilon": eps, "seed": seed, "code": code_version(), "rounds": seen}
+        )
         path.write_text(json.dumps(out, indent=1) + "\n")
         print(json.dumps(out["rows"][-1])[:300], flush=True)
     return out
@@ -239,7 +330,9 @@ def main(argv: list[str]) -> None:
     if argv and argv[0] == "validate":
         t0, before = time.perf_counter(), machine()
         out = validate(argv[1])
-        out.update(wall_seconds=time.perf_counter() - t0, machine={"before": before, "after": machine()})
+        out.update(
+            wall_seconds=time.perf_counter() - t0, machine={"before": before, "after": machine()}
+        )
         (HERE / f"diagnose-validate-{argv[1]}.json").write_text(json.dumps(out, indent=1) + "\n")
         return
 
@@ -260,11 +353,16 @@ def main(argv: list[str]) -> None:
         out["feddw_weights"] = local_weights_table({**base, **FEDDW}, rounds, seeds, parts=2)
         print(json.dumps(out["feddw_weights"], indent=1), flush=True)
     if only in ("all", "stats"):
-        for name, settings in (("felo", {**FELO, "options": options("felo", None)}), ("fedproto", FEDPROTO)):
+        for name, settings in (
+            ("felo", {**FELO, "options": options("felo", None)}),
+            ("fedproto", FEDPROTO),
+        ):
             # the clip the benchmark declares: the median of these norms at round 0, rounded
             out[name] = stats_table({**base, **settings}, rounds, seeds, float(CLIPS[name]))
             print(name, json.dumps(out[name], indent=1), flush=True)
-    out.update(wall_seconds=time.perf_counter() - t0, machine={"before": before, "after": machine()})
+    out.update(
+        wall_seconds=time.perf_counter() - t0, machine={"before": before, "after": machine()}
+    )
     (HERE / f"diagnose-{only}.json").write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -34,7 +34,8 @@ WORKERS = 2
 EPSILONS = (None, 8.0, 1.0)  # None: no DP
 CLIP = 1.0
 DELTA = 1e-5
-PROFILE = {  # the privacy benchmark's fleet (benchmarks.privacy.profile), FedAvg's CNN at width 0.25
+# the privacy benchmark's fleet (benchmarks.privacy.profile), FedAvg's CNN at width 0.25
+PROFILE = {
     **profile(quick=False),
     "algorithm": "fedavg",
     "model": "cnn",
@@ -100,8 +101,10 @@ def page(result: dict) -> str:
         "",
         f"    {result['command']}",
         "",
-        f"Code {result['commit']}; machine {result['machine']['cores']} cores, load (1/5/15 min) at the start "
-        f"{result['machine']['loadavg_1_5_15']}, at the end {result['loadavg_at_end']}; {result['wall_minutes']} min in all "
+        f"Code {result['commit']}; machine {result['machine']['cores']} cores, load (1/5/15 min) "
+        "at the start "
+        f"{result['machine']['loadavg_1_5_15']}, at the end {result['loadavg_at_end']}; "
+        f"{result['wall_minutes']} min in all "
         f"({result['cpu_minutes']} CPU min; two runs at a time)."
         + (
             ""
@@ -109,7 +112,8 @@ def page(result: dict) -> str:
             else f" **Interrupted**: {len(cells)} of the planned cells ran; the rest are missing."
         ),
         "",
-        "| training images (a device: about) | ε (δ = 1e-5) | mean accuracy ± sd over seeds | per seed | "
+        "| training images (a device: about) | ε (δ = 1e-5) | mean accuracy ± sd over seeds | per "
+        "seed | "
         "noise multiplier z (min–max over devices) | ε spent (max over devices) |",
         "|---|---|---|---|---|---|",
     ]
@@ -135,9 +139,11 @@ def page(result: dict) -> str:
         "",
         "Each device trains with Opacus's per-sample gradients: every step a Poisson sample of its",
         "shard (rate q = 1/⌈n/32⌉, n its images, so q·n ≤ 32 expected), each sample's gradient",
-        f"clipped to L2 norm {CLIP:g}, Gaussian noise of standard deviation z·{CLIP:g} on the sum. z is",
+        f"clipped to L2 norm {CLIP:g}, Gaussian noise of standard deviation z·{CLIP:g} on the "
+        "sum. z is",
         "calibrated per device (its q differs) so that the device spends ε over the 16 rounds",
-        "(dp-accounting's PLD accountant, replace-one neighbours); ε is per sample of a device's data.",
+        "(dp-accounting's PLD accountant, replace-one neighbours); ε is per sample of a device's "
+        "data.",
         "Accuracy is the devices' mean on the test split at the end (the final global model).",
     ]
     return "\n".join(lines) + "\n"
@@ -177,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
             cell = future.result()
             result["cells"].append(cell)
             print(
-                f"ε={cell['epsilon']} seed {cell['seed']} n={cell['train_samples']}: {cell['mean_accuracy'] * 100:.1f} % in "
+                f"ε={cell['epsilon']} seed {cell['seed']} n={cell['train_samples']}: "
+                f"{cell['mean_accuracy'] * 100:.1f} % in "
                 f"{cell['wall_seconds']} s ({cell['cpu_seconds']} s CPU)",
                 file=sys.stderr,
             )

@@ -45,8 +45,13 @@ def main() -> Path:
 
     acc, results = _points()
     local = statistics.mean(r["final_accuracy"] for r in results["runs"] if r["method"] == "local")
-    labels = {"felo": "Felo (local DP)", "fedproto": "FedProto (local DP)", "fedavg": "FedAvg (central DP)",
-              "feddw": "FedDW (local DP)", "fedavg DP-SGD": "FedAvg (DP-SGD on the device)"}
+    labels = {
+        "felo": "Felo (local DP)",
+        "fedproto": "FedProto (local DP)",
+        "fedavg": "FedAvg (central DP)",
+        "feddw": "FedDW (local DP)",
+        "fedavg DP-SGD": "FedAvg (DP-SGD on the device)",
+    }
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (method, label) in enumerate(labels.items()):
         xs, ys, sds, notes = [], [], [], []
@@ -58,13 +63,27 @@ def main() -> Path:
                 ys.append(statistics.mean(done))
                 sds.append(statistics.stdev(done) if len(done) > 1 else 0.0)
             if len(done) < len(values):
-                notes.append((x + (i - 2) * 0.06, f"{len(values) - len(done)} of {len(values)} stopped"))
+                notes.append(
+                    (x + (i - 2) * 0.06, f"{len(values) - len(done)} of {len(values)} stopped")
+                )
         ax.errorbar(xs, ys, yerr=sds, marker="o", capsize=3, label=label)
         for x, text in notes:
             ax.annotate(text, (x, 22), fontsize=7, rotation=90, va="bottom", ha="center")
     bounds = results["bounds"]
-    ax.axhline(100 * bounds["centralized"], ls=":", c="k", lw=1, label=f"centralized bound {100 * bounds['centralized']:.1f} %")
-    ax.axhline(100 * bounds["local_iid"], ls="-.", c="grey", lw=1, label=f"Local-IID bound {100 * bounds['local_iid']:.1f} %")
+    ax.axhline(
+        100 * bounds["centralized"],
+        ls=":",
+        c="k",
+        lw=1,
+        label=f"centralized bound {100 * bounds['centralized']:.1f} %",
+    )
+    ax.axhline(
+        100 * bounds["local_iid"],
+        ls="-.",
+        c="grey",
+        lw=1,
+        label=f"Local-IID bound {100 * bounds['local_iid']:.1f} %",
+    )
     ax.axhline(100 * local, ls="--", c="grey", lw=1, label=f"Local (no uplink) {100 * local:.1f} %")
     ax.set_xticks(range(len(BUDGETS)), [f"ε = {b}" for b in BUDGETS])
     ax.set_xlabel("privacy budget per device (δ = 1e-5)")

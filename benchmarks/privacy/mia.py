@@ -21,7 +21,7 @@ projected onto the C-ball; the noise multiplier the one that spends ε on this s
 ε ∈ {1, 4, 8, ∞}, δ = 1e-5, C = 20. The weight methods (FedAvg, FedDW) are not attacked here.
 20 devices per seed, seeds 0–2 (the partition, the models and the noise change with the seed).
 
-    nice -n 10 python -m benchmarks.privacy.mia        # writes benchmarks/privacy/mia.json and mia.md
+    nice -n 10 python -m benchmarks.privacy.mia   # writes benchmarks/privacy/mia.json and mia.md
 """
 
 from __future__ import annotations
@@ -51,21 +51,53 @@ CLIP = 20.0
 
 
 #: method → its settings in this fleet (each on CNN tier 2 at width 0.5 with a 128-d feature)
-METHODS = {"fedproto": {}, "felo": {"options": {"average_weights": "false"}, "optimizer": "sgd", "lr": 0.05,
-                                    "batch_size": 32, "model_options": {}}}
+METHODS = {
+    "fedproto": {},
+    "felo": {
+        "options": {"average_weights": "false"},
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "batch_size": 32,
+        "model_options": {},
+    },
+}
 
 
 def config(method: str, seed: int, epsilon: float | None, quick: bool):
     own = dict(METHODS[method].get("options", {}))
-    options = own if epsilon is None else {**own, "dp": "local", "dp_target_epsilon": str(epsilon), "dp_delta": "1e-5",
-                                           "dp_clip": str(CLIP)}
+    options = (
+        own
+        if epsilon is None
+        else {
+            **own,
+            "dp": "local",
+            "dp_target_epsilon": str(epsilon),
+            "dp_delta": "1e-5",
+            "dp_clip": str(CLIP),
+        }
+    )
     from edgefl.algorithms import get_algorithm
 
     explicit = {
-        "algorithm": method, "dataset": "fashion-mnist", "model": "cnn", "tiers": ("2",), "width": 0.5,
-        "feature_dim": 128, "clients": 100, "partition": "dirichlet", "alpha": 0.5, "train_samples": 6000,
-        "test_samples": 2000, "rounds": 1, "epochs": 1, "fraction": 1.0, "seed": seed, "threads": 1,
-        "out_dir": "/tmp/unused", **{k: v for k, v in METHODS[method].items() if k != "options"}, "options": options,
+        "algorithm": method,
+        "dataset": "fashion-mnist",
+        "model": "cnn",
+        "tiers": ("2",),
+        "width": 0.5,
+        "feature_dim": 128,
+        "clients": 100,
+        "partition": "dirichlet",
+        "alpha": 0.5,
+        "train_samples": 6000,
+        "test_samples": 2000,
+        "rounds": 1,
+        "epochs": 1,
+        "fraction": 1.0,
+        "seed": seed,
+        "threads": 1,
+        "out_dir": "/tmp/unused",
+        **{k: v for k, v in METHODS[method].items() if k != "options"},
+        "options": options,
     }
     if quick:
         explicit.update(train_samples=3000, clients=50)
@@ -83,7 +115,8 @@ def auc(members: np.ndarray, others: np.ndarray) -> float:
 
 @torch.no_grad()
 def vectors(half, blocks, x: torch.Tensor) -> np.ndarray:
-    """Each image's statistics vector (its rows of every uplinked block, concatenated), eval mode."""
+    """Each image's statistics vector (its rows of every uplinked block, concatenated), eval
+    mode."""
     half.model.eval()
     out = half.sample_vectors(x)
     return np.concatenate([out[b].double().flatten(1).numpy() for b in blocks], 1)
@@ -98,7 +131,9 @@ def uplinked_means(up, stats) -> dict[int, np.ndarray]:
     return {c: rows[c] for c in range(len(rows)) if counts[c] > 0}
 
 
-def attack_device(run, device_id: str, test_x: torch.Tensor, test_y: np.ndarray, rng: np.random.Generator) -> float:
+def attack_device(
+    run, device_id: str, test_x: torch.Tensor, test_y: np.ndarray, rng: np.random.Generator
+) -> float:
     half = run.device_half(device_id)
     up = half.fit(0)
     stats = run.method.release.stats
@@ -139,28 +174,55 @@ def main(argv: list[str]) -> None:
                 rng = np.random.default_rng([seed, 5])
                 for d in run.ids[:devices]:
                     aucs.append(attack_device(run, d, test_x, test_y.numpy(), rng))
-            rows.append({"method": method, "epsilon": "inf" if epsilon is None else epsilon, "devices": len(aucs),
-                         "auc_mean": statistics.fmean(aucs), "auc_sd": statistics.stdev(aucs), "auc_max": max(aucs),
-                         "aucs": aucs})
-            print(f"{method} ε={rows[-1]['epsilon']}: attack AUC {rows[-1]['auc_mean']:.3f} ± {rows[-1]['auc_sd']:.3f} "
-                  f"over {len(aucs)} devices", flush=True)
-    out = {"benchmark": "privacy/mia", "code": code_version(), "clip": CLIP, "delta": 1e-5, "seeds": list(seeds), "devices_per_seed": devices,
-           "rows": rows, "wall_seconds": time.perf_counter() - t0, "machine": {"before": before, "after": machine()},
-           "command": "nice -n 10 python -m benchmarks.privacy.mia" + (" --quick" if quick else "")}
+            rows.append(
+                {
+                    "method": method,
+                    "epsilon": "inf" if epsilon is None else epsilon,
+                    "devices": len(aucs),
+                    "auc_mean": statistics.fmean(aucs),
+                    "auc_sd": statistics.stdev(aucs),
+                    "auc_max": max(aucs),
+                    "aucs": aucs,
+                }
+            )
+            print(
+                f"{method} ε={rows[-1]['epsilon']}: attack AUC {rows[-1]['auc_mean']:.3f} ± "
+                f"{rows[-1]['auc_sd']:.3f} "
+                f"over {len(aucs)} devices",
+                flush=True,
+            )
+    out = {
+        "benchmark": "privacy/mia",
+        "code": code_version(),
+        "clip": CLIP,
+        "delta": 1e-5,
+        "seeds": list(seeds),
+        "devices_per_seed": devices,
+        "rows": rows,
+        "wall_seconds": time.perf_counter() - t0,
+        "machine": {"before": before, "after": machine()},
+        "command": "nice -n 10 python -m benchmarks.privacy.mia" + (" --quick" if quick else ""),
+    }
     target = Path("runs/bench-quick/privacy-mia") if quick else HERE
     target.mkdir(parents=True, exist_ok=True)
     (target / "mia.json").write_text(json.dumps(out, indent=1) + "\n")
     lines = [
-        "# Membership inference against per-class statistics uplinks (FedProto, Felo), with and without local DP",
+        "# Membership inference against per-class statistics uplinks (FedProto, Felo), with and "
+        "without local DP",
         "",
         (__doc__ or "").split("\n\n    nice")[0].strip(),
         "",
-        "| method | ε (δ = 1e-5) | devices attacked | attack AUC (mean ± sd over devices) | largest AUC |",
+        "| method | ε (δ = 1e-5) | devices attacked | attack AUC (mean ± sd over devices) | "
+        "largest AUC |",
         "|---|---|---|---|---|",
-        *[f"| {r['method']} | {r['epsilon']} | {r['devices']} | {r['auc_mean']:.3f} ± {r['auc_sd']:.3f} | {r['auc_max']:.3f} |"
-          for r in rows],
+        *[
+            f"| {r['method']} | {r['epsilon']} | {r['devices']} | {r['auc_mean']:.3f} ± "
+            f"{r['auc_sd']:.3f} | {r['auc_max']:.3f} |"
+            for r in rows
+        ],
         "",
-        f"`{out['command']}`: {out['wall_seconds']:.0f} s; load before {before['loadavg_1_5_15']} (machine in mia.json).",
+        f"`{out['command']}`: {out['wall_seconds']:.0f} s; load before {before['loadavg_1_5_15']} "
+        "(machine in mia.json).",
     ]
     (target / "mia.md").write_text("\n".join(lines) + "\n")
 

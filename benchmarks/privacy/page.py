@@ -18,39 +18,62 @@ def _load(name: str) -> dict[str, Any] | None:
 
 def _weights(title: str, table: dict[str, Any], how: str) -> list[str]:
     q = table["update_norm"]
-    lines = [f"**{title}** ({table['devices']} devices, d = {table['d']:,} weights; round-0 update norm "
-             f"‖Δ‖ p10 / median / p90 = {q['p10']:.3f} / {q['median']:.3f} / {q['p90']:.3f}; {how}):", "",
-             "| C | ε | z | noise norm on the mean | signal ‖mean of clipped Δ‖ | noise / signal |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"**{title}** ({table['devices']} devices, d = {table['d']:,} weights; round-0 update norm "
+        f"‖Δ‖ p10 / median / p90 = {q['p10']:.3f} / {q['median']:.3f} / {q['p90']:.3f}; {how}):",
+        "",
+        "| C | ε | z | noise norm on the mean | signal ‖mean of clipped Δ‖ | noise / signal |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in table["rows"]:
-        lines.append(f"| {r['clip']:.3f} | {r['epsilon']:g} | {r['z']:.2f} | {r['noise_norm_on_mean']:.3g} | "
-                     f"{r['signal_norm']:.3f} | **{r['noise_to_signal']:.0f}** |")
+        lines.append(
+            f"| {r['clip']:.3f} | {r['epsilon']:g} | {r['z']:.2f} | {r['noise_norm_on_mean']:.3g} "
+            "| "
+            f"{r['signal_norm']:.3f} | **{r['noise_to_signal']:.0f}** |"
+        )
     return lines + [""]
 
 
 def _stats(title: str, table: dict[str, Any]) -> list[str]:
     q = table["sample_norm"]
-    lines = [f"**{title}**: per-sample statistics vector norm p10 / median / p90 = {q['p10']:.1f} / {q['median']:.1f} / "
-             f"{q['p90']:.1f} (round 0), C = {table['clip']:g}. Error ‖released − true‖ of a device's per-class mean "
-             "(median over devices and classes, p90 in brackets), without and with the projection onto the C-ball:", "",
-             "| ε | z | error, raw | error, projected | max softmax of the mean logits: true / raw / projected |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"**{title}**: per-sample statistics vector norm p10 / median / p90 = {q['p10']:.1f} / "
+        f"{q['median']:.1f} / "
+        f"{q['p90']:.1f} (round 0), C = {table['clip']:g}. Error ‖released − true‖ of a device's "
+        "per-class mean "
+        "(median over devices and classes, p90 in brackets), without and with the projection onto "
+        "the C-ball:",
+        "",
+        "| ε | z | error, raw | error, projected | max softmax of the mean logits: true / raw / "
+        "projected |",
+        "|---|---|---|---|---|",
+    ]
     for r in table["rows"]:
         peak = r.get("max_softmax")
         peaks = f"{peak['true']:.2f} / {peak['raw']:.2f} / {peak['projected']:.2f}" if peak else "—"
-        lines.append(f"| {r['epsilon']:g} | {r['z']:.2f} | {r['error_raw']['median']:.1f} ({r['error_raw']['p90']:.1f}) | "
-                     f"{r['error_projected']['median']:.1f} ({r['error_projected']['p90']:.1f}) | {peaks} |")
+        lines.append(
+            f"| {r['epsilon']:g} | {r['z']:.2f} | {r['error_raw']['median']:.1f} "
+            f"({r['error_raw']['p90']:.1f}) | "
+            f"{r['error_projected']['median']:.1f} ({r['error_projected']['p90']:.1f}) | {peaks} |"
+        )
     return lines + [""]
 
 
 def _validation(raw: dict[str, Any] | None, projected: dict[str, Any] | None) -> list[str]:
     if not (raw and projected):
         return []
-    lines = ["**The projection on the validation split** (1,000 training images held out; the benchmark's fleet "
-             "and rounds; seeds 0–1), validation accuracy % and collapsed devices, before the projection (raw: "
-             "the same code with edgefl/privacy/mechanisms.py as before commit 8aabe9e, run from an export) and with "
-             f"it (projected, at {projected['rows'][0]['code']}):", "",
-             "| method | seed | raw | projected |", "|---|---|---|---|"]
+    lines = [
+        "**The projection on the validation split** (1,000 training images held out; the "
+        "benchmark's fleet "
+        "and rounds; seeds 0–1), validation accuracy % and collapsed devices, before the "
+        "projection (raw: "
+        "the same code with edgefl/privacy/mechanisms.py as before commit 8aabe9e, run from an "
+        "export) and with "
+        f"it (projected, at {projected['rows'][0]['code']}):",
+        "",
+        "| method | seed | raw | projected |",
+        "|---|---|---|---|",
+    ]
     by = {(r["method"], r["seed"]): r for r in raw["rows"]}
     for r in projected["rows"]:
         b = by.get((r["method"], r["seed"]))
@@ -81,10 +104,20 @@ def verdicts(results: dict[str, Any]) -> str:
     lines = ["## What holds and what does not", ""]
     bounds = results.get("bounds", {})
     if bounds:
-        lines.append("- Bounds: centralized " + ", Local-IID ".join(
-            f"{100 * bounds[k]:.1f} %" for k in ("centralized", "local_iid") if bounds.get(k) is not None)
-            + "; sanity gates " + ("pass." if not results["gates"]["failures"] else
-                                   "fail: " + "; ".join(results["gates"]["failures"]) + "."))
+        lines.append(
+            "- Bounds: centralized "
+            + ", Local-IID ".join(
+                f"{100 * bounds[k]:.1f} %"
+                for k in ("centralized", "local_iid")
+                if bounds.get(k) is not None
+            )
+            + "; sanity gates "
+            + (
+                "pass."
+                if not results["gates"]["failures"]
+                else "fail: " + "; ".join(results["gates"]["failures"]) + "."
+            )
+        )
     local = _accuracy(runs, "local")
     for method in ("fedavg", "felo", "fedproto", "feddw"):
         parts, fallen = [], 0
@@ -94,45 +127,80 @@ def verdicts(results: dict[str, Any]) -> str:
                 continue
             n = sum(1 for k in collapsed if k.startswith(f"{method} ε={eps}|"))
             fallen += n if eps != "∞" else 0
-            parts.append(f"ε={eps} {acc[0]:.1f} ± {acc[1]:.1f} %" + (f" ({n} of {acc[2]} runs collapsed)" if n else ""))
+            parts.append(
+                f"ε={eps} {acc[0]:.1f} ± {acc[1]:.1f} %"
+                + (f" ({n} of {acc[2]} runs collapsed)" if n else "")
+            )
         stopped = (_load(f"diagnose-stops-{method}.json") or {}).get("rows", [])
         for eps in (8, 4, 1):
             rs = sorted((r for r in stopped if r["epsilon"] == eps), key=lambda r: r["seed"])
             if rs:
-                parts.append(f"ε={eps} (`diagnose stops`; chance 10 %) " + ", ".join(
-                    f"seed {r['seed']}: " + (f"{100 * r['final_accuracy']:.1f} %" if r["stopped"] is None
-                                             else f"stopped at round {len(r['rounds']) + 1}, every device failing")
-                    for r in rs))
+                parts.append(
+                    f"ε={eps} (`diagnose stops`; chance 10 %) "
+                    + ", ".join(
+                        f"seed {r['seed']}: "
+                        + (
+                            f"{100 * r['final_accuracy']:.1f} %"
+                            if r["stopped"] is None
+                            else f"stopped at round {len(r['rounds']) + 1}, every device failing"
+                        )
+                        for r in rs
+                    )
+                )
         if not parts:
             continue
         line = f"- **{method}**: " + ", ".join(parts)
         if local is not None:
             line += f"; Local (no uplink) {local[0]:.1f} ± {local[1]:.1f} %"
-        dp = [a[0] for e in ("8", "4", "1") if (a := _accuracy(runs, f"{method} ε={e}")) is not None]
+        dp = [
+            a[0] for e in ("8", "4", "1") if (a := _accuracy(runs, f"{method} ε={e}")) is not None
+        ]
         dp += [100 * r["final_accuracy"] for r in stopped if r["stopped"] is None]
         below = local is not None and dp and max(dp) < local[0]
         verdict = "stays below Local at every ε ≤ 8" if below else "measured"
         if method == "fedavg" and weights:
-            row = next(r for r in weights["rows"] if r["epsilon"] == 8 and r["clip"] == weights["update_norm"]["median"])
+            row = next(
+                r
+                for r in weights["rows"]
+                if r["epsilon"] == 8 and r["clip"] == weights["update_norm"]["median"]
+            )
             big = (_load("diagnose-fedavg.json") or {}).get("fedavg_100")
             ratios = [r["noise_to_signal"] for r in big["rows"] if r["epsilon"] == 8] if big else []
-            line += (f". **Central DP at 10 devices {verdict}**: at ε = 8 the noise on the mean has std "
-                     f"z·C/n = {row['noise_std_on_mean']:.2f} per coordinate (norm {row['noise_norm_on_mean']:.0f} over "
-                     f"d = {weights['d']:,} weights) against a mean clipped update of norm {row['signal_norm']:.2f} "
-                     f"(median update norm {weights['update_norm']['median']:.2f}): {row['noise_to_signal']:.0f}× the "
-                     "signal each round at either clip measured (p10 or median)"
-                     + (f"; 100 devices a round still leave it {min(ratios):.0f}–{max(ratios):.0f}× (below)" if ratios else ""))
+            line += (
+                f". **Central DP at 10 devices {verdict}**: at ε = 8 the noise on the mean has std "
+                f"z·C/n = {row['noise_std_on_mean']:.2f} per coordinate (norm "
+                f"{row['noise_norm_on_mean']:.0f} over "
+                f"d = {weights['d']:,} weights) against a mean clipped update of norm "
+                f"{row['signal_norm']:.2f} "
+                f"(median update norm {weights['update_norm']['median']:.2f}): "
+                f"{row['noise_to_signal']:.0f}× the "
+                "signal each round at either clip measured (p10 or median)"
+                + (
+                    f"; 100 devices a round still leave it {min(ratios):.0f}–{max(ratios):.0f}× "
+                    "(below)"
+                    if ratios
+                    else ""
+                )
+            )
         elif method == "feddw" and feddw:
             row = next(r for r in feddw["rows"] if r["epsilon"] == 8)
-            line += (f". **FedDW under local DP {verdict}**: each device's noise on its weights, averaged "
-                     f"over 10, has norm {row['noise_norm_on_mean']:.0f} against a mean update of "
-                     f"{row['signal_norm']:.2f} ({row['noise_to_signal']:.0f}× at ε = 8; d = {feddw['d']:,})")
+            line += (
+                f". **FedDW under local DP {verdict}**: each device's noise on its weights, "
+                "averaged "
+                f"over 10, has norm {row['noise_norm_on_mean']:.0f} against a mean update of "
+                f"{row['signal_norm']:.2f} ({row['noise_to_signal']:.0f}× at ε = 8; d = "
+                f"{feddw['d']:,})"
+            )
         elif fallen:
             line += f"; {fallen} DP run(s) collapsed"
         lines.append(line + ".")
     counted = [c for c in results.get("claims", []) if c.get("counted")]
     if counted:
-        lines.append("- Claims (ε = 8 above Local): " + "; ".join(f"{c['statement']}: **{c['verdict']}**" for c in counted) + ".")
+        lines.append(
+            "- Claims (ε = 8 above Local): "
+            + "; ".join(f"{c['statement']}: **{c['verdict']}**" for c in counted)
+            + "."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -140,32 +208,63 @@ def diagnostics(results: dict[str, Any]) -> str:
     weights = _load("diagnose-fedavg.json") or {}
     feddw = _load("diagnose-feddw.json") or {}
     stats = _load("diagnose-stats.json") or {}
-    lines = [verdicts(results), "## Diagnostics: what the noise does to each uplink (measured, validation split)", "",
-             "`python -m benchmarks.privacy.diagnose {fedavg,feddw,stats}` and `… diagnose validate {raw,projected}` "
-             "(diagnose.py's docstring says what each measures). z: the noise multiplier that spends ε over the "
-             "run's rounds at δ = 1e-5.", ""]
+    lines = [
+        verdicts(results),
+        "## Diagnostics: what the noise does to each uplink (measured, validation split)",
+        "",
+        "`python -m benchmarks.privacy.diagnose {fedavg,feddw,stats}` and `… diagnose validate "
+        "{raw,projected}` "
+        "(diagnose.py's docstring says what each measures). z: the noise multiplier that spends ε "
+        "over the "
+        "run's rounds at δ = 1e-5.",
+        "",
+    ]
     if "fedavg_10" in weights:
         lines += _weights("DP-FedAvg, central", weights["fedavg_10"],
                           "server noise std z·C/n per coordinate on the mean of n clipped updates")
     if "fedavg_100" in weights:
-        lines += _weights("DP-FedAvg, central, 100 devices of a 6,000-image Dir(0.5) split (the remedy: more "
-                          "devices per round)", weights["fedavg_100"], "the same, n = 100")
+        lines += _weights(
+            "DP-FedAvg, central, 100 devices of a 6,000-image Dir(0.5) split (the remedy: more "
+            "devices per round)",
+            weights["fedavg_100"],
+            "the same, n = 100",
+        )
     if "feddw_weights" in feddw:
-        lines += _weights("FedDW's weights under local DP", feddw["feddw_weights"],
-                          "each device adds std z·2C per coordinate; the mean of n carries z·2C·√d/√n")
-    for name, title in (("felo", "Felo, local DP on [logits, features]"), ("fedproto", "FedProto, local DP on features")):
+        lines += _weights(
+            "FedDW's weights under local DP",
+            feddw["feddw_weights"],
+            "each device adds std z·2C per coordinate; the mean of n carries z·2C·√d/√n",
+        )
+    for name, title in (
+        ("felo", "Felo, local DP on [logits, features]"),
+        ("fedproto", "FedProto, local DP on features"),
+    ):
         if name in stats:
             lines += _stats(title, stats[name])
-    lines += _validation(_load("diagnose-validate-raw.json"), _load("diagnose-validate-projected.json"))
+    lines += _validation(
+        _load("diagnose-validate-raw.json"), _load("diagnose-validate-projected.json")
+    )
     mia = _load("mia.json")
     if mia and mia["rows"] and "method" in mia["rows"][0]:
-        lines += ["## Membership inference at the same ε (mia.md)", "",
-                  "A white-box server scores each candidate image by the distance of its statistics vector to the "
-                  "uplinked mean of its class (one release of a device of about 60 images; 20 devices × 3 seeds; "
-                  "chance 0.5; `python -m benchmarks.privacy.mia`, at " + str(mia.get("code", "—")) + "). The weight "
-                  "methods (FedAvg, FedDW) are not attacked.", "",
-                  "| method | ε | attack AUC (mean ± sd over devices) | largest |", "|---|---|---|---|"]
-        lines += [f"| {r['method']} | {r['epsilon']} | {r['auc_mean']:.3f} ± {r['auc_sd']:.3f} | {r['auc_max']:.3f} |"
-                  for r in mia["rows"]]
+        lines += [
+            "## Membership inference at the same ε (mia.md)",
+            "",
+            "A white-box server scores each candidate image by the distance of its statistics "
+            "vector to the "
+            "uplinked mean of its class (one release of a device of about 60 images; 20 devices × "
+            "3 seeds; "
+            "chance 0.5; `python -m benchmarks.privacy.mia`, at "
+            + str(mia.get("code", "—"))
+            + "). The weight "
+            "methods (FedAvg, FedDW) are not attacked.",
+            "",
+            "| method | ε | attack AUC (mean ± sd over devices) | largest |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['method']} | {r['epsilon']} | {r['auc_mean']:.3f} ± {r['auc_sd']:.3f} | "
+            f"{r['auc_max']:.3f} |"
+            for r in mia["rows"]
+        ]
         lines.append("")
     return "\n".join(lines)

@@ -40,7 +40,13 @@ def connect(rt: DeviceRuntime) -> None:
     if ep.protocol == mqtt.MQTTv5:
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = SESSION_EXPIRY_SECONDS
-        ep.client.connect(ep.address.host, ep.address.port, keepalive=KEEPALIVE, clean_start=False, properties=props)
+        ep.client.connect(
+            ep.address.host,
+            ep.address.port,
+            keepalive=KEEPALIVE,
+            clean_start=False,
+            properties=props,
+        )
     else:
         ep.client.connect(ep.address.host, ep.address.port, keepalive=KEEPALIVE)
 

@@ -10,7 +10,8 @@ is zero_grad, forward, cross-entropy, backward, optimizer step. Both optimizers 
 weights and see the same batches; they alternate (loop, fused, loop, …) so load changes hit both,
 and the ratio is of the medians. Before timing, one step from the same weights on the same batch
 is compared: the fused kernel implements the same update rule, so the weights agree to float
-rounding (the largest difference is recorded). Writes ``optimizer_step.json`` and ``.md`` beside this file.
+rounding (the largest difference is recorded). Writes ``optimizer_step.json`` and ``.md`` beside
+this file.
 """
 
 from __future__ import annotations
@@ -27,10 +28,19 @@ from benchmarks.common import machine, write_json
 from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
-DEMO = {"width": 0.125, "options": {"stem": "imagenet"}, "optimizer": "adam", "lr": 3e-3, "batch": 50}
+DEMO = {
+    "width": 0.125,
+    "options": {"stem": "imagenet"},
+    "optimizer": "adam",
+    "lr": 3e-3,
+    "batch": 50,
+}
 TRAINING_LOOP = {"options": {}, "optimizer": "sgd", "lr": 0.01, "batch": 32}
 MODELS = {  # name → (family, tier, settings)
-    **{f"resnet-{t} (width 0.125, demo)": ("resnet", t, DEMO) for t in ("10", "14", "18", "22", "26")},
+    **{
+        f"resnet-{t} (width 0.125, demo)": ("resnet", t, DEMO)
+        for t in ("10", "14", "18", "22", "26")
+    },
     "cnn tier 2 (width 1)": ("cnn", "2", {**TRAINING_LOOP, "width": 1.0}),
     "resnet-18 (width 0.25)": ("resnet", "18", {**TRAINING_LOOP, "width": 0.25}),
 }
@@ -42,7 +52,11 @@ def trainer(family: str, tier: str, settings: dict, fused: bool):
     from edgefl.models import ModelSpec, build_model
 
     torch.manual_seed(0)
-    model = build_model(ModelSpec(family, tier, 10, (1, 28, 28), width=settings["width"], options=settings["options"]))
+    model = build_model(
+        ModelSpec(
+            family, tier, 10, (1, 28, 28), width=settings["width"], options=settings["options"]
+        )
+    )
     if fused:
         ts = TrainSettings(optimizer=settings["optimizer"], lr=settings["lr"], momentum=0.9)
         opt = make_optimizer(model.parameters(), ts, 0)
@@ -61,7 +75,13 @@ def trainer(family: str, tier: str, settings: dict, fused: bool):
         return time.perf_counter() - t0
 
     def steps(n: int) -> float:
-        batches = [(torch.rand(settings["batch"], 1, 28, 28, generator=gen), torch.randint(0, 10, (settings["batch"],), generator=gen)) for _ in range(n)]
+        batches = [
+            (
+                torch.rand(settings["batch"], 1, 28, 28, generator=gen),
+                torch.randint(0, 10, (settings["batch"],), generator=gen),
+            )
+            for _ in range(n)
+        ]
         t0 = time.perf_counter()
         for x, y in batches:
             opt.zero_grad(set_to_none=True)
@@ -75,8 +95,12 @@ def trainer(family: str, tier: str, settings: dict, fused: bool):
 def measure(name: str, family: str, tier: str, settings: dict, repeats: int, n: int) -> dict:
     loop_model, loop, loop_update = trainer(family, tier, settings, fused=False)
     fused_model, fused, fused_update = trainer(family, tier, settings, fused=True)
-    loop(1), fused(1)  # one step from the same weights on the same batch (each has its own generator, same seed)
-    diff = max(float((a - b).detach().abs().max()) for a, b in zip(loop_model.parameters(), fused_model.parameters(), strict=True))
+    # one step from the same weights on the same batch (each has its own generator, same seed)
+    loop(1), fused(1)
+    diff = max(
+        float((a - b).detach().abs().max())
+        for a, b in zip(loop_model.parameters(), fused_model.parameters(), strict=True)
+    )
     loop(3), fused(3)  # warm-up
     loop_s, fused_s = [], []
     for _ in range(repeats):
@@ -88,12 +112,22 @@ def measure(name: str, family: str, tier: str, settings: dict, repeats: int, n: 
         fused_u.append(fused_update(n) / n)
     lm, fm = statistics.median(loop_s), statistics.median(fused_s)
     lu, fu = statistics.median(loop_u), statistics.median(fused_u)
-    return {"model": name, "optimizer": settings["optimizer"], "batch": settings["batch"], "steps": n, "repeats": repeats,
-            "parameters": sum(1 for _ in loop_model.parameters()),
-            "loop_ms": [round(s * 1e3, 2) for s in loop_s], "fused_ms": [round(s * 1e3, 2) for s in fused_s],
-            "loop_ms_median": round(lm * 1e3, 2), "fused_ms_median": round(fm * 1e3, 2), "speedup": round(lm / fm, 3),
-            "loop_update_ms_median": round(lu * 1e3, 3), "fused_update_ms_median": round(fu * 1e3, 3),
-            "one_step_max_weight_difference": diff}
+    return {
+        "model": name,
+        "optimizer": settings["optimizer"],
+        "batch": settings["batch"],
+        "steps": n,
+        "repeats": repeats,
+        "parameters": sum(1 for _ in loop_model.parameters()),
+        "loop_ms": [round(s * 1e3, 2) for s in loop_s],
+        "fused_ms": [round(s * 1e3, 2) for s in fused_s],
+        "loop_ms_median": round(lm * 1e3, 2),
+        "fused_ms_median": round(fm * 1e3, 2),
+        "speedup": round(lm / fm, 3),
+        "loop_update_ms_median": round(lu * 1e3, 3),
+        "fused_update_ms_median": round(fu * 1e3, 3),
+        "one_step_max_weight_difference": diff,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -111,23 +145,39 @@ def main(argv: list[str] | None = None) -> dict:
     results["machine_after"] = machine()["loadavg_1_5_15"]
     write_json(HERE / "optimizer_step.json", results)
     m = results["machine"]
-    lines = ["# A training step: the per-parameter optimizer loop against the fused kernel", "",
-             f"`{results['command'].strip()}` on {m['cores']} cores, one torch thread, torch {results['torch']}, {m['date']}; "
-             f"load average before {m['loadavg_1_5_15']}, after {results['machine_after']}. One step: zero_grad, forward, "
-             "cross-entropy, backward, optimizer step, on 28×28 one-channel inputs. The loop is PyTorch's default on CPU "
-             "(`foreach=False`); fused is what `make_optimizer` builds. Alternating, medians of the repeats. "
-             "The update alone is the optimizer's step timed by itself on the last gradients, without the model's "
-             "compute, so it is less noisy than the whole step. The last "
-             "column is the largest difference between the two models' weights after one step from the same weights on "
-             "the same batch (float rounding: the update rule is the same; over many steps training amplifies it, as it "
-             "does any change of summation order).", "",
-             "| model | optimizer, batch | parameter tensors | loop (ms/step) | fused (ms/step) | loop ÷ fused | "
-             "update alone, loop → fused (ms) | weight difference after one step |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# A training step: the per-parameter optimizer loop against the fused kernel",
+        "",
+        f"`{results['command'].strip()}` on {m['cores']} cores, one torch thread, torch "
+        f"{results['torch']}, {m['date']}; "
+        f"load average before {m['loadavg_1_5_15']}, after {results['machine_after']}. One step: "
+        "zero_grad, forward, "
+        "cross-entropy, backward, optimizer step, on 28×28 one-channel inputs. The loop is "
+        "PyTorch's default on CPU "
+        "(`foreach=False`); fused is what `make_optimizer` builds. Alternating, medians of the "
+        "repeats. "
+        "The update alone is the optimizer's step timed by itself on the last gradients, without "
+        "the model's "
+        "compute, so it is less noisy than the whole step. The last "
+        "column is the largest difference between the two models' weights after one step from the "
+        "same weights on "
+        "the same batch (float rounding: the update rule is the same; over many steps training "
+        "amplifies it, as it "
+        "does any change of summation order).",
+        "",
+        "| model | optimizer, batch | parameter tensors | loop (ms/step) | fused (ms/step) | loop "
+        "÷ fused | "
+        "update alone, loop → fused (ms) | weight difference after one step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["models"]:
-        lines.append(f"| {r['model']} | {r['optimizer']}, {r['batch']} | {r['parameters']} | {r['loop_ms_median']:.1f} | "
-                     f"{r['fused_ms_median']:.1f} | **{r['speedup']:.2f}×** | {r['loop_update_ms_median']:.2f} → "
-                     f"{r['fused_update_ms_median']:.2f} | {r['one_step_max_weight_difference']:.1e} |")
+        lines.append(
+            f"| {r['model']} | {r['optimizer']}, {r['batch']} | {r['parameters']} | "
+            f"{r['loop_ms_median']:.1f} | "
+            f"{r['fused_ms_median']:.1f} | **{r['speedup']:.2f}×** | "
+            f"{r['loop_update_ms_median']:.2f} → "
+            f"{r['fused_update_ms_median']:.2f} | {r['one_step_max_weight_difference']:.1e} |"
+        )
     (HERE / "optimizer_step.md").write_text("\n".join(lines) + "\n")
     return results
 

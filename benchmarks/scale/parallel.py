@@ -9,10 +9,10 @@ user runs it), sequentially on one torch thread (one core), on ``--workers`` wor
 the run; skipped when Ray is not installed), and records wall time, the rounds' device phase
 (``collect_seconds``) and server phase (``aggregate_seconds``), accuracy, and the machine's load
 before each run. Speed-ups are against the default sequential run; the one-thread run shows how
-much of the second core torch's own intra-op threads already use. Writes ``benchmarks/scale/parallel.json`` and
-``parallel.md``. Identical results at equal threads per device are a test
-(``tests/test_parallel.py``), not this benchmark: here the sequential run uses every core per
-device, as a user would run it.
+much of the second core torch's own intra-op threads already use. Writes
+``benchmarks/scale/parallel.json`` and ``parallel.md``. Identical results at equal threads per
+device are a test (``tests/test_parallel.py``), not this benchmark: here the sequential run uses
+every core per device, as a user would run it.
 
 Workloads:
 
@@ -40,16 +40,35 @@ from benchmarks.timing import command_line
 HERE = Path(__file__).resolve().parent
 
 DEMO = {
-    "algorithm": "velo", "dataset": "fashion-mnist", "clients": 20, "rounds": 12, "partition": "dirichlet",
-    "alpha": 0.5, "lr": 0.003, "lr_decay_rounds": (9,), "train_samples": 18000, "epochs": 3, "test_samples": 2000,
-    "eval_every": 2, "eval_samples": 1000, "seed": 0, "options": {"cvae_interval": "2"},
+    "algorithm": "velo",
+    "dataset": "fashion-mnist",
+    "clients": 20,
+    "rounds": 12,
+    "partition": "dirichlet",
+    "alpha": 0.5,
+    "lr": 0.003,
+    "lr_decay_rounds": (9,),
+    "train_samples": 18000,
+    "epochs": 3,
+    "test_samples": 2000,
+    "eval_every": 2,
+    "eval_samples": 1000,
+    "seed": 0,
+    "options": {"cvae_interval": "2"},
 }
 WORKLOADS = {
     "demo": DEMO,
-    # (without the demo's lr decay and Velo option: this workload was measured before they were the demo's)
-    "fedavg": {**{k: v for k, v in DEMO.items() if k not in ("lr_decay_rounds", "options", "epochs")},
-               "algorithm": "fedavg", "model": "cnn", "tiers": ("2",), "lr": 0.003, "optimizer": "adam",
-               "train_samples": 12000},
+    # (without the demo's lr decay and Velo option: this workload was measured before they were the
+    # demo's)
+    "fedavg": {
+        **{k: v for k, v in DEMO.items() if k not in ("lr_decay_rounds", "options", "epochs")},
+        "algorithm": "fedavg",
+        "model": "cnn",
+        "tiers": ("2",),
+        "lr": 0.003,
+        "optimizer": "adam",
+        "train_samples": 12000,
+    },
 }
 
 
@@ -63,7 +82,9 @@ def run_once(explicit: dict, workers: int, out: Path, name: str, *, backend: str
 
     algo = get_algorithm(explicit["algorithm"])
     extra = {"threads": threads} if threads else {}
-    cfg = resolve_config({**explicit, **extra, "out_dir": str(out), "run_name": name}, dict(algo.defaults))
+    cfg = resolve_config(
+        {**explicit, **extra, "out_dir": str(out), "run_name": name}, dict(algo.defaults)
+    )
     load = [round(x, 2) for x in os.getloadavg()]
     rounds: list[dict] = []
     before = torch.get_num_threads()
@@ -71,7 +92,8 @@ def run_once(explicit: dict, workers: int, out: Path, name: str, *, backend: str
     try:
         summary = simulate(cfg, rounds.append, plots=False, workers=workers, backend=backend)
     finally:
-        torch.set_num_threads(before)  # a one-thread run must not leave the next run's server on one thread
+        # a one-thread run must not leave the next run's server on one thread
+        torch.set_num_threads(before)
     wall = time.perf_counter() - t0
     return {
         "backend": backend,
@@ -92,27 +114,52 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=default_workers())
     p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     p.add_argument("--out", type=Path, default=Path("runs/bench-parallel"))
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run sequential and parallel this many times, alternating; speed-ups are the median of the pairs")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run sequential and parallel this many times, alternating; speed-ups are the median "
+        "of the pairs",
+    )
     args = p.parse_args(argv)
     command = command_line("benchmarks.scale.parallel", argv)
     results = {"machine": machine(), "command": command, "workloads": {}}
-    if args.workload and (HERE / "parallel.json").exists():  # re-measuring some workloads keeps the others' runs
+    # re-measuring some workloads keeps the others' runs
+    if args.workload and (HERE / "parallel.json").exists():
         results["workloads"] = json.loads((HERE / "parallel.json").read_text())["workloads"]
     for name in args.workload or ["fedavg", "demo"]:
         explicit = WORKLOADS[name]
-        # sequential and parallel alternate (a drifting machine load hits both alike), then the others once
-        runs = [run for _ in range(max(1, args.repeats)) for run in
-                (("sequential", 1, "processes", None), ("parallel", args.workers, "processes", None))]
+        # sequential and parallel alternate (a drifting machine load hits both alike), then the
+        # others once
+        runs = [
+            run
+            for _ in range(max(1, args.repeats))
+            for run in (
+                ("sequential", 1, "processes", None),
+                ("parallel", args.workers, "processes", None),
+            )
+        ]
         runs.append(("sequential_one_thread", 1, "processes", 1))
         if importlib.util.find_spec("ray") is not None:  # Ray is an optional extra
             runs.append(("ray", args.workers, "ray", None))
-        entry: dict = {"config": explicit, "machine": machine(), "command": command, "code": code_version()}
+        entry: dict = {
+            "config": explicit,
+            "machine": machine(),
+            "command": command,
+            "code": code_version(),
+        }
         measured: dict[str, list[dict]] = {}
         for key, workers, backend, threads in runs:
-            print(f"{name}: {key} ({workers} worker(s), backend {backend}, threads {threads or 'default'})…", flush=True)
+            print(
+                f"{name}: {key} ({workers} worker(s), backend {backend}, threads "
+                f"{threads or 'default'})…",
+                flush=True,
+            )
             measured.setdefault(key, []).append(
-                run_once(explicit, workers, args.out, f"{name}-{key}", backend=backend, threads=threads))
+                run_once(
+                    explicit, workers, args.out, f"{name}-{key}", backend=backend, threads=threads
+                )
+            )
             print(f"  {measured[key][-1]}", flush=True)
         entry.update(summarize(measured))
         results["workloads"][name] = entry
@@ -140,7 +187,11 @@ def summarize(measured: dict[str, list[dict]]) -> dict:
     for key, rs in measured.items():
         if key == "sequential":
             continue
-        pairs = list(zip(seqs, rs, strict=True)) if len(rs) == len(seqs) else [(entry["sequential"], r) for r in rs]
+        pairs = (
+            list(zip(seqs, rs, strict=True))
+            if len(rs) == len(seqs)
+            else [(entry["sequential"], r) for r in rs]
+        )
         ratios = [s["wall_seconds"] / r["wall_seconds"] for s, r in pairs]
         phase = [s["device_phase_seconds"] / r["device_phase_seconds"] for s, r in pairs]
         entry[key]["speedup"] = round(statistics.median(ratios), 3)
@@ -157,23 +208,37 @@ def report(results: dict) -> str:
     lines = [
         "# In-memory simulation: sequential against worker processes and Ray actors",
         "",
-        f"On {m['cores']} cores ({m['cpu']}); each workload's date, command and code are under the table. The runs of a "
-        "workload ran back to back in one invocation; the load average before each run is recorded next to it (with "
-        "`--repeats N`, sequential and parallel alternate N times: their rows give the median run and each run's wall "
+        f"On {m['cores']} cores ({m['cpu']}); each workload's date, command and code are under "
+        "the table. The runs of a "
+        "workload ran back to back in one invocation; the load average before each run is "
+        "recorded next to it (with "
+        "`--repeats N`, sequential and parallel alternate N times: their rows give the median run "
+        "and each run's wall "
         "time, the speed-up is the median over the pairs). Sequential: one process, "
-        "torch's default threads (every core for one device at a time, as a user runs it; the reference of every "
-        "speed-up), then the same on one torch thread. Workers and Ray actors: one per core, one torch thread each; "
-        "the server's step runs in the driver process on torch's default threads. Worker processes are forked from a "
-        "fork server that imports torch once per invocation (`edgefl.runtime.processes`; until 2026-11-25 each worker was "
-        "spawned and imported torch itself, about 2 s): its start-up is in the first parallel run's wall time, as the "
-        "benchmark process's own torch import is outside the sequential runs'. Ray: a local Ray started for the "
+        "torch's default threads (every core for one device at a time, as a user runs it; the "
+        "reference of every "
+        "speed-up), then the same on one torch thread. Workers and Ray actors: one per core, one "
+        "torch thread each; "
+        "the server's step runs in the driver process on torch's default threads. Worker "
+        "processes are forked from a "
+        "fork server that imports torch once per invocation (`edgefl.runtime.processes`; until "
+        "2026-11-25 each worker was "
+        "spawned and imported torch itself, about 2 s): its start-up is in the first parallel "
+        "run's wall time, as the "
+        "benchmark process's own torch import is outside the sequential runs'. Ray: a local Ray "
+        "started for the "
         "run (its start-up is in the wall time).",
         "",
-        "| workload | run | wall (s) | speed-up | device phase (s) | device phase speed-up | server phase (s) | accuracy % | load before |",
+        "| workload | run | wall (s) | speed-up | device phase (s) | device phase speed-up | "
+        "server phase (s) | accuracy % | load before |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    labels = {"sequential": "sequential, default threads", "sequential_one_thread": "sequential, 1 thread",
-              "parallel": "{w} worker processes", "ray": "{w} Ray actors"}
+    labels = {
+        "sequential": "sequential, default threads",
+        "sequential_one_thread": "sequential, 1 thread",
+        "parallel": "{w} worker processes",
+        "ray": "{w} Ray actors",
+    }
     for name, w in results["workloads"].items():
         for key, label in labels.items():
             if key not in w:
@@ -187,20 +252,36 @@ def report(results: dict) -> str:
                 label += f" (median of {len(r['repeats'])}: {walls} s)"
             dspeed = "1" if key == "sequential" else f"{r['device_phase_speedup']:.2f}×"
             lines.append(
-                f"| {name} | {label.format(w=r['workers'])} | {r['wall_seconds']:.1f} | {speed} | {r['device_phase_seconds']:.1f} | "
-                f"{dspeed} | {r['server_phase_seconds']:.1f} | {100 * r['mean_accuracy']:.2f} | {r['loadavg_before'][0]} |")
+                f"| {name} | {label.format(w=r['workers'])} | {r['wall_seconds']:.1f} | {speed} | "
+                f"{r['device_phase_seconds']:.1f} | "
+                f"{dspeed} | {r['server_phase_seconds']:.1f} | {100 * r['mean_accuracy']:.2f} | "
+                f"{r['loadavg_before'][0]} |"
+            )
     lines.append("")
     for name, w in results["workloads"].items():
         wm = w.get("machine", m)
         par, share = w["parallel"], w["server_share_sequential"]
         bound = 1 / (share + (1 - share) / par["workers"])
-        lines.append(f"- **{name}**: measured {wm['date']} by `{w.get('command', results['command'])}` at code "
-                     f"`{w.get('code') or results.get('code') or 'unknown'}`. The server's step is {100 * share:.0f} % of the "
-                     f"sequential wall time: with the devices' phase perfectly parallel, Amdahl's bound on {par['workers']} "
-                     f"workers is {bound:.2f}×; measured {par['speedup']:.2f}× (device phase {par['device_phase_speedup']:.2f}×).")
-    lines += ["", "The server's step runs in the server process while the workers wait, so a workload's speed-up is "
-              "bounded by its server share (Amdahl). Accuracies differ only where the thread counts per device differ "
-              "(floating-point reductions); at equal threads the runs are identical (tests/test_parallel.py).", ""]
+        lines.append(
+            f"- **{name}**: measured {wm['date']} by `{w.get('command', results['command'])}` at "
+            "code "
+            f"`{w.get('code') or results.get('code') or 'unknown'}`. The server's step is "
+            f"{100 * share:.0f} % of the "
+            "sequential wall time: with the devices' phase perfectly parallel, Amdahl's bound on "
+            f"{par['workers']} "
+            f"workers is {bound:.2f}×; measured {par['speedup']:.2f}× (device phase "
+            f"{par['device_phase_speedup']:.2f}×)."
+        )
+    lines += [
+        "",
+        "The server's step runs in the server process while the workers wait, so a workload's "
+        "speed-up is "
+        "bounded by its server share (Amdahl). Accuracies differ only where the thread counts per "
+        "device differ "
+        "(floating-point reductions); at equal threads the runs are identical "
+        "(tests/test_parallel.py).",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -38,12 +38,28 @@ def measure(method: str, n: int, train_samples: int) -> dict:
     from edgefl.wire import Payload
 
     algo = get_algorithm(method)
-    cfg = resolve_config({"algorithm": method, "dataset": "fashion-mnist", "clients": n, "fraction": 1.0,
-                          "partition": "iid", "train_samples": train_samples, "test_samples": 100,
-                          "eval_samples": 100, "steps": 1, "rounds": 4, "seed": 0, "min_size": 2},
-                         dict(algo.defaults))
+    cfg = resolve_config(
+        {
+            "algorithm": method,
+            "dataset": "fashion-mnist",
+            "clients": n,
+            "fraction": 1.0,
+            "partition": "iid",
+            "train_samples": train_samples,
+            "test_samples": 100,
+            "eval_samples": 100,
+            "steps": 1,
+            "rounds": 4,
+            "seed": 0,
+            "min_size": 2,
+        },
+        dict(algo.defaults),
+    )
     run = assemble(cfg)
-    fleet = {d: DeviceRecord(spec=run.specs[d], num_samples=len(run.data.shard(i))) for i, d in enumerate(run.ids)}
+    fleet = {
+        d: DeviceRecord(spec=run.specs[d], num_samples=len(run.data.shard(i)))
+        for i, d in enumerate(run.ids)
+    }
     server = run.algorithm.server(run.server_context(fleet), run.options)
     by_tier: dict[str, Payload] = {}
     for d in run.ids:  # one real device per tier
@@ -63,17 +79,31 @@ def measure(method: str, n: int, train_samples: int) -> dict:
         uplinks = {}
         for d in run.ids:
             up = by_tier[run.specs[d].tier]
-            uplinks[d] = Payload(up.arrays, {**up.meta, "num_samples": min(int(up.meta.get("num_samples", 1)), fleet[d].num_samples)})
+            uplinks[d] = Payload(
+                up.arrays,
+                {
+                    **up.meta,
+                    "num_samples": min(int(up.meta.get("num_samples", 1)), fleet[d].num_samples),
+                },
+            )
         metrics = server.aggregate(rnd, uplinks)
         t2, c2 = time.perf_counter(), time.process_time()
         timings.append((t1 - t0, t2 - t1, c2 - c0))
     down, agg, cpu = timings[-1]
     upload = sum(a.nbytes for p in by_tier.values() for a in p.arrays.values()) / len(by_tier)
-    out = {"method": method, "devices": n, "downlink_seconds": round(down, 4), "aggregate_seconds": round(agg, 4),
-           "server_seconds": round(down + agg, 4), "server_cpu_seconds": round(cpu, 4), "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
-           "rss_growth_mb": round((psutil.Process().memory_info().rss - rss0) / 2**20, 1),
-           "uplink_bytes_per_device": int(upload), "server_metrics": sorted(metrics)[:8],
-           "public_pool": len(run.data.public) if run.data.public is not None else 0}
+    out = {
+        "method": method,
+        "devices": n,
+        "downlink_seconds": round(down, 4),
+        "aggregate_seconds": round(agg, 4),
+        "server_seconds": round(down + agg, 4),
+        "server_cpu_seconds": round(cpu, 4),
+        "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
+        "rss_growth_mb": round((psutil.Process().memory_info().rss - rss0) / 2**20, 1),
+        "uplink_bytes_per_device": int(upload),
+        "server_metrics": sorted(metrics)[:8],
+        "public_pool": len(run.data.public) if run.data.public is not None else 0,
+    }
     del server, run, by_tier, uplinks
     gc.collect()
     return out
@@ -83,12 +113,25 @@ def merge(earlier: dict, new: dict) -> dict:
     """``new``'s methods replace theirs in ``earlier``; every row keeps the run (command, load) it
     came from."""
     def stamped(res):
-        return [{**r, "run": r.get("run") or {"command": res["command"], "date": res["machine"]["date"],
-                                               "load_before": res["machine"]["loadavg_1_5_15"],
-                                               "load_after": res.get("machine_after")}} for r in res["rows"]]
+        return [
+            {
+                **r,
+                "run": r.get("run")
+                or {
+                    "command": res["command"],
+                    "date": res["machine"]["date"],
+                    "load_before": res["machine"]["loadavg_1_5_15"],
+                    "load_after": res.get("machine_after"),
+                },
+            }
+            for r in res["rows"]
+        ]
+
     redone = set(new["exponents"])
     rows = [r for r in stamped(earlier) if r["method"] not in redone] + stamped(new)
-    exponents = {m: b for m, b in earlier["exponents"].items() if m not in redone} | new["exponents"]
+    exponents = {m: b for m, b in earlier["exponents"].items() if m not in redone} | new[
+        "exponents"
+    ]
     return {**new, "rows": rows, "exponents": exponents, "merged": True}
 
 
@@ -117,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
         pts = [(r["devices"], r["server_cpu_seconds"]) for r in results["rows"] if r["method"] == m]
         results["exponents"][m] = fit_exponent(pts)
     results["machine_after"] = machine()["loadavg_1_5_15"]
-    if args.method and (HERE / "server.json").exists():  # a rerun of some methods: keep the others' rows
+    # a rerun of some methods: keep the others' rows
+    if args.method and (HERE / "server.json").exists():
         results = merge(json.loads((HERE / "server.json").read_text()), results)
     write_json(HERE / "server.json", results)
     (HERE / "server.md").write_text(report(results, args.devices))
@@ -127,31 +171,59 @@ def main(argv: list[str] | None = None) -> dict:
 def report(results: dict, devices: list[int]) -> str:
     m = results["machine"]
     head = " | ".join(f"N = {n} (CPU s)" for n in devices)
-    lines = ["# Server work per round against the number of devices", "",
-             f"`{results['command']}` on {m['cores']} cores, {m['date']}; load average before {m['loadavg_1_5_15']}, "
-             f"after {results['machine_after']}. Every device of the round reports; the server computes each "
-             "device's downlink and aggregates the N uplinks (round 1; real uplinks, one trained device per tier; "
-             f"{results.get('train_samples', '?')} training images at every N, so the server's public share is the same). "
-             "Time: the server process's CPU seconds for the round at one torch thread (robust to the machine's "
-             "load; wall seconds are in server.json). b: the fitted exponent of time ≈ a·N^b.", "",
-             f"| method | {head} | b | memory at the largest N (MB) | uplink per device |",
-             "|---|" + "---|" * len(devices) + "---|---|---|"]
+    lines = [
+        "# Server work per round against the number of devices",
+        "",
+        f"`{results['command']}` on {m['cores']} cores, {m['date']}; load average before "
+        f"{m['loadavg_1_5_15']}, "
+        f"after {results['machine_after']}. Every device of the round reports; the server "
+        "computes each "
+        "device's downlink and aggregates the N uplinks (round 1; real uplinks, one trained "
+        "device per tier; "
+        f"{results.get('train_samples', '?')} training images at every N, so the server's public "
+        "share is the same). "
+        "Time: the server process's CPU seconds for the round at one torch thread (robust to the "
+        "machine's "
+        "load; wall seconds are in server.json). b: the fitted exponent of time ≈ a·N^b.",
+        "",
+        f"| method | {head} | b | memory at the largest N (MB) | uplink per device |",
+        "|---|" + "---|" * len(devices) + "---|---|---|",
+    ]
     for method, b in results["exponents"].items():
         rows = {r["devices"]: r for r in results["rows"] if r["method"] == method}
-        cells = " | ".join(f"{rows[n].get('server_cpu_seconds', rows[n]['server_seconds']):.3f}" if n in rows else "—"
-                           for n in devices)
+        cells = " | ".join(
+            f"{rows[n].get('server_cpu_seconds', rows[n]['server_seconds']):.3f}"
+            if n in rows
+            else "—"
+            for n in devices
+        )
         last = rows[max(rows)]
-        lines.append(f"| {method} | {cells} | {b:.2f} | {last['rss_mb']:.0f} | {last['uplink_bytes_per_device'] / 1e3:.1f} kB |"
-                     if b is not None else f"| {method} | {cells} | — | {last['rss_mb']:.0f} | — |")
+        lines.append(
+            f"| {method} | {cells} | {b:.2f} | {last['rss_mb']:.0f} | "
+            f"{last['uplink_bytes_per_device'] / 1e3:.1f} kB |"
+            if b is not None
+            else f"| {method} | {cells} | — | {last['rss_mb']:.0f} | — |"
+        )
     if results.get("merged"):
         runs = {json.dumps(r["run"], sort_keys=True): r["run"] for r in results["rows"]}
-        lines += ["", "Rows come from more than one invocation (a rerun of some methods replaces their rows):"]
+        lines += [
+            "",
+            "Rows come from more than one invocation (a rerun of some methods replaces their "
+            "rows):",
+        ]
         for run in runs.values():
             methods = sorted({r["method"] for r in results["rows"] if r["run"] == run})
-            lines.append(f"- `{run['command']}` ({run['date']}, load before {run['load_before']}, after "
-                         f"{run['load_after']}): {', '.join(methods)}")
-    lines += ["", "Targets (issue 22): every method's server step ≤ 5 s per round at 10 devices, growing at most "
-              "linearly (b ≤ 1); Felo-sized knowledge aggregated for 1,000 devices in under 1 s.", ""]
+            lines.append(
+                f"- `{run['command']}` ({run['date']}, load before {run['load_before']}, after "
+                f"{run['load_after']}): {', '.join(methods)}"
+            )
+    lines += [
+        "",
+        "Targets (issue 22): every method's server step ≤ 5 s per round at 10 devices, growing at "
+        "most "
+        "linearly (b ≤ 1); Felo-sized knowledge aggregated for 1,000 devices in under 1 s.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -36,7 +36,9 @@ MODELS = {  # name → run settings
 }
 
 
-def bare_epoch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> float:
+def bare_epoch(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int
+) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
@@ -59,35 +61,72 @@ def measure(name: str, settings: dict, repeats: int) -> dict:
     from edgefl.runtime.setup import assemble
     from edgefl.wire import Envelope, encode
 
-    cfg = resolve_config({"algorithm": "fedavg", "dataset": "fashion-mnist", "clients": 1, "partition": "iid",
-                          "train_samples": 6000, "test_samples": 100, "eval_samples": 100, "epochs": 1,
-                          "batch_size": 32, "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "seed": 0, **settings},
-                         dict(get_algorithm("fedavg").defaults))
+    cfg = resolve_config(
+        {
+            "algorithm": "fedavg",
+            "dataset": "fashion-mnist",
+            "clients": 1,
+            "partition": "iid",
+            "train_samples": 6000,
+            "test_samples": 100,
+            "eval_samples": 100,
+            "epochs": 1,
+            "batch_size": 32,
+            "optimizer": "sgd",
+            "lr": 0.01,
+            "momentum": 0.9,
+            "seed": 0,
+            **settings,
+        },
+        dict(get_algorithm("fedavg").defaults),
+    )
     run = assemble(cfg)
     half = run.device_half("d00")
-    server = run.algorithm.server(run.server_context({"d00": DeviceRecord(spec=run.specs["d00"], num_samples=len(half.ctx.train_data))}), run.options)
+    server = run.algorithm.server(
+        run.server_context(
+            {"d00": DeviceRecord(spec=run.specs["d00"], num_samples=len(half.ctx.train_data))}
+        ),
+        run.options,
+    )
     agent = DeviceAgent(half, algorithm=cfg.algorithm)
     initial = copy.deepcopy(half.model.state_dict())
     data = half.ctx.train_data
-    x, y = data.x.float().div_(255.0), data.y  # the bare loop holds float images in memory, converted once
+    # the bare loop holds float images in memory, converted once
+    x, y = data.x.float().div_(255.0), data.y
     edgefl_s, bare_s = [], []
     for r in range(repeats):
         half.model.load_state_dict(initial)
-        request = encode(Envelope("train", r, "d00", algorithm=cfg.algorithm, tier=run.specs["d00"].tier,
-                                  payload=server.downlink(r, "d00"), run="bench", nonce=f"n{r}"))
+        request = encode(
+            Envelope(
+                "train",
+                r,
+                "d00",
+                algorithm=cfg.algorithm,
+                tier=run.specs["d00"].tier,
+                payload=server.downlink(r, "d00"),
+                run="bench",
+                nonce=f"n{r}",
+            )
+        )
         t0 = time.perf_counter()
         reply = agent.handle_bytes(request)
         edgefl_s.append(time.perf_counter() - t0)
-        assert reply is not None and b'"update"' in reply[:4096], "the device did not answer with an update"
+        assert reply is not None and b'"update"' in reply[:4096], (
+            "the device did not answer with an update"
+        )
         bare = copy.deepcopy(half.model)
         bare.load_state_dict(initial)
         bare_s.append(bare_epoch(bare, x, y, cfg.batch_size, r))
     images = len(y)
     e, b = statistics.median(edgefl_s), statistics.median(bare_s)
     return {
-        "model": name, "images": images, "repeats": repeats,
-        "edgefl_seconds": [round(s, 3) for s in edgefl_s], "bare_seconds": [round(s, 3) for s in bare_s],
-        "edgefl_images_per_s": round(images / e, 1), "bare_images_per_s": round(images / b, 1),
+        "model": name,
+        "images": images,
+        "repeats": repeats,
+        "edgefl_seconds": [round(s, 3) for s in edgefl_s],
+        "bare_seconds": [round(s, 3) for s in bare_s],
+        "edgefl_images_per_s": round(images / e, 1),
+        "bare_images_per_s": round(images / b, 1),
         "ratio": round(b / e, 3),
     }
 
@@ -108,15 +147,27 @@ def main(argv: list[str] | None = None) -> dict:
     results["machine_after"] = machine()["loadavg_1_5_15"]
     write_json(HERE / "training_loop.json", results)
     m = results["machine"]
-    lines = ["# The training loop against a bare PyTorch loop", "",
-             f"`{results['command']}` on {m['cores']} cores, torch threads {results['torch_threads']}, {m['date']}; "
-             f"load average before {m['loadavg_1_5_15']}, after {results['machine_after']}. One FedAvg round (one epoch "
-             "of 6,000 Fashion-MNIST images, batch 32, SGD) through edgefl's device path (request decoded and checked, "
-             "weights loaded, local training, update encoded) against the bare loop, alternating; medians.", "",
-             "| model | edgefl (images/s) | bare loop (images/s) | edgefl ÷ bare | target ≥ 0.90 |", "|---|---|---|---|---|"]
+    lines = [
+        "# The training loop against a bare PyTorch loop",
+        "",
+        f"`{results['command']}` on {m['cores']} cores, torch threads {results['torch_threads']}, "
+        f"{m['date']}; "
+        f"load average before {m['loadavg_1_5_15']}, after {results['machine_after']}. One FedAvg "
+        "round (one epoch "
+        "of 6,000 Fashion-MNIST images, batch 32, SGD) through edgefl's device path (request "
+        "decoded and checked, "
+        "weights loaded, local training, update encoded) against the bare loop, alternating; "
+        "medians.",
+        "",
+        "| model | edgefl (images/s) | bare loop (images/s) | edgefl ÷ bare | target ≥ 0.90 |",
+        "|---|---|---|---|---|",
+    ]
     for row in results["models"]:
-        lines.append(f"| {row['model']} | {row['edgefl_images_per_s']:.0f} | {row['bare_images_per_s']:.0f} | "
-                     f"**{row['ratio']:.3f}** | {'met' if row['ratio'] >= 0.9 else 'not met'} |")
+        lines.append(
+            f"| {row['model']} | {row['edgefl_images_per_s']:.0f} | "
+            f"{row['bare_images_per_s']:.0f} | "
+            f"**{row['ratio']:.3f}** | {'met' if row['ratio'] >= 0.9 else 'not met'} |"
+        )
     (HERE / "training_loop.md").write_text("\n".join(lines) + "\n")
     return results
 

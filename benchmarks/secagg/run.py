@@ -151,14 +151,19 @@ def markdown(results: dict) -> str:
         "# Secure aggregation: bytes and server time (in memory)",
         "",
         f"Command: `{results['command']}` at commit {results['commit'][:12]}"
-        f"{'' if results['clean'] else ' (tree not clean)'}. Machine: {results['machine']['cores']} cores "
-        f"({results['machine']['cpu']}), load average {results['load_start']} at the start and {results['load_end']} "
+        f"{'' if results['clean'] else ' (tree not clean)'}. Machine: "
+        f"{results['machine']['cores']} cores "
+        f"({results['machine']['cpu']}), load average {results['load_start']} at the start and "
+        f"{results['load_end']} "
         "at the end (a shared machine: the timings are under that load).",
-        f"FedAvg, CNN tier 2 at width 1 ({results['cells'][0]['float_parameters']:,} float parameters), synthetic data, "
-        "1 local step per round, every device selected; medians over rounds 2..R. SecAgg on the full graph, "
+        f"FedAvg, CNN tier 2 at width 1 ({results['cells'][0]['float_parameters']:,} float "
+        "parameters), synthetic data, "
+        "1 local step per round, every device selected; medians over rounds 2..R. SecAgg on the "
+        "full graph, "
         "threshold 0.6, fixed point clip 8 in Z/2^32.",
         "",
-        "| devices | SecAgg | dropped after sharing | up per device | down per device | server CPU s/round | server wall s/round | of which unmasking (wall) | load before → after |",
+        "| devices | SecAgg | dropped after sharing | up per device | down per device | server "
+        "CPU s/round | server wall s/round | of which unmasking (wall) | load before → after |",
         "|---:|:---|---:|---:|---:|---:|---:|---:|:---|",
     ]
     for c in results["cells"]:
@@ -167,7 +172,8 @@ def markdown(results: dict) -> str:
         )
         lines.append(
             f"| {c['devices']} | {'yes' if c['secagg'] else 'no'} | {c['dropped_per_round']} | "
-            f"{c['bytes_up_per_device'] / 1024:.1f} kB | {c['bytes_down_per_device'] / 1024:.1f} kB | "
+            f"{c['bytes_up_per_device'] / 1024:.1f} kB | {c['bytes_down_per_device'] / 1024:.1f} "
+            "kB | "
             f"{c['median_server_cpu_seconds']:.3f} | {c['median_server_seconds']:.3f} | {unmask} | "
             f"{c['load_before']} → {c['load_after']} |"
         )
@@ -190,13 +196,19 @@ def markdown(results: dict) -> str:
             )
     lines += [
         "",
-        "Server CPU seconds = this process's CPU time in the round − its CPU time inside the devices' handlers",
-        "(training, key agreement, masking); server wall seconds = the round's wall time − the handlers' wall time",
-        "(inflated by the machine's load: compare the CPU column). Both count building and checking every envelope,",
+        "Server CPU seconds = this process's CPU time in the round − its CPU time inside the "
+        "devices' handlers",
+        "(training, key agreement, masking); server wall seconds = the round's wall time − the "
+        "handlers' wall time",
+        "(inflated by the machine's load: compare the CPU column). Both count building and "
+        "checking every envelope,",
         "relaying the sealed shares, reconstructing secrets, removing masks and averaging.",
-        "With SecAgg a device's uplink is its masked update (4 bytes per parameter, as float32) plus its keys and",
-        "n−1 sealed shares (160 bytes each) and its shares at unmasking (66 bytes per survivor and per dropped device);",
-        "its downlink adds the roster (160 bytes per device) and the sealed shares addressed to it.",
+        "With SecAgg a device's uplink is its masked update (4 bytes per parameter, as float32) "
+        "plus its keys and",
+        "n−1 sealed shares (160 bytes each) and its shares at unmasking (66 bytes per survivor "
+        "and per dropped device);",
+        "its downlink adds the roster (160 bytes per device) and the sealed shares addressed to "
+        "it.",
         "",
     ]
     return "\n".join(lines)
@@ -234,8 +246,10 @@ def main(argv: list[str] | None = None) -> None:
             cell = measure(n, secagg, args.rounds, drop)
             results["cells"].append(cell)
             print(
-                f"{n} devices, secagg={secagg}, drop={cell['dropped_per_round']}: server {cell['median_server_seconds']:.3f} s/round, "
-                f"up {cell['bytes_up_per_device'] / 1024:.1f} kB/device ({time.perf_counter() - t0:.0f} s)",
+                f"{n} devices, secagg={secagg}, drop={cell['dropped_per_round']}: server "
+                f"{cell['median_server_seconds']:.3f} s/round, "
+                f"up {cell['bytes_up_per_device'] / 1024:.1f} kB/device "
+                f"({time.perf_counter() - t0:.0f} s)",
                 flush=True,
             )
     results["load_end"] = load()
