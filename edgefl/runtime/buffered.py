@@ -11,10 +11,12 @@ second update of it arriving before the buffer fills waits for the next buffer: 
 device per aggregation). Updates still in flight when the run ends are not used.
 
 Time is simulated, so a run is reproducible for a seed: a device's update arrives after the
-samples it trains in a round (its shard × epochs, or steps × batch), one sample per unit of time
-(per-device compute and link speed are issue 39's fleet model, not modelled here). In memory a
-device trains the moment it is sent the model, on that model, so what it sends is exactly what
-it would have sent at its arrival.
+samples it trains in a round (its shard × epochs, or steps × batch), one sample per unit of time;
+on a fleet with declared conditions (a fleet file: :mod:`edgefl.runtime.clock`) in simulated
+seconds instead: its link and compute time, and a device offline when it would pull the model
+pulls it when it is back, one that goes offline in flight loses its update (``failed``) and
+pulls the newest model when it is back. In memory a device trains the moment it is sent the
+model, on that model, so what it sends is exactly what it would have sent at its arrival.
 
 Staleness: an update trained on the model of aggregation ``v`` and aggregated at ``r`` has
 staleness τ = r − v and weight s(τ) = 1/√(1+τ) (FedBuff's polynomial weighting). For the
@@ -38,6 +40,7 @@ from edgefl.wire import Envelope, Payload
 
 if TYPE_CHECKING:
     from edgefl.algorithms.base import ServerContext
+    from edgefl.runtime.clock import FleetClock
 
 # the round loop (edgefl.runtime.loop.RoundLoop) and its Exchange are passed in, not imported: the
 # loop imports this module
@@ -76,19 +79,22 @@ class _Flight:
     seq: int
     device: str = field(compare=False)
     version: int = field(compare=False)  # the aggregation whose model it trains on
-    received: Payload = field(compare=False)
-    reply: Envelope = field(compare=False)
+    received: Payload | None = field(compare=False)
+    reply: Envelope | None = field(compare=False)
     bytes_up: int = field(compare=False)
     seconds: float = field(compare=False)
+    # "update" arrives; "lost": its device went offline in flight; "wake": its device is back
+    kind: str = field(default="update", compare=False)
 
 
 class BufferedRounds:
     """The in-flight updates and the simulated clock of an asynchronous run."""
 
-    def __init__(self, buffer: int):
+    def __init__(self, buffer: int, fleet: FleetClock | None = None):
         if buffer < 1:
             raise ValueError(f"the buffer must hold at least one update (got {buffer})")
         self.buffer = buffer
+        self.fleet = fleet  # the fleet's conditions: the clock in simulated seconds
         self.clock = 0.0
         self._flights: list[_Flight] = []  # a heap by arrival time
         self._seq = 0
@@ -96,8 +102,19 @@ class BufferedRounds:
     def flying(self) -> set[str]:
         return {f.device for f in self._flights}
 
+    def _push(self, at: float, device: str, version: int, kind: str, received: Payload | None = None,
+              reply: Envelope | None = None, bytes_up: int = 0, seconds: float = 0.0) -> None:
+        self._seq += 1
+        flight = _Flight(at, self._seq, device, version, received, reply, bytes_up, seconds, kind)
+        heapq.heappush(self._flights, flight)
+
     def _dispatch(self, loop: RoundLoop, round: int, devices: list[str], out: Exchange) -> None:
-        """Send ``devices`` the current model; each reply is in flight until its arrival."""
+        """Send ``devices`` the current model; each reply is in flight until its arrival (a
+        device offline now on the fleet's clock is sent it when it is back)."""
+        if self.fleet is not None:
+            for d in [d for d in devices if not self.fleet.online(d, self.clock)]:
+                self._push(self.fleet.next_online(d, self.clock), d, round, "wake")
+            devices = [d for d in devices if self.fleet.online(d, self.clock)]
         if not devices:
             return
         payloads = {d: loop.server.downlink(round, d) for d in devices}
@@ -105,9 +122,11 @@ class BufferedRounds:
         for key in ("failed", "rejected", "bytes_down"):
             getattr(out, key).update(getattr(ex, key))
         for d, reply in ex.replies.items():
-            self._seq += 1
-            flight = _Flight(self.clock + local_work(loop.ctx, d), self._seq, d, round, payloads[d], reply, ex.bytes_up[d], ex.seconds[d])
-            heapq.heappush(self._flights, flight)
+            at, kind = self.clock + local_work(loop.ctx, d), "update"
+            if self.fleet is not None:
+                at, arrives = self.fleet.flight(d, self.clock, ex.bytes_down[d], ex.bytes_up[d])
+                kind = "update" if arrives else "lost"
+            self._push(at, d, round, kind, payloads[d], reply, ex.bytes_up[d], ex.seconds[d])
 
     def collect(self, loop: RoundLoop, round: int, out: Exchange) -> tuple[list[str], dict[str, Payload], dict[str, Any]]:
         """Round ``round``: free devices pull the model, then the next ``buffer`` arrivals in time
@@ -119,10 +138,19 @@ class BufferedRounds:
         held: list[_Flight] = []  # a second update of a device already in this buffer
         while len(arrived) < self.buffer and self._flights:
             flight = heapq.heappop(self._flights)
-            if flight.device in arrived:
+            if flight.device in arrived and flight.kind == "update":
                 held.append(flight)
                 continue
             self.clock = max(self.clock, flight.arrival)
+            if flight.kind == "wake":  # back online: it pulls the model as it stands
+                self._dispatch(loop, round, [flight.device], out)
+                continue
+            if flight.kind == "lost":  # offline before its update arrived: back later, then it pulls
+                why = f"went offline at {self.clock:.1f} s (simulated clock) in flight"
+                out.failed[flight.device] = why
+                back = self.fleet.next_online(flight.device, self.clock)
+                self._push(back, flight.device, round, "wake")
+                continue
             arrived[flight.device] = flight
             if len(arrived) < self.buffer:  # it pulls the model as it stands and trains again
                 self._dispatch(loop, round, [flight.device], out)

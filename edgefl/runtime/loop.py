@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors.numpy
@@ -44,6 +44,9 @@ from edgefl.transport.base import Transport
 from edgefl.wire import Envelope, Payload, new_nonce
 from edgefl.wire.schema import ArraySpec, Expectation
 from edgefl.wire.validate import check_reply
+
+if TYPE_CHECKING:
+    from edgefl.runtime.clock import FleetClock
 
 log = logging.getLogger(__name__)
 #: Downlink metadata meaning "the payload you absorbed at this round's evaluation, unchanged".
@@ -102,6 +105,7 @@ class RoundLoop:
         available: Callable[[str], bool] | None = None,
         collect_models: Callable[[str], Mapping[str, ArraySpec]] | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        clock: FleetClock | None = None,
     ):
         self.server, self.ctx, self.transport, self.settings = server, ctx, transport, settings
         self.on_round = on_round or (lambda record: None)
@@ -128,7 +132,16 @@ class RoundLoop:
         # its train downlink for that round would repeat it byte for byte (a downlink is a function
         # of the server state and the round, and evaluation changes neither), so it is not re-sent
         self._holds_downlink: dict[str, int] = {}
-        self.buffered = BufferedRounds(settings.buffer) if settings.buffer else None
+        # the simulated wall clock of a fleet with declared conditions (runtime/clock.py)
+        self.clock = clock
+        self.buffered = BufferedRounds(settings.buffer, clock) if settings.buffer else None
+
+    @property
+    def simulated_seconds(self) -> float | None:
+        """The simulated clock (None without a fleet clock)."""
+        if self.clock is None:
+            return None
+        return self.buffered.clock if self.buffered is not None else self.clock.now
 
     # -- one exchange ---------------------------------------------------------------------------
     def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str, stage: str | None = None,
@@ -264,10 +277,13 @@ class RoundLoop:
         t0 = time.perf_counter()
         self.ctx.round = round
         if self.buffered is not None:  # asynchronous: this round is the next `buffer` arrivals
-            ex, payloads = Exchange(), {}
+            ex, payloads, timing = Exchange(), {}, None
             selected, fresh, buffered = self.buffered.collect(self, round, ex)
         else:
-            selected = self.server.select(round, self.reachable(sorted(self.ctx.fleet), round + 1), self.ctx.rng(round))
+            candidates, timing = self.reachable(sorted(self.ctx.fleet), round + 1), None
+            if self.clock is not None:  # devices offline on the simulated clock are not selected
+                candidates, timing = self.clock.select(candidates)
+            selected = self.server.select(round, candidates, self.ctx.rng(round))
             payloads = {}
             if getattr(self.server, "secagg", None) is None:
                 payloads = {
@@ -278,13 +294,18 @@ class RoundLoop:
                 self._holds_downlink.pop(d, None)  # it trains now: its model is no longer the downlink's
             if payloads or not selected:
                 ex = self.exchange("train", round, payloads, expect="update")
+                if timing is not None:  # who finished in time on the simulated clock
+                    self.clock.settle(ex, timing)
                 fresh = {d: r.payload for d, r in ex.replies.items()}
             else:  # secure aggregation: four exchanges, one sum (runtime/secure.py)
                 from edgefl.runtime.secure import secure_round
 
                 ex, fresh = secure_round(self, round, selected, Exchange())
+                if timing is not None:
+                    self.clock.settle(ex, timing, drop=False)
             buffered = None
-        if selected and not ex.replies and self.settings.stop_when_all_fail:
+        dropped = bool(timing and timing["dropped"])  # the simulated clock's, not failures
+        if selected and not ex.replies and self.settings.stop_when_all_fail and not dropped:
             raise AllDevicesFailed(round, {d: ex.failed.get(d, "no reply") for d in selected})
         t1 = time.perf_counter()
         uplinks, clipped = bound_uplinks(
@@ -321,6 +342,10 @@ class RoundLoop:
         }
         if buffered is not None:
             record["buffered"] = buffered  # simulated clock, staleness per update, updates in flight
+        elif timing is not None:
+            record["clock"] = timing  # start, end, each device's seconds, who dropped and why
+        if self.clock is not None:
+            record["simulated_seconds"] = self.simulated_seconds
         # Training rounds are evaluated every eval_every rounds, except the run's last one, whose
         # evaluation is the final one (after the finish exchange), unless the finish trains.
         # Closing rounds train nothing: never evaluated.

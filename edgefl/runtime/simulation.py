@@ -14,6 +14,7 @@ from edgefl.config import RunConfig
 from edgefl.errors import ConfigError
 from edgefl.export.checkpoint import save_device_models
 from edgefl.runtime.agent import DeviceAgent
+from edgefl.runtime.clock import fleet_clock
 from edgefl.runtime.derived import run_dir_for
 from edgefl.runtime.method import Method
 from edgefl.runtime.run import Ending, RunLifecycle, loop_settings
@@ -93,8 +94,9 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
     server_ctx = run.server_context(fleet)
     run_dir = run_dir_for(cfg)
     life = RunLifecycle(cfg, run.method, run_dir, on_round=on_round, plots=plots, started=t_start)
-    life.loop(build_server(run.method, server_ctx), server_ctx, transport, loop_settings(cfg),
-              on_progress=on_progress, on_event=on_event)
+    clock = fleet_clock(run.fleet_file, server_ctx, cfg.seed)  # a fleet file: the simulated wall clock
+    loop = life.loop(build_server(run.method, server_ctx), server_ctx, transport, loop_settings(cfg),
+                     on_progress=on_progress, on_event=on_event, clock=clock)
 
     def save_models(final: dict[str, Any]) -> dict[str, Any]:
         # Each device's final model, for `edgefl export` (safetensors with the spec in its metadata).
@@ -107,7 +109,8 @@ def _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start
             if not final["interrupted"]:
                 raise
             log.warning("the models of the interrupted run could not be saved: %s", e)
-        return {"test_samples": len(test)}
+        return {"test_samples": len(test),
+                **({"simulated_seconds": loop.simulated_seconds} if clock is not None else {})}
 
     fleet_file = run.fleet_file
     config = {
