@@ -42,9 +42,10 @@ from edgefl.runtime.derived import derive_seed
 if TYPE_CHECKING:
     from edgefl.algorithms.base import ServerContext
     from edgefl.profiling import Fleet
-    from edgefl.runtime.loop import Exchange
 
 INF = math.inf
+# the round loop's Exchange (edgefl.runtime.loop imports this module)
+Exchange = Any
 
 
 class Timeline:
