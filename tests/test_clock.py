@@ -167,7 +167,9 @@ def test_fedbuff_advances_on_the_simulated_clock_in_event_order(tmp_path):
     # the slow device (10x compute, 10x link) is rarely in a buffer and then stale
     arrivals = [d for r in rounds for d in r["completed"]]
     assert arrivals.count("slow") < arrivals.count("fast-0") + arrivals.count("fast-1")
-    stale = [r["buffered"]["staleness"]["slow"] for r in rounds if "slow" in r["buffered"]["staleness"]]
+    stale = [
+        r["buffered"]["staleness"]["slow"] for r in rounds if "slow" in r["buffered"]["staleness"]
+    ]
     assert all(t >= 1 for t in stale)
     # the same run again: the same events
     _, again = run(tmp_path, "async2", rounds=8, eval_every=0, aggregation="async", buffer=1)
