@@ -1,43 +1,45 @@
-"""Secure aggregation's cost: bytes and server time of a FedAvg round with and without SecAgg, at
-10 and 100 devices, in memory (the same round loop, server half and device agents as a run).
+"""Secure aggregation's cost: bytes, server time and device time of a FedAvg round without
+SecAgg, with SecAgg on the full graph and with SecAgg+ on a k-regular neighbour graph, each also
+with one device leaving after sharing keys, at 10 and 100 devices, in memory (the same round loop,
+server half and device agents as a run), from one alternating run (benchmarks/timing.py).
 
-    nice -n 10 .venv/bin/python -m benchmarks.secagg.run                 # 10 and 100 devices
-    nice -n 10 .venv/bin/python -m benchmarks.secagg.run --devices 10 --rounds 2
+    nice -n 10 .venv/bin/python -m benchmarks.secagg.run                  # 10 and 100 devices
+    nice -n 10 .venv/bin/python -m benchmarks.secagg.run --devices 10 --repetitions 2
+    .venv/bin/python -m benchmarks.secagg.run --report-only               # rewrite results.md
 
-Each configuration runs ``--rounds`` rounds of FedAvg on the synthetic dataset (one local step per
-round: the training is not what is measured) with the CNN of tier 2 at width 1 (its parameter
-count is in the results), every device selected. Per round:
+Per group (a number of devices) every variant's round loop is built first and runs one round
+unrecorded (warm caches); then the variants alternate, one round a sample, in rotated order per
+repetition, with the machine's load before and after each sample. FedAvg on the synthetic dataset
+(one local step per round: the training is not what is measured) with the CNN of tier 2 at width
+1, every device selected. The graph: ``secagg_neighbours=auto`` (k = 24 at 100 devices), and at
+10 devices, where auto keeps the full graph, k = 4. Per sample:
 
-- **bytes**: what the round record counts, down and up, over all the protocol's stages
-  (exact wire sizes of every envelope: :func:`edgefl.wire.encoded_size`);
-- **server seconds**: this process's CPU time in the round minus its CPU time inside the devices'
-  handlers (local training, key agreement, masking: device work), and the same in wall time
-  (which the machine's load inflates). What is left is the server's: building and checking every
-  envelope, relaying, summing, reconstructing the secrets, removing the masks and averaging. In
-  memory, devices run one after another, so device time never overlaps it;
-- with SecAgg, also the unmasking alone (``unmask_seconds``: reconstruction and mask removal).
-
-``--drop`` devices leave after sharing keys in every SecAgg round (their pairwise masks are then
-removed by the server too). Results: ``results.json`` and ``results.md`` beside this file, with the
-machine's load average before and after each configuration.
+- **server CPU seconds** (the metric): this process's CPU time in the round minus its CPU time
+  inside the devices' handlers: building and checking every envelope, relaying, summing,
+  reconstructing the secrets, removing the masks and averaging. In memory the devices run one
+  after another, so device time never overlaps it; the same in wall time beside it;
+- **device CPU seconds**: the CPU time inside the handlers over the round, per device (local
+  training, key agreement, sealing and opening shares, masking, and the device's envelopes);
+- **bytes** per device, down and up, over all the protocol's stages (exact wire sizes);
+- with SecAgg, the unmasking alone (reconstruction and mask removal, wall).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import write_json
-from benchmarks.timing import command_line, git_state, load, machine, niceness
+from benchmarks.timing import Timing
 
 HERE = Path(__file__).resolve().parent
+ROUNDS = 100  # the loops' round budget: more than the samples a variant takes
 
 
-def build(devices: int, secagg: bool, drop: int, work: Path):
+def build(devices: int, options: dict, drop: int, work: Path):
+    from edgefl.algorithms import get_algorithm
     from edgefl.algorithms.base import DeviceRecord
     from edgefl.config import resolve_config
     from edgefl.runtime.agent import DeviceAgent
@@ -49,7 +51,7 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
         "algorithm": "fedavg",
         "dataset": "synthetic",
         "clients": devices,
-        "rounds": 10,
+        "rounds": ROUNDS,
         "train_samples": 20 * devices,
         "test_samples": 100,
         "eval_samples": 50,
@@ -59,15 +61,14 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
         "width": 1.0,
         "out_dir": str(work),
         "run_name": "bench",
-        "options": {"secagg": "on"} if secagg else {},
+        "options": options,
     }
-    from edgefl.algorithms import get_algorithm
-
     cfg = resolve_config(explicit, dict(get_algorithm("fedavg").defaults))
     run = assemble(cfg)
     transport, samples = InMemoryTransport(), {}
-    gone = set(run.ids[:drop]) if secagg else set()
+    gone = set(run.ids[:drop])
     inside = {"cpu": 0.0}  # process CPU seconds spent inside the devices' handlers
+
     for d in run.ids:
         half = run.device_half(d)
         samples[d] = len(half.ctx.train_data)
@@ -87,7 +88,7 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
     ctx = run.server_context(fleet)
     server = build_server(run.method, ctx)
     loop = RoundLoop(
-        server, ctx, transport, LoopSettings(rounds=10, algorithm="fedavg", eval_every=0)
+        server, ctx, transport, LoopSettings(rounds=ROUNDS, algorithm="fedavg", eval_every=0)
     )
     params = sum(
         int(v.size)
@@ -97,164 +98,150 @@ def build(devices: int, secagg: bool, drop: int, work: Path):
     return loop, params, inside
 
 
-def measure(devices: int, secagg: bool, rounds: int, drop: int) -> dict:
-    with tempfile.TemporaryDirectory() as work:
-        load_before = load()
-        loop, params, inside = build(devices, secagg, drop, Path(work))
-        out = []
-        for r in range(rounds):
-            cpu0, device0 = time.process_time(), inside["cpu"]
-            rec = loop.run_round(r)
-            cpu = time.process_time() - cpu0
-            device = sum(rec["reply_seconds"].values())
-            out.append(
-                {
-                    "round": r + 1,
-                    "completed": len(rec["completed"]),
-                    "bytes_down": rec["bytes_down_total"],
-                    "bytes_up": rec["bytes_up_total"],
-                    "round_seconds": rec["round_seconds"],
-                    "device_seconds": device,
-                    "server_seconds": rec["round_seconds"] - device,
-                    "server_cpu_seconds": cpu - (inside["cpu"] - device0),
-                    **(
-                        {
-                            "unmask_seconds": rec["secagg"]["stage_seconds"]["unmask_server"],
-                            "dropped": rec["secagg"]["dropped"],
-                        }
-                        if secagg
-                        else {}
-                    ),
-                }
-            )
-        steady = out[1:] or out  # the first round warms caches up
-        return {
-            "devices": devices,
-            "secagg": secagg,
-            "dropped_per_round": drop if secagg else 0,
+def variant(devices: int, options: dict, drop: int, work: Path):
+    """A callable that runs the variant's next round and returns its sample."""
+    loop, params, inside = build(devices, options, drop, work)
+    state = {"round": 0}
+
+    def one_round() -> dict:
+        cpu0, device0 = time.process_time(), inside["cpu"]
+        rec = loop.run_round(state["round"])
+        state["round"] += 1
+        cpu = time.process_time() - cpu0
+        device_cpu = inside["cpu"] - device0
+        device_wall = sum(rec["reply_seconds"].values())
+        out = {
+            "value": cpu - device_cpu,
+            "server_wall_seconds": rec["round_seconds"] - device_wall,
+            "device_cpu_seconds_per_device": device_cpu / devices,
+            "completed": len(rec["completed"]),
+            "bytes_up_per_device": rec["bytes_up_total"] / devices,
+            "bytes_down_per_device": rec["bytes_down_total"] / devices,
             "float_parameters": params,
-            "rounds": out,
-            "median_server_seconds": statistics.median(x["server_seconds"] for x in steady),
-            "median_server_cpu_seconds": statistics.median(x["server_cpu_seconds"] for x in steady),
-            "median_unmask_seconds": statistics.median(x["unmask_seconds"] for x in steady)
-            if secagg
-            else None,
-            "bytes_up_per_device": statistics.median(x["bytes_up"] for x in steady) / devices,
-            "bytes_down_per_device": statistics.median(x["bytes_down"] for x in steady) / devices,
-            "load_before": load_before,
-            "load_after": load(),
         }
-
-
-def markdown(results: dict) -> str:
-    lines = [
-        "# Secure aggregation: bytes and server time (in memory)",
-        "",
-        f"Command: `{results['command']}` at commit {results['commit'][:12]}"
-        f"{'' if results['clean'] else ' (tree not clean)'}. Machine: "
-        f"{results['machine']['cores']} cores "
-        f"({results['machine']['cpu']}), load average {results['load_start']} at the start and "
-        f"{results['load_end']} "
-        "at the end (a shared machine: the timings are under that load).",
-        f"FedAvg, CNN tier 2 at width 1 ({results['cells'][0]['float_parameters']:,} float "
-        "parameters), synthetic data, "
-        "1 local step per round, every device selected; medians over rounds 2..R. SecAgg on the "
-        "full graph, "
-        "threshold 0.6, fixed point clip 8 in Z/2^32.",
-        "",
-        "| devices | SecAgg | dropped after sharing | up per device | down per device | server "
-        "CPU s/round | server wall s/round | of which unmasking (wall) | load before → after |",
-        "|---:|:---|---:|---:|---:|---:|---:|---:|:---|",
-    ]
-    for c in results["cells"]:
-        unmask = (
-            f"{c['median_unmask_seconds']:.3f}" if c["median_unmask_seconds"] is not None else "-"
-        )
-        lines.append(
-            f"| {c['devices']} | {'yes' if c['secagg'] else 'no'} | {c['dropped_per_round']} | "
-            f"{c['bytes_up_per_device'] / 1024:.1f} kB | {c['bytes_down_per_device'] / 1024:.1f} "
-            "kB | "
-            f"{c['median_server_cpu_seconds']:.3f} | {c['median_server_seconds']:.3f} | {unmask} | "
-            f"{c['load_before']} → {c['load_after']} |"
-        )
-    lines.append("")
-    for n in sorted({c["devices"] for c in results["cells"]}):
-        plain = next(c for c in results["cells"] if c["devices"] == n and not c["secagg"])
-        for c in (c for c in results["cells"] if c["devices"] == n and c["secagg"]):
-            cpu = c["median_server_cpu_seconds"] / plain["median_server_cpu_seconds"]
-            up = c["bytes_up_per_device"] / plain["bytes_up_per_device"] - 1
-            down = c["bytes_down_per_device"] / plain["bytes_down_per_device"] - 1
-            lines.append(
-                f"- {n} devices, {c['dropped_per_round']} dropped: SecAgg's server CPU time is "
-                f"{cpu:.1f}x the plain round's; bytes per device {100 * up:+.1f} % up, "
-                f"{100 * down:+.1f} % down"
-                + (
-                    " (averaged over the round's devices: the dropped one sends no masked input)."
-                    if c["dropped_per_round"]
-                    else "."
-                )
+        if "secagg" in rec:
+            info = rec["secagg"]
+            if "error" in info:
+                raise RuntimeError(f"the SecAgg round failed: {info['error']}")
+            out.update(
+                unmask_seconds=info["stage_seconds"]["unmask_server"],
+                neighbours=info["neighbours"],
+                threshold=info["threshold"],
+                dropped=info["dropped"],
             )
-    lines += [
+        return out
+
+    one_round()  # warm-up, not recorded
+    return one_round
+
+
+def variants(devices: int, drop: int, small_k: int, work: Path) -> dict:
+    from edgefl.privacy.secagg import SecAggSettings
+
+    auto = SecAggSettings(on=True).neighbours_for(devices)
+    k = auto if auto < devices - 1 else small_k
+    full = {"secagg": "on", "secagg_neighbours": "full"}
+    graph = {"secagg": "on", "secagg_neighbours": str(k)}
+    return {
+        "no SecAgg": variant(devices, {}, 0, work / "plain"),
+        "full graph": variant(devices, full, 0, work / "full"),
+        f"full graph, {drop} dropped": variant(devices, full, drop, work / "full-drop"),
+        f"k = {k}": variant(devices, graph, 0, work / "graph"),
+        f"k = {k}, {drop} dropped": variant(devices, graph, drop, work / "graph-drop"),
+    }
+
+
+def median_of(samples: list[dict], variant: str, key: str) -> float | None:
+    values = [s[key] for s in samples if s["variant"] == variant and s.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def table(results: dict) -> list[str]:
+    """Bytes and device time per variant (the harness's tables hold the server's CPU time)."""
+    lines = [
         "",
-        "Server CPU seconds = this process's CPU time in the round − its CPU time inside the "
-        "devices' handlers",
-        "(training, key agreement, masking); server wall seconds = the round's wall time − the "
-        "handlers' wall time",
-        "(inflated by the machine's load: compare the CPU column). Both count building and "
-        "checking every envelope,",
-        "relaying the sealed shares, reconstructing secrets, removing masks and averaging.",
-        "With SecAgg a device's uplink is its masked update (4 bytes per parameter, as float32) "
-        "plus its keys and",
-        "n−1 sealed shares (160 bytes each) and its shares at unmasking (66 bytes per survivor "
-        "and per dropped device);",
-        "its downlink adds the roster (160 bytes per device) and the sealed shares addressed to "
-        "it.",
+        "## Bytes, device time and server wall time (medians over the samples)",
         "",
+        "| devices | variant | k | t | up per device | down per device | device CPU s/round "
+        "| server CPU s/round | server wall s/round | unmasking (wall) s |",
+        "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    return "\n".join(lines)
+    for group, g in results["groups"].items():
+        samples = g["samples"]
+        for name in g["variants"]:
+            first = next((s for s in samples if s["variant"] == name and "value" in s), {})
+
+            def cell(key, fmt, name=name, samples=samples):
+                v = median_of(samples, name, key)
+                return "-" if v is None else format(v, fmt)
+
+            lines.append(
+                f"| {group.split()[0]} | {name} | {first.get('neighbours', '-')} | "
+                f"{first.get('threshold', '-')} | "
+                f"{cell('bytes_up_per_device', ',.0f')} B | "
+                f"{cell('bytes_down_per_device', ',.0f')} B | "
+                f"{cell('device_cpu_seconds_per_device', '.4f')} | {cell('value', '.4f')} | "
+                f"{cell('server_wall_seconds', '.3f')} | {cell('unmask_seconds', '.4f')} |"
+            )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[10, 100])
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--repetitions", type=int, default=4)
+    parser.add_argument("--drop", type=int, default=1, help="devices leaving after sharing")
     parser.add_argument(
-        "--drop", type=int, default=1, help="devices that leave after sharing, per SecAgg round"
+        "--small-k", type=int, default=4, help="k where auto keeps the full graph (< 50 devices)"
     )
     parser.add_argument(
         "--report-only", action="store_true", help="rewrite results.md from results.json"
     )
     args = parser.parse_args(argv)
+    notes = [
+        "Metric: server CPU seconds per round = this process's CPU time in the round minus its "
+        "CPU time inside the devices' handlers (in memory the devices run one after another).",
+        "FedAvg, CNN tier 2 at width 1, synthetic data, 1 local step per round, every device "
+        "selected; SecAgg threshold 0.6 of the k + 1 holders of a device's shares, fixed point "
+        "clip 8 in Z/2^32. 'dropped': devices leaving after sharing keys, every round.",
+        "Device CPU s/round is per device: training (1 step), key agreement, sealing and opening "
+        "shares, masking and its envelopes; the no-SecAgg row is the training and envelopes "
+        "alone.",
+    ]
     if args.report_only:
-        (HERE / "results.md").write_text(markdown(json.loads((HERE / "results.json").read_text())))
+        timing = Timing.load_results(HERE / "results.json", unit="ms", scale=1000.0)
+        timing.write(notes=notes, extra_md=table(timing.results))
         return
     import torch
 
     torch.set_num_threads(1)
-    results = {
-        "command": command_line("benchmarks.secagg.run", argv),
-        "niceness": niceness(),
-        **git_state(),
-        "machine": machine(),
-        "torch_threads": 1,
-        "load_start": load(),
-        "cells": [],
-    }
+    settings = {"repetitions": args.repetitions, "drop": args.drop, "small_k": args.small_k,
+                "torch_threads": 1}  # fmt: skip
+    timing = Timing(
+        "Secure aggregation: full graph against a k-regular graph (SecAgg+), in memory",
+        HERE,
+        metric="server CPU seconds per round",
+        unit="ms",
+        scale=1000.0,
+        settings=settings,
+    )
     for n in args.devices:
-        for secagg, drop in ((False, 0), (True, 0), (True, args.drop)):
+        with tempfile.TemporaryDirectory() as work:
             t0 = time.perf_counter()
-            cell = measure(n, secagg, args.rounds, drop)
-            results["cells"].append(cell)
-            print(
-                f"{n} devices, secagg={secagg}, drop={cell['dropped_per_round']}: server "
-                f"{cell['median_server_seconds']:.3f} s/round, "
-                f"up {cell['bytes_up_per_device'] / 1024:.1f} kB/device "
-                f"({time.perf_counter() - t0:.0f} s)",
-                flush=True,
+            group = variants(n, args.drop, args.small_k, Path(work))
+            timing.alternate(
+                f"{n} devices",
+                group,
+                args.repetitions,
+                baseline="no SecAgg",
+                on_sample=lambda s, n=n: print(
+                    f"{n} devices, {s['variant']}: server {s.get('value')} s "
+                    f"(load {s['load_after'][0]})",
+                    flush=True,
+                ),
             )
-    results["load_end"] = load()
-    write_json(HERE / "results.json", results)
-    (HERE / "results.md").write_text(markdown(results))
+            print(f"{n} devices: {time.perf_counter() - t0:.0f} s", flush=True)
+    timing.write(notes=notes, extra_md=table(timing.results))
 
 
 if __name__ == "__main__":
