@@ -1,6 +1,7 @@
 """Asynchronous buffered aggregation (edgefl.runtime.buffered, FedBuff) as a mode of the round loop:
 the staleness rebase by hand, one update per device per buffer of K, the simulated clock, and the
-refusals (methods that cannot, parallel workers, MQTT)."""
+refusals (methods that cannot, in memory and over MQTT; parallel workers). Over MQTT:
+tests/test_conformance_async.py."""
 
 from __future__ import annotations
 
@@ -84,8 +85,10 @@ def test_what_cannot_run_asynchronously_is_refused(tmp_path):
         assemble(tiny_config(tmp_path, aggregation="async", options={"dp": "central", "dp_noise_multiplier": "1.0"}))
     with pytest.raises(ConfigError, match="leave --workers at 1"):
         simulate(tiny_config(tmp_path, aggregation="async"), workers=2)
-    with pytest.raises(ConfigError, match="in memory only"):
-        serve(tiny_config(tmp_path, aggregation="async"), ServeOptions(broker="mqtt://127.0.0.1:1", fleet="x"))
+    # over MQTT too, before any broker is reached
+    with pytest.raises(ConfigError, match="cannot aggregate updates as they arrive"):
+        serve(tiny_config(tmp_path, algorithm="fedproto", aggregation="async"),
+              ServeOptions(broker="mqtt://127.0.0.1:1", fleet="x"))
     with pytest.raises(ConfigError, match="would never fill"):
         tiny_config(tmp_path, aggregation="async", buffer=4)  # 3 devices
     with pytest.raises(ConfigError, match="give aggregation=async"):

@@ -167,6 +167,21 @@ ServerOptEps = Annotated[
     float,
     typer.Option("--server-opt-eps", help="tau, the adaptive optimizers' epsilon (default 1e-3)."),
 ]
+Aggregation = Annotated[
+    str,
+    typer.Option(
+        "--aggregation",
+        help="sync (rounds) or async: aggregate every --buffer updates as they arrive, "
+        "staleness-weighted (FedBuff; in memory and over MQTT; docs/simulation.md).",
+    ),
+]
+Buffer = Annotated[
+    int,
+    typer.Option(
+        "--buffer",
+        help="With --aggregation async: updates per aggregation (default: min(10, clients)).",
+    ),
+]
 
 # --- the registries' choices, for --help (edgefl.names: known without importing torch) --------
 ALGORITHM_HELP = f"Method: {listing(ALGORITHMS)}; default fedavg."

@@ -11,6 +11,8 @@ from edgefl.cli.common import (
     ALGORITHM_HELP,
     DATASET_HELP,
     MODEL_HELP,
+    Aggregation,
+    Buffer,
     Connection,
     ServerOpt,
     ServerOptBetas,
@@ -102,6 +104,8 @@ def start(
     server_opt_lr: ServerOptLr = None,
     server_opt_betas: ServerOptBetas = None,
     server_opt_eps: ServerOptEps = None,
+    aggregation: Aggregation = None,
+    buffer: Buffer = None,
     eval_every: int = typer.Option(None, help="Evaluate every N rounds."),
     seed: int = typer.Option(None, help="Run seed (models, sampling; devices derive theirs)."),
     out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
@@ -145,14 +149,13 @@ def start(
         "steps": steps, "batch_size": batch_size, "optimizer": optimizer, "lr": lr,
         "eval_every": eval_every, "server_opt": server_opt, "server_opt_lr": server_opt_lr,
         "server_opt_betas": parse_betas(server_opt_betas), "server_opt_eps": server_opt_eps,
-        "seed": seed,
+        "seed": seed, "aggregation": aggregation, "buffer": buffer,
         "out_dir": str(out) if out else None, "run_name": run_name,
     }  # fmt: skip
     secure = {"secagg": "on" if secagg else None, "secagg_neighbours": secagg_neighbours}
     explicit = run_settings(config, flags, option, secure)
-    explicit.setdefault(
-        "clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1)
-    )
+    explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1,
+                                       explicit.get("buffer") or 1))
     check_run_names(explicit)  # names and values, before torch is imported
     password = read_password(conn.password, conn.password_file)
     _wait_for_broker(conn, broker_wait)

@@ -13,6 +13,8 @@ from edgefl.cli.common import (
     ALGORITHM_HELP,
     DATASET_HELP,
     MODEL_HELP,
+    Aggregation,
+    Buffer,
     ServerOpt,
     ServerOptBetas,
     ServerOptEps,
@@ -105,14 +107,8 @@ def simulate(
     server_opt_lr: ServerOptLr = None,
     server_opt_betas: ServerOptBetas = None,
     server_opt_eps: ServerOptEps = None,
-    aggregation: str = typer.Option(
-        None,
-        help="sync (rounds) or async: aggregate every --buffer updates as they arrive, "
-        "staleness-weighted (FedBuff; in memory).",
-    ),
-    buffer: int = typer.Option(
-        None, help="With --aggregation async: updates per aggregation (default: min(10, clients))."
-    ),
+    aggregation: Aggregation = None,
+    buffer: Buffer = None,
     eval_every: int = typer.Option(
         None, help="Evaluate every N rounds (on --eval-samples test samples)."
     ),

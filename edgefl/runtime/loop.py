@@ -40,6 +40,7 @@ from edgefl.errors import AllDevicesFailed
 from edgefl.runtime.buffered import BufferedRounds
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, bound_uplinks
 from edgefl.runtime.interrupt import second_interrupt_exits
+from edgefl.runtime.live import LiveRounds
 from edgefl.transport.base import Transport
 from edgefl.wire import Envelope, Payload, new_nonce
 from edgefl.wire.schema import ArraySpec, Expectation
@@ -134,14 +135,18 @@ class RoundLoop:
         self._holds_downlink: dict[str, int] = {}
         # the simulated wall clock of a fleet with declared conditions (runtime/clock.py)
         self.clock = clock
-        self.buffered = BufferedRounds(settings.buffer, clock) if settings.buffer else None
+        # asynchronous: simulated time in memory, real time where requests stay open (MQTT)
+        if settings.buffer and getattr(transport, "asynchronous", False):
+            self.buffered: BufferedRounds | LiveRounds | None = LiveRounds(settings.buffer)
+        else:
+            self.buffered = BufferedRounds(settings.buffer, clock) if settings.buffer else None
 
     @property
     def simulated_seconds(self) -> float | None:
         """The simulated clock (None without a fleet clock)."""
         if self.clock is None:
             return None
-        return self.buffered.clock if self.buffered is not None else self.clock.now
+        return self.buffered.clock if isinstance(self.buffered, BufferedRounds) else self.clock.now
 
     # -- one exchange ---------------------------------------------------------------------------
     def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str, stage: str | None = None,
@@ -225,6 +230,8 @@ class RoundLoop:
         is in ``eval_failed``; ``mean_accuracy`` is None when none answered (never NaN)."""
         payloads = {}
         asked = self.reachable(sorted(self.ctx.fleet), round)
+        busy = self.buffered.busy() if isinstance(self.buffered, LiveRounds) else set()
+        asked = [d for d in asked if d not in busy]  # async over MQTT: those not training now
         for device_id in asked:
             p = self.server.downlink(round, device_id) if with_downlink else Payload()
             meta = {**p.meta, "split": split}
@@ -236,7 +243,7 @@ class RoundLoop:
             self._holds_downlink.update(dict.fromkeys(ex.replies, round))
         acc = {d: float(r.payload.meta["accuracy"]) for d, r in ex.replies.items()}
         failed = dict(ex.failed)
-        for d in sorted(set(self.ctx.fleet) - set(asked)):
+        for d in sorted(set(self.ctx.fleet) - set(asked) - busy):
             failed[d] = "not asked: offline (its Last Will)"
         return {
             "split": split,
@@ -244,6 +251,7 @@ class RoundLoop:
             "tier_accuracy": self._by_tier(acc),
             "client_accuracy": acc,
             "eval_failed": failed,
+            **({"not_asked_training": sorted(busy)} if busy else {}),
             "bytes_down": ex.bytes_down,
             "bytes_up": ex.bytes_up,
         }
@@ -384,6 +392,8 @@ class RoundLoop:
             self.rounds_completed = round + 1
             self.on_round(record)
         end = self.total_rounds
+        if isinstance(self.buffered, LiveRounds):
+            self.buffered.close(self)  # updates in flight are not used
         self.before_round(end)
         self.ctx.round = end
         finished = self._finish(end, self.settings.timeout)
@@ -427,6 +437,8 @@ class RoundLoop:
         if self.settings.finish_on_interrupt and done > 0 and not self._finished:
             # the run ends with the rounds completed: devices take the final downlink (and send their models)
             self.ctx.round = done
+            if isinstance(self.buffered, LiveRounds):
+                self.buffered.close(self)
             finished = self._finish(done, self.settings.interrupt_timeout)
             final.update(finish_failed=finished.failed, finish_bytes_down=sum(finished.bytes_down.values()))
         final.update(rounds_completed=min(done, self.settings.rounds), interrupted=True, wall_seconds=time.perf_counter() - t0)

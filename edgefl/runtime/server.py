@@ -50,6 +50,7 @@ from edgefl.runtime.method import Method, resolve_method
 from edgefl.runtime.run import Ending, RunLifecycle, loop_settings
 from edgefl.runtime.setup import (
     build_server,
+    check_aggregation,
     model_spec,
     server_context,
     server_optimizer,
@@ -244,8 +245,7 @@ def serve(
     t_start = time.perf_counter()
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     server_optimizer(cfg, method)  # a server optimizer the method cannot take: refused before devices wait
-    if cfg.aggregation == "async":
-        raise ConfigError("--aggregation async runs in memory only for now (edgefl simulate); over MQTT the rounds are synchronous")
+    check_aggregation(cfg, method)  # likewise --aggregation async
     info = dataset_info(cfg.dataset)
     public = server_public(cfg, method)  # carved exactly as every device carves it
 

@@ -232,6 +232,23 @@ class RunAssembly:
         return server_context(self.cfg, self.method, self.data.info.num_classes, fleet, self.data.public, settings=self.settings)
 
 
+def check_aggregation(cfg: RunConfig, method: Method) -> None:
+    """``--aggregation async`` with a method, or an option, that cannot take it: ConfigError."""
+    if cfg.aggregation != "async":
+        return
+    if not method.needs.asynchronous:
+        able = [m for m in registered_methods() if m[1].asynchronous]
+        raise ConfigError(f"--aggregation async: {method.name} cannot aggregate updates as they "
+                          f"arrive (methods that can: {', '.join(name for name, _ in able)})")
+    if method.secagg.on:
+        raise ConfigError("--aggregation async with --secagg is not supported: "
+                          "secure aggregation sums a synchronous round")
+    if method.privacy.mode == "central":
+        raise ConfigError("--aggregation async with --dp central is not supported: the server's "
+                          "privacy ledger and budget check work per synchronous round; "
+                          "use --dp local")
+
+
 def assemble(cfg: RunConfig, method: Method | None = None) -> RunAssembly:
     """``cfg``'s whole run: the method (``method``: as :func:`configure` resolved it), the data
     and its partition, each device's model spec. A simulation repeats: its privacy noise comes
@@ -239,15 +256,7 @@ def assemble(cfg: RunConfig, method: Method | None = None) -> RunAssembly:
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     method = dataclasses.replace(method, repeatable_noise=True)
     server_optimizer(cfg, method)  # refused before any data are loaded
-    if cfg.aggregation == "async" and not method.needs.asynchronous:
-        able = [m for m in registered_methods() if m[1].asynchronous]
-        raise ConfigError(f"--aggregation async: {method.name} cannot aggregate updates as they arrive "
-                          f"(methods that can: {', '.join(name for name, _ in able)})")
-    if cfg.aggregation == "async" and method.secagg.on:
-        raise ConfigError("--aggregation async with --secagg is not supported: secure aggregation sums a synchronous round")
-    if cfg.aggregation == "async" and method.privacy.mode == "central":
-        raise ConfigError("--aggregation async with --dp central is not supported: the server's privacy ledger "
-                          "and budget check work per synchronous round; use --dp local")
+    check_aggregation(cfg, method)
     data = load_run_data(DataSpec.from_config(cfg), method.needs.public_share)
     plan = plan_fleet(cfg, method, data)
     specs = fleet_specs(cfg, plan.ids, data.info, plan.tiers)

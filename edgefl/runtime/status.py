@@ -288,6 +288,9 @@ class ObservedTransport:
         self.status.exchange_done(kind, rnd, out, {d: len(m) for d, m in messages.items()})
         return out
 
+    def __getattr__(self, name: str) -> Any:  # requests that stay open (submit, arrivals, cancel)
+        return getattr(self.inner, name)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -20,7 +20,7 @@ and never displaces or blocks the real one (a wire transport goes on waiting for
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,6 +83,7 @@ class Encoded:
 
     def __init__(self, wire: WireTransport, limits: Limits = Limits()):
         self.wire, self.limits = wire, limits
+        self._open_sizes: dict[str, int] = {}  # device → the size of its open request (submit)
 
     def request(
         self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept
@@ -107,6 +108,45 @@ class Encoded:
                 sized, reply=d.value if d.reply is not None else None
             )
         return out
+
+    # -- requests that stay open (asynchronous aggregation), where the wire transport has them --
+    @property
+    def asynchronous(self) -> bool:
+        """Whether requests can stay open across calls (:meth:`submit`, :meth:`arrivals`)."""
+        return hasattr(self.wire, "submit")
+
+    def submit(self, messages: Mapping[str, Envelope], *, accept: Accept) -> dict[str, Delivery]:
+        """Send without waiting: a Delivery per message, ``error`` set where it was not sent,
+        else only its ``bytes_down``; the replies come through :meth:`arrivals`."""
+        data, out = {}, {}
+        for device_id, env in messages.items():
+            try:
+                data[device_id] = encode(env)
+            except WireError as e:
+                out[device_id] = Delivery(device_id, None, f"not sent: {e}")
+        limits = self.limits
+        failed = self.wire.submit(data, accept=lambda d, raw: accept(d, decode(raw, limits)))
+        for device_id, raw in data.items():
+            self._open_sizes[device_id] = len(raw)
+            out[device_id] = failed.get(device_id) or Delivery(device_id, None, bytes_down=len(raw))
+        return out
+
+    def arrivals(
+        self, device_ids: Collection[str], *, most: int, timeout: float | None
+    ) -> dict[str, Delivery]:
+        """Replies to open requests as they come (the wire transport's ``arrivals``), decoded."""
+        got = self.wire.arrivals(device_ids, most=most, timeout=timeout)
+        return {d: self._decoded(d, delivery) for d, delivery in got.items()}
+
+    def cancel(self, device_ids: Collection[str], reason: str) -> dict[str, Delivery]:
+        cancelled = self.wire.cancel(device_ids, reason)
+        return {d: self._decoded(d, delivery) for d, delivery in cancelled.items()}
+
+    def _decoded(self, device_id: str, d: Delivery) -> Delivery:
+        size = self._open_sizes.pop(device_id, 0)
+        up = len(d.reply) if d.reply is not None else 0
+        reply = d.value if d.reply is not None else None
+        return dataclasses.replace(d, reply=reply, bytes_down=size, bytes_up=up)
 
     def close(self) -> None:
         self.wire.close()

@@ -71,10 +71,13 @@ def peek(data: bytes, limits: Limits = Limits()) -> Routing:
 def check_reply(reply: Envelope, want: Expectation) -> None:
     """Raise WireError naming the first way ``reply`` does not answer the request ``want``
     describes."""
+    if reply.round != want.round:  # asynchronous runs: the model version an update trained from
+        which = "from the future" if reply.round > want.round else "it was not sent"
+        raise WireError(f"reply names round (model version) {reply.round}; the request it "
+                        f"answers is round {want.round}: a version {which}")
     fields = (
         ("device", reply.device_id, want.device_id),
         ("fleet", reply.fleet, want.fleet),
-        ("round", reply.round, want.round),
         ("run", reply.run, want.run),
         ("nonce", reply.nonce, want.nonce),
         ("algorithm", reply.algorithm, want.algorithm),

@@ -1,6 +1,8 @@
 """The server side of the request/ack protocol: :class:`MqttServerTransport`, a wire transport
 that publishes requests, re-sends unacknowledged ones with back-off, de-duplicates and
-acknowledges replies, and counts the bytes it published and received (:class:`ExchangeStats`)."""
+acknowledges replies, and counts the bytes it published and received (:class:`ExchangeStats`).
+Its open requests, and those that stay open across calls (asynchronous aggregation), are
+:mod:`edgefl.transport.mqtt.pending`'s."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from edgefl.transport.chunks import (
     ChunkSettings,
 )
 from edgefl.transport.mqtt.connection import BrokerAddress, Endpoint
-from edgefl.transport.mqtt.reliable import ack_envelope, retry_delay
+from edgefl.transport.mqtt.pending import OpenRequests, _Pending
+from edgefl.transport.mqtt.reliable import ack_envelope
 from edgefl.transport.mqtt.topics import Topics
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
 from edgefl.wire.validate import Routing, parse_status, peek
@@ -31,27 +34,6 @@ log = logging.getLogger(__name__)
 #: 45 MB update takes tens of ms, during which that thread would read no other device's message
 #: and send no acknowledgement or chunk
 CHECK_OFF_THREAD_BYTES = 1 << 20
-
-
-@dataclass
-class _Pending:
-    message_id: str
-    round: int
-    kind: str
-    data: bytes
-    sent: float
-    next_retry: float
-    retry_every: float
-    acked: bool = False
-    reply: bytes | None = None
-    replied_at: float = 0.0
-    reply_acked: bool = False
-    reply_routing: Routing | None = None
-    published: int = 0
-    attempts: int = 0
-    accept: Accept | None = None
-    value: object = None
-    rejected: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -68,7 +50,7 @@ class ExchangeStats:
 RegisterHandler = Callable[[str, bytes], bytes | None]
 
 
-class MqttServerTransport(Endpoint):
+class MqttServerTransport(OpenRequests, Endpoint):
     """The server's :class:`~edgefl.transport.base.Transport` over MQTT.
 
     ``on_register(device_id, envelope_bytes)`` is called (on the network thread) for each
@@ -113,6 +95,7 @@ class MqttServerTransport(Endpoint):
         self.wake_at = 0.0
         self.pending: dict[str, _Pending] = {}
         self.seen_replies: OrderedDict[str, None] = OrderedDict()
+        self.cancelled: OrderedDict[str, None] = OrderedDict()  # nonces of requests given up
         self.status: dict[str, str] = {}
         self.status_at: dict[str, float] = {}  # device → wall-clock time its status last changed
         self.last_seen: dict[str, float] = {}  # device → wall-clock time of its last message
@@ -159,81 +142,14 @@ class MqttServerTransport(Endpoint):
     ) -> dict[str, Delivery]:
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
-        out: dict[str, Delivery] = {}
         with self.lock:
-            for device_id, data in messages.items():
-                try:
-                    r = peek(data, self.limits)
-                except WireError as e:  # e.g. larger than the limit: never published
-                    out[device_id] = Delivery(device_id, None, f"not sent: {e}")
-                    continue
-                first = min(
-                    self.retry_max, max(retry_delay(self.retry_after, len(data)), 2 * self.ack_wait)
-                )
-                self.pending[device_id] = _Pending(
-                    r.message_id, r.round, r.kind, data, now, now + first, first, accept=accept
-                )
+            out = self._open(messages, accept, now)
             self.outstanding = sum(1 for d in messages if d in self.pending)
             self.wake_at = now
         for device_id, data in messages.items():
             if device_id not in out:
                 self._send(device_id, data)
-        while True:
-            resend, acks = [], []
-            with self.lock:
-                mine = [self.pending[d] for d in messages if d in self.pending]
-                waiting = [
-                    d for d in messages if d in self.pending and self.pending[d].reply is None
-                ]
-                now = time.monotonic()
-                if not waiting or (deadline is not None and now >= deadline):
-                    break
-                for d in waiting:
-                    p = self.pending[d]
-                    if (
-                        not p.acked
-                        and now >= p.next_retry
-                        and self.chunker.active(
-                            self.topics.device(d, "down"), bytes.fromhex(p.message_id)
-                        )
-                    ):
-                        # in chunks: re-sent by their progress, not by this clock
-                        p.next_retry = now + p.retry_every
-                    if not p.acked and now >= p.next_retry:
-                        p.retry_every = min(self.retry_max, p.retry_every * 2)
-                        p.next_retry = now + p.retry_every
-                        p.attempts += 1
-                        self.stats.retries[d] = self.stats.retries.get(d, 0) + 1
-                        resend.append((d, p))
-                for p in mine:
-                    if (
-                        p.reply is not None
-                        and not p.reply_acked
-                        and now >= p.replied_at + self.ack_delay
-                    ):
-                        p.reply_acked = True  # the exchange goes on: acknowledge it alone
-                        acks.append(p)
-                if not resend and not acks:
-                    wake = min(self.pending[d].next_retry for d in waiting)
-                    unacked = [
-                        p.replied_at + self.ack_delay
-                        for p in mine
-                        if p.reply is not None and not p.reply_acked
-                    ]
-                    wake = min([wake, *unacked])
-                    if deadline is not None:
-                        wake = min(wake, deadline)
-                    pause = max(0.001, min(1.0, wake - now))
-                    self.wake_at = now + pause
-                    self.lock.wait(pause)
-            # publish outside the lock: paho's network thread takes it in on_message
-            for d, p in resend:
-                log.info(
-                    "no acknowledgement from %s for %s round %d; re-sending", d, p.kind, p.round
-                )
-                self._send(d, p.data)
-            for p in acks:
-                self._ack_reply(p.reply_routing)
+        self._pump(list(messages), deadline, enough=lambda answered: False)
         closed: set[tuple[str, int]] = set()
         with self.lock:
             for device_id in messages:
@@ -427,12 +343,17 @@ class MqttServerTransport(Endpoint):
             self.stats.bytes_up[device_id] = self.stats.bytes_up.get(device_id, 0) + len(data)
             duplicate = r.message_id in self.seen_replies
             p = self.pending.get(device_id)
+            answers = (
+                p is not None and p.reply is None and r.kind in (REPLY_KINDS.get(p.kind), "error")
+            )
+            # a reply naming another round than its open request's is checked, and refused, when
+            # it claims that request (its nonce) or a later round (in an asynchronous run the
+            # round is the model version an update was trained from: one it was not sent, or
+            # one from the future); a reply of an earlier round is late
             candidate = (
                 not duplicate
-                and p is not None
-                and p.reply is None
-                and r.round == p.round
-                and r.kind in (REPLY_KINDS.get(p.kind), "error")
+                and answers
+                and (r.round == p.round or r.nonce == p.nonce or r.round > p.round)
             )
             if candidate:
                 self._seen(r.message_id)
@@ -443,13 +364,17 @@ class MqttServerTransport(Endpoint):
                 self._take_reply(device_id, p, r, data)
             return
         with self.lock:
-            if not duplicate:
+            if not duplicate and r.nonce in self.cancelled:
+                log.info(
+                    "%s's %s for round %d came after its request was given up: not used",
+                    device_id, r.kind, r.round,
+                )
+            elif not duplicate:
                 self.stats.dropped.append(f"{device_id}:{r.kind}:{r.round}")
+                open_request = "" if p is None else f" (its open request: {p.kind} round {p.round})"
                 log.warning(
-                    "dropped a late or unsolicited %s from %s for round %d",
-                    r.kind,
-                    device_id,
-                    r.round,
+                    "dropped a late or unsolicited %s from %s for round %d%s",
+                    r.kind, device_id, r.round, open_request,
                 )
         # acknowledge a duplicate or a late reply at once: the device stops re-sending it
         self._ack_reply(r)

@@ -1,0 +1,226 @@
+"""The server's open requests: each waits for its reply, re-sent with back-off until the device
+acknowledges it (:class:`OpenRequests`, a part of
+:class:`~edgefl.transport.mqtt.server.MqttServerTransport`).
+
+An exchange (``request``) opens requests, waits for every reply or the deadline and closes them.
+Requests can also stay open across calls, as asynchronous aggregation needs them
+(:mod:`edgefl.runtime.live`): :meth:`OpenRequests.submit` publishes without waiting,
+:meth:`OpenRequests.arrivals` takes replies as they come, :meth:`OpenRequests.cancel` gives up
+on open ones (a reply that comes later is not used).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edgefl.errors import WireError
+from edgefl.transport.base import Accept, Delivery
+from edgefl.transport.mqtt.reliable import retry_delay
+from edgefl.wire.validate import Routing, peek
+
+if TYPE_CHECKING:
+    from edgefl.transport.chunks.sender import ChunkSender
+    from edgefl.transport.mqtt.topics import Topics
+    from edgefl.wire import Limits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    message_id: str
+    round: int
+    kind: str
+    data: bytes
+    sent: float
+    next_retry: float
+    retry_every: float
+    acked: bool = False
+    reply: bytes | None = None
+    replied_at: float = 0.0
+    reply_acked: bool = False
+    reply_routing: Routing | None = None
+    published: int = 0
+    attempts: int = 0
+    accept: Accept | None = None
+    value: object = None
+    rejected: list[str] = field(default_factory=list)
+    nonce: str = ""  # the request's, which its reply echoes
+
+
+class OpenRequests:
+    """Open requests of the server's transport: opening, re-sending, acknowledging replies, and
+    the requests that stay open across calls. The transport provides the attributes below, and
+    ``_send(device_id, data)`` and ``_ack_reply(routing)``."""
+
+    lock: threading.Condition
+    pending: dict[str, _Pending]
+    cancelled: OrderedDict[str, None]  # nonces of requests given up
+    limits: Limits
+    topics: Topics
+    chunker: ChunkSender
+    stats: Any  # ExchangeStats
+    retry_after: float
+    retry_max: float
+    ack_delay: float
+    ack_wait: float
+    outstanding: int
+    wake_at: float
+
+    def _open(
+        self, messages: Mapping[str, bytes], accept: Accept, now: float
+    ) -> dict[str, Delivery]:
+        """Under the lock: an open request per message; a Delivery for each that cannot be sent."""
+        out: dict[str, Delivery] = {}
+        for device_id, data in messages.items():
+            try:
+                r = peek(data, self.limits)
+            except WireError as e:  # e.g. larger than the limit: never published
+                out[device_id] = Delivery(device_id, None, f"not sent: {e}")
+                continue
+            first = min(
+                self.retry_max, max(retry_delay(self.retry_after, len(data)), 2 * self.ack_wait)
+            )
+            self.pending[device_id] = _Pending(
+                r.message_id,
+                r.round,
+                r.kind,
+                data,
+                now,
+                now + first,
+                first,
+                accept=accept,
+                nonce=r.nonce,
+            )
+        return out
+
+    def _pump(
+        self, devices: list[str], deadline: float | None, enough: Callable[[int], bool]
+    ) -> None:
+        """Re-send the unacknowledged requests of ``devices`` (with back-off) and acknowledge
+        replies that wait for it, until none of ``devices`` waits, ``enough(answered)`` or the
+        deadline."""
+        while True:
+            resend, acks = [], []
+            with self.lock:
+                waiting = [
+                    d for d in devices if d in self.pending and self.pending[d].reply is None
+                ]
+                answered = sum(1 for d in devices if d in self.pending) - len(waiting)
+                now = time.monotonic()
+                if not waiting or enough(answered) or (deadline is not None and now >= deadline):
+                    break
+                for d in waiting:
+                    p = self.pending[d]
+                    if (
+                        not p.acked
+                        and now >= p.next_retry
+                        and self.chunker.active(
+                            self.topics.device(d, "down"), bytes.fromhex(p.message_id)
+                        )
+                    ):
+                        # in chunks: re-sent by their progress, not by this clock
+                        p.next_retry = now + p.retry_every
+                    if not p.acked and now >= p.next_retry:
+                        p.retry_every = min(self.retry_max, p.retry_every * 2)
+                        p.next_retry = now + p.retry_every
+                        p.attempts += 1
+                        self.stats.retries[d] = self.stats.retries.get(d, 0) + 1
+                        resend.append((d, p))
+                # every open request's reply: this exchange's, or one still open from before
+                replied = [
+                    p for p in self.pending.values() if p.reply is not None and not p.reply_acked
+                ]
+                for p in replied:
+                    if now >= p.replied_at + self.ack_delay:
+                        p.reply_acked = True  # the exchange goes on: acknowledge it alone
+                        acks.append(p)
+                if not resend and not acks:
+                    wake = min(self.pending[d].next_retry for d in waiting)
+                    wake = min([wake, *(p.replied_at + self.ack_delay for p in replied)])
+                    if deadline is not None:
+                        wake = min(wake, deadline)
+                    pause = max(0.001, min(1.0, wake - now))
+                    self.wake_at = now + pause
+                    self.lock.wait(pause)
+            # publish outside the lock: paho's network thread takes it in on_message
+            for d, p in resend:
+                log.info(
+                    "no acknowledgement from %s for %s round %d; re-sending", d, p.kind, p.round
+                )
+                self._send(d, p.data)
+            for p in acks:
+                self._ack_reply(p.reply_routing)
+
+    # -- requests that stay open (asynchronous aggregation) --
+    def submit(self, messages: Mapping[str, bytes], *, accept: Accept) -> dict[str, Delivery]:
+        """Publish ``messages`` without waiting: each request stays open (re-sent while
+        :meth:`arrivals` waits) until :meth:`arrivals` takes its reply or :meth:`cancel` drops
+        it. Returns a Delivery (``error`` set) for each message that could not be sent."""
+        with self.lock:
+            out = self._open(messages, accept, time.monotonic())
+        for device_id, data in messages.items():
+            if device_id not in out:
+                self._send(device_id, data)
+        return out
+
+    def arrivals(
+        self, device_ids: Collection[str], *, most: int, timeout: float | None
+    ) -> dict[str, Delivery]:
+        """Wait until one of ``device_ids``' open requests is answered (or ``timeout`` passes);
+        return up to ``most`` answered ones, earliest first, each closed and its reply
+        acknowledged. Empty when none was answered in time (or none of them is open)."""
+        devices = list(device_ids)
+        with self.lock:
+            if not any(d in self.pending and self.pending[d].reply is not None for d in devices):
+                self.outstanding = 1  # woken by the first reply
+            self.wake_at = time.monotonic()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._pump(devices, deadline, enough=lambda answered: answered >= 1)
+        out: dict[str, Delivery] = {}
+        acks = []
+        with self.lock:
+            done = sorted(
+                (self.pending[d].replied_at, d)
+                for d in devices
+                if d in self.pending and self.pending[d].reply is not None
+            )
+            for _, d in done[: max(most, 0)]:
+                p = self.pending.pop(d)
+                out[d] = Delivery(
+                    d, p.reply, None, p.replied_at - p.sent, p.value, tuple(p.rejected)
+                )
+                if not p.reply_acked:
+                    p.reply_acked = True
+                    acks.append(p.reply_routing)
+        for r in acks:
+            self._ack_reply(r)
+        return out
+
+    def cancel(self, device_ids: Collection[str], reason: str) -> dict[str, Delivery]:
+        """Give up on the open requests of ``device_ids`` (a reply that comes later is not used);
+        a Delivery with ``reason`` as its error for each."""
+        out: dict[str, Delivery] = {}
+        acks = []
+        with self.lock:
+            for d in device_ids:
+                p = self.pending.pop(d, None)
+                if p is None:
+                    continue
+                out[d] = Delivery(
+                    d, None, reason, time.monotonic() - p.sent, rejected=tuple(p.rejected)
+                )
+                self.cancelled[p.nonce] = None
+                while len(self.cancelled) > 4096:
+                    self.cancelled.popitem(last=False)
+                if p.reply is not None and not p.reply_acked:
+                    acks.append(p.reply_routing)
+        for r in acks:
+            self._ack_reply(r)
+        return out
