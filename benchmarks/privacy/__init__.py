@@ -26,7 +26,7 @@ MODES = {"felo": "local", "fedproto": "local", "feddw": "local", "fedavg": "cent
 #: is ended by the loop. Such a run is a cell like any other (benchmarks/cells.py): it keeps its
 #: last evaluated accuracy and its rounds, with ``stopped_at_round`` and ``stop_reason``, and the
 #: gates count it as collapsed. (Their first cells killed the runner, which then stopped at any
-#: cell that raised; ``python -m benchmarks.privacy.diagnose stops`` measured them outside it.)
+#: cell that raised, and a separate script measured them outside it.)
 
 
 def profile(quick: bool) -> dict:

@@ -34,7 +34,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import machine  # noqa: E402
-from benchmarks.provenance import code_version  # noqa: E402
 from edgefl.algorithms import get_algorithm  # noqa: E402
 from edgefl.config import resolve_config  # noqa: E402
 from edgefl.privacy.accountant import calibrate_noise  # noqa: E402
@@ -267,66 +266,9 @@ def validate(tag: str, workers: int = 1) -> dict:
     return {"tag": tag, "rows": rows}
 
 
-def stops(method: str, points, path: Path) -> dict:
-    """DP-FedAvg (central) or FedDW (local) with the benchmark's settings (test split, as the grid)
-    at each (ε, seed) of ``points``: the final accuracy, or the round the run stopped at (every
-    device failing), and the accuracy and failed devices per round. Rows land in ``path`` as they
-    finish."""
-    from benchmarks.privacy import FEDAVG, FEDDW, label, options, profile
-    from edgefl.errors import EdgeflError
-    from edgefl.runtime.simulation import simulate
-
-    settings = {"fedavg": FEDAVG, "feddw": FEDDW}[method]
-    out = json.loads(path.read_text()) if path.exists() else {"rows": []}
-    done = {(r["epsilon"], r["seed"]) for r in out["rows"]}
-    for eps, seed in [p for p in points if p not in done]:
-        explicit = {
-            **profile(False),
-            **settings,
-            "options": options(method, eps),
-            "seed": seed,
-            "threads": 1,
-            "out_dir": "/tmp/privbench-stops",
-            "run_name": f"{method}-{eps}-{seed}",
-        }
-        cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
-        seen: list[dict] = []
-
-        def on_round(r: dict, seen=seen) -> None:
-            acc = (r.get("eval") or {}).get("mean_accuracy")
-            seen.append(
-                {
-                    "round": r.get("round"),
-                    "accuracy": acc,
-                    "completed": len(r.get("completed", [])),
-                    "failed": len(r.get("failed", {})) + len(r.get("rejected", {})),
-                }
-            )
-
-        try:
-            summary = simulate(cfg, on_round, plots=False)
-            row = {
-                "cell": label(method, eps),
-                "stopped": None,
-                "final_accuracy": summary["mean_accuracy"],
-            }
-        except EdgeflError as e:
-            row = {"cell": label(method, eps), "stopped": str(e)}
-        out["rows"].append(
-            {**row, "epsilon": eps, "seed": seed, "code": code_version(), "rounds": seen}
-        )
-        path.write_text(json.dumps(out, indent=1) + "\n")
-        print(json.dumps(out["rows"][-1])[:300], flush=True)
-    return out
-
-
 def main(argv: list[str]) -> None:
     from benchmarks.privacy import CLIPS, FEDAVG, FEDDW, FEDPROTO, FELO, options, profile
 
-    if argv and argv[0] == "stops":  # stops METHOD: ε = 8 seeds 0–2, then ε = 1, then ε = 4
-        points = [(e, s) for e in (8, 1, 4) for s in (0, 1, 2)]
-        stops(argv[1], points, HERE / f"diagnose-stops-{argv[1]}.json")
-        return
     if argv and argv[0] == "validate":
         t0, before = time.perf_counter(), machine()
         out = validate(argv[1])

@@ -2,10 +2,10 @@
 
     python -m benchmarks.privacy.epsilon_plot      # writes benchmarks/privacy/epsilon.png
 
-Felo and FedProto (local DP) and every ε = ∞ point are the runner's cells (results.json);
-DP-FedAvg (central DP) and FedDW (local DP) under a budget are `diagnose stops` runs
-(diagnose-stops-*.json; stopped runs, every device failing a round, are counted and left out of
-the mean); FedAvg with DP-SGD is dp_sgd.json's fleet of the same size. Means over 3 seeds,
+Felo, FedProto, FedDW (local DP) and DP-FedAvg (central DP) are the runner's cells
+(results.json); a run that stopped because every device failed a round (its record's
+``stop_reason``: a collapse) is counted and left out of the mean, one stopped by a spent privacy
+budget is in it. FedAvg with DP-SGD is dp_sgd.json's fleet of the same size. Means over 3 seeds,
 bars one standard deviation; Local and the two bounds as lines."""
 
 from __future__ import annotations
@@ -24,12 +24,9 @@ def _points() -> dict[str, dict[str, list[float]]]:
     results = json.loads((HERE / "results.json").read_text())
     for run in results["runs"]:
         method, _, eps = run["method"].partition(" ε=")
-        if method != "local":
-            acc[method][eps].append(run["final_accuracy"])
-    for name in ("fedavg", "feddw"):
-        for row in json.loads((HERE / f"diagnose-stops-{name}.json").read_text())["rows"]:
-            eps = row["cell"].partition(" ε=")[2]
-            acc[name][eps].append(row.get("final_accuracy"))  # None: the run stopped
+        if method != "local":  # None: the run stopped, every device failing (a collapse)
+            failed = run.get("stop_reason") == "every device failed"
+            acc[method][eps].append(None if failed else run["final_accuracy"])
     for cell in json.loads((HERE / "dp_sgd.json").read_text())["cells"]:
         if cell["train_samples"] == 3000:
             eps = "∞" if cell["epsilon"] is None else f"{cell['epsilon']:g}"
@@ -64,7 +61,8 @@ def main() -> Path:
                 sds.append(statistics.stdev(done) if len(done) > 1 else 0.0)
             if len(done) < len(values):
                 notes.append(
-                    (x + (i - 2) * 0.06, f"{len(values) - len(done)} of {len(values)} stopped")
+                    (x + (i - 2) * 0.06,
+                     f"{len(values) - len(done)} of {len(values)} stopped (all failed)")
                 )
         ax.errorbar(xs, ys, yerr=sds, marker="o", capsize=3, label=label)
         for x, text in notes:

@@ -205,10 +205,21 @@ def main(argv: list[str]) -> None:
     }
     target = Path("runs/bench-quick/privacy-mia") if quick else HERE
     target.mkdir(parents=True, exist_ok=True)
+    previous = json.loads((target / "mia.json").read_text()) if (target / "mia.json").exists() else {}
+    if "weight_methods" in previous:  # mia_weights.py's rows: kept
+        out["weight_methods"] = previous["weight_methods"]
+    write(out, target)
+
+
+def write(out: dict, target: Path) -> None:
+    """mia.json and mia.md: the statistics uplinks (this module) and, when measured, the weight
+    methods (``out["weight_methods"]``, :mod:`benchmarks.privacy.mia_weights`)."""
     (target / "mia.json").write_text(json.dumps(out, indent=1) + "\n")
+    before = out["machine"]["before"]
     lines = [
-        "# Membership inference against per-class statistics uplinks (FedProto, Felo), with and "
-        "without local DP",
+        "# Membership inference against the uplinks and models, with and without DP",
+        "",
+        "## Per-class statistics uplinks (FedProto, Felo), local DP",
         "",
         (__doc__ or "").split("\n\n    nice")[0].strip(),
         "",
@@ -218,12 +229,17 @@ def main(argv: list[str]) -> None:
         *[
             f"| {r['method']} | {r['epsilon']} | {r['devices']} | {r['auc_mean']:.3f} ± "
             f"{r['auc_sd']:.3f} | {r['auc_max']:.3f} |"
-            for r in rows
+            for r in out["rows"]
         ],
         "",
-        f"`{out['command']}`: {out['wall_seconds']:.0f} s; load before {before['loadavg_1_5_15']} "
-        "(machine in mia.json).",
+        f"`{out['command']}` (at {out['code']}): {out['wall_seconds']:.0f} s; load before "
+        f"{before['loadavg_1_5_15']} (machine in mia.json).",
     ]
+    weights = out.get("weight_methods")
+    if weights:
+        from benchmarks.privacy.mia_weights import page
+
+        lines += ["", *page(weights)]
     (target / "mia.md").write_text("\n".join(lines) + "\n")
 
 

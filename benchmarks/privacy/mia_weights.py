@@ -23,10 +23,14 @@ score(non-member)), ties half; 0.5 = no signal.
 Fleet (mia.py's): Fashion-MNIST, Dir(0.5) over 100 devices of a 6,000-image subsample (about 60
 images a device), CNN tier 2 at width 0.5; FedDW its defaults otherwise (its head, Adam).
 ε ∈ {1, 4, 8, ∞} at δ = 1e-5, seeds 0–2 (the partition, the models and the noise change with the
-seed). Without DP the uplink's ‖update‖ (median over the attacked devices) is recorded beside the
-clip. The attack gets the white-box model and exact labels: the strongest loss-threshold attacker.
+seed). Beside FedDW's rows, the median over the attacked devices of ‖uplink − received‖: without
+DP the update itself, with DP mostly the noise. The attacker gets the white-box model and exact
+labels: the strongest loss-threshold attacker.
 
-    nice -n 10 python -m benchmarks.privacy.mia_weights   # writes mia_weights.json; mia.md shows it
+    nice -n 10 python -m benchmarks.privacy.mia_weights   # into mia.json (weight_methods), mia.md
+
+(or in two processes: ``… --epsilons 1,4 --part A.json & … --epsilons 8,inf --part B.json``,
+then ``… --merge A.json,B.json``)
 """
 
 from __future__ import annotations
@@ -169,13 +173,33 @@ def _row(method: str, epsilon: float | None, aucs: list[float], over: str, **ext
 
 
 def main(argv: list[str]) -> dict:
+    """``[--quick] [--epsilons 1,4] [--part FILE] [--merge FILE,FILE]``: ``--epsilons`` with
+    ``--part`` measures those ε into FILE (so that ε run in parallel processes); ``--merge``
+    stores parts together as one run would (rows in ε order)."""
     quick = "--quick" in argv
+    target = Path("runs/bench-quick/privacy-mia") if quick else HERE
+    if "--merge" in argv:
+        parts = [json.loads(Path(f).read_text()) for f in argv[argv.index("--merge") + 1].split(",")]
+        order = ["inf" if e is None else e for e in EPSILONS]
+        out = {**parts[0], "rows": sorted((r for p in parts for r in p["rows"]),
+                                          key=lambda r: (order.index(r["epsilon"]), r["method"]))}
+        out["wall_seconds"] = max(p["wall_seconds"] for p in parts)  # the parts ran side by side
+        out["machine"] = {"before": parts[0]["machine"]["before"],
+                          "after": parts[-1]["machine"]["after"],
+                          "parts": [p["machine"] for p in parts]}
+        out["command"] = " & ".join(p["command"] for p in parts)
+        store(out, target)
+        return out
+    epsilons = EPSILONS
+    if "--epsilons" in argv:
+        epsilons = tuple(None if e == "inf" else float(e)
+                         for e in argv[argv.index("--epsilons") + 1].split(","))
     torch.set_num_threads(1)
     seeds, devices = (SEEDS[:1], 5) if quick else (SEEDS, DEVICES)
     members = 300 if quick else MEMBERS
     before, t0 = machine(), time.perf_counter()
     rows = []
-    for epsilon in EPSILONS:
+    for epsilon in epsilons:
         got = [attack_fedavg(config("fedavg", s, epsilon, quick), s, members) for s in seeds]
         rows.append(_row("fedavg", epsilon, [g["auc"] for g in got], "seeds",
                          target="released global model", accuracy=[g["accuracy"] for g in got]))
@@ -194,12 +218,45 @@ def main(argv: list[str]) -> dict:
            "members_per_seed": members, "fedavg_rounds": 3 if quick else ROUNDS, "rows": rows,
            "wall_seconds": time.perf_counter() - t0,
            "machine": {"before": before, "after": machine()},
-           "command": "nice -n 10 python -m benchmarks.privacy.mia_weights"
-                      + (" --quick" if quick else "")}
-    target = Path("runs/bench-quick/privacy-mia") if quick else HERE
-    target.mkdir(parents=True, exist_ok=True)
-    (target / "mia_weights.json").write_text(json.dumps(out, indent=1) + "\n")
+           "command": "nice -n 10 python -m benchmarks.privacy.mia_weights " + " ".join(argv)}
+    if "--part" in argv:
+        Path(argv[argv.index("--part") + 1]).write_text(json.dumps(out, indent=1) + "\n")
+        return out
+    store(out, target)
     return out
+
+
+def store(out: dict, target: Path) -> None:
+    """Into ``target``'s mia.json (under ``weight_methods``) and mia.md, beside mia.py's rows."""
+    from benchmarks.privacy import mia
+
+    path = target / "mia.json"
+    if not path.exists():
+        raise SystemExit(f"{path} missing: run python -m benchmarks.privacy.mia first")
+    whole = json.loads(path.read_text())
+    whole["weight_methods"] = out
+    mia.write(whole, target)
+
+
+def page(out: dict) -> list[str]:
+    """mia.md's section for the weight methods."""
+    before = out["machine"]["before"]
+    lines = ["## Weight methods (FedAvg central DP, FedDW local DP): loss threshold", "",
+             (__doc__ or "").split("\n\n    nice")[0].strip(), "",
+             "| method | attacked | ε (δ = 1e-5) | attack AUC (mean ± sd) | over | largest AUC | "
+             "beside it |", "|---|---|---|---|---|---|---|"]
+    for r in out["rows"]:
+        if r["method"] == "fedavg":
+            accs = [100 * a for a in r["accuracy"] if a is not None]
+            beside = "final accuracy " + (f"{statistics.fmean(accs):.1f} %" if accs else "—")
+        else:
+            beside = (f"median ‖uplink − received‖ {r['update_norm_median']:.3g} "
+                      f"(clip {out['clips']['feddw']})")
+        lines.append(f"| {r['method']} | {r['target']} | {r['epsilon']} | {r['auc_mean']:.3f} ± "
+                     f"{r['auc_sd']:.3f} | {r['n']} {r['over']} | {r['auc_max']:.3f} | {beside} |")
+    lines += ["", f"`{out['command']}` (at {out['code']}): {out['wall_seconds']:.0f} s; load "
+                  f"before {before['loadavg_1_5_15']} (machine in mia.json, weight_methods)."]
+    return lines
 
 
 if __name__ == "__main__":

@@ -86,12 +86,29 @@ def _validation(raw: dict[str, Any] | None, projected: dict[str, Any] | None) ->
 
 
 def _accuracy(runs: list[dict[str, Any]], method: str) -> tuple[float, float, int] | None:
-    xs = [r["final_accuracy"] for r in runs if r["method"] == method]
+    xs = [r["final_accuracy"] for r in runs
+          if r["method"] == method and r["final_accuracy"] is not None]
     if not xs:
         return None
     mean = sum(xs) / len(xs)
     sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
     return 100 * mean, 100 * sd, len(xs)
+
+
+def _stops(runs: list[dict[str, Any]], method: str) -> str:
+    """The runs of ``method`` that stopped before their last round, each with the round and why
+    (benchmarks/cells.py records them; "every device failed" is a collapse, a spent privacy budget
+    a legitimate end)."""
+    stopped = sorted((r for r in runs if r["method"].startswith(f"{method} ε=")
+                      and r.get("stopped_at_round")),
+                     key=lambda r: (r["method"], r["seed"]))
+    if not stopped:
+        return ""
+    return (f"{len(stopped)} of {sum(1 for r in runs if r['method'].startswith(f'{method} ε='))} "
+            "runs stopped before their last round (their accuracy is that of their last evaluated round, "
+            "in the means): " + "; ".join(
+                f"{r['method'].partition(' ')[2]} seed {r['seed']} at round "
+                f"{r['stopped_at_round']}, {r['stop_reason']}" for r in stopped))
 
 
 def verdicts(results: dict[str, Any]) -> str:
@@ -131,22 +148,9 @@ def verdicts(results: dict[str, Any]) -> str:
                 f"ε={eps} {acc[0]:.1f} ± {acc[1]:.1f} %"
                 + (f" ({n} of {acc[2]} runs collapsed)" if n else "")
             )
-        stopped = (_load(f"diagnose-stops-{method}.json") or {}).get("rows", [])
-        for eps in (8, 4, 1):
-            rs = sorted((r for r in stopped if r["epsilon"] == eps), key=lambda r: r["seed"])
-            if rs:
-                parts.append(
-                    f"ε={eps} (`diagnose stops`; chance 10 %) "
-                    + ", ".join(
-                        f"seed {r['seed']}: "
-                        + (
-                            f"{100 * r['final_accuracy']:.1f} %"
-                            if r["stopped"] is None
-                            else f"stopped at round {len(r['rounds']) + 1}, every device failing"
-                        )
-                        for r in rs
-                    )
-                )
+        stops = _stops(runs, method)
+        if stops:
+            parts.append(stops)
         if not parts:
             continue
         line = f"- **{method}**: " + ", ".join(parts)
@@ -155,7 +159,6 @@ def verdicts(results: dict[str, Any]) -> str:
         dp = [
             a[0] for e in ("8", "4", "1") if (a := _accuracy(runs, f"{method} ε={e}")) is not None
         ]
-        dp += [100 * r["final_accuracy"] for r in stopped if r["stopped"] is None]
         below = local is not None and dp and max(dp) < local[0]
         verdict = "stays below Local at every ε ≤ 8" if below else "measured"
         if method == "fedavg" and weights:
@@ -244,27 +247,39 @@ def diagnostics(results: dict[str, Any]) -> str:
     lines += _validation(
         _load("diagnose-validate-raw.json"), _load("diagnose-validate-projected.json")
     )
-    mia = _load("mia.json")
-    if mia and mia["rows"] and "method" in mia["rows"][0]:
-        lines += [
-            "## Membership inference at the same ε (mia.md)",
-            "",
-            "A white-box server scores each candidate image by the distance of its statistics "
-            "vector to the "
-            "uplinked mean of its class (one release of a device of about 60 images; 20 devices × "
-            "3 seeds; "
-            "chance 0.5; `python -m benchmarks.privacy.mia`, at "
-            + str(mia.get("code", "—"))
-            + "). The weight "
-            "methods (FedAvg, FedDW) are not attacked.",
-            "",
-            "| method | ε | attack AUC (mean ± sd over devices) | largest |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['method']} | {r['epsilon']} | {r['auc_mean']:.3f} ± {r['auc_sd']:.3f} | "
-            f"{r['auc_max']:.3f} |"
-            for r in mia["rows"]
-        ]
-        lines.append("")
+    lines += _mia(_load("mia.json"))
     return "\n".join(lines)
+
+
+def _mia(mia: dict[str, Any] | None) -> list[str]:
+    """The membership-inference section (mia.md): statistics uplinks and, when measured, the
+    weight methods."""
+    if not (mia and mia["rows"] and "method" in mia["rows"][0]):
+        return []
+    lines = [
+        "## Membership inference at the same ε (mia.md)",
+        "",
+        "Statistics uplinks (Felo, FedProto; local DP): a white-box server scores each candidate "
+        "image by the distance of its statistics vector to the uplinked mean of its class (one "
+        "release of a device of about 60 images; 20 devices × 3 seeds; chance 0.5; "
+        f"`python -m benchmarks.privacy.mia`, at {mia.get('code', '—')}).",
+        "",
+        "| method | attacked | ε | attack AUC (mean ± sd) | over | largest |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['method']} | per-class statistics uplink | {r['epsilon']} | "
+              f"{r['auc_mean']:.3f} ± {r['auc_sd']:.3f} | {r['devices']} devices | "
+              f"{r['auc_max']:.3f} |" for r in mia["rows"]]
+    weights = mia.get("weight_methods")
+    if weights:
+        lines += [f"| {r['method']} | {r['target']} | {r['epsilon']} | {r['auc_mean']:.3f} ± "
+                  f"{r['auc_sd']:.3f} | {r['n']} {r['over']} | {r['auc_max']:.3f} |"
+                  for r in weights["rows"]]
+        lines += ["", "Weight methods: loss threshold (Yeom et al.; −cross-entropy of the "
+                  "candidate under the attacked model) on the same fleet: FedAvg's released "
+                  f"global model after {weights['fedavg_rounds']} rounds (central DP), FedDW's "
+                  "device uplink after one local epoch (local DP); "
+                  f"`python -m benchmarks.privacy.mia_weights`, at {weights.get('code', '—')}."]
+    else:
+        lines += ["", "The weight methods (FedAvg, FedDW) are not attacked."]
+    return lines + [""]
