@@ -24,8 +24,14 @@ def test_staleness_weight_is_fedbuffs_polynomial():
 def test_a_stale_update_is_rebased_onto_the_current_model_by_hand():
     received = Payload({"w/a": np.array([1.0, 2.0], np.float32), "w/n": np.array(3)})
     current = Payload({"w/a": np.array([2.0, 2.0], np.float32), "w/n": np.array(5)})
-    update = Payload({"w/a": np.array([1.5, 3.0], np.float32), "w/n": np.array(4), "sl/sums": np.ones(2, np.float32)},
-                     {"num_samples": 7})
+    update = Payload(
+        {
+            "w/a": np.array([1.5, 3.0], np.float32),
+            "w/n": np.array(4),
+            "sl/sums": np.ones(2, np.float32),
+        },
+        {"num_samples": 7},
+    )
     # Execute: staleness 3, s = 1/√4 = 0.5
     out = rebase(update, received, current, 3)
     # Assert: current + 0.5·(update − received) for the shared float weights; the rest as sent
@@ -41,7 +47,9 @@ def final(tmp_path, name, **overrides):
     box = {}
     cfg = tiny_config(tmp_path, run_name=name, eval_every=0, **overrides)
     summary = simulate(cfg, plots=False, on_done=lambda s: box.__setitem__("state", s.state_dict()))
-    rounds = [json.loads(line) for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        json.loads(line) for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()
+    ]
     return box["state"], rounds, summary
 
 
@@ -52,13 +60,25 @@ def test_one_device_with_a_buffer_of_one_is_synchronous_fedavg(tmp_path):
     # Assert
     assert [r["buffered"]["staleness"] for r in rounds] == [{"d00": 0}] * 3
     for k in sync:
-        np.testing.assert_allclose(np.asarray(state[k], np.float64), np.asarray(sync[k], np.float64), atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(
+            np.asarray(state[k], np.float64), np.asarray(sync[k], np.float64), atol=1e-6, err_msg=k
+        )
 
 
 def test_every_aggregation_takes_k_arrivals_with_their_staleness(tmp_path):
     # Prepare: 4 devices of different shard sizes (Dirichlet), one local epoch: different durations
-    state, rounds, summary = final(tmp_path, "async", clients=4, rounds=6, aggregation="async", buffer=2,
-                                   partition="dirichlet", alpha=0.5, steps=None, epochs=1)
+    state, rounds, summary = final(
+        tmp_path,
+        "async",
+        clients=4,
+        rounds=6,
+        aggregation="async",
+        buffer=2,
+        partition="dirichlet",
+        alpha=0.5,
+        steps=None,
+        epochs=1,
+    )
     # Assert: two updates per aggregation, each from another device; staleness counts the
     # aggregations since the model it trained on; the clock never runs back
     assert [len(r["completed"]) for r in rounds] == [2] * 6
@@ -70,7 +90,8 @@ def test_every_aggregation_takes_k_arrivals_with_their_staleness(tmp_path):
     for r in rounds:
         for d, t in r["buffered"]["staleness"].items():
             assert r["buffered"]["staleness_weight"][d] == pytest.approx(1 / math.sqrt(1 + t))
-    assert summary["mean_accuracy"] == summary["mean_accuracy"]  # a number: every device was evaluated
+    # a number: every device was evaluated
+    assert summary["mean_accuracy"] == summary["mean_accuracy"]
     assert set(summary["client_accuracy"]) == {"d00", "d01", "d02", "d03"}
 
 
@@ -81,8 +102,15 @@ def test_what_cannot_run_asynchronously_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="cannot aggregate updates as they arrive"):
         assemble(tiny_config(tmp_path, algorithm="fedproto", aggregation="async"))
-    with pytest.raises(ConfigError, match="with --dp central is not supported"):  # the ledger counts synchronous rounds
-        assemble(tiny_config(tmp_path, aggregation="async", options={"dp": "central", "dp_noise_multiplier": "1.0"}))
+    # the ledger counts synchronous rounds
+    with pytest.raises(ConfigError, match="with --dp central is not supported"):
+        assemble(
+            tiny_config(
+                tmp_path,
+                aggregation="async",
+                options={"dp": "central", "dp_noise_multiplier": "1.0"},
+            )
+        )
     with pytest.raises(ConfigError, match="leave --workers at 1"):
         simulate(tiny_config(tmp_path, aggregation="async"), workers=2)
     # over MQTT too, before any broker is reached
@@ -100,11 +128,40 @@ def test_the_cli_runs_an_asynchronous_simulation(tmp_path):
 
     from edgefl.cli.main import app
 
-    result = CliRunner().invoke(app, [
-        "simulate", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--steps", "2", "--width", "0.25",
-        "--train-samples", "300", "--test-samples", "50", "--eval-samples", "50",
-        "--aggregation", "async", "--buffer", "2", "--out", str(tmp_path), "--run-name", "cli", "--quiet", "--json",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--dataset",
+            "synthetic",
+            "--clients",
+            "3",
+            "--rounds",
+            "2",
+            "--steps",
+            "2",
+            "--width",
+            "0.25",
+            "--train-samples",
+            "300",
+            "--test-samples",
+            "50",
+            "--eval-samples",
+            "50",
+            "--aggregation",
+            "async",
+            "--buffer",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--run-name",
+            "cli",
+            "--quiet",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    rounds = [json.loads(line) for line in (tmp_path / "cli" / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        json.loads(line) for line in (tmp_path / "cli" / "rounds.jsonl").read_text().splitlines()
+    ]
     assert [len(r["buffered"]["staleness"]) for r in rounds] == [2, 2]

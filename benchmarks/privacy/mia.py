@@ -205,7 +205,9 @@ def main(argv: list[str]) -> None:
     }
     target = Path("runs/bench-quick/privacy-mia") if quick else HERE
     target.mkdir(parents=True, exist_ok=True)
-    previous = json.loads((target / "mia.json").read_text()) if (target / "mia.json").exists() else {}
+    previous = (
+        json.loads((target / "mia.json").read_text()) if (target / "mia.json").exists() else {}
+    )
     if "weight_methods" in previous:  # mia_weights.py's rows: kept
         out["weight_methods"] = previous["weight_methods"]
     write(out, target)

@@ -179,7 +179,9 @@ def main(argv: list[str]) -> dict:
     quick = "--quick" in argv
     target = Path("runs/bench-quick/privacy-mia") if quick else HERE
     if "--merge" in argv:
-        parts = [json.loads(Path(f).read_text()) for f in argv[argv.index("--merge") + 1].split(",")]
+        parts = [
+            json.loads(Path(f).read_text()) for f in argv[argv.index("--merge") + 1].split(",")
+        ]
         order = ["inf" if e is None else e for e in EPSILONS]
         out = {**parts[0], "rows": sorted((r for p in parts for r in p["rows"]),
                                           key=lambda r: (order.index(r["epsilon"]), r["method"]))}

@@ -104,11 +104,17 @@ def _stops(runs: list[dict[str, Any]], method: str) -> str:
                      key=lambda r: (r["method"], r["seed"]))
     if not stopped:
         return ""
-    return (f"{len(stopped)} of {sum(1 for r in runs if r['method'].startswith(f'{method} ε='))} "
-            "runs stopped before their last round (their accuracy is that of their last evaluated round, "
-            "in the means): " + "; ".join(
-                f"{r['method'].partition(' ')[2]} seed {r['seed']} at round "
-                f"{r['stopped_at_round']}, {r['stop_reason']}" for r in stopped))
+    return (
+        f"{len(stopped)} of {sum(1 for r in runs if r['method'].startswith(f'{method} ε='))} "
+        "runs stopped before their last round (their accuracy is that of their last evaluated "
+        "round, "
+        "in the means): "
+        + "; ".join(
+            f"{r['method'].partition(' ')[2]} seed {r['seed']} at round "
+            f"{r['stopped_at_round']}, {r['stop_reason']}"
+            for r in stopped
+        )
+    )
 
 
 def verdicts(results: dict[str, Any]) -> str:
