@@ -297,9 +297,14 @@ def evaluate_claim(
     if len(seeds) < 3:
         why.append(f"{len(seeds)} seed(s), the protocol reads ≥ 3")
     if not converged:
+        unknown = [m for m, x in zip(per_method, method_slopes, strict=True) if x is None]
         worst = max((abs(x) for x in method_slopes if x is not None), default=None)
-        why.append("not converged: method slope " + ("unknown" if worst is None else f"{worst:.2f}")
-                   + f" ≥ {SLOPE_LIMIT} points per 10 % of rounds")
+        if unknown:  # e.g. a run that stopped before the last quarter of its rounds
+            why.append("not converged: no last-quarter slope for " + ", ".join(unknown)
+                       + " (a run without evaluations in the last quarter of its rounds)")
+        if worst is not None and worst >= SLOPE_LIMIT:
+            why.append(f"not converged: method slope {worst:.2f} ≥ {SLOPE_LIMIT} points per 10 % "
+                       "of rounds")
     verdict = "not comparable" if why else stat
     reason = " | ".join(why) + f" (the numbers alone: {stat}; {measured})" if why else measured
     return {**out, "mean_diff": mean, "sd": sd, "diffs": diffs, "signs": signs, "statistic": stat,

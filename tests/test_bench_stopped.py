@@ -58,13 +58,16 @@ def test_a_run_where_every_device_fails_is_a_cell_and_counts_as_collapsed(tmp_pa
     assert any("every device failed" in r for r in gates.run_collapse(record))
     others = [{**record, "seed": s} for s in (1, 2)]
     other_method = [{**r, "method": "b", "stop_reason": None, "stopped_at_round": None,
-                     "final_accuracy": 0.5, "client_accuracy": {"d00": 0.5, "d01": 0.5}}
+                     "final_accuracy": 0.5, "client_accuracy": {"d00": 0.5, "d01": 0.5},
+                     "slope": 0.1}
                     for r in [record, *others]]
     runs = [record, *others, *other_method]
     collapsed = gates.evaluate({}, runs)["collapsed"]
     assert set(collapsed) == {f"diverges|synthetic|{s}" for s in (0, 1, 2)}
     c = evaluate_claim(Claim("c", "diverges > b", "synthetic"), runs, collapsed=collapsed)
     assert c["verdict"] == "not comparable" and "every device failed" in c["reason"]
+    # and it has no last-quarter curve: named so, not as another method's slope
+    assert "no last-quarter slope for diverges (" in c["reason"] and "method slope" not in c["reason"]
 
 
 def test_a_run_whose_privacy_budget_is_spent_is_a_legitimate_end(tmp_path):

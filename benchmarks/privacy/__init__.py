@@ -173,7 +173,8 @@ a **collapsed** run, and its accuracy is that of its last evaluated round; **eve
 privacy budget spent** is a legitimate end, its accuracy what the fleet has at that point (the
 noise here is calibrated to spend the budget over all 16 rounds; "What holds" counts both kinds).
 The DP-FedAvg and FedDW cells were added to the grid after the others had run (the runner then
-died at a stopped run): `--missing-only` ran just them, from the commit listed per claim.
+died at a stopped run): `--missing-only` ran just them (18 cells at 850412e, 1,270 s on 2 workers
+at a load of 14–22, 2026-11-26 18:55–19:17 UTC; the machine line below is the first run's).
 A device's noisy per-class means (Felo, FedProto) are projected onto the C-ball before the uplink
 (post-processing, ε unchanged; edgefl/privacy/mechanisms.py): on the validation fleet it cuts the
 release's error 2–3× (below), and without it devices diverged (non-finite logits and prototypes).

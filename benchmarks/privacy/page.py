@@ -99,16 +99,14 @@ def _stops(runs: list[dict[str, Any]], method: str) -> str:
     """The runs of ``method`` that stopped before their last round, each with the round and why
     (benchmarks/cells.py records them; "every device failed" is a collapse, a spent privacy budget
     a legitimate end)."""
-    stopped = sorted((r for r in runs if r["method"].startswith(f"{method} ε=")
-                      and r.get("stopped_at_round")),
+    dp = [r for r in runs if r["method"].startswith(f"{method} ε=") and not r["method"].endswith("∞")]
+    stopped = sorted((r for r in dp if r.get("stopped_at_round")),
                      key=lambda r: (r["method"], r["seed"]))
     if not stopped:
         return ""
     return (
-        f"{len(stopped)} of {sum(1 for r in runs if r['method'].startswith(f'{method} ε='))} "
-        "runs stopped before their last round (their accuracy is that of their last evaluated "
-        "round, "
-        "in the means): "
+        f"{len(stopped)} of {len(dp)} DP runs stopped before their last round (their accuracy is "
+        "that of their last evaluated round, in the means): "
         + "; ".join(
             f"{r['method'].partition(' ')[2]} seed {r['seed']} at round "
             f"{r['stopped_at_round']}, {r['stop_reason']}"
