@@ -67,7 +67,9 @@ def test_a_run_where_every_device_fails_is_a_cell_and_counts_as_collapsed(tmp_pa
     c = evaluate_claim(Claim("c", "diverges > b", "synthetic"), runs, collapsed=collapsed)
     assert c["verdict"] == "not comparable" and "every device failed" in c["reason"]
     # and it has no last-quarter curve: named so, not as another method's slope
-    assert "no last-quarter slope for diverges (" in c["reason"] and "method slope" not in c["reason"]
+    assert (
+        "no last-quarter slope for diverges (" in c["reason"] and "method slope" not in c["reason"]
+    )
 
 
 def test_a_run_whose_privacy_budget_is_spent_is_a_legitimate_end(tmp_path):

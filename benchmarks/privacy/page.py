@@ -99,7 +99,9 @@ def _stops(runs: list[dict[str, Any]], method: str) -> str:
     """The runs of ``method`` that stopped before their last round, each with the round and why
     (benchmarks/cells.py records them; "every device failed" is a collapse, a spent privacy budget
     a legitimate end)."""
-    dp = [r for r in runs if r["method"].startswith(f"{method} ε=") and not r["method"].endswith("∞")]
+    dp = [
+        r for r in runs if r["method"].startswith(f"{method} ε=") and not r["method"].endswith("∞")
+    ]
     stopped = sorted((r for r in dp if r.get("stopped_at_round")),
                      key=lambda r: (r["method"], r["seed"]))
     if not stopped:
