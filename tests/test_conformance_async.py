@@ -85,6 +85,24 @@ def assert_buffered(rounds: list[dict], summary: dict, devices: list[str], k: in
     assert summary["finish_failed"] == {}
 
 
+def test_a_stale_delta_is_scaled_by_its_staleness_weight_by_hand():
+    from edgefl.runtime.buffered import rebase
+    from edgefl.wire import Payload
+
+    # Prepare: HeteroFL's shape of update: deltas (d/) against the sub-model (w/) it was sent
+    received = Payload({"w/a": np.array([1.0, 2.0], np.float32)})
+    current = Payload({"w/a": np.array([5.0, 5.0], np.float32)})
+    deltas = {"d/a": np.array([0.4, -0.8], np.float32), "d/n": np.array(3)}
+    update = Payload(deltas, {"num_samples": 4})
+    # Execute: staleness 3, s = 1/√4 = 0.5
+    out = rebase(update, received, current, 3, ("d/",))
+    # Assert: the change scaled, integer arrays and metadata as sent; nothing rebased by name
+    np.testing.assert_allclose(out.arrays["d/a"], [0.2, -0.4])
+    assert out.arrays["d/n"] == 3 and out.meta == {"num_samples": 4}
+    assert set(out.arrays) == {"d/a", "d/n"}
+    assert rebase(update, received, current, 0, ("d/",)) is update
+
+
 @pytest.fixture(scope="module")
 def broker():
     b = EmbeddedBroker(port=0).start()

@@ -136,6 +136,8 @@ class ServerContext:
     closing_rounds: int = 0  # rounds after training (the method's declared needs)
     # the final exchange changes the devices' models (the method's declared needs)
     finish_trains: bool = False
+    #: uplink arrays that are model changes (the method's declared ``uplink_deltas``)
+    uplink_deltas: tuple[str, ...] = ()
     #: The server optimizer that turns averaged weights into the new ones (``--server-opt``); only
     #: methods that declare ``averages_weights`` are given another than plain averaging.
     server_opt: ServerOptSettings = field(default_factory=ServerOptSettings)
@@ -309,8 +311,12 @@ class MethodNeeds:
     averages_weights: bool = False
     #: Whether the method can run asynchronously (``--aggregation async``, FedBuff): the server
     #: folds whatever arrives whenever it arrives, and an uplink's weights are the downlink's
-    #: arrays updated (same names), which the round loop rebases onto the newest model.
+    #: arrays updated (same names), which the round loop rebases onto the newest model, or
+    #: changes of them (``uplink_deltas``), which it scales by the staleness weight.
     asynchronous: bool = False
+    #: Name prefixes of the uplink arrays that are changes of the model the downlink gave
+    #: (HeteroFL's and HierarchyFL's ``d/``): scaled by s(τ) in an asynchronous run.
+    uplink_deltas: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not 0 <= self.public_share < 1:

@@ -23,8 +23,10 @@ staleness τ = r − v and weight s(τ) = 1/√(1+τ) (FedBuff's polynomial weig
 arrays an uplink shares (by name, dtype and shape) with the downlink it answered — the weights
 of a method whose devices send their model back — the update is rebased onto the current model:
 ``current + s(τ)·(sent back − received)``, so the method's average becomes
-``current + Σ pᵢ·s(τᵢ)·Δᵢ``. Other arrays (FedDW's soft-label sums) pass unchanged. Which
-methods can run this way is their declaration (``MethodNeeds.asynchronous``).
+``current + Σ pᵢ·s(τᵢ)·Δᵢ``. Arrays a method declares to be changes of the model
+(``MethodNeeds.uplink_deltas``: HeteroFL's and HierarchyFL's sub-model deltas, which its server
+adds to the current model) are scaled by s(τ). Other arrays (FedDW's soft-label sums) pass
+unchanged. Which methods can run this way is their declaration (``MethodNeeds.asynchronous``).
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ def staleness_weight(staleness: int) -> float:
     return 1.0 / math.sqrt(1.0 + staleness)
 
 
-def rebase(update: Payload, received: Payload, current: Payload, staleness: int) -> Payload:
+def rebase(update: Payload, received: Payload, current: Payload, staleness: int,
+           deltas: tuple[str, ...] = ()) -> Payload:
     """``update`` (the device's reply to ``received``) moved onto ``current``, its change scaled by
-    s(staleness), for every float array the three share by name and shape; the rest unchanged."""
+    s(staleness), for every float array the three share by name and shape; a float array whose
+    name starts with one of ``deltas`` (a change of the model) scaled by s; the rest unchanged."""
     if staleness == 0:
         return update
     s = staleness_weight(staleness)
@@ -62,6 +66,9 @@ def rebase(update: Payload, received: Payload, current: Payload, staleness: int)
     for k, v in update.arrays.items():
         old, cur = received.arrays.get(k), current.arrays.get(k)
         v = np.asarray(v)
+        if v.dtype.kind == "f" and k.startswith(deltas) and deltas:
+            arrays[k] = (s * v.astype(np.float64)).astype(v.dtype)
+            continue
         if old is None or cur is None or v.dtype.kind != "f" or np.shape(old) != v.shape or np.shape(cur) != v.shape:
             continue
         arrays[k] = (np.asarray(cur, np.float64) + s * (v.astype(np.float64) - np.asarray(old, np.float64))).astype(v.dtype)
@@ -164,7 +171,8 @@ class BufferedRounds:
             out.bytes_up[d] = flight.bytes_up
             out.seconds[d] = flight.seconds
             current = loop.server.downlink(round, d) if staleness[d] else flight.received
-            uplinks[d] = rebase(flight.reply.payload, flight.received, current, staleness[d])
+            uplinks[d] = rebase(flight.reply.payload, flight.received, current, staleness[d],
+                                loop.ctx.uplink_deltas)
         record = {
             "clock": self.clock,
             "staleness": staleness,

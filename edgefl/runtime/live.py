@@ -185,7 +185,8 @@ class LiveRounds:
             staleness[d] = round - flight.version
             out.replies[d] = reply
             current = loop.server.downlink(round, d) if staleness[d] else flight.received
-            uplinks[d] = rebase(reply.payload, flight.received, current, staleness[d])
+            deltas = loop.ctx.uplink_deltas
+            uplinks[d] = rebase(reply.payload, flight.received, current, staleness[d], deltas)
         if len(arrived) < want:
             log.warning(
                 "round %d: %d of %d updates arrived within the deadline; aggregating them",

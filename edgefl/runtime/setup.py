@@ -173,6 +173,7 @@ def server_context(
         public=public,
         closing_rounds=method.needs.closing_rounds,
         finish_trains=method.needs.finish_trains,
+        uplink_deltas=method.needs.uplink_deltas,
         server_opt=server_optimizer(cfg, method),
     )
 

@@ -84,7 +84,8 @@ register(
         server=HierarchyFLServer,
         options=HierarchyFLOptions,
         defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(public_share=0.01, public_use="labelled", averages_weights=True),
+        needs=MethodNeeds(public_share=0.01, public_use="labelled", averages_weights=True,
+                          asynchronous=True, uplink_deltas=(DELTAS,)),
     )
 )
 
@@ -97,6 +98,6 @@ register(
         server=HeteroFLServer,
         options=HeteroFLOptions,
         defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(averages_weights=True),
+        needs=MethodNeeds(averages_weights=True, asynchronous=True, uplink_deltas=(DELTAS,)),
     )
 )
