@@ -52,12 +52,20 @@ def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             acc = mean_sd([r["final_accuracy"] for r in mr])
             tier_cells = [pct(*mean_sd([r["per_tier"].get(t) for r in mr])) for t in tiers]
             slope = mean_sd([r["slope"] for r in mr])[0]
+            stopped = [r for r in mr if r.get("stopped_at_round")]
+            name = f"{method} ({len(stopped)} stopped)" if stopped else method
             lines.append(
-                f"| {method} | {len(mr)} | {pct(*acc)} | " + " | ".join(tier_cells)
+                f"| {name} | {len(mr)} | {pct(*acc)} | " + " | ".join(tier_cells)
                 + f" | {slope:.2f} | {statistics.fmean(r['bytes_up_per_device_round'] for r in mr):,.0f}"
                 + f" | {statistics.fmean(r['bytes_down_per_device_round'] for r in mr):,.0f}"
                 + f" | {statistics.fmean(r['wall_seconds'] for r in mr):.0f} |"
             )
+        if any(r.get("stopped_at_round") for r in rs):
+            lines += ["", "*stopped*: runs that ended before their last round, with their last "
+                      "evaluated accuracy (the round and why: `stopped_at_round`, `stop_reason` in "
+                      "results.json). Every device failing a round is a collapse (the gates list "
+                      "it); every device's privacy budget spent is a legitimate end, its accuracy "
+                      "what the fleet has at that point."]
         lines.append("")
     return lines
 

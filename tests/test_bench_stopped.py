@@ -66,6 +66,12 @@ def test_a_run_where_every_device_fails_is_a_cell_and_counts_as_collapsed(tmp_pa
     assert set(collapsed) == {f"diverges|synthetic|{s}" for s in (0, 1, 2)}
     c = evaluate_claim(Claim("c", "diverges > b", "synthetic"), runs, collapsed=collapsed)
     assert c["verdict"] == "not comparable" and "every device failed" in c["reason"]
+    # the page's runs table marks it, and says what a stopped run's accuracy is
+    from benchmarks.pages import runs_table
+
+    table = "\n".join(runs_table(runs))
+    assert "| diverges (3 stopped) | 3 |" in table and "| b | 3 |" in table
+    assert "*stopped*: runs that ended before their last round" in table
     # and it has no last-quarter curve: named so, not as another method's slope
     assert (
         "no last-quarter slope for diverges (" in c["reason"] and "method slope" not in c["reason"]
