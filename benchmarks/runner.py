@@ -348,13 +348,18 @@ def check(
         "gates": gate,
         "claims": verdicts,
         "runs": [
-            {k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "code")}
+            {k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "code",
+                                   "stopped_at_round", "stop_reason")}
             for r in runs
         ],
     }
     (out / "check.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
     for r in runs:
-        print(f"{r['method']:>20} seed {r['seed']}: {100 * r['final_accuracy']:.2f} %")
+        acc = r["final_accuracy"]
+        stop = (f" (stopped at round {r['stopped_at_round']}: {r['stop_reason']})"
+                if r.get("stopped_at_round") else "")
+        print(f"{r['method']:>20} seed {r['seed']}: "
+              + ("no accuracy" if acc is None else f"{100 * acc:.2f} %") + stop)
     if not verdicts:
         print(f"no claim of {bench.name} compares only {', '.join(methods)} in {setting}")
     for c in verdicts:
