@@ -338,21 +338,11 @@ def check(
     # the bounds are not rerun: only the collapse gate applies
     gate = {"collapsed": gates.collapsed_runs(runs)}
     verdicts = [evaluate_claim(c, runs, collapsed=gate["collapsed"]) for c in claims]
-    result = {
-        "benchmark": bench.name,
-        "setting": setting,
-        "methods": list(methods),
-        "seeds": list(seeds),
-        "code": provenance.code_version(bench.record_extras),
-        "code_hash": cache.code_hash,
-        "gates": gate,
-        "claims": verdicts,
-        "runs": [
-            {k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "code",
-                                   "stopped_at_round", "stop_reason")}
-            for r in runs
-        ],
-    }
+    keys = ("method", "setting", "seed", "final_accuracy", "code", "stopped_at_round", "stop_reason")
+    result = {"benchmark": bench.name, "setting": setting, "methods": list(methods),
+              "seeds": list(seeds), "code": provenance.code_version(bench.record_extras),
+              "code_hash": cache.code_hash, "gates": gate, "claims": verdicts,
+              "runs": [{k: r.get(k) for k in keys} for r in runs]}
     (out / "check.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
     for r in runs:
         acc = r["final_accuracy"]
