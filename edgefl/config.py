@@ -85,6 +85,9 @@ class RunConfig(BaseModel):
     out_dir: str = "runs"
     run_name: str | None = None
     threads: int | None = None
+    # where the devices train: cpu (the default: the same numbers on every machine), cuda,
+    # cuda:N, or auto (CUDA when this torch build sees a GPU)
+    train_device: str = "cpu"
 
     @property
     def buffer_size(self) -> int | None:

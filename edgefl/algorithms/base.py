@@ -101,6 +101,8 @@ class DeviceContext:
     rounds: int  # training rounds of the run (for schedules such as FedHeNN's η_t)
     public: ArrayDataset | None = None  # the server's pool, when the method's needs say that
     # devices hold it too (FedHeNN's rad_source=device)
+    compute: str = "cpu"  # the torch device that trains ("cpu", "cuda", "cuda:1"): the model
+    # lives there and the data's batches are made there; payloads are numpy (CPU) either way
 
     @property
     def num_classes(self) -> int:
@@ -176,11 +178,18 @@ class DeviceHalf:
     dp_sgd_ready = False
 
     def __init__(self, ctx: DeviceContext, options: Any):
+        #: the training device: the model, the data's batches and every tensor a half keeps for
+        #: its loss live there (a half makes its own with ``device=self.device``)
+        self.device = torch.device(ctx.compute)
+        if self.device.type != "cpu":
+            public = ctx.public.on(self.device) if ctx.public is not None else None
+            ctx = dataclasses.replace(ctx, train_data=ctx.train_data.on(self.device), public=public)
         self.ctx = ctx
         self.options = options
         with torch.random.fork_rng():
             torch.manual_seed(ctx.seed)
-            self.model: nn.Module = build_model(ctx.spec)
+            # built on the CPU (the same initial weights on any device), then moved
+            self.model: nn.Module = build_model(ctx.spec).to(self.device)
 
     def receive(self, round: int, payload: Payload) -> None:  # noqa: B027 - optional hook
         """Absorb the server's downlink. Default: nothing (purely local methods)."""

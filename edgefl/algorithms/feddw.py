@@ -110,14 +110,15 @@ def soft_label_sums(
     """One eval-mode pass: per true class, the sum of softmax(logits/T) (C×C) and the count (C)."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(num_classes, num_classes, dtype=torch.float64)
-    counts = torch.zeros(num_classes, dtype=torch.float64)
+    device = next(model.parameters()).device
+    sums = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=device)
+    counts = torch.zeros(num_classes, dtype=torch.float64, device=device)
     for x, y in data.batches(batch_size, shuffle=False):
         probs = torch.softmax(model(x) / temperature, dim=1).double()
         sums.index_add_(0, y, probs)
         counts += torch.bincount(y, minlength=num_classes).double()
     model.train(was_training)
-    return sums.numpy(), counts.numpy()
+    return sums.cpu().numpy(), counts.cpu().numpy()
 
 
 def update_soft_labels(
@@ -151,7 +152,7 @@ class FedDWDevice(GlobalModelDevice):
                 ctx.spec.name,
                 ctx.spec.head,
             )
-        self.sl = torch.eye(ctx.num_classes)
+        self.sl = torch.eye(ctx.num_classes, device=self.device)
 
     def expected_downlink(self) -> dict[str, ArraySpec]:
         c = self.ctx.num_classes
@@ -164,7 +165,7 @@ class FedDWDevice(GlobalModelDevice):
             c = self.ctx.num_classes
             if sl.shape != (c, c):
                 raise ValueError(f"soft-label matrix has shape {sl.shape}, expected {(c, c)}")
-            self.sl = torch.from_numpy(sl.copy())
+            self.sl = torch.from_numpy(sl.copy()).to(self.device)
 
     @classmethod
     def privacy_release(cls, options) -> Release:

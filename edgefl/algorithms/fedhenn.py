@@ -117,13 +117,13 @@ class FedHeNNDevice(DeviceHalf):
         self.probe: torch.Tensor | None = None  # images of RAD_{t+1} (hetero: publish Z on them)
         self.global_model = None
         if options.variant == "homo":
-            self.global_model = build_model(ctx.spec)
+            self.global_model = build_model(ctx.spec).to(self.device)
             self.global_model.eval()
 
     # -- downlink -------------------------------------------------------------------------------
     def _images(self, payload: Payload, x_key: str, idx_key: str) -> torch.Tensor | None:
         if x_key in payload.arrays:
-            x = images_to_float(np.asarray(payload.arrays[x_key]))
+            x = images_to_float(np.asarray(payload.arrays[x_key])).to(self.device)
             if tuple(x.shape[1:]) != tuple(self.ctx.spec.in_shape):
                 raise ValueError(
                     f"{x_key} has shape {tuple(x.shape)}, expected [N, {self.ctx.spec.in_shape}]"
@@ -176,6 +176,7 @@ class FedHeNNDevice(DeviceHalf):
                     )
         elif KBAR in payload.arrays and self.rad is not None:
             kbar = torch.from_numpy(np.asarray(payload.arrays[KBAR], np.float32).copy())
+            kbar = kbar.to(self.device)
             n = self.rad.shape[0]
             if tuple(kbar.shape) != (n, n):
                 raise ValueError(f"K̄ has shape {tuple(kbar.shape)}, but the RAD has {n} samples")
@@ -242,7 +243,7 @@ class FedHeNNDevice(DeviceHalf):
         elif self.probe is not None:
             self.model.eval()
             with torch.no_grad():
-                z = self.model.features(self.probe).flatten(1).numpy()
+                z = self.model.features(self.probe).flatten(1).cpu().numpy()
             self.model.train()
             arrays[Z] = z.astype(np.float16 if o.z_float16 else np.float32)
         return Payload(arrays, meta)

@@ -65,7 +65,7 @@ def local_prototypes(
             sums[c] = sums.get(c, 0) + rows.sum(0)
             counts[c] = counts.get(c, 0) + len(rows)
     model.train(was_training)
-    return {c: (sums[c] / counts[c]).float().numpy() for c in sorted(sums)}
+    return {c: (sums[c] / counts[c]).float().cpu().numpy() for c in sorted(sums)}
 
 
 def pack_prototypes(protos: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
@@ -269,8 +269,8 @@ class FedProtoDevice(DeviceHalf):
             raise ConfigError(
                 "fedproto needs a common feature_dim across the fleet (e.g. --feature-dim 980)"
             )
-        self.protos = torch.zeros(ctx.num_classes, dim)
-        self.known = torch.zeros(ctx.num_classes, dtype=torch.bool)
+        self.protos = torch.zeros(ctx.num_classes, dim, device=self.device)
+        self.known = torch.zeros(ctx.num_classes, dtype=torch.bool, device=self.device)
 
     def expected_downlink(self) -> dict[str, ArraySpec]:
         return prototype_specs(self.protos.shape[1])
@@ -279,7 +279,9 @@ class FedProtoDevice(DeviceHalf):
         for c, v in unpack_prototypes(
             payload.arrays, self.ctx.num_classes, self.protos.shape[1]
         ).items():
-            self.protos[c] = torch.tensor(np.asarray(v), dtype=torch.float32)
+            self.protos[c] = torch.as_tensor(
+                np.asarray(v), dtype=torch.float32, device=self.device
+            )
             self.known[c] = True
 
     @classmethod

@@ -45,14 +45,43 @@ def recalibrate_batch_norm(model: nn.Module, data: ArrayDataset, batch_size: int
     training = model.training
     model.train()
     try:
+        device = next(model.parameters()).device
         for x, _ in data.batches(size, shuffle=False):
             if len(x) > 1:
-                model(x)
+                model(x.to(device))
     finally:
         model.train(training)
         for m, momentum in zip(norms, momenta, strict=True):
             m.momentum = momentum
     return len(norms)
+
+
+def resolve_compute(name: str) -> str:
+    """The torch device that trains, from ``--train-device``: "cpu", "cuda", "cuda:N", or "auto"
+    (the first CUDA device when this torch build sees one, else the CPU). A CUDA device that
+    this torch build cannot use is a configuration error, never a silent fall-back to the CPU."""
+    name = name.strip().lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--train-device {name!r}: give cpu, cuda, cuda:N or auto") from None
+    if device.type == "cpu":
+        return "cpu"
+    if device.type != "cuda":
+        raise ConfigError(f"--train-device {name!r}: edgefl trains on cpu or cuda")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"--train-device {name}: this torch build sees no CUDA device "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False); "
+            "use --train-device cpu, or install a CUDA build of torch (docs/install-pi-jetson.md)"
+        )
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"--train-device {name}: only {torch.cuda.device_count()} CUDA device(s) here"
+        )
+    return str(device)
 
 
 #: Devices for which PyTorch has fused optimizer kernels.
@@ -150,7 +179,9 @@ def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1000) -> di
     was_training = model.training
     model.eval()
     correct, loss, n = 0, 0.0, 0
+    device = next(model.parameters()).device  # the data may live elsewhere (an eval set)
     for x, y in data.batches(batch_size, shuffle=False):
+        x, y = x.to(device), y.to(device)
         logits = model(x)
         loss += float(F.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(1) == y).sum())

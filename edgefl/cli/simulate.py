@@ -142,6 +142,12 @@ def simulate(
         help="Torch threads per process (with --workers: per worker; default: the cores shared "
         "out).",
     ),
+    train_device: str = typer.Option(
+        None,
+        "--train-device",
+        help="Where the devices train: cpu (default), cuda, cuda:N, or auto (CUDA when torch sees "
+        "a GPU).",
+    ),
     backend: str = typer.Option(
         "processes",
         help="In memory: processes (this machine) or ray (Ray actors; --workers of them).",
@@ -243,6 +249,7 @@ def simulate(
         "out_dir": str(out) if out else None,
         "run_name": run_name,
         "threads": threads,
+        "train_device": train_device,
     }
     privacy = {
         "dp": dp,

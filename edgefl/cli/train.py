@@ -42,7 +42,7 @@ from edgefl.report.console import Feedback, out
 #: Settings a TOML file may hold, and the option each one sets.
 FILE_KEYS = (
     "broker", "fleet", "device_id", "username", "password", "password_file", "data", "tier",
-    "profile", "delay", "max_bytes", "threads", "save_model", "export", "wait",
+    "profile", "delay", "max_bytes", "threads", "train_device", "save_model", "export", "wait",
     "ca_file", "cert_file", "key_file", "models_dir",
 )  # fmt: skip
 SECRET = "password"
@@ -172,6 +172,12 @@ def train(
     ),
     max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
     threads: int = typer.Option(None, help="Torch CPU threads."),
+    train_device: str = typer.Option(
+        None,
+        "--train-device",
+        help="Where local training runs: auto (a CUDA GPU when this torch build sees one, else "
+        "the CPU), cpu, cuda or cuda:N. Default: auto.",
+    ),
     save_model: Path = typer.Option(
         None, help="When the run is over, save the final model here (.safetensors)."
     ),
@@ -189,8 +195,8 @@ def train(
     the run is over."""
     values = conn.values() | {
         "device_id": device_id, "data": data, "tier": tier, "profile": profile, "wait": wait,
-        "delay": delay, "max_bytes": max_bytes, "threads": threads, "save_model": save_model,
-        "export": export,
+        "delay": delay, "max_bytes": max_bytes, "threads": threads, "train_device": train_device,
+        "save_model": save_model, "export": export,
         "models_dir": models_dir,
     }  # fmt: skip
     sources = {key: _source(ctx, key) for key in values}
@@ -247,6 +253,7 @@ def train(
         delay=float(resolved["delay"]),
         max_bytes=int(resolved["max_bytes"]),
         threads=resolved["threads"],
+        train_device=str(resolved["train_device"] or "auto"),
         save_model=str(resolved["save_model"]) if resolved["save_model"] else None,
         export=str(resolved["export"]) if resolved["export"] else None,
         wait=None if wait_s is None else float(wait_s),

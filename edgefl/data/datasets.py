@@ -39,6 +39,15 @@ class ArrayDataset:
                 f"labels must lie in [0, {info.num_classes}), got {int(y.min())}..{int(y.max())}"
             )
         self.x, self.y, self.info = x, y, info
+        #: where :meth:`batches` and :meth:`images` put their tensors (None: where ``x`` is, the
+        #: CPU). The images stay in CPU memory; :meth:`on` names a training device.
+        self.compute: torch.device | None = None
+
+    def on(self, device: str | torch.device) -> ArrayDataset:
+        """This dataset (the same storage), with batches and images made on ``device``."""
+        out = ArrayDataset(self.x, self.y, self.info)
+        out.compute = None if torch.device(device).type == "cpu" else torch.device(device)
+        return out
 
     @classmethod
     def from_numpy(cls, x: np.ndarray, y: np.ndarray, info: DatasetInfo) -> ArrayDataset:
@@ -55,11 +64,18 @@ class ArrayDataset:
     def subset(self, indices: np.ndarray) -> ArrayDataset:
         """A new dataset of the given rows; tensor indexing copies, so it shares no storage."""
         rows = _rows(indices)
-        return ArrayDataset(self.x[rows], self.y[rows], self.info)
+        out = ArrayDataset(self.x[rows], self.y[rows], self.info)
+        out.compute = self.compute
+        return out
 
     def images(self, indices: np.ndarray | None = None) -> torch.Tensor:
         """Float32 images in [0, 1], all of them or the given rows."""
-        return _to_float(self.x if indices is None else self.x[_rows(indices)])
+        return self._float(self.x if indices is None else self.x[_rows(indices)])
+
+    def labels(self, indices: np.ndarray) -> torch.Tensor:
+        """The labels of the given rows, where :meth:`images` puts the images."""
+        y = self.y[_rows(indices)]
+        return y if self.compute is None else y.to(self.compute)
 
     def class_counts(self) -> np.ndarray:
         return np.bincount(self.y.numpy(), minlength=self.info.num_classes)
@@ -95,7 +111,14 @@ class ArrayDataset:
                 rows = slice(start, start + batch_size)
             else:
                 rows = order[start : start + batch_size]
-            yield _to_float(self.x[rows]), self.y[rows]
+            if self.compute is None:
+                yield _to_float(self.x[rows]), self.y[rows]
+            else:
+                yield self._float(self.x[rows]), self.y[rows].to(self.compute, non_blocking=True)
+
+    def _float(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 rows as float32 in [0, 1] on the training device (moved as uint8: ¼ the bytes)."""
+        return _to_float(x if self.compute is None else x.to(self.compute, non_blocking=True))
 
 
 def _rows(indices: np.ndarray) -> torch.Tensor:

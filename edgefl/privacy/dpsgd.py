@@ -269,7 +269,8 @@ def dp_sgd(
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     sampling = np.random.default_rng(secrets.randbits(128))  # the device's own entropy (module doc)
-    noise = torch.Generator().manual_seed(secrets.randbits(63))
+    # on the parameters' device: Opacus draws the noise there
+    noise = torch.Generator(device=params[0].device).manual_seed(secrets.randbits(63))
     # in-place activations (ReLU(inplace=True)) modify what the per-sample hooks must see: off
     inplace = [m for m in model.modules() if getattr(m, "inplace", None) is True]
     for m in inplace:
@@ -294,10 +295,10 @@ def dp_sgd(
             if len(rows):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    data_loss(data.images(rows), data.y[torch.from_numpy(rows)]).backward()
+                    data_loss(data.images(rows), data.labels(rows)).backward()
             else:  # an empty sample: the step is noise alone
                 for p in params:
-                    p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype)
+                    p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
             if not dp.pre_step():
                 raise EdgeflError("DP-SGD skipped a step it accounted for")
             if penalty is not None:  # of the weights alone: added after the noise (post-processing)

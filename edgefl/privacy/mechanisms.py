@@ -104,10 +104,10 @@ def class_sums(
     try:
         for x, y in data.batches(batch_size, shuffle=False):
             vectors = sample_vectors(x)
-            rows = [vectors[b].detach().double().flatten(1).numpy() for b in stats.blocks]
+            rows = [vectors[b].detach().double().flatten(1).cpu().numpy() for b in stats.blocks]
             widths = [r.shape[1] for r in rows]
             clipped = clip_rows(np.concatenate(rows, axis=1), clip)
-            labels = y.numpy()
+            labels = y.cpu().numpy()
             start = 0
             for b, w in zip(stats.blocks, widths, strict=True):
                 if b not in sums:

@@ -116,7 +116,7 @@ def align_classes(run_data, classes: tuple[str, ...]):
     )
 
 
-def build_assigned(data: DataSpec, a: Assignment, device_id: str):
+def build_assigned(data: DataSpec, a: Assignment, device_id: str, compute: str = "cpu"):
     """The device half and evaluation sets that the run assembly builds for this device: exactly
     what the in-memory simulation builds for the same configuration and shard, its labels in the
     run's class order (:func:`align_classes`)."""
@@ -128,5 +128,7 @@ def build_assigned(data: DataSpec, a: Assignment, device_id: str):
         method = dataclasses.replace(method, repeatable_noise=True)
     run_data = align_classes(load_run_data(data, method.needs.public_share), a.classes)
     shard = data.shard[0] if data.shard is not None else 0
-    half = build_device(method, device_id, a.spec, run_data, shard, a.settings, a.seed, a.rounds)
+    half = build_device(
+        method, device_id, a.spec, run_data, shard, a.settings, a.seed, a.rounds, compute=compute
+    )
     return half, run_data.evals

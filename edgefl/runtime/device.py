@@ -87,6 +87,7 @@ class DeviceOptions:
     register_cap: float = 60.0  # then doubling (±25 % jitter per device) up to this
     exit_when_over: bool = True
     threads: int | None = None
+    train_device: str = "auto"  # where local training runs: auto (CUDA when torch sees it), cpu, cuda
     save_model: str | None = None  # write the final model here (safetensors + spec) when the run is over
     export: str | None = None  # and export it to this ONNX file, parity-checked on local test data
     wait: float | None = None  # seconds to wait for an unreachable broker (None: forever)
@@ -208,12 +209,15 @@ class DeviceRuntime:
                 self._serve(*self.held.popleft())
 
     def _build(self, a: Assignment) -> None:
+        from edgefl.algorithms.training import resolve_compute
         from edgefl.runtime.agent import DeviceAgent
 
-        half, evals = build_assigned(self.data_spec, a, self.opts.device_id)
+        compute = resolve_compute(self.opts.train_device)
+        half, evals = build_assigned(self.data_spec, a, self.opts.device_id, compute=compute)
         self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet, algorithm=a.algorithm, limits=self.limits, run_id=a.epoch)
         self.num_samples = len(half.ctx.train_data)
-        log.info("device %s: built %s for %s on %d samples", self.opts.device_id, a.spec.name, a.algorithm, self.num_samples)
+        log.info("device %s: built %s for %s on %d samples, training on %s", self.opts.device_id,
+                 a.spec.name, a.algorithm, self.num_samples, compute)
 
     # -- serving --
     def _serve(self, routing: Routing, data: bytes) -> None:
@@ -327,7 +331,7 @@ class DeviceRuntime:
         """The run is over: keep the final model (``--save-model``) and its ONNX file (``--export``)."""
         if not (self.opts.save_model or self.opts.export):
             return
-        model = self.agent.half.model
+        model = self.agent.half.model.cpu()  # the run is over: saved and exported from the CPU
         if self.opts.save_model:
             from edgefl.export.checkpoint import save_model_file
 
@@ -339,7 +343,7 @@ class DeviceRuntime:
             test = self.agent.eval_sets.get("test") or self.agent.eval_sets.get("quick")
             parity = test.images(np.arange(min(len(test), 64))) if test is not None else None
             train = self.agent.half.ctx.train_data
-            calibration = train.images(np.arange(min(len(train), 256)))
+            calibration = train.images(np.arange(min(len(train), 256))).cpu()
             names = test.info.class_names if test is not None else None
             report = export_model(model, self.opts.export, class_names=names, parity_images=parity,
                                   calibration_images=calibration)

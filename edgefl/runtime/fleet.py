@@ -68,6 +68,7 @@ def device_command(
     profile_file: Path | None = None,
     delay: float = 0.0,
     threads: int | None = 1,
+    train_device: str | None = None,
     verbose: bool = False,
     save_model: Path | None = None,
 ) -> list[str]:
@@ -84,6 +85,8 @@ def device_command(
         cmd += ["--delay", str(delay)]
     if threads:
         cmd += ["--threads", str(threads)]
+    if train_device:
+        cmd += ["--train-device", train_device]
     if save_model is not None:
         cmd += ["--save-model", str(save_model)]
     return cmd
@@ -217,7 +220,8 @@ def simulate_mqtt(
                 profile_file.write_text(json.dumps(profiles.get(device_id, SIMULATED_PROFILE)))
                 cmd = device_command(
                     broker, fleet, device_id, data_spec_for(cfg, i), tier=plan.tiers[device_id],
-                    profile_file=profile_file, threads=threads, verbose=verbose,
+                    profile_file=profile_file, threads=threads, train_device=cfg.train_device,
+                    verbose=verbose,
                 )
                 procs.append(launcher.start(cmd, log_dir / f"{device_id}.log", {REPEATABLE_NOISE_ENV: "1"}))
             opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline, wait_for_devices=max(120.0, 20.0 * cfg.clients))

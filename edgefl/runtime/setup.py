@@ -27,6 +27,7 @@ functions that use them, so importing this module stays cheap for the device CLI
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -108,9 +109,11 @@ def build_device(
     settings: TrainSettings,
     run_seed: int,
     rounds: int,
+    compute: str = "cpu",
 ) -> DeviceHalf:
     """Device ``device_id``'s half: its model (seeded from the run seed and its id), its shard,
-    and the server's pool when the method's needs say devices hold it."""
+    and the server's pool when the method's needs say devices hold it; it trains on ``compute``
+    (a torch device, resolved by ``edgefl.algorithms.training.resolve_compute``)."""
     from edgefl.algorithms import DeviceContext
 
     public = None
@@ -120,7 +123,10 @@ def build_device(
                 f"{method.name} with these options needs the public pool on the device: give --data a shard of a partitioned dataset"
             )
         public = data.public
-    ctx = DeviceContext(device_id, spec, data.shard(shard), settings, derive_seed(run_seed, device_id), rounds, public=public)
+    ctx = DeviceContext(
+        device_id, spec, data.shard(shard), settings, derive_seed(run_seed, device_id), rounds,
+        public=public, compute=compute,
+    )
     half = method.algorithm.device(ctx, method.options)
     if method.privacy.on_device:  # local DP: the device protects its uplink itself
         from edgefl.privacy.seam import PrivateDevice
@@ -226,8 +232,15 @@ class RunAssembly:
     def device_half(self, device_id: str) -> DeviceHalf:
         return build_device(
             self.method, device_id, self.specs[device_id], self.data, self.ids.index(device_id),
-            self.settings, self.cfg.seed, self.cfg.rounds,
+            self.settings, self.cfg.seed, self.cfg.rounds, compute=self.compute,
         )
+
+    @functools.cached_property
+    def compute(self) -> str:
+        """The torch device every simulated device trains on (``--train-device``)."""
+        from edgefl.algorithms.training import resolve_compute
+
+        return resolve_compute(self.cfg.train_device)
 
     def server_context(self, fleet: dict[str, DeviceRecord]) -> ServerContext:
         return server_context(self.cfg, self.method, self.data.info.num_classes, fleet, self.data.public, settings=self.settings)

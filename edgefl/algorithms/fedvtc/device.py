@@ -48,10 +48,13 @@ class FedVTCDevice(DeviceHalf):
         self.layout = vtc_layout(ctx.spec, options.vtc_channels)
         p = self.layout.dim
         self.psi: VTCDecoder | None = None  # built from the server's seed on the first downlink
-        self.log_sigma = nn.Parameter(torch.full((p,), math.log(options.init_sigma or 1.0)))
+        self.log_sigma = nn.Parameter(
+            torch.full((p,), math.log(options.init_sigma or 1.0), device=self.device)
+        )
         self.sigma_set = options.init_sigma is not None  # else measured before the first local step
-        self.protos = torch.zeros(ctx.num_classes, p)
-        self.known = torch.zeros(ctx.num_classes, dtype=torch.bool)  # a global prototype arrived
+        self.protos = torch.zeros(ctx.num_classes, p, device=self.device)
+        # a global prototype arrived
+        self.known = torch.zeros(ctx.num_classes, dtype=torch.bool, device=self.device)
         self.phase = "train"
         self.synthetic: tuple[torch.Tensor, torch.Tensor] | None = None  # the last fine-tuning set
 
@@ -74,12 +77,12 @@ class FedVTCDevice(DeviceHalf):
     def receive(self, round: int, payload: Payload) -> None:
         seed = payload.meta.get("vtc_seed")
         if self.psi is None and seed is not None:
-            self.psi = build_decoder(self.layout, int(seed))
+            self.psi = build_decoder(self.layout, int(seed)).to(self.device)
         self.phase = str(payload.meta.get("phase", "train"))
         for c, v in unpack_prototypes(
             payload.arrays, self.ctx.num_classes, self.layout.dim
         ).items():
-            self.protos[c] = torch.tensor(np.asarray(v), dtype=torch.float32)
+            self.protos[c] = torch.as_tensor(np.asarray(v), dtype=torch.float32, device=self.device)
             self.known[c] = True
         if SIGMA in payload.arrays:
             sigma = np.asarray(payload.arrays[SIGMA], np.float32)
@@ -88,7 +91,7 @@ class FedVTCDevice(DeviceHalf):
                     f"sigma must be positive of shape ({self.layout.dim},), got {sigma.shape}"
                 )
             with torch.no_grad():
-                self.log_sigma.copy_(torch.from_numpy(np.log(sigma)))
+                self.log_sigma.copy_(torch.from_numpy(np.log(sigma)).to(self.device))
             self.sigma_set = True
         state = arrays_to_state(payload.arrays, PSI)
         if state:
@@ -121,7 +124,7 @@ class FedVTCDevice(DeviceHalf):
             )
         stats = self.train_round(round)
         arrays = pack_prototypes(local_prototypes(self.model, self.ctx.train_data))
-        arrays[SIGMA] = self.log_sigma.detach().exp().numpy().astype(np.float32)
+        arrays[SIGMA] = self.log_sigma.detach().exp().cpu().numpy().astype(np.float32)
         if self.options.psi_every_round:
             arrays.update(state_to_arrays(psi.state_dict(), PSI))
         return Payload(arrays, {**meta, **stats})
@@ -141,10 +144,11 @@ class FedVTCDevice(DeviceHalf):
             return
         means, spread = feature_statistics(self.model, data)
         for c in missing:
-            self.protos[c] = torch.from_numpy(means[c])
+            self.protos[c] = torch.from_numpy(means[c]).to(self.device)
         if not self.sigma_set:
             with torch.no_grad():
-                self.log_sigma.copy_(torch.from_numpy(np.log(np.maximum(spread, 1e-3))).float())
+                spread = np.log(np.maximum(spread, 1e-3))
+                self.log_sigma.copy_(torch.from_numpy(spread).float().to(self.device))
             self.sigma_set = True
 
     @torch.no_grad()
@@ -185,7 +189,7 @@ class FedVTCDevice(DeviceHalf):
         try:
             z = model.features(x)
             ce = F.cross_entropy(model.classify(z), y)
-            eps = torch.randn(z.shape, generator=noise)
+            eps = torch.randn(z.shape, generator=noise).to(z.device)  # CPU draws: any device
             terms = tc_terms(model, psi, x, y, z, self.log_sigma, self.protos, eps, o.lam > 0)
             # align_weight replaces tc_weight on the pull of z onto c^y (KL's z-part); None: same
             align = o.tc_weight if o.align_weight is None else o.align_weight
@@ -215,13 +219,14 @@ class FedVTCDevice(DeviceHalf):
         model.eval()
         psi.train()
         try:
-            eps = torch.randn(z.shape, generator=noise)
+            eps = torch.randn(z.shape, generator=noise).to(z.device)
             terms = tc_terms(
                 model, psi, x, y, z.detach(), self.log_sigma, self.protos, eps, o.lam > 0
             )
             loss = terms.le + o.lam * terms.dm
             if o.proto_rc_weight > 0:
-                v = self.protos[y] + self.log_sigma.exp() * torch.randn(z.shape, generator=noise)
+                draw = torch.randn(z.shape, generator=noise).to(z.device)
+                v = self.protos[y] + self.log_sigma.exp() * draw
                 loss = loss + o.proto_rc_weight * class_mean_sum(
                     ((psi(v) - x) ** 2).flatten(1).sum(1), y
                 )
@@ -281,7 +286,7 @@ class FedVTCDevice(DeviceHalf):
         order_rng = self.ctx.rng(round, 3)
         self.model.train()
         for _ in range(self.options.finetune_epochs):
-            order = torch.from_numpy(order_rng.permutation(len(y)))
+            order = torch.from_numpy(order_rng.permutation(len(y))).to(y.device)
             for start in range(0, len(y), settings.batch_size):
                 rows = order[start : start + settings.batch_size]
                 opt.zero_grad(set_to_none=True)

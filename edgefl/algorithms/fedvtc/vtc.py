@@ -105,7 +105,8 @@ def kl_to_prototype(z: torch.Tensor, c: torch.Tensor, log_sigma: torch.Tensor) -
 def class_mean_sum(values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Σ_y mean_{i: y_i = y} values_i over the classes present."""
     _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
-    sums = torch.zeros(len(counts), dtype=values.dtype).index_add(0, inverse, values)
+    sums = torch.zeros(len(counts), dtype=values.dtype, device=values.device)
+    sums = sums.index_add(0, inverse, values)
     return (sums / counts).sum()
 
 
@@ -117,9 +118,11 @@ def feature_statistics(
     z − c^y) over ``data``, the model in eval mode: the device's own prototypes and the spread of
     its features around them."""
     means = local_prototypes(model, data, batch_size)
-    centres = torch.zeros(max(means) + 1, next(iter(means.values())).shape[0], dtype=torch.float64)
+    device = next(model.parameters()).device
+    dim = next(iter(means.values())).shape[0]
+    centres = torch.zeros(max(means) + 1, dim, dtype=torch.float64, device=device)
     for c, m in means.items():
-        centres[c] = torch.from_numpy(m).double()
+        centres[c] = torch.from_numpy(m).double().to(device)
     was_training = model.training
     model.eval()
     squares, n = 0.0, 0
@@ -127,7 +130,7 @@ def feature_statistics(
         squares = squares + ((model.features(x).double() - centres[y]) ** 2).sum(0)
         n += len(y)
     model.train(was_training)
-    return means, (squares / max(n, 1)).sqrt().float().numpy()
+    return means, (squares / max(n, 1)).sqrt().float().cpu().numpy()
 
 
 @dataclass
@@ -187,8 +190,9 @@ def generate(
     """``per_class`` samples x' = ψ(v), v ~ N(c^y, diag σ²), for each class; ψ in eval mode."""
     was_training = psi.training
     psi.eval()
-    y = torch.tensor(classes, dtype=torch.int64).repeat_interleave(per_class)
-    eps = torch.randn(len(y), protos.shape[1], generator=generator)
+    y = torch.tensor(classes, dtype=torch.int64).repeat_interleave(per_class).to(protos.device)
+    # drawn on the CPU (its generator's device): the same draws wherever ψ runs
+    eps = torch.randn(len(y), protos.shape[1], generator=generator).to(protos.device)
     x = psi(protos[y] + sigma * eps)
     psi.train(was_training)
     return x, y

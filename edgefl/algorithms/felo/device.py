@@ -95,7 +95,8 @@ class KnowledgeCollector:
         self.point_labels: list[np.ndarray] = []
 
     def add(self, s: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> None:
-        s_np, p_np, y_np = s.detach().double().numpy(), p.detach().double().numpy(), y.numpy()
+        s_np, p_np = s.detach().double().cpu().numpy(), p.detach().double().cpu().numpy()
+        y_np = y.cpu().numpy()
         np.add.at(self.feat, y_np, s_np)
         np.add.at(self.logit, y_np, p_np)
         np.add.at(self.count, y_np, 1)
@@ -158,9 +159,9 @@ class FedHeDevice(DeviceHalf):
                 f"knowledge of shape known {known.shape}, logit {logit.shape}; "
                 f"expected ({c},), ({c}, {c})"
             )
-        self.known = torch.as_tensor(known.astype(bool))
+        self.known = torch.as_tensor(known.astype(bool), device=self.device)
         # a copy: a received array is read-only
-        self.server_logit = torch.tensor(logit, dtype=torch.float32)
+        self.server_logit = torch.tensor(logit, dtype=torch.float32, device=self.device)
 
     @classmethod
     def privacy_release(cls, options: FedHeOptions) -> Release:
@@ -263,7 +264,7 @@ class FeloDevice(FedHeDevice):
                 raise WireError(
                     f"server features of shape {feat.shape}; this model needs ({c}, {d})"
                 )
-            self.server_feat = torch.tensor(feat, dtype=torch.float32)
+            self.server_feat = torch.tensor(feat, dtype=torch.float32, device=self.device)
 
     @classmethod
     def privacy_release(cls, options: FeloOptions) -> Release:

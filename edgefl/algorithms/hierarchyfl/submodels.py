@@ -151,7 +151,7 @@ class SubModelDevice(DeviceHalf):
         )
         state = self.model.state_dict()
         deltas = {
-            DELTAS + k: (state[k].detach() - a).numpy().astype(np.float32)
+            DELTAS + k: (state[k].detach() - a).cpu().numpy().astype(np.float32)
             for k, a in self.anchor.items()
         }
         return Payload(deltas, {"num_samples": len(self.ctx.train_data), **stats})
