@@ -87,7 +87,8 @@ class DeviceOptions:
     register_cap: float = 60.0  # then doubling (±25 % jitter per device) up to this
     exit_when_over: bool = True
     threads: int | None = None
-    train_device: str = "auto"  # where local training runs: auto (CUDA when torch sees it), cpu, cuda
+    # where local training runs: auto (CUDA when torch sees it), cpu, cuda, cuda:N
+    train_device: str = "auto"
     save_model: str | None = None  # write the final model here (safetensors + spec) when the run is over
     export: str | None = None  # and export it to this ONNX file, parity-checked on local test data
     wait: float | None = None  # seconds to wait for an unreachable broker (None: forever)
