@@ -338,7 +338,8 @@ def check(
     # the bounds are not rerun: only the collapse gate applies
     gate = {"collapsed": gates.collapsed_runs(runs)}
     verdicts = [evaluate_claim(c, runs, collapsed=gate["collapsed"]) for c in claims]
-    keys = ("method", "setting", "seed", "final_accuracy", "code", "stopped_at_round", "stop_reason")
+    keys = ("method", "setting", "seed", "final_accuracy", "code", "stopped_at_round",
+            "stop_reason")
     result = {"benchmark": bench.name, "setting": setting, "methods": list(methods),
               "seeds": list(seeds), "code": provenance.code_version(bench.record_extras),
               "code_hash": cache.code_hash, "gates": gate, "claims": verdicts,
