@@ -31,8 +31,8 @@ from pathlib import Path
 
 #: (case name, algorithm, extra settings); the DP cases name their mechanism.
 EXTRA_CASES = (
-    ("felo+dp-local", "felo", {"dp": "local", "dp_target_epsilon": 8.0, "dp_delta": 1e-5}),
-    ("fedavg+dp-sgd", "fedavg", {"dp": "sgd", "dp_target_epsilon": 8.0, "dp_delta": 1e-5}),
+    ("felo+dp-local", "felo", {"options": {"dp": "local", "dp_target_epsilon": "8"}}),
+    ("fedavg+dp-sgd", "fedavg", {"options": {"dp": "sgd", "dp_target_epsilon": "8"}}),
 )
 TOLERANCE_POINTS = 10.0
 
