@@ -207,9 +207,10 @@ def test_memory_and_mqtt_aggregate_k_arrivals_with_their_staleness(
 
 
 class ForgingRuntime(DeviceRuntime):
-    """A device that sends, before each of its first two updates, a copy naming another model
-    version: one from the future (round + 5), then one it was not sent (round − 1, its request's
-    nonce). Both are real envelopes (valid on the wire); only the version is wrong."""
+    """A device that sends, before its first update trained on a model after the first
+    aggregation, two copies of it naming another model version: one from the future (+5), and
+    one it was not sent (−1, with its request's nonce). Both are real envelopes (valid on the
+    wire, their own message ids); only the version is wrong."""
 
     def __init__(self, opts):
         super().__init__(opts)
@@ -222,12 +223,11 @@ class ForgingRuntime(DeviceRuntime):
 
         def forging_reply(request, data):
             env = decode(data)
-            if env.kind == "update" and len(runtime.forged) < 2:
-                shift = 5 if not runtime.forged else -1
-                if env.round + shift >= 0:
+            if env.kind == "update" and env.round >= 1 and not runtime.forged:
+                for i, shift in enumerate((5, -1)):
                     runtime.forged.append(env.round + shift)
                     fake = dataclasses.replace(
-                        env, round=env.round + shift, message_id=f"{env.message_id[:-4]}beef"
+                        env, round=env.round + shift, message_id=f"{env.message_id[:-4]}bee{i}"
                     )
                     endpoint.send("up", encode(fake))  # the same client and topic: it arrives first
             reply(request, data)
@@ -239,8 +239,8 @@ class ForgingRuntime(DeviceRuntime):
 def test_an_update_naming_a_version_it_was_not_sent_is_refused_and_the_run_goes_on(
     tmp_path, broker, monkeypatch, caplog
 ):
-    # Prepare: d00 forges the version of its first two updates
-    cfg = async_config(tmp_path, "fedavg", "forged", rounds=4)
+    # Prepare: d00 forges the version of an update
+    cfg = async_config(tmp_path, "fedavg", "forged", rounds=5)
     run, runtimes, serve_run = mqtt_fleet(cfg, broker, "async-forged", monkeypatch)
     forger = runtimes[0] = ForgingRuntime(runtimes[0].opts)
     caplog.set_level(logging.WARNING, logger="edgefl.transport.mqtt.server")
@@ -255,7 +255,7 @@ def test_an_update_naming_a_version_it_was_not_sent_is_refused_and_the_run_goes_
     assert any("a version from the future" in m for m in refusals), caplog.messages
     assert any("a version it was not sent" in m for m in refusals), caplog.messages
     assert sum(r["rejected"].get("d00", 0) for r in rounds) == 2
-    assert len(rounds) == 4 and all(len(r["completed"]) == 2 for r in rounds)
+    assert len(rounds) == 5 and all(len(r["completed"]) == 2 for r in rounds)
     assert any("d00" in r["completed"] for r in rounds)  # its real updates were aggregated
     assert set(summary["client_accuracy"]) == set(run.ids)
 
