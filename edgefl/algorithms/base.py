@@ -122,6 +122,12 @@ class DeviceRecord:
     profile: dict[str, Any] = field(default_factory=dict)
 
 
+def total_rounds(rounds: int, closing_rounds: int) -> int:
+    """A run's exchanges: its ``rounds`` training rounds and the ``closing_rounds`` its method
+    declares after them (rounds ``rounds .. rounds + closing_rounds - 1``). Computed here only."""
+    return rounds + closing_rounds
+
+
 @dataclass
 class ServerContext:
     """What a server half is given. ``fleet`` is live: devices may join during a run."""
@@ -163,6 +169,11 @@ class ServerContext:
 
     def rng(self, round: int, stream: int = 0) -> np.random.Generator:
         return np.random.default_rng([self.seed, round, 10_000 + stream])
+
+    @property
+    def total_rounds(self) -> int:
+        """The rounds the run exchanges in all: training rounds, then the closing rounds."""
+        return total_rounds(self.rounds, self.closing_rounds)
 
 
 class DeviceHalf:

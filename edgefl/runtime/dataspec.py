@@ -8,6 +8,7 @@ from pydantic import ConfigDict, ValidationError, field_validator, model_validat
 from pydantic.dataclasses import dataclass
 
 from edgefl.errors import ConfigError
+from edgefl.runtime.derived import from_config
 
 if TYPE_CHECKING:
     from edgefl.config import RunConfig
@@ -57,21 +58,8 @@ class DataSpec:
     @classmethod
     def from_config(cls, cfg: RunConfig, index: int | None = None) -> DataSpec:
         """Shard ``index`` of ``cfg``'s partition (None: the whole partition, every shard)."""
-        return cls(
-            dataset=cfg.dataset,
-            shard=(0 if index is None else index, cfg.clients),
-            partition=cfg.partition,
-            alpha=cfg.alpha,
-            classes_per_client=cfg.classes_per_client,
-            seed=cfg.seed,
-            min_size=cfg.min_size,
-            train_samples=cfg.train_samples,
-            test_samples=cfg.test_samples,
-            eval_samples=cfg.eval_samples,
-            public=cfg.public_fraction,
-            data_dir=cfg.data_dir,
-            validation_samples=cfg.validation_samples,
-        )
+        shard = (0 if index is None else index, cfg.clients)
+        return from_config(cls, cfg, shard=shard, public=cfg.public_fraction)
 
     @classmethod
     def parse(cls, text: str) -> DataSpec:

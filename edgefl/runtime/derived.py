@@ -1,14 +1,16 @@
 """Names, seeds and settings derived from a run configuration, each computed here and only here
-(the rounds a run exchanges in all: :meth:`Method.total_rounds
-<edgefl.runtime.method.Method.total_rounds>`; the round loop's settings:
-:func:`~edgefl.runtime.run.loop_settings`)."""
+(the rounds a run exchanges in all: :func:`edgefl.algorithms.base.total_rounds`, which the method
+halves below the runtime use too, through :meth:`Method.total_rounds
+<edgefl.runtime.method.Method.total_rounds>` and ``ServerContext.total_rounds``; the round loop's
+settings: :func:`~edgefl.runtime.run.loop_settings`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from edgefl.algorithms import TrainSettings
@@ -33,17 +35,20 @@ def run_dir_for(cfg: RunConfig) -> Path:
 def train_settings(cfg: RunConfig) -> TrainSettings:
     from edgefl.algorithms import TrainSettings
 
-    return TrainSettings(
-        epochs=cfg.epochs,
-        steps=cfg.steps,
-        batch_size=cfg.batch_size,
-        optimizer=cfg.optimizer,
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-        lr_decay_rounds=tuple(cfg.lr_decay_rounds),
-        lr_gamma=cfg.lr_gamma,
-    )
+    return from_config(TrainSettings, cfg, lr_decay_rounds=tuple(cfg.lr_decay_rounds))
+
+
+T = TypeVar("T")
+
+
+def from_config(cls: type[T], cfg: RunConfig, **others: Any) -> T:
+    """A ``cls`` (a dataclass) whose fields take the values of ``cfg``'s fields of the same
+    names; ``others`` give the fields that ``cfg`` names otherwise or lacks."""
+    names = {f.name for f in dataclasses.fields(cls)} - others.keys()
+    values = {name: value for name, value in cfg if name in names}
+    if missing := names - values.keys():
+        raise TypeError(f"{cls.__name__}: the run configuration has no {', '.join(sorted(missing))}")
+    return cls(**values, **others)
 
 
 def run_tiers(cfg: RunConfig) -> list[str]:

@@ -127,7 +127,7 @@ class RoundLoop:
         # ``total`` devices (stage: train, evaluate, finish or final; round: the training round,
         # counted from 1, or None for the closing exchanges). Called on the transport's threads.
         self.on_progress = on_progress or (lambda *a, **kw: None)
-        self.total_rounds = settings.rounds + ctx.closing_rounds  # the method's declared needs
+        self.total_rounds = ctx.total_rounds  # training rounds + the method's closing rounds
         self.start_round = self._resume()
         # device → the round whose evaluation downlink it absorbed last, with no local work since:
         # its train downlink for that round would repeat it byte for byte (a downlink is a function

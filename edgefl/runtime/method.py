@@ -50,10 +50,11 @@ class Method:
         """What the method's devices send, as its device half declares it for these options."""
         return self.algorithm.device.privacy_release(self.options)
 
-
     def total_rounds(self, rounds: int) -> int:
         """A run's exchanges: its training rounds and the closing rounds the method declares."""
-        return rounds + self.needs.closing_rounds
+        from edgefl.algorithms.base import total_rounds
+
+        return total_rounds(rounds, self.needs.closing_rounds)
 
 
 def resolve_method(name: str, raw_options: dict[str, Any], public_share: float | None = None) -> Method:

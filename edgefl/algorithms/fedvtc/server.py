@@ -63,7 +63,7 @@ class FedVTCServer(PrototypeServer):
 
     @property
     def final_round(self) -> int:
-        return self.ctx.rounds + self.ctx.closing_rounds
+        return self.ctx.total_rounds
 
     def select(self, round: int, device_ids: Sequence[str], rng: np.random.Generator) -> list[str]:
         if round >= self.ctx.rounds:  # the closing round: every device uploads ψ_k
