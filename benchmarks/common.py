@@ -1,7 +1,8 @@
 """Helpers shared by the timing benchmarks (inference, overhead, scale, mqtt_demo): machine load,
-results, memory watching and the device processes of the MQTT benchmarks.
+results, memory watching and the device processes of the MQTT benchmarks; and what the accuracy
+benchmarks' declarations share (their profile's common settings, the lr decay's rounds).
 
-The accuracy benchmarks are declarations on :mod:`benchmarks.runner` instead."""
+The accuracy benchmarks are declarations on :mod:`benchmarks.runner`."""
 
 from __future__ import annotations
 
@@ -155,6 +156,37 @@ def stop_processes(procs: list[subprocess.Popen], grace: float) -> None:
         except subprocess.TimeoutExpired:
             p.terminate()
             p.wait(timeout=20)
+
+
+#: What the accuracy benchmarks' profiles share unless a profile says otherwise: Fashion-MNIST,
+#: one local epoch per round, 6,000 training, 2,000 test and 1,000 evaluation images.
+PROFILE = {"dataset": "fashion-mnist", "epochs": 1, "train_samples": 6000, "test_samples": 2000,
+           "eval_samples": 1000}
+#: Their quick profile (``--quick``: a check that the benchmark runs, not a result).
+QUICK = {"clients": 5, "rounds": 4, "train_samples": 1500, "test_samples": 500, "eval_samples": 300,
+         "eval_every": 2}
+
+
+def benchmark_profile(quick: bool, settings: dict, quick_settings: dict | None = None) -> dict:
+    """An accuracy benchmark's run settings: :data:`PROFILE` with ``settings`` over it; with
+    ``quick``, :data:`QUICK` and then ``quick_settings`` over those."""
+    return {**PROFILE, **settings, **({**QUICK, **(quick_settings or {})} if quick else {})}
+
+
+def fleet_text(base: dict, quick: bool, *, groups: tuple[str, int] | None = None, images: str = "",
+               rounds_name: str = "", quick_note: str = "", note: str = "") -> str:
+    """The fleet as an accuracy benchmark's page says it, read from its profile ``base`` so that
+    the page names the numbers the runs use: ``10 devices (two per tier), 6,000 training images
+    (about 600 per device), 40 rounds``. ``groups``: the model family spread evenly over the
+    devices (("tier", 5)); ``images``: what the full profile says of its images instead of the
+    share per device; ``rounds_name``: the rounds' symbol; then ``quick_note`` or ``note``."""
+    clients, train = base["clients"], base["train_samples"]
+    devices = f"{clients} devices"
+    if groups:
+        devices += f" ({['one', 'two', 'three'][clients // groups[1] - 1]} per {groups[0]})"
+    images = "" if quick else f" ({images or f'about {train // clients} per device'})"
+    rounds = f"{rounds_name} = {base['rounds']}" if rounds_name else base["rounds"]
+    return f"{devices}, {train:,} training images{images}, {rounds} rounds" + (quick_note if quick else note)
 
 
 def decay_rounds(rounds: int) -> tuple[int, ...]:

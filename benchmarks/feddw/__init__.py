@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 
+from benchmarks.common import benchmark_profile, fleet_text
 from benchmarks.runner import Benchmark, Cell, Claim, Sweep, paired_difference
 
 SEEDS = {"practical": (0, 1, 2), "pathological": (0, 1, 2, 3, 4)}  # ≥ 5 where the split swings
@@ -73,8 +74,7 @@ def profile(quick: bool) -> dict:
     per round, 80 rounds with the learning rate ÷10 from round 60 for every method (at 40 rounds
     without decay every claim was 'not converged': the baselines still rose 0.4–0.9 points per 10 %
     of rounds at Dir(0.5), and the pathological split's half participation swung them by 2–9)."""
-    base = {
-        "dataset": "fashion-mnist",
+    return benchmark_profile(quick, {
         "model": "cnn",
         "tiers": ("2",),
         "width": 0.25,
@@ -82,19 +82,11 @@ def profile(quick: bool) -> dict:
         "rounds": 80,
         "lr_decay_rounds": (60,),
         "lr_gamma": 0.1,
-        "epochs": 1,
         "optimizer": "adam",
         "lr": 1e-3,
         "batch_size": 64,
-        "train_samples": 6000,
-        "test_samples": 2000,
-        "eval_samples": 1000,
         "eval_every": 4,
-    }
-    if quick:
-        base.update(clients=5, rounds=4, train_samples=1500, test_samples=500, eval_samples=300, eval_every=2,
-                    lr_decay_rounds=(3,))
-    return base
+    }, {"lr_decay_rounds": (3,)})
 
 
 def make(quick: bool = False) -> Benchmark:
@@ -146,8 +138,8 @@ def make(quick: bool = False) -> Benchmark:
     def derived(runs: list[dict]) -> list[dict]:
         return [d for s in SETTINGS for d in paired_difference(runs, "feddw", "fedavg", s, method=s, as_setting=GAIN)]
 
-    fleet = "5 devices, 1,500 training images, 4 rounds, Dir(0.5) only" if quick else \
-        "10 devices, 6,000 training images (about 600 per device), 80 rounds under Dir(0.5), 160 under the pathological split (the λ sweep: 40)"
+    fleet = fleet_text(base, quick, quick_note=", Dir(0.5) only", note=" under Dir(0.5), 160 under "
+                       "the pathological split (the λ sweep: 40)")
     return Benchmark(
         name="feddw",
         title="FedDW vs FedAvg / FedProx on Fashion-MNIST",

@@ -12,7 +12,7 @@ import json
 import statistics
 from typing import Any
 
-from benchmarks.common import decay_rounds
+from benchmarks.common import benchmark_profile, decay_rounds, fleet_text
 from benchmarks.runner import Benchmark, Cell, Claim, RunOutput, Sweep
 
 SEEDS = (0, 1, 2)
@@ -34,28 +34,20 @@ def profile(quick: bool) -> dict:
     at batch 32 per round. The same 2 % of the training images is carved out for every method (the
     alignment pool FedHeNN's server draws its RAD from), so every method trains on the same device
     data."""
-    base = {
-        "dataset": "fashion-mnist",
+    return benchmark_profile(quick, {
         "model": "cnn",
         "width": 0.25,
         "clients": 10,
         "fraction": 0.5,
         "rounds": 40,
-        "epochs": 1,
         "optimizer": "sgd",
         "lr": 0.05,
         "momentum": 0.9,
         "weight_decay": 1e-4,
         "batch_size": 32,
-        "train_samples": 6000,
-        "test_samples": 2000,
-        "eval_samples": 1000,
         "eval_every": 4,
         "public_fraction": 0.02,
-    }
-    if quick:
-        base.update(clients=5, rounds=4, train_samples=1500, test_samples=500, eval_samples=300, eval_every=2)
-    return base
+    })
 
 
 def local_split_accuracy(model, data, class_counts) -> float:
@@ -146,8 +138,8 @@ def make(quick: bool = False) -> Benchmark:
             Claim(f"fedavg-gt-local-{s}", "fedavg-cnn2 > local", s, metric="local_accuracy", kind="implied"),
             Claim(f"fedhenn-ge-fedavg-{s}", "fedhenn ≥ fedavg-cnn2", s, metric="local_accuracy", kind="not worse"),
         ]
-    fleet = "5 devices (one per tier), 1,500 training images, 4 rounds, k = 2 only" if quick else \
-        "10 devices (two per tier), 6,000 training images (about 600 per device), 40 rounds at half participation"
+    fleet = fleet_text(base, quick, groups=("tier", 5), quick_note=", k = 2 only",
+                       note=" at half participation")
     return Benchmark(
         name="fedhenn",
         title="FedHeNN vs Local and FedAvg on Fashion-MNIST",

@@ -13,7 +13,7 @@ import base64
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import decay_rounds
+from benchmarks.common import benchmark_profile, decay_rounds, fleet_text
 from benchmarks.fedvtc import oracle
 from benchmarks.runner import ROOT, Benchmark, Cell, Claim, RunOutput, Sweep
 
@@ -293,8 +293,7 @@ def profile(quick: bool) -> dict:
     """FedHeNN's five CNNs (tiers 1–5, two devices each) at width 0.25 with one common latent of
     p = 980 = 20×7×7, ten devices of about 600 images, half of them per round, one local epoch at
     batch 16 per round."""
-    base = {
-        "dataset": "fashion-mnist",
+    return benchmark_profile(quick, {
         "model": "cnn",
         "tiers": HETERO,
         "width": 0.25,
@@ -302,17 +301,12 @@ def profile(quick: bool) -> dict:
         "clients": 10,
         "fraction": 0.5,
         "rounds": 24,
-        "epochs": 1,
         "optimizer": "sgd",
         "batch_size": 16,
-        "train_samples": 6000,
+        # test = eval samples: the before-fine-tune evaluation sees the final one's images
         "test_samples": 1000,
-        "eval_samples": 1000,  # = test_samples: the before-fine-tune evaluation sees the final one's images
         "eval_every": 3,
-    }
-    if quick:
-        base.update(clients=5, rounds=4, train_samples=1500, test_samples=300, eval_samples=300, eval_every=2)
-    return base
+    }, {"test_samples": 300})
 
 
 def make(quick: bool = False) -> Benchmark:
@@ -419,8 +413,8 @@ def make(quick: bool = False) -> Benchmark:
         claims += [Claim(f"{m}-gt-local-{s}", f"{m} > local", s, kind="implied",
                          note=LOCAL_NOTE if (m, s) == ("fedvtc", "dir1") else "")
                    for m in ("fedvtc", "fedvtc-le", "fedvtc-psi-round", "fedproto")]
-    fleet = "5 devices (one per tier), 1,500 training images, 4 rounds, Dir(1) only, S = 100, 𝒯 = 1" if quick else \
-        "10 devices (two per tier), 6,000 training images (about 600 per device), R = 24 rounds, S = 500, 𝒯 = 5"
+    fleet = fleet_text(base, quick, groups=("tier", 5), rounds_name="R",
+                       quick_note=", Dir(1) only, S = 100, 𝒯 = 1", note=", S = 500, 𝒯 = 5")
     return Benchmark(
         name="fedvtc",
         title="FedVTC vs FedProto and Local on Fashion-MNIST",

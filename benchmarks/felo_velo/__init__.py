@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.common import decay_rounds, device_class_counts
+from benchmarks.common import benchmark_profile, decay_rounds, device_class_counts, fleet_text
 from benchmarks.runner import Benchmark, Cell, Claim, Sweep, mean_sd
 
 DEPTHS = ("10", "14", "18", "22", "26")
@@ -40,15 +40,12 @@ def profile(quick: bool) -> dict:
     width 0.125 (64-d features), two devices per depth, every device every round, two local
     epochs of Adam 1e-3 at batch 50 per round, ×0.1 at 40 % and 70 % of the rounds (the authors'
     MultiStepLR, scaled to the run)."""
-    base = {
-        "dataset": "fashion-mnist",
+    base = benchmark_profile(quick, {
         "clients": 10,
         "fraction": 1.0,
         "rounds": 12,
         "epochs": 2,
         "train_samples": 8000,
-        "test_samples": 2000,
-        "eval_samples": 1000,
         "eval_every": 1,
         "model": "resnet",
         "model_options": {"stem": "imagenet"},
@@ -56,9 +53,7 @@ def profile(quick: bool) -> dict:
         "optimizer": "adam",
         "lr": 1e-3,
         "batch_size": 50,
-    }
-    if quick:
-        base.update(clients=5, rounds=4, train_samples=1500, test_samples=500, eval_samples=300, eval_every=2)
+    })
     base["lr_decay_rounds"] = decay_rounds(base["rounds"])
     return base
 
@@ -134,8 +129,7 @@ def make(quick: bool = False) -> Benchmark:
         Claim("homo-felo-ge-fedavg", "felo ≥ fedavg", "homo-dir0.5", kind="not worse"),
         Claim("homo-velo-ge-fedavg", "velo ≥ fedavg", "homo-dir0.5", kind="not worse"),
     ]
-    grid = "5 devices (one per depth), 1,500 training images, 4 rounds" if quick else \
-        "10 devices (two per depth), 8,000 training images (about 800 per device), 12 rounds"
+    grid = fleet_text(base, quick, groups=("depth", 5))
     return Benchmark(
         name="felo_velo",
         title="Felo / Velo on Fashion-MNIST (Chan & Ngai)",

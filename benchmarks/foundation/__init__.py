@@ -7,6 +7,7 @@ few-minute profile).
 
 from __future__ import annotations
 
+from benchmarks.common import benchmark_profile, fleet_text
 from benchmarks.runner import Benchmark, Cell, Claim
 
 #: Dir(0.1) is a pathological split: five seeds (BENCHMARKS.md); IID and the bound three
@@ -25,25 +26,17 @@ METHODS = ("fedavg", "local")
 def profile(quick: bool) -> dict:
     """The small CNN (tier 2) at width 0.5, ten devices of about 600 images, every device every
     round, one local epoch of :data:`RECIPE` at batch 32 per round."""
-    base = {
-        "dataset": "fashion-mnist",
+    return benchmark_profile(quick, {
         "model": "cnn",
         "tiers": ("2",),
         "width": 0.5,
         "clients": 10,
         "fraction": 1.0,
         "rounds": 30,
-        "epochs": 1,
         **RECIPE,
         "batch_size": 32,
-        "train_samples": 6000,
-        "test_samples": 2000,
-        "eval_samples": 1000,
         "eval_every": 3,
-    }
-    if quick:
-        base.update(clients=5, rounds=4, train_samples=1500, test_samples=500, eval_samples=300, eval_every=2)
-    return base
+    })
 
 
 def make(quick: bool = False) -> Benchmark:
@@ -59,8 +52,7 @@ def make(quick: bool = False) -> Benchmark:
     centralized = [cell("local", "iid", seed, role="bound", extra={"clients": 1}, name="centralized")
                    for seed in (BOUND_SEEDS[:1] if quick else BOUND_SEEDS)]
     local_iid = [c for c in cells if c.method == "local" and c.setting == "iid"]
-    fleet = "5 devices, 1,500 training images, 4 rounds" if quick else \
-        "10 devices, 6,000 training images (about 600 per device), 30 rounds"
+    fleet = fleet_text(base, quick)
     return Benchmark(
         name="foundation",
         title="Foundation: FedAvg vs Local on Fashion-MNIST",

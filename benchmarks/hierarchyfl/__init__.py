@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from benchmarks.common import decay_rounds
+from benchmarks.common import benchmark_profile, decay_rounds
 from benchmarks.runner import (
     Benchmark,
     Cell,
@@ -102,27 +102,19 @@ def profile(quick: bool) -> dict:
     5e-4) at batch 32 per round; the same 2 % of the training images carved out for both methods
     (HierarchyFL's labelled public set: half of it for the server step, the paper's 1 %, half held
     out as the server's check split), so both train on identical device partitions."""
-    base = {
-        "dataset": "fashion-mnist",
+    return benchmark_profile(quick, {
         "width": 0.125,
         "clients": 8,
         "fraction": 1.0,
         "rounds": 20,
-        "epochs": 1,
         "optimizer": "sgd",
         "lr": 0.05,
         "momentum": 0.9,
         "weight_decay": 5e-4,
         "batch_size": 32,
-        "train_samples": 6000,
-        "test_samples": 2000,
-        "eval_samples": 1000,
         "eval_every": 2,
         "public_fraction": 0.02,
-    }
-    if quick:
-        base.update(clients=4, rounds=4, train_samples=2000, test_samples=400, eval_samples=300, eval_every=2)
-    return base
+    }, {"clients": 4, "train_samples": 2000, "test_samples": 400})
 
 
 def make(quick: bool = False) -> Benchmark:

@@ -7,6 +7,7 @@ few-minute profile).
 
 from __future__ import annotations
 
+from benchmarks.common import benchmark_profile, fleet_text
 from benchmarks.runner import Benchmark, Cell, Claim, Sweep
 
 SEEDS = (0, 1, 2)
@@ -26,9 +27,8 @@ def profile(quick: bool) -> dict:
     """CNN tier 2 at width 0.25, ten devices of Dir(0.5) shards of 4,500 training images (about 360
     each once the validation share is carved out), one local epoch of SGD 0.05 (momentum 0.9, batch
     32: FedAvg's defaults) per round, 30 rounds, every device every round."""
-    base = {
+    return benchmark_profile(quick, {
         "algorithm": "fedavg",
-        "dataset": "fashion-mnist",
         "model": "cnn",
         "tiers": ("2",),
         "width": 0.25,
@@ -37,18 +37,12 @@ def profile(quick: bool) -> dict:
         "alpha": 0.5,
         "fraction": 1.0,
         "rounds": 30,
-        "epochs": 1,
         "optimizer": "sgd",
         "lr": 0.05,
         "batch_size": 32,
         "train_samples": 4500,
-        "test_samples": 2000,
-        "eval_samples": 1000,
         "eval_every": 3,
-    }
-    if quick:
-        base.update(clients=5, rounds=4, train_samples=1500, test_samples=500, eval_samples=300, eval_every=2)
-    return base
+    })
 
 
 def label(opt: str, lr: float | None = None) -> str:
@@ -95,8 +89,8 @@ def make(quick: bool = False) -> Benchmark:
     # matches plain averaging here, evaluated as claims are, shown apart and left out of the count
     claims = [Claim(f"{o}-vs-fedavg", f"{o} ≥ fedavg", "dir0.5", diagnostic=True,
                     note="non-inferiority at the optimizer's default η") for o in OPTIMIZERS]
-    fleet = "5 devices, 1,500 training images, 4 rounds, one seed" if quick else \
-        "10 devices, 4,500 training images (900 of them the validation split in the sweeps), 30 rounds, seeds 0–2"
+    fleet = fleet_text(base, quick, images="900 of them the validation split in the sweeps",
+                       quick_note=", one seed", note=", seeds 0–2")
     return Benchmark(
         name="server_opt",
         title="Server optimizers (FedAvgM, FedAdagrad, FedYogi, FedAdam) on FedAvg, Fashion-MNIST Dir(0.5)",

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import safetensors.numpy
 
-from edgefl.algorithms.base import ServerContext, ServerHalf
+from edgefl.algorithms.base import ServerContext, ServerHalf, total_rounds
 from edgefl.errors import AllDevicesFailed
 from edgefl.runtime.buffered import BufferedRounds
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, bound_uplinks
@@ -127,7 +127,8 @@ class RoundLoop:
         # ``total`` devices (stage: train, evaluate, finish or final; round: the training round,
         # counted from 1, or None for the closing exchanges). Called on the transport's threads.
         self.on_progress = on_progress or (lambda *a, **kw: None)
-        self.total_rounds = ctx.total_rounds  # training rounds + the method's closing rounds
+        # the settings' training rounds (they may be fewer than the context's) + the closing rounds
+        self.total_rounds = total_rounds(settings.rounds, ctx.closing_rounds)
         self.start_round = self._resume()
         # device → the round whose evaluation downlink it absorbed last, with no local work since:
         # its train downlink for that round would repeat it byte for byte (a downlink is a function
