@@ -1,11 +1,13 @@
-"""The MQTT demo as a benchmark: embedded broker + server + N device processes vs the same run in memory.
+"""The MQTT demo as a benchmark: embedded broker + server + N device processes vs the same run
+in memory.
 
-    nice -n 10 .venv/bin/python -m benchmarks.mqtt_demo.run --algorithm fedavg --clients 6 --rounds 3 \
-        --train-samples 6000 --width 0.25
+    nice -n 10 .venv/bin/python -m benchmarks.mqtt_demo.run --algorithm fedavg --clients 6 \
+        --rounds 3 --train-samples 6000 --width 0.25
 
-Writes results.json and results.md here: wall time of each transport measured side by side in
-one invocation (with the machine's load), their ratio, accuracies (which must agree: same seed,
-same shards), and bytes per round. This is also the command behind `make demo`'s MQTT part.
+Writes results.json and results.md here through the timing harness (:mod:`benchmarks.timing`):
+the wall time of each transport's process, the two alternating over ``--repetitions``, with the
+load before and after every run and the command as invoked; their paired ratio, the accuracies
+(which must agree: same seed, same shards) and the bytes per round.
 """
 
 from __future__ import annotations
@@ -14,32 +16,54 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.common import machine, write_json
+from benchmarks.timing import Timing
 
 HERE = Path(__file__).parent
+TRANSPORTS = ("memory", "mqtt")
 
 
-def run(transport: str, args: argparse.Namespace, out: Path) -> dict:
+def simulate_command(transport: str, args: argparse.Namespace) -> list[str]:
+    """The ``edgefl simulate`` arguments of one transport's run."""
     cmd = [
-        sys.executable, "-m", "edgefl.cli.main", "simulate", "--transport", transport,
-        "--algorithm", args.algorithm, "--dataset", args.dataset, "--clients", str(args.clients),
-        "--rounds", str(args.rounds), "--partition", "dirichlet", "--alpha", "0.5", "--seed", "0",
-        "--train-samples", str(args.train_samples), "--width", str(args.width), "--steps", str(args.steps),
-        "--out", str(out), "--run-name", f"{args.algorithm}-{transport}", "--json", "--quiet",
+        "simulate", "--transport", transport, "--algorithm", args.algorithm,
+        "--dataset", args.dataset, "--clients", str(args.clients), "--rounds", str(args.rounds),
+        "--partition", "dirichlet", "--alpha", "0.5", "--seed", "0",
+        "--train-samples", str(args.train_samples), "--width", str(args.width),
+        "--steps", str(args.steps), "--out", str(args.out),
+        "--run-name", f"{args.algorithm}-{transport}", "--json", "--quiet",
     ]
-    if args.tiers:
-        cmd += ["--tiers", args.tiers]
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return cmd + (["--tiers", args.tiers] if args.tiers else [])
+
+
+def run(transport: str, args: argparse.Namespace) -> dict:
+    """One run's sample: its process's wall time (the harness's own clock) and its summary."""
+    cmd = simulate_command(transport, args)
+    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *cmd], check=True,
+                          capture_output=True, text=True)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"transport": transport, "command": " ".join(cmd[3:]), "process_wall_seconds": time.perf_counter() - t0, **summary}
+    rounds = len(summary["bytes_up_per_round"])
+    return {"mean_accuracy": summary["mean_accuracy"],
+            "bytes_up_per_round": sum(summary["bytes_up_per_round"]) / rounds,
+            "bytes_down_per_round": sum(summary["bytes_down_per_round"]) / rounds}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def transport_table(samples: list[dict]) -> list[str]:
+    lines = ["", "## Per run", "",
+             "| repetition | transport | wall s (process) | mean accuracy | bytes up / round | "
+             "bytes down / round |", "|---|---|---|---|---|---|"]
+    for s in samples:
+        if s.get("value") is None:
+            continue
+        lines.append(f"| {s['repetition']} | {s['variant']} | {s['value']:.1f} | "
+                     f"{100 * s['mean_accuracy']:.2f}% | {s['bytes_up_per_round']:,.0f} | "
+                     f"{s['bytes_down_per_round']:,.0f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--algorithm", default="fedavg")
     p.add_argument("--dataset", default="fashion-mnist")
     p.add_argument("--clients", type=int, default=6)
@@ -48,46 +72,25 @@ def main() -> None:
     p.add_argument("--width", type=float, default=0.25)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--tiers", default=None)
+    p.add_argument("--repetitions", type=int, default=1)
     p.add_argument("--out", default=str(HERE / "runs"))
     p.add_argument("--results", default=str(HERE))
-    args = p.parse_args()
-    before = machine()
-    results = [run(t, args, Path(args.out)) for t in ("memory", "mqtt")]
-    mem, mq = results
-    record = {
-        "machine_before": before,
-        "machine_after": machine(),
-        "settings": vars(args),
-        "runs": results,
-        "mqtt_over_memory_wall_ratio": mq["process_wall_seconds"] / mem["process_wall_seconds"],
-        "accuracy_equal": abs(mq["mean_accuracy"] - mem["mean_accuracy"]) < 1e-9,
-    }
-    out = Path(args.results)
-    write_json(out / "results.json", record)
-    lines = [
-        "# MQTT demo vs in-memory simulation (same run, same seed)",
-        "",
-        f"Machine: {before['cores']} cores, load before {before['loadavg_1_5_15']}, after {record['machine_after']['loadavg_1_5_15']} ({before['date']}).",
-        "",
-        "| transport | wall s (process) | mean accuracy | bytes up / round | bytes down / round |",
-        "|---|---|---|---|---|",
-    ]
-    for r in results:
-        up = sum(r["bytes_up_per_round"]) / len(r["bytes_up_per_round"])
-        down = sum(r["bytes_down_per_round"]) / len(r["bytes_down_per_round"])
-        lines.append(f"| {r['transport']} | {r['process_wall_seconds']:.1f} | {100 * r['mean_accuracy']:.2f}% | {up:,.0f} | {down:,.0f} |")
-    lines += [
-        "",
-        f"MQTT / memory wall-time ratio: {record['mqtt_over_memory_wall_ratio']:.2f} (includes starting one Python process per device).",
-        f"Accuracies equal: {record['accuracy_equal']}.",
-        "",
-        "Commands (run from the repo root):",
-        "",
-        *[f"    edgefl {r['command']}" for r in results],
-        "",
-    ]
-    (out / "results.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    args = p.parse_args(argv)
+    timing = Timing("MQTT demo vs in-memory simulation (same run, same seed)", Path(args.results),
+                    metric="process wall time", settings=vars(args))
+    samples = timing.alternate("transport", {t: lambda t=t: run(t, args) for t in TRANSPORTS},
+                               args.repetitions, baseline="memory")
+    accuracy = {s["variant"]: s["mean_accuracy"] for s in samples if s.get("value") is not None}
+    timing.results["accuracy_equal"] = (
+        len(accuracy) == 2 and abs(accuracy["mqtt"] - accuracy["memory"]) < 1e-9)
+    commands = [f"    edgefl {' '.join(simulate_command(t, args))}" for t in TRANSPORTS]
+    results = timing.write(extra_md=[
+        *transport_table(samples), "",
+        "The MQTT run's time includes starting one Python process per device.",
+        f"Accuracies equal (last runs): {timing.results['accuracy_equal']}.", "",
+        "The runs' commands (from the repo root):", "", *commands])
+    print((Path(args.results) / "results.md").read_text())
+    return results
 
 
 if __name__ == "__main__":
