@@ -37,18 +37,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-if not __package__:  # run as a file from any directory: the repository on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks import gates  # noqa: E402
-from benchmarks.cache import Cache, DirtyCode, run_cells  # noqa: E402
-from benchmarks.cells import Cell  # noqa: E402
-from benchmarks.common import machine  # noqa: E402
-from benchmarks.foundation import profile  # noqa: E402
-from edgefl.report.recorder import json_safe  # noqa: E402
+from benchmarks import gates
+from benchmarks.cache import Cache, DirtyCode, run_cells
+from benchmarks.cells import Cell
+from benchmarks.common import machine
+from benchmarks.foundation import profile
+from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
 SEEDS = (10, 11, 12, 13, 14)  # not foundation's seeds (0–4)
