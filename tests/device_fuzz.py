@@ -606,19 +606,8 @@ def fuzz(all_kinds: list[Kind], n: int, seed: int = 0) -> Tally:
         tally.cases += 1
         kind.prepare()
         t0 = time.perf_counter()
-        try:
-            value = kind.check(data)
-        except WireError:
-            outcome = "rejected"
-        except Exception as e:  # noqa: BLE001 - what the harness is looking for
-            outcome = "exception"
-            if len(tally.problems) < 20:
-                tally.problems.append(f"{kind.name} {op}: {type(e).__name__}: {e}"[:300])
-        else:
-            problem = kind.oracle(value)
-            outcome = "violation" if problem else "accepted"
-            if problem and len(tally.problems) < 20:
-                tally.problems.append(f"{kind.name} {op}: accepted but {problem}")
+        label = f"{kind.name} {op}"
+        outcome = wire_fuzz.outcome(kind.check, kind.oracle, data, label, tally.problems)
         seconds = time.perf_counter() - t0
         slow = candidates.setdefault(kind.name, [])
         slow.append((seconds / max(len(data), 1), seconds, op, data))

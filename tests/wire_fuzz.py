@@ -523,27 +523,36 @@ class Tally:
         return sum(n for (*_, o), n in self.outcomes.items() if o == outcome)
 
 
+def outcome(
+    check: Callable[[bytes], Any],
+    oracle: Callable[[Any], str | None],
+    data: bytes,
+    label: str,
+    problems: list[str],
+) -> str:
+    """What one mutated message came to: ``rejected`` (a WireError), ``exception`` (anything
+    else raised), ``violation`` (accepted, but ``oracle`` names a problem) or ``accepted``; the
+    first 20 problems are kept in ``problems``, prefixed with ``label``."""
+    try:
+        value = check(data)
+    except WireError:
+        return "rejected"
+    except Exception as e:  # noqa: BLE001 - what the harness is looking for
+        if len(problems) < 20:
+            problems.append(f"{label}: {type(e).__name__}: {e}"[:300])
+        return "exception"
+    problem = oracle(value)
+    if problem and len(problems) < 20:
+        problems.append(f"{label}: accepted but {problem}")
+    return "violation" if problem else "accepted"
+
+
 def run_case(case: Case, data: bytes, op: str, tally: Tally) -> None:
     tally.cases += 1
-    try:
-        env = case.check(data)
-    except WireError:
-        outcome = "rejected"
-    except Exception as e:  # noqa: BLE001 - what the harness is looking for
-        outcome = "exception"
-        if len(tally.problems) < 20:
-            tally.problems.append(
-                f"{case.method} {case.direction} {case.kind} {op}: {type(e).__name__}: {e}"[:300]
-            )
-    else:
-        problem = case.oracle(env)
-        outcome = "violation" if problem else "accepted"
-        if problem and len(tally.problems) < 20:
-            tally.problems.append(
-                f"{case.method} {case.direction} {case.kind} {op}: accepted but {problem}"
-            )
-    tally.outcomes[(case.method, case.direction, case.kind, outcome)] += 1
-    tally.operators[(op, outcome)] += 1
+    label = f"{case.method} {case.direction} {case.kind} {op}"
+    result = outcome(case.check, case.oracle, data, label, tally.problems)
+    tally.outcomes[(case.method, case.direction, case.kind, result)] += 1
+    tally.operators[(op, result)] += 1
 
 
 def fuzz(cases: list[Case], n: int, seed: int = 0) -> Tally:
