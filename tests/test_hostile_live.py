@@ -8,55 +8,31 @@ clipped claims; the summary marks every accuracy as device-reported.
 """
 
 import json
-import threading
 from pathlib import Path
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefl.runtime import simulation
 from edgefl.runtime.server import ServeOptions
 from edgefl.transport.broker import MosquittoBroker
-from edgefl.transport.mqtt import Topics
 from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import scaled, tiny_config
 from tests.test_server_device import (  # noqa: F401
-    finish,
+    Peer,
     need_mosquitto,
     profile_file,
-    serve_in_thread,
-    spawn,
+    serve_with_devices,
 )
 
 pytestmark = pytest.mark.slow
 
 
-class Liar:
+class Liar(Peer):
     def __init__(self, port: int, fleet: str):
-        self.topics, self.fleet = Topics(fleet), fleet
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id="liar", protocol=mqtt.MQTTv5
-        )
-        self.client.on_connect = lambda c, u, f, r, p: c.subscribe(
-            self.topics.device("d00", "down"), qos=1
-        )
-        self.client.on_message = self.on_message
-        self.port = port
+        super().__init__(port, fleet, "liar")
         self.arrays: dict = {}
-        self.seen: set[str] = set()
         self.sent = {"register": 0, "update": 0, "metrics": 0}
-        self.lock = threading.Lock()
-
-    def start(self):
-        self.client.connect("127.0.0.1", self.port)
-        self.client.loop_start()
-        return self
-
-    def stop(self):
-        self.client.loop_stop()
-        self.client.disconnect()
 
     def publish(self, leaf: str, env: Envelope) -> None:
         self.client.publish(self.topics.device("d00", leaf), encode(env), qos=1)
@@ -143,16 +119,9 @@ def test_a_lying_device_neither_poisons_the_model_nor_the_measured_results(
     broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
     liar = Liar(broker.port, fleet).start()
     try:
-        t, box = serve_in_thread(
-            cfg.model_copy(update={"run_name": "attacked"}),
-            ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60)),
-        )
-        procs = [
-            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0)
-            for i in range(4)
-        ]
-        t.join(scaled(300))
-        codes = finish(procs)
+        opts = ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60))
+        attacked = cfg.model_copy(update={"run_name": "attacked"})
+        box, codes = serve_with_devices(attacked, opts, 4, tmp_path, profile_file)
     finally:
         liar.stop()
         broker.stop()

@@ -15,27 +15,22 @@ algorithm): d01 must survive and keep serving.
 
 import json
 import struct
-import threading
-from pathlib import Path
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefl.runtime.server import ServeOptions
 from edgefl.transport.broker import MosquittoBroker
-from edgefl.transport.mqtt import Topics
 from edgefl.wire import decode, encode
 from edgefl.wire.validate import peek
 from tests import wire_fuzz
 from tests.conftest import scaled, tiny_config
 from tests.test_server_device import (  # noqa: F401
-    finish,
+    Peer,
     need_mosquitto,
     profile_file,
-    serve_in_thread,
-    spawn,
+    round_records,
+    serve_with_devices,
 )
 
 pytestmark = pytest.mark.slow
@@ -61,15 +56,9 @@ def _rewrite(
     return wire_fuzz.write(routing, tensors)
 
 
-class Attacker:
+class Attacker(Peer):
     def __init__(self, port: int, fleet: str):
-        self.topics = Topics(fleet)
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id="attacker", protocol=mqtt.MQTTv5
-        )
-        self.client.on_connect = self.on_connect
-        self.client.on_message = self.on_message
-        self.port = port
+        super().__init__(port, fleet, "attacker")
         # d00's own update of an earlier round, for the replay
         self.last_update: bytes | None = None
         # the model's arrays as last seen on d00's downlink: a train request after an evaluation
@@ -78,18 +67,7 @@ class Attacker:
         self.downlink_with_arrays: bytes | None = None
         self.injected: dict[str, int] = {}
         self.replayed_in: list[int] = []  # rounds in which an earlier update was replayed
-        self.lock = threading.Lock()
-        self.seen: set[str] = set()
         self.mine: set[str] = set()  # message ids of our own injections (they echo on the uplink)
-
-    def start(self):
-        self.client.connect("127.0.0.1", self.port)
-        self.client.loop_start()
-        return self
-
-    def stop(self):
-        self.client.loop_stop()
-        self.client.disconnect()
 
     def on_connect(self, client, userdata, flags, reason, props):
         client.subscribe(self.topics.device("d00", "down"), qos=1)
@@ -185,17 +163,9 @@ def test_injected_messages_never_crash_displace_or_reach_the_model(
     fleet = "injection"
     broker = MosquittoBroker(port=0).start()
     attacker = Attacker(broker.port, fleet).start()
-    procs = []
     try:
-        t, box = serve_in_thread(
-            cfg, ServeOptions(broker=broker.url, fleet=fleet, deadline=deadline)
-        )
-        procs = [
-            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0)
-            for i in range(3)
-        ]
-        t.join(scaled(600))
-        codes = finish(procs)
+        opts = ServeOptions(broker=broker.url, fleet=fleet, deadline=deadline)
+        box, codes = serve_with_devices(cfg, opts, 3, tmp_path, profile_file, join=600)
     finally:
         attacker.stop()
         broker.stop()
@@ -203,10 +173,7 @@ def test_injected_messages_never_crash_displace_or_reach_the_model(
     assert "error" not in box, box.get("error")
     # every device (d01 with its malformed downlinks too) served to the end
     assert codes == [0, 0, 0]
-    records = [
-        json.loads(x)
-        for x in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()
-    ]
+    records = round_records(box)
     # no real update lost
     assert [r["completed"] for r in records] == [["d00", "d01", "d02"]] * rounds
     assert all(r["failed"] == {} for r in records)

@@ -116,6 +116,55 @@ def serve_in_thread(cfg, opts):
     return t, box
 
 
+def serve_with_devices(cfg, opts, devices, tmp_path, profile_file, *, join=300):
+    """Serve ``cfg`` in a thread with ``devices`` device processes (d00 1.5 s late: the others
+    register first), wait up to ``join`` (scaled) seconds for the server, then for the devices:
+    (the server's box, the devices' exit codes)."""
+    t, box = serve_in_thread(cfg, opts)
+    procs = [
+        spawn(opts.broker, opts.fleet, cfg, i, tmp_path, profile_file, delay=1.5 if i == 0 else 0.0)
+        for i in range(devices)
+    ]
+    t.join(scaled(join))
+    return box, finish(procs)
+
+
+def round_records(box) -> list[dict]:
+    """The round records of the run the server in ``box`` finished."""
+    rounds = (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text()
+    return [json.loads(line) for line in rounds.splitlines()]
+
+
+class Peer:
+    """A raw MQTT client of ``fleet`` on the broker at ``port`` (an attacker holding d00's
+    credentials); subclasses subscribe in ``on_connect`` and act in ``on_message``."""
+
+    def __init__(self, port: int, fleet: str, client_id: str):
+        self.topics, self.fleet, self.port = Topics(fleet), fleet, port
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+        )
+        self.client.on_connect = self.on_connect
+        self.client.on_message = self.on_message
+        self.lock = threading.Lock()
+        self.seen: set[str] = set()
+
+    def on_connect(self, client, userdata, flags, reason, props):
+        client.subscribe(self.topics.device("d00", "down"), qos=1)
+
+    def on_message(self, client, userdata, msg):
+        pass
+
+    def start(self):
+        self.client.connect("127.0.0.1", self.port)
+        self.client.loop_start()
+        return self
+
+    def stop(self):
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
 # --- the same aggregate as in memory
 # ------------------------------------------------------------------
 
@@ -511,10 +560,7 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
 
     assert "error" not in box, box.get("error")
     assert codes == [0, 0]
-    records = [
-        json.loads(x)
-        for x in (Path(box["summary"]["run_dir"]) / "rounds.jsonl").read_text().splitlines()
-    ]
+    records = round_records(box)
     # the honest devices were served
     assert [r["completed"] for r in records] == [["d00", "d01"]] * 2
     assert [r["failed"] for r in records] == [{"mallory": "mallory gives up"}] * 2
