@@ -176,6 +176,7 @@ def test_a_console_that_is_not_a_terminal_never_wraps(monkeypatch):
 def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
     from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
     from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
+    from tests.commands import server_start, tiny_run
     from tests.conftest import tiny_config
 
     if mosquitto_binary() is None:
@@ -186,30 +187,8 @@ def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
     broker = MosquittoBroker(port=0).start()
     url = f"mqtt://127.0.0.1:{broker.port}"
     server = subprocess.Popen(
-        edgefl(
-            "server",
-            "start",
-            "--broker",
-            url,
-            "--fleet",
-            "fb",
-            "--rounds",
-            "1",
-            "--min-devices",
-            "2",
-            "--dataset",
-            "synthetic",
-            "--train-samples",
-            "600",
-            "--width",
-            "0.25",
-            "--steps",
-            "2",
-            "--out",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "wait",
-        ),
+        server_start(url, "fb", "--rounds", "1", "--min-devices", "2",
+                     *tiny_run(tmp_path / "runs", "wait", steps=2)),
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,

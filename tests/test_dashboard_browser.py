@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.broker import MosquittoBroker, free_port, mosquitto_binary
+from tests.commands import server_start, tiny_run
 from tests.conftest import scaled, tiny_config
 from tests.test_fleet_live import launch_browser
 
@@ -61,57 +62,16 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgefl.cli.main",
-            "server",
-            "start",
-            "--broker",
-            url,
-            "--fleet",
-            FLEET,
+        server_start(
+            url, FLEET,
             # Velo (its CVAE every second round) on two tiers, evaluated every second round: all the
             # charts have to say
-            "--algorithm",
-            "velo",
-            "--option",
-            "cvae_interval=2",
-            "--model",
-            "cnn",
-            "--tiers",
-            "2,4",
-            "--feature-dim",
-            "64",
-            "--eval-every",
-            "2",
-            "--rounds",
-            "6",
-            "--min-devices",
-            "3",
-            "--fraction",
-            "1",
-            "--deadline",
-            str(scaled(20)),
-            "--gone-after",
-            str(scaled(4)),
-            "--dataset",
-            "synthetic",
-            "--train-samples",
-            "600",
-            "--width",
-            "0.25",
-            "--steps",
-            "10",
-            "--batch-size",
-            "16",
-            "--out",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "shots",
-            "--metrics-port",
-            str(metrics_port),
-        ],
+            "--algorithm", "velo", "--option", "cvae_interval=2", "--model", "cnn",
+            "--tiers", "2,4", "--feature-dim", "64", "--eval-every", "2",
+            "--rounds", "6", "--min-devices", "3", "--fraction", "1",
+            "--deadline", str(scaled(20)), "--gone-after", str(scaled(4)),
+            *tiny_run(tmp_path / "runs", "shots", steps=10), "--metrics-port", str(metrics_port),
+        ),
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "server.log", "wb"),  # noqa: SIM115
     )

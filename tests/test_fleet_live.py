@@ -18,6 +18,7 @@ import pytest
 from edgefl.models import family_tiers
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
+from tests.commands import server_start, tiny_run
 from tests.conftest import scaled, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -110,43 +111,11 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
     # "gone")
     run_dir = tmp_path / "runs" / "live"
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgefl.cli.main",
-            "server",
-            "start",
-            "--broker",
-            url("edgefl-server"),
-            "--fleet",
-            FLEET,
-            "--algorithm",
-            "fedavg",
-            "--rounds",
-            "500",
-            "--min-devices",
-            "3",
-            "--fraction",
-            "1",
-            "--deadline",
-            str(scaled(30)),
-            "--gone-after",
-            str(scaled(4)),
-            "--dataset",
-            "synthetic",
-            "--train-samples",
-            "600",
-            "--width",
-            "0.25",
-            "--steps",
-            "3",
-            "--batch-size",
-            "16",
-            "--out",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "live",
-        ],
+        server_start(
+            url("edgefl-server"), FLEET, "--algorithm", "fedavg", "--rounds", "500",
+            "--min-devices", "3", "--fraction", "1", "--deadline", str(scaled(30)),
+            "--gone-after", str(scaled(4)), *tiny_run(tmp_path / "runs", "live"),
+        ),
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "server.log", "wb"),  # noqa: SIM115
     )

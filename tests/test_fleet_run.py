@@ -15,6 +15,7 @@ import pytest
 
 from edgefl.rollout import ModelStore
 from edgefl.transport.broker import MosquittoBroker
+from tests.commands import server_start, tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
 from tests.test_server_device import finish, need_mosquitto, profile_file, spawn  # noqa: F401
 
@@ -26,40 +27,9 @@ ROUNDS, DEADLINE = 4, 12
 
 def server_command(broker, fleet, out, *extra, rounds=ROUNDS, devices=3, deadline=None):
     deadline = scaled(DEADLINE) if deadline is None else deadline
-    return [
-        sys.executable,
-        "-m",
-        "edgefl.cli.main",
-        "server",
-        "start",
-        "--broker",
-        broker.url,
-        "--fleet",
-        fleet,
-        "--algorithm",
-        "fedavg",
-        "--rounds",
-        str(rounds),
-        "--min-devices",
-        str(devices),
-        "--deadline",
-        str(deadline),
-        "--dataset",
-        "synthetic",
-        "--train-samples",
-        "600",
-        "--width",
-        "0.25",
-        "--steps",
-        "3",
-        "--batch-size",
-        "16",
-        "--out",
-        str(out),
-        "--run-name",
-        "r",
-        *extra,
-    ]
+    flags = ["--algorithm", "fedavg", "--rounds", str(rounds), "--min-devices", str(devices),
+             "--deadline", str(deadline)]
+    return server_start(broker.url, fleet, *flags, *tiny_run(out, "r"), *extra)
 
 
 def cli(*args, timeout=300):

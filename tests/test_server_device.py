@@ -37,6 +37,7 @@ from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, mosquitto_b
 from edgefl.transport.mqtt import Topics
 from edgefl.wire import Envelope, Payload, encode
 from edgefl.wire.validate import peek
+from tests.commands import tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
 
 pytestmark = pytest.mark.slow
@@ -319,20 +320,7 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
         str(deadline),
         "--checkpoint-dir",
         str(ck),
-        "--dataset",
-        "synthetic",
-        "--train-samples",
-        "600",
-        "--width",
-        "0.25",
-        "--steps",
-        "3",
-        "--batch-size",
-        "16",
-        "--out",
-        str(out_dir),
-        "--run-name",
-        "r",
+        *tiny_run(out_dir, "r"),
         "--json",
     ]
     rounds_file = out_dir / "r" / "rounds.jsonl"

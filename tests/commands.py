@@ -1,0 +1,22 @@
+"""The command lines the live tests start: the edgefl CLI in a subprocess, the server of a fleet,
+and the small synthetic run they share (600 synthetic images, CNN width 0.25, a few steps of 16)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+#: The CLI as a subprocess of this interpreter.
+EDGEFL = [sys.executable, "-m", "edgefl.cli.main"]
+
+
+def server_start(broker_url: str, fleet: str, *flags: str) -> list[str]:
+    """``edgefl server start`` for ``fleet`` on the broker at ``broker_url``, with ``flags``."""
+    return [*EDGEFL, "server", "start", "--broker", broker_url, "--fleet", fleet, *flags]
+
+
+def tiny_run(out: Path, run_name: str, *, steps: int = 3) -> list[str]:
+    """The flags of a small synthetic run (``steps`` minibatches of 16 a round) written to
+    ``out/run_name``."""
+    return ["--dataset", "synthetic", "--train-samples", "600", "--width", "0.25",
+            "--steps", str(steps), "--batch-size", "16", "--out", str(out), "--run-name", run_name]
