@@ -64,6 +64,7 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+@one_thread()
 def train_cvae(
     model: CVAE,
     features: np.ndarray,
@@ -76,26 +77,10 @@ def train_cvae(
 ) -> list[float]:
     """``epochs`` shuffled passes over (features, labels); returns the mean loss of each epoch.
 
-    Runs at one torch thread: its steps are 50 × (d + 512) matrices, too small to split, and a
-    second thread only adds its hand-offs (5,000 points, 10 epochs, d = 64, on 2 cores with
-    OMP_WAIT_POLICY=PASSIVE as the ``edgefl`` command sets it: 4.0 s at one thread, 7.4 s at
-    two)."""
-    with one_thread():
-        return _train_cvae(
-            model, features, labels, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed
-        )
-
-
-def _train_cvae(
-    model: CVAE,
-    features: np.ndarray,
-    labels: np.ndarray,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-) -> list[float]:
+    Runs at one torch thread (:func:`one_thread` as a decorator: each call sets and restores
+    it): its steps are 50 × (d + 512) matrices, too small to split, and a second thread only
+    adds its hand-offs (5,000 points, 10 epochs, d = 64, on 2 cores with OMP_WAIT_POLICY=PASSIVE
+    as the ``edgefl`` command sets it: 4.0 s at one thread, 7.4 s at two)."""
     n = len(labels)
     if n == 0:
         return []
