@@ -14,7 +14,7 @@ import torch
 
 from edgefl.algorithms.aggregate import Defences, clip_update, defences_of, robust_average
 from edgefl.algorithms.base import Algorithm, DeviceHalf, MethodNeeds, ServerHalf, register
-from edgefl.algorithms.training import train_local
+from edgefl.algorithms.training import train_round
 from edgefl.models import build_model
 from edgefl.privacy import Release
 from edgefl.wire import ArraySpec, Payload, arrays_to_state, spec_of, state_to_arrays
@@ -47,16 +47,8 @@ class GlobalModelDevice(DeviceHalf):
         return None
 
     def fit(self, round: int) -> Payload:
-        stats = train_local(
-            self.model,
-            self.ctx.train_data,
-            self.ctx.settings,
-            round,
-            self.ctx.rng(round),
-            self.loss_fn(round),
-        )
-        arrays = state_to_arrays(self.model.state_dict(), WEIGHTS)
-        return Payload(arrays, {"num_samples": len(self.ctx.train_data), **stats})
+        meta = train_round(self, round, self.loss_fn(round))
+        return Payload(state_to_arrays(self.model.state_dict(), WEIGHTS), meta)
 
 
 class GlobalModelServer(ServerHalf):

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from edgefl.algorithms.base import Algorithm, DeviceHalf, MethodNeeds, ServerHalf, register
 from edgefl.algorithms.cka import KernelTarget, kernel
 from edgefl.algorithms.fedavg import WEIGHTS, GlobalModelServer
-from edgefl.algorithms.training import train_local
+from edgefl.algorithms.training import train_round
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
 from edgefl.models import build_model
@@ -225,15 +225,8 @@ class FedHeNNDevice(DeviceHalf):
     def fit(self, round: int) -> Payload:
         o: FedHeNNOptions = self.options
         before = self.alignment()
-        stats = train_local(
-            self.model,
-            self.ctx.train_data,
-            self.ctx.settings,
-            round,
-            self.ctx.rng(round),
-            self.loss_fn(round),
-        )
-        meta = {"num_samples": len(self.ctx.train_data), "eta": self.eta(round), **stats}
+        meta = train_round(self, round, self.loss_fn(round))
+        meta["eta"] = self.eta(round)
         after = self.alignment()
         if after is not None:
             meta["cka_before"], meta["cka_after"] = before, after

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from edgefl.algorithms.aggregate import Defences, clip_to_norm, defences_of, robust_stack
 from edgefl.algorithms.base import Algorithm, DeviceHalf, ServerHalf, register
-from edgefl.algorithms.training import train_local
+from edgefl.algorithms.training import train_round
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
 from edgefl.privacy import ClassStats, Release
@@ -300,16 +300,9 @@ class FedProtoDevice(DeviceHalf):
         return ce + self.options.lam * prototype_loss(z, y, self.protos, self.known)
 
     def fit(self, round: int) -> Payload:
-        stats = train_local(
-            self.model,
-            self.ctx.train_data,
-            self.ctx.settings,
-            round,
-            self.ctx.rng(round),
-            self.loss,
-        )
+        meta = train_round(self, round, self.loss)
         protos = local_prototypes(self.model, self.ctx.train_data)
-        return Payload(pack_prototypes(protos), {"num_samples": len(self.ctx.train_data), **stats})
+        return Payload(pack_prototypes(protos), meta)
 
 
 #: The FedVTC paper's fleet at CPU size: FedHeNN's five CNNs with the common latent p = 980

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edgefl.algorithms.base import Algorithm, DeviceHalf, NoOptions, ServerHalf, register
 from edgefl.algorithms.fedavg import PAPER_DEFAULTS
-from edgefl.algorithms.training import train_local
+from edgefl.algorithms.training import train_round
 from edgefl.privacy import Release
 from edgefl.wire import Payload
 
@@ -17,10 +17,7 @@ class LocalDevice(DeviceHalf):
         return Release()  # no arrays leave the device
 
     def fit(self, round: int) -> Payload:
-        stats = train_local(
-            self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round)
-        )
-        return Payload({}, {"num_samples": len(self.ctx.train_data), **stats})
+        return Payload({}, train_round(self, round))
 
     def expected_downlink(self) -> dict:
         return {}  # nothing travels: any array is refused

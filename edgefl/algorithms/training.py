@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgefl.algorithms.base import TrainSettings
+from edgefl.algorithms.base import DeviceHalf, TrainSettings
 from edgefl.data import ArrayDataset
 from edgefl.errors import ConfigError
 from edgefl.privacy.trainer import active_trainer
@@ -171,6 +172,15 @@ def train_local(
         total += float(loss.detach()) * len(y)
         seen += len(y)
     return {"train_loss": total / max(seen, 1), "samples_seen": float(seen)}
+
+
+def train_round(half: DeviceHalf, round: int, loss_fn: LossFn | None = None) -> dict[str, Any]:
+    """One round of a device half's local training on its own data (:func:`train_local` with the
+    round's generator); returns what its uplink's metadata starts with: ``num_samples`` and the
+    training metrics."""
+    ctx = half.ctx
+    stats = train_local(half.model, ctx.train_data, ctx.settings, round, ctx.rng(round), loss_fn)
+    return {"num_samples": len(ctx.train_data), **stats}
 
 
 @torch.no_grad()

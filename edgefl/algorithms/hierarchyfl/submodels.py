@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from edgefl.algorithms.base import DeviceHalf, ServerContext, ServerHalf
-from edgefl.algorithms.training import recalibrate_batch_norm, train_local
+from edgefl.algorithms.training import recalibrate_batch_norm, train_round
 from edgefl.errors import ConfigError
 from edgefl.models import ModelSpec, build_model
 from edgefl.privacy import Release
@@ -146,15 +146,13 @@ class SubModelDevice(DeviceHalf):
                 for k, v in self.model.state_dict().items()
                 if v.is_floating_point()
             }
-        stats = train_local(
-            self.model, self.ctx.train_data, self.ctx.settings, round, self.ctx.rng(round)
-        )
+        meta = train_round(self, round)
         state = self.model.state_dict()
         deltas = {
             DELTAS + k: (state[k].detach() - a).cpu().numpy().astype(np.float32)
             for k, a in self.anchor.items()
         }
-        return Payload(deltas, {"num_samples": len(self.ctx.train_data), **stats})
+        return Payload(deltas, meta)
 
 
 # --- server halves -----------------------------------------------------------------------------
