@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from edgefl.algorithms.base import Algorithm, MethodNeeds, register
 from edgefl.algorithms.fedavg import WEIGHTS, GlobalModelDevice, GlobalModelServer
-from edgefl.algorithms.fedprox import FedProxDevice
+from edgefl.algorithms.fedprox import FedProxDevice, Proximal
 from edgefl.privacy import ClassStats, Release
 from edgefl.wire import ArraySpec, Payload, array_spec
 
@@ -84,13 +84,8 @@ class FedDWOptions:
 
 
 @dataclass(frozen=True)
-class FedProxDWOptions(FedDWOptions):
-    mu: float = 0.01
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.mu < 0:
-            raise ValueError("mu must be >= 0")
+class FedProxDWOptions(Proximal, FedDWOptions):
+    """FedDW's options and FedProx's μ."""
 
 
 def class_relation(weight: torch.Tensor) -> torch.Tensor:

@@ -15,13 +15,21 @@ from edgefl.wire import Payload
 
 
 @dataclass(frozen=True)
-class FedProxOptions(Defences):
+class Proximal:
+    """The weight μ of the proximal term, mixed into the options of the methods that add the
+    term (before an options class whose ``__post_init__`` checks the rest)."""
+
     mu: float = 0.01
 
     def __post_init__(self):
         super().__post_init__()
         if self.mu < 0:
             raise ValueError("mu must be >= 0")
+
+
+@dataclass(frozen=True)
+class FedProxOptions(Proximal, Defences):
+    """μ and the aggregation defences."""
 
 
 def proximal_term(model: torch.nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
