@@ -60,38 +60,20 @@ def band_panel(
 
 
 def plot_results(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = results["runs"]
     settings = list(dict.fromkeys(r["setting"] for r in runs))
-    paths = []
-    n = len(settings)
-    cols = min(n, 3)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
-    for ax, setting in zip(axes.flat, settings, strict=False):
+
+    def accuracy(ax, setting: str) -> None:
         rs = [r for r in runs if r["setting"] == setting]
         band_panel(ax, rs, lambda p: p.get("accuracy"), results.get("bounds", {}),
                    f"{results['benchmark']}: {setting}", "mean device test accuracy (%)")
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.suptitle("accuracy per round (mean ± sd over seeds)", fontsize=11)
-    fig.tight_layout()
-    paths.append(out_dir / "accuracy.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
 
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
-    for ax, setting in zip(axes.flat, settings, strict=False):
+    def accuracy_bytes(ax, setting: str) -> None:
         rs = [r for r in runs if r["setting"] == setting]
         for method in dict.fromkeys(r["method"] for r in rs):
             mr = [r for r in rs if r["method"] == method]
-            b = statistics.fmean(
-                r["bytes_up_per_device_round"] + r["bytes_down_per_device_round"] for r in mr
-            )
+            b = statistics.fmean(r["bytes_up_per_device_round"] + r["bytes_down_per_device_round"]
+                                 for r in mr)
             a, s = mean_sd([r["final_accuracy"] for r in mr])
             ax.errorbar([max(b, 1)], [100 * a], yerr=[100 * s], fmt="o", capsize=3, label=method)
         ax.set_xscale("log")
@@ -100,12 +82,33 @@ def plot_results(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
         ax.set_ylabel("final accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+
+    return [
+        setting_panels(settings, accuracy, "accuracy per round (mean ± sd over seeds)",
+                       out_dir / "accuracy.png"),
+        setting_panels(settings, accuracy_bytes, "accuracy vs traffic", out_dir / "accuracy_bytes.png"),
+    ]
+
+
+def setting_panels(settings: Sequence[str], draw: Callable[[Any, str], None], title: str,
+                   path: Path) -> Path:
+    """A figure of one panel per setting (three a row at most), ``draw(ax, setting)`` filling
+    each, saved to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(settings)
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    for ax, setting in zip(axes.flat, settings, strict=False):
+        draw(ax, setting)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    fig.suptitle("accuracy vs traffic", fontsize=11)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    paths.append(out_dir / "accuracy_bytes.png")
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    return paths
-
+    return path
