@@ -30,6 +30,20 @@ from tests import device_fuzz, wire_fuzz  # noqa: E402
 HERE = Path(__file__).parent
 
 
+OUTCOMES = ("rejected", "accepted", "exception", "violation")
+
+
+def outcome_cells(counts: dict[str, int]) -> str:
+    """One table row's outcome counts, in the order of :data:`OUTCOMES`."""
+    return " | ".join(str(counts.get(o, 0)) for o in OUTCOMES)
+
+
+def outcome_table(first: str, rows: dict[str, dict[str, int]]) -> list[str]:
+    """A markdown table of outcome counts, a row per key (the column ``first``)."""
+    return [f"| {first} | {' | '.join(OUTCOMES)} |", "|---|---|---|---|---|",
+            *[f"| {k} | {outcome_cells(v)} |" for k, v in rows.items()]]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=104_000)
@@ -53,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         dev = device_fuzz.fuzz(device_fuzz.kinds(Path(tmp)), args.device_cases, seed=args.seed)
     t3 = time.perf_counter()
-    dev_totals = {o: dev.count(o) for o in ("rejected", "accepted", "exception", "violation")}
+    dev_totals = {o: dev.count(o) for o in OUTCOMES}
     dev_kinds = {}
     for (kind, outcome), n in sorted(dev.outcomes.items()):
         dev_kinds.setdefault(kind, {})[outcome] = n
@@ -61,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     for (kind, op, outcome), n in sorted(dev.operators.items()):
         dev_ops.setdefault(f"{kind} {op}", {})[outcome] = n
     command = command_line("benchmarks.fuzz.run", argv)
-    totals = {o: tally.count(o) for o in ("rejected", "accepted", "exception", "violation")}
+    totals = {o: tally.count(o) for o in OUTCOMES}
     per_kind = {}
     for (method, direction, kind, outcome), n in sorted(tally.outcomes.items()):
         per_kind.setdefault(f"{method} {direction} {kind}", {})[outcome] = n
@@ -111,21 +125,9 @@ def main(argv: list[str] | None = None) -> None:
         "tensor value changed to another finite value, a re-sent copy, a downlink's arrays, which "
         "devices do not declare).",
         "",
-        "| message | rejected | accepted | exception | violation |",
-        "|---|---|---|---|---|",
-        *[
-            f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | "
-            f"{v.get('violation', 0)} |"
-            for k, v in per_kind.items()
-        ],
+        *outcome_table("message", per_kind),
         "",
-        "| mutation | rejected | accepted | exception | violation |",
-        "|---|---|---|---|---|",
-        *[
-            f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | "
-            f"{v.get('violation', 0)} |"
-            for k, v in per_op.items()
-        ],
+        *outcome_table("mutation", per_op),
     ]
     if tally.problems:
         lines += ["", "First problems:", "", *[f"- {p}" for p in tally.problems]]
@@ -148,8 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         "mutation) | slowest case µs (bytes, mutation) |",
         "|---|---|---|---|---|---|---|",
         *[
-            f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | "
-            f"{v.get('violation', 0)} | "
+            f"| {k} | {outcome_cells(v)} | "
             f"{1e6 * dev.worst[k]['seconds_per_byte']:.2f} ({dev.worst[k]['bytes']:,}, "
             f"{dev.worst[k].get('operator')}) | "
             f"{1e6 * dev.worst[k]['max_seconds']:.0f} ({dev.worst[k]['max_seconds_bytes']:,}, "
@@ -165,13 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         "timed: the state it is in (a registered"
         " device, a partial message, a transfer in flight) is set up before each case.",
         "",
-        "| kind and mutation | rejected | accepted | exception | violation |",
-        "|---|---|---|---|---|",
-        *[
-            f"| {k} | {v.get('rejected', 0)} | {v.get('accepted', 0)} | {v.get('exception', 0)} | "
-            f"{v.get('violation', 0)} |"
-            for k, v in dev_ops.items()
-        ],
+        *outcome_table("kind and mutation", dev_ops),
     ]
     if dev.problems:
         lines += ["", "First problems:", "", *[f"- {p}" for p in dev.problems]]
