@@ -203,55 +203,14 @@ def tls_fleet(tmp_path_factory):
     trusts."""
     need_mosquitto()
     d = tmp_path_factory.mktemp("tls")
-    for args, cwd in (
-        (("broker", "ca", "--certs", "certs", "--fleet", "lab"), d),
-        (
-            (
-                "broker",
-                "add-device",
-                "pi-07",
-                "--fleet",
-                "lab",
-                "--certs",
-                "certs",
-                "--acl-file",
-                "acl",
-            ),
-            d,
-        ),
-        (
-            (
-                "broker",
-                "add-device",
-                "edgefl-server",
-                "--role",
-                "server",
-                "--fleet",
-                "lab",
-                "--certs",
-                "certs",
-                "--acl-file",
-                "acl",
-            ),
-            d,
-        ),
-        (("broker", "ca", "--certs", "other", "--fleet", "else"), d),
-        (
-            (
-                "broker",
-                "add-device",
-                "pi-07",
-                "--fleet",
-                "lab",
-                "--certs",
-                "other",
-                "--acl-file",
-                "other-acl",
-            ),
-            d,
-        ),
+    for command in (  # as an operator types them, in d
+        "broker ca --certs certs --fleet lab",
+        "broker add-device pi-07 --fleet lab --certs certs --acl-file acl",
+        "broker add-device edgefl-server --role server --fleet lab --certs certs --acl-file acl",
+        "broker ca --certs other --fleet else",
+        "broker add-device pi-07 --fleet lab --certs other --acl-file other-acl",
     ):
-        done = edgefl(*args, cwd=cwd)
+        done = edgefl(*command.split(), cwd=d)
         assert done.returncode == 0, done.stderr
     broker = MosquittoBroker(
         tls=(d / "certs" / "ca.crt", d / "certs" / "broker.crt", d / "certs" / "broker.key"),
@@ -262,23 +221,18 @@ def tls_fleet(tmp_path_factory):
     broker.stop()
 
 
+def train_pi07(url, *flags) -> tuple:
+    """``edgefl train`` as device pi-07 of the fleet at ``url`` on synthetic data, waiting 8 s
+    for the broker at most, with ``flags``."""
+    return ("train", "--broker", url, "--device-id", "pi-07", "--data", "synthetic", "--wait", "8",
+            *flags)
+
+
 def test_a_missing_client_certificate_is_one_line_naming_the_options_and_exits_5(tls_fleet):
     d, url = tls_fleet
     ca = d / "certs" / "ca.crt"
     commands = (
-        (
-            "train",
-            "--broker",
-            url,
-            "--device-id",
-            "pi-07",
-            "--data",
-            "synthetic",
-            "--ca-file",
-            ca,
-            "--wait",
-            "8",
-        ),
+        train_pi07(url, "--ca-file", ca),
         (
             "server",
             "start",
@@ -322,15 +276,7 @@ def test_a_missing_client_certificate_is_one_line_naming_the_options_and_exits_5
 def test_a_certificate_of_another_ca_is_refused_naming_cert_file(tls_fleet):
     d, url = tls_fleet
     result = edgefl(
-        "train",
-        "--broker",
-        url,
-        "--device-id",
-        "pi-07",
-        "--data",
-        "synthetic",
-        "--wait",
-        "8",
+        *train_pi07(url),
         "--ca-file",
         d / "certs" / "ca.crt",
         "--cert-file",
@@ -349,19 +295,7 @@ def test_an_unverifiable_broker_names_ca_file(tls_fleet):
     d, url = tls_fleet
     cert = ("--cert-file", d / "certs" / "pi-07.crt", "--key-file", d / "certs" / "pi-07.key")
     for ca in ((), ("--ca-file", d / "other" / "ca.crt")):
-        result = edgefl(
-            "train",
-            "--broker",
-            url,
-            "--device-id",
-            "pi-07",
-            "--data",
-            "synthetic",
-            "--wait",
-            "8",
-            *cert,
-            *ca,
-        )
+        result = edgefl(*train_pi07(url), *cert, *ca)
         assert result.returncode == ExitCode.CONFIG, result.stderr
         assert (
             "cannot verify the broker's certificate" in one_line_error(result)
