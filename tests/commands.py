@@ -20,3 +20,17 @@ def tiny_run(out: Path, run_name: str, *, steps: int = 3) -> list[str]:
     ``out/run_name``."""
     return ["--dataset", "synthetic", "--train-samples", "600", "--width", "0.25",
             "--steps", str(steps), "--batch-size", "16", "--out", str(out), "--run-name", run_name]
+
+
+def run_main(args: list[str], monkeypatch, capsys) -> tuple[int | str | None, str, str]:
+    """``edgefl args`` through main() (the console script) in this process, to see its exit code
+    and its one-line errors: (exit code, stdout, stderr)."""
+    import pytest
+
+    from edgefl.cli.main import main
+
+    monkeypatch.setattr("sys.argv", ["edgefl", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err

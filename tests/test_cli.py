@@ -9,17 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from edgefl.cli.main import app, main
+from tests.commands import run_main
 
 runner = CliRunner()
 
 
-def _run(args, monkeypatch, capsys):
-    """Run through main() (the console script) to see exit codes and the one-line errors."""
-    monkeypatch.setattr("sys.argv", ["edgefl", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+_run = run_main
 
 
 def test_help_lists_commands():

@@ -12,6 +12,7 @@ from edgefl.export.errors import InferenceError, ModelFileError
 from edgefl.export.onnx_export import export_model
 from edgefl.inference import Predictor
 from edgefl.models import ModelSpec, build_model
+from tests.commands import run_main
 
 SYNTH = load_dataset("synthetic", "test")
 SPEC = ModelSpec("cnn", "2", 10, (1, 28, 28), width=0.25, mean=SYNTH.info.mean, std=SYNTH.info.std)
@@ -26,12 +27,7 @@ def exported(tmp_path_factory):
     return model, path
 
 
-def _run(args, monkeypatch, capsys):
-    monkeypatch.setattr("sys.argv", ["edgefl", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+_run = run_main
 
 
 def _cli_ok(args, monkeypatch, capsys):
@@ -42,6 +38,15 @@ def _cli_ok(args, monkeypatch, capsys):
     except SystemExit as exc:
         assert exc.code in (0, None), capsys.readouterr().err
     return capsys.readouterr().out
+
+
+def _simulate(out, run_name, *flags, monkeypatch, capsys):
+    """A one-round run of two devices (unless ``flags`` say otherwise) on a little synthetic
+    data, written to ``out/run_name``."""
+    tiny = ["--dataset", "synthetic", "--width", "0.25", "--clients", "2", "--rounds", "1",
+            "--steps", "3", "--train-samples", "300", "--test-samples", "100"]
+    _cli_ok(["simulate", *tiny, *flags, "--out", str(out), "--run-name", run_name, "--quiet",
+             "--json"], monkeypatch, capsys)
 
 
 def test_wrong_input_shape_is_a_clear_error(exported):
@@ -148,39 +153,8 @@ def test_an_onnx_file_without_edgefl_metadata_still_runs(tmp_path):
 
 def test_export_a_run_then_infer_its_accuracy(tmp_path, monkeypatch, capsys):
     # Prepare: a tiny run whose devices hold static-BN hierarchy-width models (the hard case)
-    _cli_ok(
-        [
-            "simulate",
-            "-a",
-            "local",
-            "--dataset",
-            "synthetic",
-            "--model",
-            "hierarchy-width",
-            "--tiers",
-            "1/8,1/4",
-            "--width",
-            "0.25",
-            "--clients",
-            "2",
-            "--rounds",
-            "1",
-            "--steps",
-            "3",
-            "--train-samples",
-            "300",
-            "--test-samples",
-            "100",
-            "--out",
-            str(tmp_path),
-            "--run-name",
-            "r",
-            "--quiet",
-            "--json",
-        ],
-        monkeypatch,
-        capsys,
-    )
+    _simulate(tmp_path, "r", "-a", "local", "--model", "hierarchy-width", "--tiers", "1/8,1/4",
+              monkeypatch=monkeypatch, capsys=capsys)
     # Execute: export one tier with int8, then run the file on the dataset
     out = _cli_ok(
         [
@@ -251,68 +225,9 @@ def test_a_run_exports_on_a_machine_without_its_dataset(tmp_path, monkeypatch, c
     import edgefl.data
     from edgefl.errors import DataNotFoundError
 
-    _cli_ok(
-        [
-            "simulate",
-            "-a",
-            "fedavg",
-            "--dataset",
-            "synthetic",
-            "--clients",
-            "2",
-            "--rounds",
-            "1",
-            "--steps",
-            "3",
-            "--width",
-            "0.25",
-            "--train-samples",
-            "300",
-            "--test-samples",
-            "100",
-            "--out",
-            str(tmp_path),
-            "--run-name",
-            "r",
-            "--quiet",
-            "--json",
-        ],
-        monkeypatch,
-        capsys,
-    )
-    _cli_ok(
-        [
-            "simulate",
-            "-a",
-            "local",
-            "--dataset",
-            "synthetic",
-            "--model",
-            "hierarchy-width",
-            "--tiers",
-            "1/8",
-            "--width",
-            "0.25",
-            "--clients",
-            "1",
-            "--rounds",
-            "1",
-            "--steps",
-            "3",
-            "--train-samples",
-            "300",
-            "--test-samples",
-            "100",
-            "--out",
-            str(tmp_path),
-            "--run-name",
-            "bn",
-            "--quiet",
-            "--json",
-        ],
-        monkeypatch,
-        capsys,
-    )
+    _simulate(tmp_path, "r", "-a", "fedavg", monkeypatch=monkeypatch, capsys=capsys)
+    _simulate(tmp_path, "bn", "-a", "local", "--model", "hierarchy-width", "--tiers", "1/8",
+              "--clients", "1", monkeypatch=monkeypatch, capsys=capsys)
 
     def absent(name, split, data_dir=None):
         raise DataNotFoundError(f"{name} ({split}) not found. Looked in: nowhere")
