@@ -10,6 +10,13 @@ from pathlib import Path
 EDGEFL = [sys.executable, "-m", "edgefl.cli.main"]
 
 
+#: A server's run of one round of FedAvg with one device at least, on synthetic data, over CNN
+#: tiers 1 and 2 at width 0.25.
+ONE_ROUND_TWO_TIERS = ["--algorithm", "fedavg", "--rounds", "1", "--min-devices", "1",
+                       "--dataset", "synthetic", "--model", "cnn", "--tiers", "1,2",
+                       "--width", "0.25"]
+
+
 def server_start(broker_url: str, fleet: str, *flags: str) -> list[str]:
     """``edgefl server start`` for ``fleet`` on the broker at ``broker_url``, with ``flags``."""
     return [*EDGEFL, "server", "start", "--broker", broker_url, "--fleet", fleet, *flags]

@@ -3,13 +3,13 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE
 from edgefl.transport.broker import EmbeddedBroker
 from tests.base.helpers import run_edgefl
+from tests.commands import ONE_ROUND_TWO_TIERS, server_start
 
 pytestmark = pytest.mark.slow
 
@@ -17,37 +17,8 @@ pytestmark = pytest.mark.slow
 def test_register_without_torch_prints_the_assigned_model(tmp_path):
     broker = EmbeddedBroker(port=0).start()
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgefl.cli.main",
-            "server",
-            "start",
-            "--broker",
-            broker.url,
-            "--fleet",
-            "base",
-            "--algorithm",
-            "fedavg",
-            "--rounds",
-            "1",
-            "--min-devices",
-            "1",
-            "--dataset",
-            "synthetic",
-            "--model",
-            "cnn",
-            "--tiers",
-            "1,2",
-            "--width",
-            "0.25",
-            "--wait",
-            "90",
-            "--out",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "r",
-        ],
+        server_start(broker.url, "base", *ONE_ROUND_TWO_TIERS, "--wait", "90",
+                     "--out", str(tmp_path / "runs"), "--run-name", "r"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "OMP_NUM_THREADS": "1"},

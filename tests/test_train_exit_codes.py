@@ -10,6 +10,7 @@ import pytest
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE
 from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, add_user, mosquitto_binary
+from tests.commands import ONE_ROUND_TWO_TIERS, server_start
 
 pytestmark = pytest.mark.slow
 
@@ -69,37 +70,8 @@ def test_a_refused_password_exits_5_without_retrying(tmp_path):
 
 def test_a_tier_the_run_does_not_have_is_rejected_by_the_server_and_exits_6(tmp_path):
     broker = EmbeddedBroker(port=0).start()
-    server_cmd = [
-        sys.executable,
-        "-m",
-        "edgefl.cli.main",
-        "server",
-        "start",
-        "--broker",
-        broker.url,
-        "--fleet",
-        "rej",
-        "--algorithm",
-        "fedavg",
-        "--rounds",
-        "1",
-        "--min-devices",
-        "1",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "cnn",
-        "--tiers",
-        "1,2",
-        "--width",
-        "0.25",
-        "--wait",
-        "60",
-        "--out",
-        str(tmp_path / "runs"),
-        "--run-name",
-        "r",
-    ]
+    server_cmd = server_start(broker.url, "rej", *ONE_ROUND_TWO_TIERS, "--wait", "60",
+                              "--out", str(tmp_path / "runs"), "--run-name", "r")
     server = subprocess.Popen(
         server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env()
     )
