@@ -349,19 +349,21 @@ class AveragingServer:
         return list(ids)
 
 
-def test_central_dp_clips_each_update_and_noises_the_mean_at_the_calibrated_std():
-    # Prepare: 4 devices; one sends an enormous update
+def central_server(devices, rounds, **privacy) -> PrivateServer:
+    """Central DP (``privacy``: the PrivacySettings) on an :class:`AveragingServer` of the
+    ``devices`` (ids) over ``rounds`` rounds."""
     from edgefl.algorithms import ServerContext, TrainSettings
 
     ctx = ServerContext(
-        num_classes=10,
-        fleet=dict.fromkeys(["a", "b", "c", "d"]),
-        settings=TrainSettings(),
-        rounds=5,
-        seed=0,
+        num_classes=10, fleet=dict.fromkeys(devices), settings=TrainSettings(), rounds=rounds, seed=0
     )
-    s = PrivacySettings(mode="central", target_epsilon=8, clip=1.0, noise_multiplier=1.5)
-    server = PrivateServer(AveragingServer(ctx), s, Release(whole=("w/",)), rounds=5)
+    settings = PrivacySettings(mode="central", **privacy)
+    return PrivateServer(AveragingServer(ctx), settings, Release(whole=("w/",)), rounds=rounds)
+
+
+def test_central_dp_clips_each_update_and_noises_the_mean_at_the_calibrated_std():
+    # Prepare: 4 devices; one sends an enormous update
+    server = central_server("abcd", 5, target_epsilon=8, clip=1.0, noise_multiplier=1.5)
     direction = np.zeros(50_000, np.float32)
     direction[0] = 1
     uplinks = {
@@ -380,19 +382,10 @@ def test_central_dp_clips_each_update_and_noises_the_mean_at_the_calibrated_std(
 
 
 def test_adaptive_clipping_moves_the_clip_toward_the_update_norms():
-    from edgefl.algorithms import ServerContext, TrainSettings
-
-    ctx = ServerContext(
-        num_classes=10,
-        fleet={f"d{i}": None for i in range(100)},
-        settings=TrainSettings(),
-        rounds=30,
-        seed=0,
+    devices = [f"d{i}" for i in range(100)]
+    server = central_server(
+        devices, 30, target_epsilon=8, clip=1.0, noise_multiplier=0.5, adaptive_quantile=0.5
     )
-    s = PrivacySettings(
-        mode="central", target_epsilon=8, clip=1.0, noise_multiplier=0.5, adaptive_quantile=0.5
-    )
-    server = PrivateServer(AveragingServer(ctx), s, Release(whole=("w/",)), rounds=30)
     # part of the noise budget pays for the count
     assert server.update_noise > server.noise_multiplier
     norms = np.linspace(0.01, 0.1, 100)  # every update far below the starting clip
@@ -439,20 +432,10 @@ def test_fleet_status_shows_the_epsilon_each_device_has_spent(capsys):
 
 def test_the_ledger_and_the_adaptive_clip_survive_a_checkpoint():
     # Prepare: a central-DP server after one round with adaptive clipping
-    from edgefl.algorithms import ServerContext, TrainSettings
-
-    ctx = ServerContext(
-        num_classes=10,
-        fleet={f"d{i}": None for i in range(40)},
-        settings=TrainSettings(),
-        rounds=5,
-        seed=0,
-    )
-    s = PrivacySettings(
-        mode="central", target_epsilon=100, clip=1.0, noise_multiplier=0.5, adaptive_quantile=0.5
-    )
-    server = PrivateServer(AveragingServer(ctx), s, Release(whole=("w/",)), rounds=5)
-    selected = server.select(0, sorted(ctx.fleet), np.random.default_rng(0))
+    devices = [f"d{i}" for i in range(40)]
+    privacy = dict(target_epsilon=100, clip=1.0, noise_multiplier=0.5, adaptive_quantile=0.5)
+    server = central_server(devices, 5, **privacy)
+    selected = server.select(0, sorted(devices), np.random.default_rng(0))
     server.aggregate(
         0,
         {
@@ -461,7 +444,7 @@ def test_the_ledger_and_the_adaptive_clip_survive_a_checkpoint():
         },
     )
     # Execute: a new server from the checkpointed state
-    restored = PrivateServer(AveragingServer(ctx), s, Release(whole=("w/",)), rounds=5)
+    restored = central_server(devices, 5, **privacy)
     restored.load_state_dict(server.state_dict())
     # Assert: the same ledger, clip and model
     assert restored.ledger.counts == server.ledger.counts == dict.fromkeys(selected, 1)
