@@ -11,42 +11,14 @@ import edgefl
 ROOT = Path(edgefl.__file__).parent
 
 #: What each part of the library may import (besides itself). Everything else is a layering error.
+#: What the runtime may import: every part below it.
+RUNTIME_MAY = {"retry", "privacy", "algorithms", "transport", "wire", "profiling", "export",
+               "inference", "models", "data", "report", "config", "errors"}
 ALLOWED = {
-    "cli": {
-        "names",
-        "retry",
-        "edgefl",
-        "rollout",
-        "dashboard",
-        "runtime",
-        "algorithms",
-        "transport",
-        "wire",
-        "profiling",
-        "export",
-        "inference",
-        "models",
-        "data",
-        "report",
-        "config",
-        "errors",
-        "privacy",
-    },
-    "runtime": {
-        "retry",
-        "privacy",
-        "algorithms",
-        "transport",
-        "wire",
-        "profiling",
-        "export",
-        "inference",
-        "models",
-        "data",
-        "report",
-        "config",
-        "errors",
-    },
+    # the CLI sits on the runtime: all the runtime may import, and the runtime, the parts beside
+    # it (rollout, dashboard) and the registries' names
+    "cli": {"runtime", "rollout", "dashboard", "names", "edgefl", *RUNTIME_MAY},
+    "runtime": RUNTIME_MAY,
     "algorithms": {"privacy", "wire", "models", "data", "errors"},
     "privacy": {
         "wire",
