@@ -13,14 +13,12 @@ from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
 from edgefl.transport.mqtt.connection import _PROTOCOL_CACHE
 from tests.conftest import scaled, wait_until
+from tests.needs import need_mosquitto
 
 
 @pytest.fixture
 def secured(tmp_path):
-    if mosquitto_binary() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("mosquitto is not installed (CI must install it)")
-        pytest.skip("mosquitto is not installed")
+    need_mosquitto()
     passwd, acl = tmp_path / "passwd", tmp_path / "acl"
     secrets = {
         "edgefl-server": add_user(passwd, acl, "edgefl-server", fleet="lab", role="server"),

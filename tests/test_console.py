@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from edgefl.report.console import Feedback, make_console
+from tests.needs import need_mosquitto
 
 #: A short real run: every line it prints is longer than 80 columns once the run name is long.
 RUN = [
@@ -175,14 +176,11 @@ def test_a_console_that_is_not_a_terminal_never_wraps(monkeypatch):
 @pytest.mark.slow
 def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
     from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
-    from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
+    from edgefl.transport.broker import MosquittoBroker
     from tests.commands import server_start, tiny_run
     from tests.conftest import tiny_config
 
-    if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
-            "CI"
-        ) == "true" else pytest.skip("mosquitto is not installed")
+    need_mosquitto()
     # Prepare: a broker, a server waiting for 2 devices, and one device
     broker = MosquittoBroker(port=0).start()
     url = f"mqtt://127.0.0.1:{broker.port}"
@@ -222,13 +220,10 @@ def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
 @pytest.mark.slow
 def test_train_on_a_terminal_draws_a_bar_of_the_rounds(tmp_path):
     from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for
-    from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
+    from edgefl.transport.broker import MosquittoBroker
     from tests.conftest import tiny_config
 
-    if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
-            "CI"
-        ) == "true" else pytest.skip("mosquitto is not installed")
+    need_mosquitto()
     # Prepare: a broker and a 2-round server for one device; the device's stdout is a terminal
     broker = MosquittoBroker(port=0).start()
     url = f"mqtt://127.0.0.1:{broker.port}"

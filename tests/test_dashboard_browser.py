@@ -22,9 +22,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
-from edgefl.transport.broker import MosquittoBroker, free_port, mosquitto_binary
+from edgefl.transport.broker import MosquittoBroker, free_port
 from tests.commands import server_start, tiny_run
 from tests.conftest import scaled, tiny_config
+from tests.needs import need_mosquitto, need_playwright
 from tests.test_fleet_live import launch_browser
 
 pytestmark = pytest.mark.slow
@@ -43,16 +44,8 @@ def scrape(port):
 
 
 def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
-    if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
-            "CI"
-        ) == "true" else pytest.skip("mosquitto is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as e:
-        pytest.fail(
-            f"playwright is not installed (pip install playwright; it is in the [dev] extra): {e}"
-        )
+    need_mosquitto()
+    sync_playwright = need_playwright()
 
     # Prepare: a broker, a server for 3 devices, the dashboard; devices start later, one by one
     broker = MosquittoBroker(port=0).start()

@@ -17,10 +17,10 @@ from edgefl.transport.broker import (
     EmbeddedBroker,
     MosquittoBroker,
     free_port,
-    mosquitto_binary,
     mosquitto_user,
 )
 from tests.conftest import scaled
+from tests.needs import need_mosquitto
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "base" / "synthetic-cnn.onnx"
@@ -66,13 +66,6 @@ def one_line_error(result) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     return lines[0]
-
-
-def need_mosquitto():
-    if mosquitto_binary() is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto is not installed")
-        pytest.skip("mosquitto is not installed")
 
 
 # --- infer ----------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ The browser part FAILS (never skips) when chromium or Playwright is missing: CI 
 """
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -17,9 +16,10 @@ import pytest
 
 from edgefl.models import family_tiers
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
-from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
+from edgefl.transport.broker import MosquittoBroker, add_user
 from tests.commands import server_start, tiny_run
 from tests.conftest import scaled, tiny_config
+from tests.needs import need_mosquitto, need_playwright
 
 pytestmark = pytest.mark.slow
 FLEET = "live"
@@ -55,16 +55,8 @@ def launch_browser(playwright):
 
 
 def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
-    if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
-            "CI"
-        ) == "true" else pytest.skip("mosquitto is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as e:
-        pytest.fail(
-            f"playwright is not installed (pip install playwright; it is in the [dev] extra): {e}"
-        )
+    need_mosquitto()
+    sync_playwright = need_playwright()
 
     # Prepare: the broker with one account per role, a server, three devices, the dashboard
     passwd, acl = tmp_path / "passwd", tmp_path / "acl"

@@ -15,6 +15,7 @@ from edgefl.runtime.claims import SOURCES, bound_uplinks, label_summary, weight_
 from edgefl.wire import Envelope, Payload, decode, encode
 from edgefl.wire.validate import parse_active, parse_profile, parse_status
 from tests.conftest import tiny_config, wait_until
+from tests.needs import need_mosquitto
 
 PROFILE = {
     "name": "d",
@@ -227,18 +228,6 @@ def test_summaries_say_which_figures_are_measured_and_which_are_claimed():
 
 # --- no retained uplinks
 # ---------------------------------------------------------------------------
-
-
-
-def need_mosquitto():
-    import os
-
-    from edgefl.transport.broker import mosquitto_binary
-
-    if mosquitto_binary() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("mosquitto is not installed (CI must install it)")
-        pytest.skip("mosquitto is not installed")
 
 
 def test_deep_messages_over_the_broker_are_refused_counted_and_the_server_keeps_serving(tmp_path):

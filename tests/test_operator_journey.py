@@ -25,6 +25,7 @@ from edgefl.rollout import ModelStore
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for
 from edgefl.transport.broker import free_port, mosquitto_binary, wait_for_port
 from tests.conftest import scaled, tiny_config
+from tests.needs import need_mosquitto
 
 pytestmark = pytest.mark.slow
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -78,10 +79,7 @@ def image_folder(root: Path, per_class: int = 10) -> None:
 
 
 def test_the_documented_journey_from_certificates_to_inference(tmp_path):
-    if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
-            "CI"
-        ) == "true" else pytest.skip("mosquitto is not installed")
+    need_mosquitto()
     if not FMNIST.is_dir():
         pytest.skip(f"Fashion-MNIST is not at {FMNIST}")
     # the operator's directory; as root, one the mosquitto user may enter (pytest's are 0700)

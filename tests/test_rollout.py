@@ -21,8 +21,9 @@ from edgefl.rollout import (
     encode_command,
     rollback_command,
 )
-from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
+from edgefl.transport.broker import MosquittoBroker, add_user
 from tests.conftest import scaled
+from tests.needs import need_mosquitto
 
 FLEET = "lab"
 
@@ -170,10 +171,7 @@ def cli(*args, timeout=120, ok=True):
 
 @pytest.mark.slow
 def test_deploy_to_three_devices_rollback_and_a_corrupt_model_over_mosquitto(tmp_path):
-    if mosquitto_binary() is None:
-        pytest.fail("mosquitto is not installed (CI installs it)") if os.environ.get(
-            "CI"
-        ) == "true" else pytest.skip("mosquitto is not installed")
+    need_mosquitto()
     from edgefl.rollout import publish_commands
     from edgefl.transport.mqtt import BrokerAddress
 

@@ -9,7 +9,6 @@
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -33,22 +32,15 @@ from edgefl.runtime.fleet import (
     start_device,
 )
 from edgefl.runtime.server import ServeOptions, serve
-from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
+from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker
 from edgefl.transport.mqtt import Topics
 from edgefl.wire import Envelope, Payload, encode
 from edgefl.wire.validate import peek
 from tests.commands import tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
+from tests.needs import need_mosquitto  # noqa: F401 - for the modules that import it from here
 
 pytestmark = pytest.mark.slow
-
-
-def need_mosquitto():
-    if mosquitto_binary() is None:
-        msg = "mosquitto is not installed"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg + " (CI must install it)")
-        pytest.skip(msg)
 
 
 @pytest.fixture

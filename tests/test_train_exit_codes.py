@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE
-from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, add_user, mosquitto_binary
+from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, add_user
 from tests.commands import ONE_ROUND_TWO_TIERS, server_start
+from tests.needs import need_mosquitto
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +40,7 @@ def _train(*args, tmp_path, timeout=120):
 
 
 def test_a_refused_password_exits_5_without_retrying(tmp_path):
-    if mosquitto_binary() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("mosquitto is not installed (CI must install it)")
-        pytest.skip("mosquitto is not installed")
+    need_mosquitto()
     passwd, acl = tmp_path / "passwd", tmp_path / "acl"
     add_user(passwd, acl, "dev-a")
     with MosquittoBroker(
