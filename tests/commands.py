@@ -41,3 +41,10 @@ def run_main(args: list[str], monkeypatch, capsys) -> tuple[int | str | None, st
         main()
     out = capsys.readouterr()
     return exc.value.code, out.out, out.err
+
+
+def device_agent(broker_url: str, fleet: str, device_id: str, models_dir: Path) -> list[str]:
+    """``edgefl device agent``: device ``device_id`` of ``fleet`` keeping its models in
+    ``models_dir``."""
+    return [*EDGEFL, "device", "agent", "--broker", broker_url, "--fleet", fleet,
+            "--device-id", device_id, "--models-dir", str(models_dir)]

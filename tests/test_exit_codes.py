@@ -19,6 +19,7 @@ from edgefl.transport.broker import (
     free_port,
     mosquitto_user,
 )
+from tests.commands import device_agent
 from tests.conftest import scaled
 from tests.needs import need_mosquitto
 
@@ -377,21 +378,7 @@ def _agent(url: str, models: Path, device: str = "pi-07"):
     import threading
 
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgefl.cli.main",
-            "device",
-            "agent",
-            "--broker",
-            url,
-            "--fleet",
-            "lab",
-            "--device-id",
-            device,
-            "--models-dir",
-            str(models),
-        ],
+        device_agent(url, "lab", device, models),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -420,76 +407,31 @@ def _until(lines, text: str, timeout: float = 60.0) -> str:
 
 def test_the_agent_says_every_install_and_rollback_and_deploy_says_a_device_is_offline(tmp_path):
     with EmbeddedBroker(port=0) as broker:
+
+        def deploy(*flags, device="pi-07", wait=30):
+            """``edgefl deploy`` to ``device`` of fleet lab, waiting ``wait`` s for its answer."""
+            lab = ("--broker", broker.url, "--fleet", "lab", "--wait", str(wait))
+            return edgefl("deploy", "--device", device, *flags, *lab)
+
         agent, lines = _agent(broker.url, tmp_path / "models")
         try:
             for version in ("v1", "v2"):
-                done = edgefl(
-                    "deploy",
-                    "--model",
-                    MODEL,
-                    "--device",
-                    "pi-07",
-                    "--version",
-                    version,
-                    "--broker",
-                    broker.url,
-                    "--fleet",
-                    "lab",
-                    "--wait",
-                    "30",
-                )
+                done = deploy("--model", MODEL, "--version", version)
                 assert done.returncode == 0, done.stderr
                 assert f"installed {version} (fp32" in _until(lines, f"installed {version}")
-            back = edgefl(
-                "deploy",
-                "--rollback",
-                "--device",
-                "pi-07",
-                "--broker",
-                broker.url,
-                "--fleet",
-                "lab",
-                "--wait",
-                "30",
-            )
+            back = deploy("--rollback")
             assert back.returncode == 0, back.stderr
             assert "rolled back from v2 to v1" in _until(lines, "rolled back")
         finally:
             agent.send_signal(signal.SIGTERM)
             agent.wait(30)
-        offline = edgefl(
-            "deploy",
-            "--model",
-            MODEL,
-            "--device",
-            "pi-07",
-            "--version",
-            "v3",
-            "--broker",
-            broker.url,
-            "--fleet",
-            "lab",
-            "--wait",
-            "3",
-        )
+        offline = deploy("--model", MODEL, "--version", "v3", wait=3)
         assert offline.returncode == ExitCode.ERROR
         assert (
             "pi-07: the device is offline" in offline.stderr
             and "version None" not in offline.stderr
         )
-        never = edgefl(
-            "deploy",
-            "--model",
-            MODEL,
-            "--device",
-            "pi-99",
-            "--broker",
-            broker.url,
-            "--fleet",
-            "lab",
-            "--wait",
-            "2",
-        )
+        never = deploy("--model", MODEL, device="pi-99", wait=2)
         assert (
             never.returncode == ExitCode.ERROR and "never connected a model agent" in never.stderr
         )

@@ -15,7 +15,7 @@ import pytest
 
 from edgefl.rollout import ModelStore
 from edgefl.transport.broker import MosquittoBroker
-from tests.commands import server_start, tiny_run
+from tests.commands import device_agent, server_start, tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
 from tests.test_server_device import finish, need_mosquitto, profile_file, spawn  # noqa: F401
 
@@ -148,21 +148,7 @@ def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
         stores = {d: tmp_path / "dev" / d for d in ("d00", "d01", "d02")}
         agents = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "edgefl.cli.main",
-                    "device",
-                    "agent",
-                    "--broker",
-                    broker.url,
-                    "--fleet",
-                    fleet,
-                    "--device-id",
-                    d,
-                    "--models-dir",
-                    str(stores[d]),
-                ],
+                device_agent(broker.url, fleet, d, stores[d]),
                 stderr=open(tmp_path / f"agent-{d}.log", "wb"),  # noqa: SIM115
             )
             for d in stores

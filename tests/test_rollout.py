@@ -22,6 +22,7 @@ from edgefl.rollout import (
     rollback_command,
 )
 from edgefl.transport.broker import MosquittoBroker, add_user
+from tests.commands import device_agent
 from tests.conftest import scaled
 from tests.needs import need_mosquitto
 
@@ -206,21 +207,7 @@ def test_deploy_to_three_devices_rollback_and_a_corrupt_model_over_mosquitto(tmp
     stores = {d: tmp_path / "dev" / d for d in devices}
     agents = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "edgefl.cli.main",
-                "device",
-                "agent",
-                "--broker",
-                url(d),
-                "--fleet",
-                FLEET,
-                "--device-id",
-                d,
-                "--models-dir",
-                str(stores[d]),
-            ],
+            device_agent(url(d), FLEET, d, stores[d]),
             stderr=open(tmp_path / f"{d}.log", "wb"),  # noqa: SIM115
         )
         for d in devices
