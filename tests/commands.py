@@ -48,3 +48,16 @@ def device_agent(broker_url: str, fleet: str, device_id: str, models_dir: Path) 
     ``models_dir``."""
     return [*EDGEFL, "device", "agent", "--broker", broker_url, "--fleet", fleet,
             "--device-id", device_id, "--models-dir", str(models_dir)]
+
+
+def flags(**settings) -> list[str]:
+    """``--name value`` for each setting, in order (underscores as dashes; True: the bare flag,
+    None or False: left out)."""
+    out: list[str] = []
+    for name, value in settings.items():
+        if value is None or value is False:
+            continue
+        out.append("--" + name.replace("_", "-"))
+        if value is not True:
+            out.append(str(value))
+    return out

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edgefl.cli.main import app, main
-from tests.commands import run_main
+from tests.commands import flags, run_main
 
 runner = CliRunner()
 
@@ -55,29 +55,9 @@ def test_debug_shows_the_traceback(monkeypatch, capsys):
 
 
 def test_simulate_json_has_the_documented_keys(tmp_path, monkeypatch, capsys):
-    args = [
-        "simulate",
-        "--dataset",
-        "synthetic",
-        "--clients",
-        "2",
-        "--rounds",
-        "2",
-        "--train-samples",
-        "400",
-        "--test-samples",
-        "200",
-        "--steps",
-        "2",
-        "--width",
-        "0.25",
-        "--out",
-        str(tmp_path),
-        "--run-name",
-        "r",
-        "--json",
-        "--quiet",
-    ]
+    args = ["simulate", *flags(dataset="synthetic", clients=2, rounds=2, train_samples=400,
+                               test_samples=200, steps=2, width=0.25, out=tmp_path, run_name="r",
+                               json=True, quiet=True)]
     code, out, _ = _run(args, monkeypatch, capsys)
     assert code == 0
     summary = json.loads(out)
@@ -97,21 +77,8 @@ def test_toml_config_is_read_and_flags_override_it(tmp_path, monkeypatch, capsys
         "300\n"
         'test_samples = 100\n[options]\nmu = "0.1"\n'
     )
-    args = [
-        "simulate",
-        "--config",
-        str(cfg),
-        "--algorithm",
-        "fedprox",
-        "--rounds",
-        "1",
-        "--out",
-        str(tmp_path),
-        "--run-name",
-        "t",
-        "--json",
-        "--quiet",
-    ]
+    args = ["simulate", *flags(config=cfg, algorithm="fedprox", rounds=1, out=tmp_path,
+                               run_name="t", json=True, quiet=True)]
     code, out, _ = _run(args, monkeypatch, capsys)
     assert code == 0
     summary = json.loads(out)
@@ -126,31 +93,9 @@ def test_toml_config_is_read_and_flags_override_it(tmp_path, monkeypatch, capsys
 
 
 def test_lr_decay_rounds_flag_reaches_the_run_config(tmp_path, monkeypatch, capsys):
-    args = [
-        "simulate",
-        "--dataset",
-        "synthetic",
-        "--clients",
-        "2",
-        "--rounds",
-        "1",
-        "--train-samples",
-        "300",
-        "--test-samples",
-        "100",
-        "--steps",
-        "1",
-        "--width",
-        "0.25",
-        "--lr-decay-rounds",
-        "4,7",
-        "--out",
-        str(tmp_path),
-        "--run-name",
-        "d",
-        "--json",
-        "--quiet",
-    ]
+    args = ["simulate", *flags(dataset="synthetic", clients=2, rounds=1, train_samples=300,
+                               test_samples=100, steps=1, width=0.25, lr_decay_rounds="4,7",
+                               out=tmp_path, run_name="d", json=True, quiet=True)]
     code, _, _ = _run(args, monkeypatch, capsys)
     assert code == 0
     assert json.loads((tmp_path / "d" / "config.json").read_text())["lr_decay_rounds"] == [4, 7]

@@ -15,30 +15,12 @@ import pytest
 from rich.console import Console
 
 from edgefl.report.console import Feedback, make_console
+from tests.commands import flags
 from tests.needs import need_mosquitto
 
 #: A short real run: every line it prints is longer than 80 columns once the run name is long.
-RUN = [
-    "simulate",
-    "--dataset",
-    "synthetic",
-    "--clients",
-    "3",
-    "--rounds",
-    "2",
-    "--train-samples",
-    "600",
-    "--test-samples",
-    "200",
-    "--eval-samples",
-    "100",
-    "--steps",
-    "3",
-    "--batch-size",
-    "16",
-    "--width",
-    "0.25",
-]
+RUN = ["simulate", *flags(dataset="synthetic", clients=3, rounds=2, train_samples=600,
+                          test_samples=200, eval_samples=100, steps=3, batch_size=16, width=0.25)]
 
 
 def edgefl(*args):

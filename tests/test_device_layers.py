@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.commands import flags
+
 ROOT = Path(__file__).resolve().parents[1]
 
 NO_PRIVACY_LAYER = (
@@ -30,25 +32,9 @@ def test_a_device_without_the_privacy_layer_returns_its_final_model(tmp_path):
             "-m",
             "edgefl.cli.main",
             "simulate",
-            "--transport",
-            "mqtt",
-            "--algorithm",
-            "fedavg",
-            "--dataset",
-            "synthetic",
-            "--clients",
-            "2",
-            "--rounds",
-            "1",
-            "--train-samples",
-            "200",
-            "--test-samples",
-            "100",
-            "--out",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "r",
-            "--quiet",
+            *flags(transport="mqtt", algorithm="fedavg", dataset="synthetic", clients=2, rounds=1,
+                   train_samples=200, test_samples=100, out=tmp_path / "runs", run_name="r",
+                   quiet=True),
         ],
         capture_output=True,
         text=True,

@@ -27,6 +27,7 @@ from edgefl.privacy.mechanisms import (
 from edgefl.privacy.seam import PrivacyBudgetSpent, PrivateServer
 from edgefl.runtime.setup import resolve_method
 from edgefl.wire import Payload
+from tests.commands import flags
 from tests.conftest import tiny_config
 
 #: Relative tolerance of an empirical standard deviation over n ≥ 200 000 draws: its relative
@@ -550,36 +551,9 @@ def test_simulate_prints_epsilon_per_device_per_round_and_stops_at_the_target(tm
 
     args = [
         "simulate",
-        "--algorithm",
-        "felo",
-        "--dp",
-        "local",
-        "--target-epsilon",
-        "8",
-        "--delta",
-        "1e-5",
-        "--clip",
-        "5",
-        "--dataset",
-        "synthetic",
-        "--clients",
-        "3",
-        "--rounds",
-        "2",
-        "--steps",
-        "2",
-        "--train-samples",
-        "600",
-        "--test-samples",
-        "100",
-        "--eval-samples",
-        "100",
-        "--width",
-        "0.25",
-        "--out",
-        str(tmp_path),
-        "--run-name",
-        "r",
+        *flags(algorithm="felo", dp="local", target_epsilon=8, delta="1e-5", clip=5,
+               dataset="synthetic", clients=3, rounds=2, steps=2, train_samples=600,
+               test_samples=100, eval_samples=100, width=0.25, out=tmp_path, run_name="r"),
     ]
     # Execute
     result = CliRunner().invoke(app, args)

@@ -14,6 +14,7 @@ from edgefl.runtime.ending import ModelArrays, save_final_models
 from edgefl.runtime.loop import LoopSettings, RoundLoop
 from edgefl.runtime.simulation import simulate
 from edgefl.wire import Payload
+from tests.commands import flags
 from tests.conftest import tiny_config
 from tests.test_loop import _fleet
 
@@ -216,28 +217,8 @@ def test_ctrl_c_on_the_simulate_command_writes_the_record_and_exits_130(tmp_path
         "-m",
         "edgefl.cli.main",
         "simulate",
-        "--dataset",
-        "synthetic",
-        "--clients",
-        "3",
-        "--rounds",
-        "200",
-        "--train-samples",
-        "600",
-        "--test-samples",
-        "200",
-        "--eval-samples",
-        "100",
-        "--steps",
-        "3",
-        "--batch-size",
-        "16",
-        "--width",
-        "0.25",
-        "--out",
-        str(tmp_path),
-        "--run-name",
-        "r",
+        *flags(dataset="synthetic", clients=3, rounds=200, train_samples=600, test_samples=200,
+               eval_samples=100, steps=3, batch_size=16, width=0.25, out=tmp_path, run_name="r"),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rounds = tmp_path / "r" / "rounds.jsonl"

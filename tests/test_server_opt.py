@@ -14,6 +14,7 @@ import pytest
 
 from edgefl.algorithms.server_opt import ServerOptimizer, ServerOptSettings
 from edgefl.errors import ConfigError
+from tests.commands import flags
 from tests.conftest import tiny_config
 
 CURRENT = {"w": np.array([1.0, -2.0], np.float32)}
@@ -210,36 +211,10 @@ def test_cli_flags_reach_the_run(tmp_path):
         app,
         [
             "simulate",
-            "--dataset",
-            "synthetic",
-            "--clients",
-            "2",
-            "--rounds",
-            "1",
-            "--steps",
-            "1",
-            "--width",
-            "0.25",
-            "--train-samples",
-            "200",
-            "--test-samples",
-            "50",
-            "--eval-samples",
-            "50",
-            "--server-opt",
-            "fedyogi",
-            "--server-opt-lr",
-            "0.05",
-            "--server-opt-betas",
-            "0.8,0.95",
-            "--server-opt-eps",
-            "1e-4",
-            "--out",
-            str(tmp_path),
-            "--run-name",
-            "cli",
-            "--quiet",
-            "--json",
+            *flags(dataset="synthetic", clients=2, rounds=1, steps=1, width=0.25,
+                   train_samples=200, test_samples=50, eval_samples=50, server_opt="fedyogi",
+                   server_opt_lr=0.05, server_opt_betas="0.8,0.95", server_opt_eps="1e-4",
+                   out=tmp_path, run_name="cli", quiet=True, json=True),
         ],
     )
     assert result.exit_code == 0, result.output
