@@ -17,6 +17,18 @@ from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import tiny_config
 
 
+def sequential_and(cfg, name: str, **how) -> tuple[dict, dict, list[dict]]:
+    """``cfg`` simulated in memory twice: one device after another (run ``seq``), then as ``how``
+    says (run ``name``); the two summaries and the two final server states."""
+    states: list[dict] = []
+    runs = [
+        simulation.simulate(cfg.model_copy(update={"run_name": run_name}), plots=False,
+                            on_done=lambda s: states.append(s.state_dict()), **kw)
+        for run_name, kw in (("seq", {}), (name, how))
+    ]
+    return runs[0], runs[1], states
+
+
 def _rounds(summary) -> list[dict]:
     return [
         json.loads(line)
@@ -30,15 +42,7 @@ def _rounds(summary) -> list[dict]:
 def test_two_workers_give_the_sequential_run(tmp_path, algorithm, extra):
     # one torch thread per device in both: the same floating-point reductions
     cfg = tiny_config(tmp_path, algorithm=algorithm, threads=1, **extra)
-    states = []
-    sequential = simulation.simulate(cfg.model_copy(update={"run_name": "seq"}), plots=False,
-                                     on_done=lambda s: states.append(s.state_dict()))
-    parallel = simulation.simulate(
-        cfg.model_copy(update={"run_name": "par"}),
-        plots=False,
-        workers=2,
-        on_done=lambda s: states.append(s.state_dict()),
-    )
+    sequential, parallel, states = sequential_and(cfg, "par", workers=2)
 
     assert parallel["client_accuracy"] == sequential["client_accuracy"]
     assert set(states[0]) == set(states[1])

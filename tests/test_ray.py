@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgefl.runtime import simulation
 from tests.conftest import tiny_config
+from tests.test_parallel import sequential_and
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="the dev install brings Ray (pip install -e '.[all,dev]')")
@@ -35,16 +35,7 @@ def _same_run(a: dict, b: dict, states: list[dict]) -> None:
 
 def test_ray_actors_give_the_sequential_run(tmp_path):
     cfg = tiny_config(tmp_path, algorithm="fedproto", threads=1, clients=4)
-    states = []
-    sequential = simulation.simulate(cfg.model_copy(update={"run_name": "seq"}), plots=False,
-                                     on_done=lambda s: states.append(s.state_dict()))
-    on_ray = simulation.simulate(
-        cfg.model_copy(update={"run_name": "ray"}),
-        plots=False,
-        backend="ray",
-        workers=2,
-        on_done=lambda s: states.append(s.state_dict()),
-    )
+    sequential, on_ray, states = sequential_and(cfg, "ray", backend="ray", workers=2)
     _same_run(sequential, on_ray, states)
     assert not ray.is_initialized()  # the Ray it started for the run is stopped
 
@@ -70,17 +61,9 @@ def test_a_run_joins_a_ray_cluster_of_two_nodes(tmp_path):
             timeout=180,
         )
         cfg = tiny_config(tmp_path, algorithm="fedavg", threads=1, clients=4)
-        states = []
-        sequential = simulation.simulate(cfg.model_copy(update={"run_name": "seq"}), plots=False,
-                                         on_done=lambda s: states.append(s.state_dict()))
         # Execute: two actors of one CPU each: Ray can only place them one per node
-        on_cluster = simulation.simulate(
-            cfg.model_copy(update={"run_name": "cluster"}),
-            plots=False,
-            backend="ray",
-            workers=2,
-            ray_address=address,
-            on_done=lambda s: states.append(s.state_dict()),
+        sequential, on_cluster, states = sequential_and(
+            cfg, "cluster", backend="ray", workers=2, ray_address=address
         )
         ray.init(address=address, log_to_driver=False, configure_logging=False)
         nodes = [n for n in ray.nodes() if n["Alive"]]
