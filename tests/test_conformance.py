@@ -68,9 +68,9 @@ SMALL_WORK = {
 }
 
 
-def conformance_config(tmp_path: Path, name: str, **overrides):
+def conformance_config(tmp_path: Path, name: str, options: dict | None = None, **overrides):
     """3 devices, 2 rounds of 2 steps of 8 samples, every device every round, one torch thread
-    (as a device process)."""
+    (as a device process); the method's small-work options and ``options``."""
     settings = {
         "clients": 3,
         "rounds": 2,
@@ -81,7 +81,10 @@ def conformance_config(tmp_path: Path, name: str, **overrides):
         "threads": 1,
     }
     return tiny_config(
-        tmp_path, algorithm=name, options=SMALL_WORK.get(name, {}), **{**settings, **overrides}
+        tmp_path,
+        algorithm=name,
+        options={**SMALL_WORK.get(name, {}), **(options or {})},
+        **{**settings, **overrides},
     )
 
 
@@ -557,23 +560,9 @@ def test_every_tier_exports_to_onnx(tmp_path, spec):
 
 
 def private_config(tmp_path: Path, name: str, clip: float = 1.0):
-    options = {
-        **SMALL_WORK.get(name, {}),
-        "dp": "local",
-        "dp_target_epsilon": "8",
-        "dp_delta": "1e-5",
-        "dp_clip": str(clip),
-    }
-    settings = {
-        "clients": 3,
-        "rounds": 2,
-        "steps": 2,
-        "batch_size": 8,
-        "test_samples": 100,
-        "fraction": 1.0,
-        "threads": 1,
-    }
-    return tiny_config(tmp_path, algorithm=name, options=options, **settings)
+    """The conformance run with local differential privacy (ε = 8, δ = 1e-5, clip ``clip``)."""
+    dp = {"dp": "local", "dp_target_epsilon": "8", "dp_delta": "1e-5", "dp_clip": str(clip)}
+    return conformance_config(tmp_path, name, options=dp)
 
 
 def release_of(name: str):
