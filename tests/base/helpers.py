@@ -42,6 +42,13 @@ def edgefl_command(*args: str, block_extras: bool = True, block_images: bool = F
     return [sys.executable, "-c", code, *args]
 
 
+def train_args(broker: str, wait: float) -> tuple[str, ...]:
+    """``edgefl train``'s arguments for device pi-1 on synthetic data, giving up on the broker at
+    ``broker`` after ``wait`` seconds."""
+    return ("train", "--broker", broker, "--device-id", "pi-1", "--data", "synthetic",
+            "--wait", str(wait))
+
+
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 

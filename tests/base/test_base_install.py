@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 
-from tests.base.helpers import MODEL, ROOT, env, run_edgefl
+from tests.base.helpers import MODEL, ROOT, env, run_edgefl, train_args
 
 HEAVY = ("torch", "torchvision", "onnx", "amqtt", "matplotlib", "cryptography", "aiohttp", "PIL")
 
@@ -59,17 +59,7 @@ def test_train_without_torch_names_the_extra_to_install_and_exits_7():
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        result = run_edgefl(
-            "train",
-            "--broker",
-            f"mqtt://127.0.0.1:{port}",
-            "--device-id",
-            "pi-1",
-            "--data",
-            "synthetic",
-            "--wait",
-            "5",
-        )
+        result = run_edgefl(*train_args(f"mqtt://127.0.0.1:{port}", 5))
     assert result.returncode == 7, result.stderr
     assert (
         "[train] install layer: pip install './edgefl_toolkit-" in result.stderr

@@ -5,7 +5,7 @@ settings from options > environment > TOML file."""
 import subprocess
 import time
 
-from tests.base.helpers import ROOT, edgefl_command, env, run_edgefl
+from tests.base.helpers import ROOT, edgefl_command, env, run_edgefl, train_args
 from tests.conftest import scaled
 
 
@@ -30,17 +30,7 @@ def _cli_start_seconds() -> float:
 
 def test_no_broker_says_so_within_a_second_retries_and_exits_4_after_wait():
     port = _free_port()
-    cmd = edgefl_command(
-        "train",
-        "--broker",
-        f"mqtt://127.0.0.1:{port}",
-        "--device-id",
-        "pi-1",
-        "--data",
-        "synthetic",
-        "--wait",
-        "3",
-    )
+    cmd = edgefl_command(*train_args(f"mqtt://127.0.0.1:{port}", 3))
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT
@@ -74,9 +64,7 @@ def test_no_broker_says_so_within_a_second_retries_and_exits_4_after_wait():
 
 
 def test_a_bad_broker_url_is_a_configuration_error():
-    result = run_edgefl(
-        "train", "--broker", "http://x", "--device-id", "pi-1", "--data", "synthetic", "--wait", "1"
-    )
+    result = run_edgefl(*train_args("http://x", 1))
     assert result.returncode == 3 and "scheme must be mqtt" in result.stderr
 
 
