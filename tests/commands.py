@@ -61,3 +61,13 @@ def flags(**settings) -> list[str]:
         if value is not True:
             out.append(str(value))
     return out
+
+
+def dashboard(*source: str):
+    """``edgefl dashboard`` of ``source`` (``--run DIR``, or ``--broker URL --fleet NAME``) on a
+    free port behind the web password ``s3cret``, its stderr a text pipe whose first line names
+    the page."""
+    import subprocess
+
+    command = [*EDGEFL, "dashboard", *source, "--port", "0", "--web-password", "s3cret"]
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)

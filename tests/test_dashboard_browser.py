@@ -14,7 +14,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.broker import MosquittoBroker, free_port
-from tests.commands import server_start, tiny_run
+from tests.commands import dashboard, server_start, tiny_run
 from tests.conftest import scaled, tiny_config
 from tests.needs import need_mosquitto, need_playwright
 from tests.test_fleet_live import launch_browser
@@ -68,24 +67,7 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "server.log", "wb"),  # noqa: SIM115
     )
-    dash = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgefl.cli.main",
-            "dashboard",
-            "--broker",
-            url,
-            "--fleet",
-            FLEET,
-            "--port",
-            "0",
-            "--web-password",
-            "s3cret",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    dash = dashboard("--broker", url, "--fleet", FLEET)
     devices = {}
 
     def start(device_id, i):

@@ -17,7 +17,7 @@ import pytest
 from edgefl.models import family_tiers
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.broker import MosquittoBroker, add_user
-from tests.commands import server_start, tiny_run
+from tests.commands import dashboard, server_start, tiny_run
 from tests.conftest import scaled, tiny_config
 from tests.needs import need_mosquitto, need_playwright
 
@@ -111,24 +111,7 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "server.log", "wb"),  # noqa: SIM115
     )
-    dash = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgefl.cli.main",
-            "dashboard",
-            "--broker",
-            url("ops"),
-            "--fleet",
-            FLEET,
-            "--port",
-            "0",
-            "--web-password",
-            "s3cret",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    dash = dashboard("--broker", url("ops"), "--fleet", FLEET)
     seen_states = []
     try:
         line = dash.stderr.readline()

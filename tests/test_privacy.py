@@ -27,7 +27,7 @@ from edgefl.privacy.mechanisms import (
 from edgefl.privacy.seam import PrivacyBudgetSpent, PrivateServer
 from edgefl.runtime.setup import resolve_method
 from edgefl.wire import Payload
-from tests.commands import flags
+from tests.commands import dashboard, flags
 from tests.conftest import tiny_config
 
 #: Relative tolerance of an empirical standard deviation over n ≥ 200 000 draws: its relative
@@ -475,8 +475,6 @@ def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
     # Prepare: a run directory whose status holds one private round; the dashboard following it
     import json
     import re
-    import subprocess
-    import sys
 
     from edgefl.runtime.status import FleetStatus
     from tests.test_fleet_live import launch_browser
@@ -501,22 +499,7 @@ def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
         }
     )
     (tmp_path / "status.json").write_text(json.dumps(s.snapshot()))
-    dash = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edgefl.cli.main",
-            "dashboard",
-            "--run",
-            str(tmp_path),
-            "--port",
-            "0",
-            "--web-password",
-            "s3cret",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    dash = dashboard("--run", str(tmp_path))
     try:
         match = re.search(r"http://127\.0\.0\.1:\d+/", dash.stderr.readline())
         assert match, "the dashboard did not start"
