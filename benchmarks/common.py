@@ -186,7 +186,8 @@ def fleet_text(base: dict, quick: bool, *, groups: tuple[str, int] | None = None
         devices += f" ({['one', 'two', 'three'][clients // groups[1] - 1]} per {groups[0]})"
     images = "" if quick else f" ({images or f'about {train // clients} per device'})"
     rounds = f"{rounds_name} = {base['rounds']}" if rounds_name else base["rounds"]
-    return f"{devices}, {train:,} training images{images}, {rounds} rounds" + (quick_note if quick else note)
+    sentence = f"{devices}, {train:,} training images{images}, {rounds} rounds"
+    return sentence + (quick_note if quick else note)
 
 
 def decay_rounds(rounds: int) -> tuple[int, ...]:

@@ -86,7 +86,8 @@ def plot_results(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
     return [
         setting_panels(settings, accuracy, "accuracy per round (mean ± sd over seeds)",
                        out_dir / "accuracy.png"),
-        setting_panels(settings, accuracy_bytes, "accuracy vs traffic", out_dir / "accuracy_bytes.png"),
+        setting_panels(settings, accuracy_bytes, "accuracy vs traffic",
+                       out_dir / "accuracy_bytes.png"),
     ]
 
 

@@ -195,7 +195,8 @@ def reviewer_section(bench: Benchmark) -> list[str]:
             "cells are not touched; progress per round; temporary files under the folder; the verdict of every claim "
             "between the chosen methods in that setting at the end, also in `check.json`):", "",
             f"    python -m benchmarks.{bench.name} --cells {','.join(methods[:2])} --setting {setting} --seeds 101,102,103 --out DIR",
-            "", f"(from outside the repository: `PYTHONPATH=/path/to/repo python -m benchmarks.{bench.name} …`; "
+            "", "(from outside the repository: "
+            f"`PYTHONPATH=/path/to/repo python -m benchmarks.{bench.name} …`; "
             "add `--quick` for the small profile, `--draft` to run from uncommitted code)."
             + (" One such check, run and committed: [check-quick/](check-quick/README.md)."
                if (BENCHMARKS / bench.name / "check-quick" / "README.md").exists() else ""), ""]

@@ -71,3 +71,15 @@ def dashboard(*source: str):
 
     command = [*EDGEFL, "dashboard", *source, "--port", "0", "--web-password", "s3cret"]
     return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+
+def run_ok(*args: str, timeout: float = 300):
+    """``edgefl args`` in a subprocess, which must succeed (its stderr says why not); the
+    timeout is scaled by the machine's measured speed."""
+    import subprocess
+
+    from tests.conftest import scaled
+
+    done = subprocess.run([*EDGEFL, *args], capture_output=True, text=True, timeout=scaled(timeout))
+    assert done.returncode == 0, done.stderr
+    return done

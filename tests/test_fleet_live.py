@@ -9,7 +9,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from edgefl.models import family_tiers
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.broker import MosquittoBroker, add_user
-from tests.commands import dashboard, server_start, tiny_run
+from tests.commands import dashboard, run_ok, server_start, tiny_run
 from tests.conftest import scaled, tiny_config
 from tests.needs import need_mosquitto, need_playwright
 
@@ -29,14 +28,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 
 def cli(*args, timeout=60):
-    done = subprocess.run(
-        [sys.executable, "-m", "edgefl.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=scaled(timeout),
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return run_ok(*args, timeout=timeout).stdout
 
 
 def launch_browser(playwright):

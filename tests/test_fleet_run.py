@@ -15,7 +15,7 @@ import pytest
 
 from edgefl.rollout import ModelStore
 from edgefl.transport.broker import MosquittoBroker
-from tests.commands import device_agent, server_start, tiny_run
+from tests.commands import device_agent, run_ok, server_start, tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
 from tests.test_server_device import finish, need_mosquitto, profile_file, spawn  # noqa: F401
 
@@ -32,15 +32,7 @@ def server_command(broker, fleet, out, *extra, rounds=ROUNDS, devices=3, deadlin
     return server_start(broker.url, fleet, *flags, *tiny_run(out, "r"), *extra)
 
 
-def cli(*args, timeout=300):
-    done = subprocess.run(
-        [sys.executable, "-m", "edgefl.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=scaled(timeout),
-    )
-    assert done.returncode == 0, done.stderr
-    return done
+cli = run_ok
 
 
 def records(run):  # the lines written so far (a line being written is not one yet)

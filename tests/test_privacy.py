@@ -355,9 +355,8 @@ def central_server(devices, rounds, **privacy) -> PrivateServer:
     ``devices`` (ids) over ``rounds`` rounds."""
     from edgefl.algorithms import ServerContext, TrainSettings
 
-    ctx = ServerContext(
-        num_classes=10, fleet=dict.fromkeys(devices), settings=TrainSettings(), rounds=rounds, seed=0
-    )
+    fleet, settings = dict.fromkeys(devices), TrainSettings()
+    ctx = ServerContext(num_classes=10, fleet=fleet, settings=settings, rounds=rounds, seed=0)
     settings = PrivacySettings(mode="central", **privacy)
     return PrivateServer(AveragingServer(ctx), settings, Release(whole=("w/",)), rounds=rounds)
 

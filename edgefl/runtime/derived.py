@@ -47,7 +47,8 @@ def from_config(cls: type[T], cfg: RunConfig, **others: Any) -> T:
     names = {f.name for f in dataclasses.fields(cls)} - others.keys()
     values = {name: value for name, value in cfg if name in names}
     if missing := names - values.keys():
-        raise TypeError(f"{cls.__name__}: the run configuration has no {', '.join(sorted(missing))}")
+        names = ", ".join(sorted(missing))
+        raise TypeError(f"{cls.__name__}: the run configuration has no {names}")
     return cls(**values, **others)
 
 
