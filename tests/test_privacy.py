@@ -355,10 +355,10 @@ def central_server(devices, rounds, **privacy) -> PrivateServer:
     ``devices`` (ids) over ``rounds`` rounds."""
     from edgefl.algorithms import ServerContext, TrainSettings
 
-    fleet, settings = dict.fromkeys(devices), TrainSettings()
-    ctx = ServerContext(num_classes=10, fleet=fleet, settings=settings, rounds=rounds, seed=0)
-    settings = PrivacySettings(mode="central", **privacy)
-    return PrivateServer(AveragingServer(ctx), settings, Release(whole=("w/",)), rounds=rounds)
+    fleet, train = dict.fromkeys(devices), TrainSettings()
+    ctx = ServerContext(num_classes=10, fleet=fleet, settings=train, rounds=rounds, seed=0)
+    dp = PrivacySettings(mode="central", **privacy)
+    return PrivateServer(AveragingServer(ctx), dp, Release(whole=("w/",)), rounds=rounds)
 
 
 def test_central_dp_clips_each_update_and_noises_the_mean_at_the_calibrated_std():
