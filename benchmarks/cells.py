@@ -17,7 +17,6 @@ import importlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -161,7 +160,8 @@ def _worker_init() -> None:
     import torch
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(ROOT))
+    # (the repository is on this worker's path already: spawn gives it the parent's sys.path,
+    # through which it imported this module to run this initializer)
     # a configuration's relative paths (FedVTC's oracle) name files of the repository
     os.chdir(ROOT)
     parent = os.getppid()
