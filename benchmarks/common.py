@@ -43,10 +43,14 @@ def device_class_counts(config: dict) -> dict[str, tuple[str, list[int]]]:
     from edgefl.config import RunConfig
     from edgefl.runtime.setup import assemble
 
-    built = assemble(RunConfig.model_validate({k: v for k, v in config.items() if k in RunConfig.model_fields}))
+    built = assemble(
+        RunConfig.model_validate({k: v for k, v in config.items() if k in RunConfig.model_fields})
+    )
     # a device's shard (the partition indexes the pool left after the server's public carve-out)
-    return {device: (built.specs[device].tier, np.asarray(built.data.shard(i).class_counts()).tolist())
-            for i, device in enumerate(built.ids)}
+    return {
+        device: (built.specs[device].tier, np.asarray(built.data.shard(i).class_counts()).tolist())
+        for i, device in enumerate(built.ids)
+    }
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -98,12 +102,23 @@ class MemoryWatch:
 
 # --- device processes of the MQTT benchmarks ------------------------------------------------------
 
-BENCH_PROFILE = {"name": "bench", "arch": "x86_64", "cpu_model": "bench", "cores": 1, "ram_total_mb": 4096, "ram_available_mb": 2048, "source": "benchmark"}
+BENCH_PROFILE = {
+    "name": "bench",
+    "arch": "x86_64",
+    "cpu_model": "bench",
+    "cores": 1,
+    "ram_total_mb": 4096,
+    "ram_available_mb": 2048,
+    "source": "benchmark",
+}
 
 
-def device_specs(url: str, fleet: str, n: int, *, test_samples: int = 50, eval_samples: int = 50, **more) -> list[dict]:
-    """``DeviceOptions`` fields of ``n`` synthetic-data devices (tier 1, one torch thread); ``more``:
-    further DataSpec fields (``train_samples``) or DeviceOptions fields (``register_every``)."""
+def device_specs(
+    url: str, fleet: str, n: int, *, test_samples: int = 50, eval_samples: int = 50, **more
+) -> list[dict]:
+    """``DeviceOptions`` fields of ``n`` synthetic-data devices (tier 1, one torch thread);
+    ``more``: further DataSpec fields (``train_samples``) or DeviceOptions fields
+    (``register_every``)."""
     from dataclasses import fields
 
     from edgefl.runtime.dataspec import DataSpec
@@ -121,7 +136,14 @@ def device_specs(url: str, fleet: str, n: int, *, test_samples: int = 50, eval_s
             "broker": url,
             "fleet": fleet,
             "device_id": d,
-            "data": DataSpec("synthetic", shard=(i, n), test_samples=test_samples, eval_samples=eval_samples, min_size=5, **data).to_string(),
+            "data": DataSpec(
+                "synthetic",
+                shard=(i, n),
+                test_samples=test_samples,
+                eval_samples=eval_samples,
+                min_size=5,
+                **data,
+            ).to_string(),
             "tier": "1",
             "profile": BENCH_PROFILE,
             "threads": 1,
@@ -134,7 +156,9 @@ def device_specs(url: str, fleet: str, n: int, *, test_samples: int = 50, eval_s
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def spawn_devices(module: str, specs: list[dict], processes: int, work: Path, env: dict | None = None) -> list[subprocess.Popen]:
+def spawn_devices(
+    module: str, specs: list[dict], processes: int, work: Path, env: dict | None = None
+) -> list[subprocess.Popen]:
     """``processes`` processes of ``python -m module SPEC.json`` (run from the repository root),
     the devices dealt out in turn; logs in ``work``."""
     procs = []
@@ -142,8 +166,15 @@ def spawn_devices(module: str, specs: list[dict], processes: int, work: Path, en
         spec_file = work / f"devices-{k}.json"
         spec_file.write_text(json.dumps(specs[k::processes]))
         with open(work / f"devices-{k}.log", "ab") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", module, str(spec_file)], stdout=out,
-                                          stderr=subprocess.STDOUT, env=env, cwd=ROOT))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module, str(spec_file)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=ROOT,
+                )
+            )
     return procs
 
 

@@ -22,19 +22,28 @@ from benchmarks.claims import COUNTED, KINDS, SLOPE_LIMIT, mean_sd, metric_scale
 if TYPE_CHECKING:
     from benchmarks.runner import Benchmark
 
-VOCABULARY = ("**reproduced**: the mean paired difference beyond 2 sd the claimed way and every seed agreeing; "
-              "**not reproduced**: short of that (the measured numbers beside it); **reversed**: the same, the other "
-              "way; **not comparable**: the runs cannot answer (fewer than 3 seeds, a compared method's last-quarter "
-              f"slope at or above {SLOPE_LIMIT} points per 10 % of rounds, collapsed runs, failed sanity gates; the "
-              "reason beside it, and what the numbers alone say). A \"not worse than\" row (mean above −1 sd) is a "
-              "non-inferiority check and never counts as reproducing a claim of improvement.")
+VOCABULARY = (
+    "**reproduced**: the mean paired difference beyond 2 sd the claimed way and every seed "
+    "agreeing; "
+    "**not reproduced**: short of that (the measured numbers beside it); **reversed**: the same, "
+    "the other "
+    "way; **not comparable**: the runs cannot answer (fewer than 3 seeds, a compared method's "
+    "last-quarter "
+    f"slope at or above {SLOPE_LIMIT} points per 10 % of rounds, collapsed runs, failed sanity "
+    "gates; the "
+    'reason beside it, and what the numbers alone say). A "not worse than" row (mean above −1 sd) '
+    "is a "
+    "non-inferiority check and never counts as reproducing a claim of improvement."
+)
 
 
 def pct(x: float | None, sd: float | None = None) -> str:
     """A fraction in points with two decimals (± sd where given); "—" for none."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
-    return f"{100 * x:.2f}" + (f" ± {100 * sd:.2f}" if sd is not None and not math.isnan(sd) else "")
+    return f"{100 * x:.2f}" + (
+        f" ± {100 * sd:.2f}" if sd is not None and not math.isnan(sd) else ""
+    )
 
 
 def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -44,9 +53,14 @@ def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     for setting in settings:
         rs = [r for r in runs if r["setting"] == setting]
         tiers = list(dict.fromkeys(t for r in rs for t in r["per_tier"]))
-        lines += [f"### {setting}", "",
-                  "| method | seeds | final acc % | " + " | ".join(f"tier {t}" for t in tiers) + " | slope | up B/dev-round | down B/dev-round | wall s |",
-                  "|---|---|---|" + "---|" * len(tiers) + "---|---|---|---|"]
+        lines += [
+            f"### {setting}",
+            "",
+            "| method | seeds | final acc % | "
+            + " | ".join(f"tier {t}" for t in tiers)
+            + " | slope | up B/dev-round | down B/dev-round | wall s |",
+            "|---|---|---|" + "---|" * len(tiers) + "---|---|---|---|",
+        ]
         for method in dict.fromkeys(r["method"] for r in rs):
             mr = [r for r in rs if r["method"] == method]
             acc = mean_sd([r["final_accuracy"] for r in mr])
@@ -55,8 +69,10 @@ def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             stopped = [r for r in mr if r.get("stopped_at_round")]
             name = f"{method} ({len(stopped)} stopped)" if stopped else method
             lines.append(
-                f"| {name} | {len(mr)} | {pct(*acc)} | " + " | ".join(tier_cells)
-                + f" | {slope:.2f} | {statistics.fmean(r['bytes_up_per_device_round'] for r in mr):,.0f}"
+                f"| {name} | {len(mr)} | {pct(*acc)} | "
+                + " | ".join(tier_cells)
+                + f" | {slope:.2f} | "
+                f"{statistics.fmean(r['bytes_up_per_device_round'] for r in mr):,.0f}"
                 + f" | {statistics.fmean(r['bytes_down_per_device_round'] for r in mr):,.0f}"
                 + f" | {statistics.fmean(r['wall_seconds'] for r in mr):.0f} |"
             )
@@ -82,8 +98,8 @@ def counts(claims: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
 
 
 def alone(claims: Sequence[Mapping[str, Any]]) -> str:
-    """How many counted claims the paired differences alone would reproduce, when the gates, collapsed
-    runs or convergence make some not comparable ("" when nothing is)."""
+    """How many counted claims the paired differences alone would reproduce, when the gates,
+    collapsed runs or convergence make some not comparable ("" when nothing is)."""
     counted = [c for c in claims if is_counted(c)]
     if not any(c["verdict"] == "not comparable" and c.get("statistic") for c in counted):
         return ""
@@ -99,28 +115,43 @@ def _short_reason(c: Mapping[str, Any]) -> str:
         if part.startswith("the benchmark fails its sanity gates"):
             parts.append("sanity gates fail (above)")
         elif part.startswith("collapsed runs"):
-            parts.append("collapsed runs: " + ", ".join(x.split(" (")[0] for x in c.get("collapsed_runs", [])) + " (above)")
+            parts.append(
+                "collapsed runs: "
+                + ", ".join(x.split(" (")[0] for x in c.get("collapsed_runs", []))
+                + " (above)"
+            )
         else:
             parts.append(part)
     return "; ".join(parts) + f"; the numbers alone: {c['statistic']}"
 
 
 def claims_table(claims: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["| claim | setting | metric | the paper's number | mean diff | sd | signs per seed | method slope | verdict | why |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| claim | setting | metric | the paper's number | mean diff | sd | signs per seed | "
+        "method slope | verdict | why |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in claims:
         scale = metric_scale(c["metric_a"])
         md = "—" if c["mean_diff"] is None else f"{scale * c['mean_diff']:+.2f}"
         sd = "—" if c["sd"] is None else f"{scale * c['sd']:.2f}"
         signs = " ".join("+" if s > 0 else "−" if s < 0 else "0" for s in c["signs"])
         slope = "—" if c.get("method_slope") is None else f"{c['method_slope']:.2f}"
-        metric = c["metric"] if c["metric_a"] == c["metric_b"] else f"{c['metric_a']} vs {c['metric_b']}"
+        metric = (
+            c["metric"] if c["metric_a"] == c["metric_b"] else f"{c['metric_a']} vs {c['metric_b']}"
+        )
         marks = " †" if c.get("before_declaration") else ""
         note = f" {c['note']}" if c.get("note") else ""
-        statement = c["statement"].replace(" ≥ ", " not worse than ").replace(" ≤ ", " not better than ") \
-            if c.get("kind") == "not worse" else c["statement"]
-        lines.append(f"| `{statement}`{marks} | {c['setting']} | {metric} | {c.get('paper') or '—'} | {md} | {sd} | {signs} | "
-                     f"{slope} | **{c['verdict']}** | {_short_reason(c)}.{note} |")
+        statement = (
+            c["statement"].replace(" ≥ ", " not worse than ").replace(" ≤ ", " not better than ")
+            if c.get("kind") == "not worse"
+            else c["statement"]
+        )
+        lines.append(
+            f"| `{statement}`{marks} | {c['setting']} | {metric} | {c.get('paper') or '—'} | {md} "
+            f"| {sd} | {signs} | "
+            f"{slope} | **{c['verdict']}** | {_short_reason(c)}.{note} |"
+        )
     return lines
 
 
@@ -128,23 +159,40 @@ def gates_section(results: Mapping[str, Any]) -> list[str]:
     gate = results.get("gates") or {"failures": [], "collapsed": {}}
     lines = ["## Sanity gates", ""]
     if gate["failures"]:
-        lines += ["**FAIL.** " + " ".join(f"{f[0].upper()}{f[1:]}." for f in gate["failures"])
-                  + " Until the recipe is fixed every claim below is **not comparable** (the numbers alone are shown beside it).", ""]
+        lines += [
+            "**FAIL.** "
+            + " ".join(f"{f[0].upper()}{f[1:]}." for f in gate["failures"])
+            + " Until the recipe is fixed every claim below is **not comparable** (the numbers "
+            "alone are shown beside it).",
+            "",
+        ]
     else:
-        lines += ["Bounds: pass (the centralized bound is above every federated method and Local-IID beyond the noise; "
-                  "Local-IID reaches 75 %).", ""]
+        lines += [
+            "Bounds: pass (the centralized bound is above every federated method and Local-IID "
+            "beyond the noise; "
+            "Local-IID reaches 75 %).",
+            "",
+        ]
     collapsed = gate["collapsed"]
     if collapsed:
         by: dict[tuple[str, str], list[str]] = {}
         for rid, reasons in collapsed.items():
             method, setting, seed = rid.split("|")
             by.setdefault((method, setting), []).append(f"seed {seed}: {'; '.join(reasons)}")
-        lines += [f"**Collapsed runs: {len(collapsed)}** (a run within 5 points of chance, or a device predicting one class "
-                  "while its training data holds two or more, each ≥ 10 % of its images; *proxy*: read from the device's "
-                  "accuracy, at most 3 points above what a single-class predictor scores on the class-balanced test set — "
-                  "and, where the run measured it, on its local split — because these cells were cached before the runner "
-                  "recorded each device's predictions). A claim over a collapsed run is not comparable.", "",
-                  "| method | setting | runs |", "|---|---|---|"]
+        lines += [
+            f"**Collapsed runs: {len(collapsed)}** (a run within 5 points of chance, or a device "
+            "predicting one class "
+            "while its training data holds two or more, each ≥ 10 % of its images; *proxy*: read "
+            "from the device's "
+            "accuracy, at most 3 points above what a single-class predictor scores on the "
+            "class-balanced test set — "
+            "and, where the run measured it, on its local split — because these cells were cached "
+            "before the runner "
+            "recorded each device's predictions). A claim over a collapsed run is not comparable.",
+            "",
+            "| method | setting | runs |",
+            "|---|---|---|",
+        ]
         lines += [f"| {m} | {s} | {'<br>'.join(v)} |" for (m, s), v in by.items()]
         lines.append("")
     else:
@@ -156,50 +204,88 @@ def provenance_section(bench: Benchmark, results: Mapping[str, Any]) -> list[str
     prov = results.get("provenance") or {}
     commits = prov.get("commits", {})
     cells = prov.get("cells", {})
-    lines = ["## Provenance", "",
-             "Cells by the commit they ran at (`+dirty`: the working tree differed from it): "
-             + ", ".join(f"`{k}` ({v})" for k, v in sorted(commits.items(), key=lambda kv: -kv[1])) + ".", ""]
+    lines = [
+        "## Provenance",
+        "",
+        "Cells by the commit they ran at (`+dirty`: the working tree differed from it): "
+        + ", ".join(f"`{k}` ({v})" for k, v in sorted(commits.items(), key=lambda kv: -kv[1]))
+        + ".",
+        "",
+    ]
     pre = cells.get(provenance.PRE_PROVENANCE, 0)
     dirty = sum(v for k, v in commits.items() if provenance.is_dirty(k))
-    lines.append(f"Code: the hash of the code a cell runs (the `edgefl` package and the benchmark's module that runs in "
-                 f"the cell) is `{results.get('code_hash')}` at `{results.get('code')}`. "
-                 + ", ".join(f"{v} cell(s): {k}" for k, v in cells.items()) + ". "
-                 + (f"The {pre} pre-provenance cells were cached before the runner keyed cells by the code's hash: they "
-                    f"stay usable for this page (their commits above are read from their records, {dirty} of the "
-                    f"{sum(commits.values())} cells at a `+dirty` tree; the runner then counted any change under `benchmarks/`, the "
-                    "cells being written included, as dirty, so there `+dirty` does not tell whether the code differed), "
-                    "and a run never reuses them: a regeneration reruns every one of them."
-                    if pre else ""))
+    lines.append(
+        "Code: the hash of the code a cell runs (the `edgefl` package and the benchmark's module "
+        "that runs in "
+        f"the cell) is `{results.get('code_hash')}` at `{results.get('code')}`. "
+        + ", ".join(f"{v} cell(s): {k}" for k, v in cells.items())
+        + ". "
+        + (
+            f"The {pre} pre-provenance cells were cached before the runner keyed cells by the "
+            "code's hash: they "
+            f"stay usable for this page (their commits above are read from their records, {dirty} "
+            "of the "
+            f"{sum(commits.values())} cells at a `+dirty` tree; the runner then counted any "
+            "change under `benchmarks/`, the "
+            "cells being written included, as dirty, so there `+dirty` does not tell whether the "
+            "code differed), "
+            "and a run never reuses them: a regeneration reruns every one of them."
+            if pre
+            else ""
+        )
+    )
     decl = prov.get("declaration")
     lines.append("")
     if decl:
         at = decl.get("declared_at")
-        lines.append("Settings declared in [`declared.json`](declared.json) "
-                     + (f"at commit `{at}`" if at else "(not committed yet)")
-                     + f": main {', '.join(decl.get('main') or [])}"
-                     + (f"; alternatives {', '.join(decl['alternatives'])}" if decl.get("alternatives") else "")
-                     + ". Only claims over main settings are counted. † marks a claim whose cells were produced at a commit "
-                       "that does not contain that declaration (here: every cell run before the declaration existed).")
+        lines.append(
+            "Settings declared in [`declared.json`](declared.json) "
+            + (f"at commit `{at}`" if at else "(not committed yet)")
+            + f": main {', '.join(decl.get('main') or [])}"
+            + (
+                f"; alternatives {', '.join(decl['alternatives'])}"
+                if decl.get("alternatives")
+                else ""
+            )
+            + ". Only claims over main settings are counted. † marks a claim whose cells were "
+            "produced at a commit "
+            "that does not contain that declaration (here: every cell run before the declaration "
+            "existed)."
+        )
         if decl.get("note"):
             lines[-1] += f" {decl['note']}"
     else:
-        lines.append("No `declared.json`: the benchmark's settings are not declared apart from its code.")
+        lines.append(
+            "No `declared.json`: the benchmark's settings are not declared apart from its code."
+        )
     return lines + [""]
 
 
 def reviewer_section(bench: Benchmark) -> list[str]:
     methods = list(dict.fromkeys(c.method for c in bench.cells))
     setting = bench.cells[0].setting if bench.cells else "SETTING"
-    return ["## Check it yourself", "",
-            "Rerun chosen cells with seeds of your choosing, from any directory, into a folder of your own (the committed "
-            "cells are not touched; progress per round; temporary files under the folder; the verdict of every claim "
-            "between the chosen methods in that setting at the end, also in `check.json`):", "",
-            f"    python -m benchmarks.{bench.name} --cells {','.join(methods[:2])} --setting {setting} --seeds 101,102,103 --out DIR",
-            "", "(from outside the repository: "
-            f"`PYTHONPATH=/path/to/repo python -m benchmarks.{bench.name} …`; "
-            "add `--quick` for the small profile, `--draft` to run from uncommitted code)."
-            + (" One such check, run and committed: [check-quick/](check-quick/README.md)."
-               if (BENCHMARKS / bench.name / "check-quick" / "README.md").exists() else ""), ""]
+    return [
+        "## Check it yourself",
+        "",
+        "Rerun chosen cells with seeds of your choosing, from any directory, into a folder of "
+        "your own (the committed "
+        "cells are not touched; progress per round; temporary files under the folder; the verdict "
+        "of every claim "
+        "between the chosen methods in that setting at the end, also in `check.json`):",
+        "",
+        f"    python -m benchmarks.{bench.name} --cells {','.join(methods[:2])} --setting "
+        f"{setting} --seeds 101,102,103 --out DIR",
+        "",
+        "(from outside the repository: "
+        f"`PYTHONPATH=/path/to/repo python -m benchmarks.{bench.name} …`; "
+        "add `--quick` for the small profile, `--draft` to run from uncommitted code)."
+        + (
+            " One such check, run and committed: [check-quick/](check-quick/README.md)."
+            if (BENCHMARKS / bench.name / "check-quick" / "README.md").exists()
+            else ""
+        ),
+        "",
+    ]
 
 
 def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str = "") -> str:
@@ -210,27 +296,51 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
     k, n = counts(claims)
     ik = sum(c["verdict"] == "reproduced" for c in kinds["implied"])
     m0, m1 = results["machine"]["before"], results["machine"]["after"]
-    lines = [f"# {bench.title}", "",
-             f"Paper: {bench.paper or '—'}. **Claims reproduced: {k} of {n}** (the paper's claims and the controls, "
-             f"over the main settings{alone(claims)}); rows the paper implies reproduced: {ik} of {len(kinds['implied'])}. Evaluated by "
-             "`benchmarks/runner.py` from the runs in `results.json`. " + VOCABULARY, ""]
+    lines = [
+        f"# {bench.title}",
+        "",
+        f"Paper: {bench.paper or '—'}. **Claims reproduced: {k} of {n}** (the paper's claims and "
+        "the controls, "
+        f"over the main settings{alone(claims)}); rows the paper implies reproduced: {ik} of "
+        f"{len(kinds['implied'])}. Evaluated by "
+        "`benchmarks/runner.py` from the runs in `results.json`. " + VOCABULARY,
+        "",
+    ]
     lines += gates_section(results)
     lines += ["## The paper's claims and the controls", ""] + claims_table(counted) + [""]
     if uncounted_main:
-        lines += ["Over settings declared as alternatives (not counted):", ""] + claims_table(uncounted_main) + [""]
-    sections = (("implied", "## Rows the paper implies (every method against Local and against FedAvg, where defined)"),
-                ("not worse", "## Not worse than (non-inferiority checks; never counted as a claim)"),
-                ("construction", "## True by construction (shown; nothing to reproduce)"),
-                ("diagnostic", "## Diagnostic rows (measured explanations; not counted)"))
+        lines += (
+            ["Over settings declared as alternatives (not counted):", ""]
+            + claims_table(uncounted_main)
+            + [""]
+        )
+    sections = (
+        (
+            "implied",
+            "## Rows the paper implies (every method against Local and against FedAvg, where "
+            "defined)",
+        ),
+        ("not worse", "## Not worse than (non-inferiority checks; never counted as a claim)"),
+        ("construction", "## True by construction (shown; nothing to reproduce)"),
+        ("diagnostic", "## Diagnostic rows (measured explanations; not counted)"),
+    )
     for kind, title in sections:
         if kinds[kind]:
             lines += [title, ""] + claims_table(kinds[kind]) + [""]
     lines += provenance_section(bench, results) + reviewer_section(bench)
-    lines += ["## Setting", "", bench.description.strip(), "",
-              f"Command: `{results['command']}`  ",
-              f"Machine: {m0.get('cores')} cores, load (1/5/15 min) {m0.get('loadavg_1_5_15')} at the start ({m0.get('date')}), "
-              f"{m1.get('loadavg_1_5_15')} at the end ({m1.get('date')}). Cells run one torch thread each, "
-              "one cell per core; wall times are per cell and rough on a shared machine.", ""]
+    lines += [
+        "## Setting",
+        "",
+        bench.description.strip(),
+        "",
+        f"Command: `{results['command']}`  ",
+        f"Machine: {m0.get('cores')} cores, load (1/5/15 min) {m0.get('loadavg_1_5_15')} at the "
+        f"start ({m0.get('date')}), "
+        f"{m1.get('loadavg_1_5_15')} at the end ({m1.get('date')}). Cells run one torch thread "
+        "each, "
+        "one cell per core; wall times are per cell and rough on a shared machine.",
+        "",
+    ]
     if results["bounds"]:
         lines += ["## Bounds", ""]
         for name in bench.bounds:
@@ -241,29 +351,58 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
         lines.append("")
     lines += ["## Runs (test set; mean ± sd over seeds)", ""] + runs_table(results["runs"])
     if results.get("derived_runs"):
-        lines += ["## Paired differences (derived from the runs above, paired by seed)", "",
-                  "| difference | setting | from | seeds | final acc (points) | per tier (points) |", "|---|---|---|---|---|---|"]
+        lines += [
+            "## Paired differences (derived from the runs above, paired by seed)",
+            "",
+            "| difference | setting | from | seeds | final acc (points) | per tier (points) |",
+            "|---|---|---|---|---|---|",
+        ]
         derived = results["derived_runs"]
         for key in dict.fromkeys((r["method"], r["setting"]) for r in derived):
             rs = [r for r in derived if (r["method"], r["setting"]) == key]
             a, b, setting = rs[0]["derived_from"]
             tiers = list(dict.fromkeys(t for r in rs for t in r["per_tier"]))
-            per_tier = ", ".join(f"{t}: {pct(*mean_sd([r['per_tier'].get(t) for r in rs]))}" for t in tiers)
+            per_tier = ", ".join(
+                f"{t}: {pct(*mean_sd([r['per_tier'].get(t) for r in rs]))}" for t in tiers
+            )
             lines.append(f"| {key[0]} | {key[1]} | {a} − {b} in {setting} | {len(rs)} | "
                          f"{pct(*mean_sd([r.get('final_accuracy') for r in rs]))} | {per_tier} |")
         lines.append("")
     if results["sweeps"]:
-        lines += ["## Sweeps (validation split carved from the training data; the test set is never used)", ""]
+        lines += [
+            "## Sweeps (validation split carved from the training data; the test set is never "
+            "used)",
+            "",
+        ]
         for s in results["sweeps"]:
-            vals = ", ".join(f"{v}: {pct(a, sd)}" for v, a, sd in zip(s["grid"], s["validation_accuracy"], s["validation_sd"], strict=True))
-            chosen = f"chosen **{s['chosen']}**" if s["chosen"] is not None else f"metric missing ({s.get('missing', '')})"
+            vals = ", ".join(
+                f"{v}: {pct(a, sd)}"
+                for v, a, sd in zip(
+                    s["grid"], s["validation_accuracy"], s["validation_sd"], strict=True
+                )
+            )
+            chosen = (
+                f"chosen **{s['chosen']}**"
+                if s["chosen"] is not None
+                else f"metric missing ({s.get('missing', '')})"
+            )
             if s.get("kept_default"):
                 chosen += f" (the default: the best, {s['best']}, is within the noise of it)"
-            lines.append(f"- **{s['parameter']}** by `{s['metric']}` (seeds {s['seeds']}): {vals} → {chosen}. {s['note']}")
+            lines.append(
+                f"- **{s['parameter']}** by `{s['metric']}` (seeds {s['seeds']}): {vals} → "
+                f"{chosen}. {s['note']}"
+            )
         lines.append("")
     if bench.diagnostics is not None:
         lines += [bench.diagnostics(results).strip(), ""]
-    lines += ["## Figures", "", "![accuracy per round](accuracy.png)", "", "![accuracy vs bytes](accuracy_bytes.png)", ""]
+    lines += [
+        "## Figures",
+        "",
+        "![accuracy per round](accuracy.png)",
+        "",
+        "![accuracy vs bytes](accuracy_bytes.png)",
+        "",
+    ]
     if figures.strip():
         lines += [figures.strip(), ""]
     return "\n".join(lines)
@@ -281,48 +420,95 @@ def write_readme_index(root: Path = BENCHMARKS) -> Path:
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")):
         f = d / "results.json"
         data = json.loads(f.read_text()) if f.exists() else {}
-        if "claims" not in data or not isinstance(data.get("runs"), list) or not data["runs"] or "final_accuracy" not in data["runs"][0]:
+        if (
+            "claims" not in data
+            or not isinstance(data.get("runs"), list)
+            or not data["runs"]
+            or "final_accuracy" not in data["runs"][0]
+        ):
             main_py = d / "__main__.py"
-            (declared if main_py.exists() and "benchmarks.runner" in main_py.read_text() else others).append(d.name)
+            (
+                declared
+                if main_py.exists() and "benchmarks.runner" in main_py.read_text()
+                else others
+            ).append(d.name)
             continue
         k, n = counts(data["claims"])
         gate = data.get("gates") or {}
         fails = len(gate.get("failures", []))
         state = "sanity gates FAIL: " + "; ".join(gate["failures"]) if fails else "bounds pass"
         collapsed = len(gate.get("collapsed", {}))
-        head.append(f"- **{data.get('paper') or data.get('title', d.name)}** ([{d.name}]({d.name}/results.md)): "
-                    f"claims reproduced: {k} of {n}" + (f" ({alone(data['claims'])[2:]})" if alone(data["claims"]) else "")
-                    + f". {state[0].upper()}{state[1:]}; "
-                    f"{collapsed} collapsed run(s).")
+        head.append(
+            f"- **{data.get('paper') or data.get('title', d.name)}** "
+            f"([{d.name}]({d.name}/results.md)): "
+            f"claims reproduced: {k} of {n}"
+            + (f" ({alone(data['claims'])[2:]})" if alone(data["claims"]) else "")
+            + f". {state[0].upper()}{state[1:]}; "
+            f"{collapsed} collapsed run(s)."
+        )
         for c in data["claims"]:
-            md = "—" if c["mean_diff"] is None else f"{metric_scale(c['metric_a']) * c['mean_diff']:+.2f}"
+            md = (
+                "—"
+                if c["mean_diff"] is None
+                else f"{metric_scale(c['metric_a']) * c['mean_diff']:+.2f}"
+            )
             kind = KINDS.get(c.get("kind", "paper"), "")
             counted = "yes" if c.get("counted") else "no"
-            rows.append(f"| [{d.name}]({d.name}/results.md) | `{c['statement']}` | {c['setting']} | "
-                        f"{_metric_label(c['metric_a'], c['metric_b'])} | {kind} | {counted} | {c.get('paper') or '—'} | "
-                        f"{c['verdict']} | {c.get('statistic') or '—'} | {md} | {len(c['seeds'])} |")
+            rows.append(
+                f"| [{d.name}]({d.name}/results.md) | `{c['statement']}` | {c['setting']} | "
+                f"{_metric_label(c['metric_a'], c['metric_b'])} | {kind} | {counted} | "
+                f"{c.get('paper') or '—'} | "
+                f"{c['verdict']} | {c.get('statistic') or '—'} | {md} | {len(c['seeds'])} |"
+            )
     for name in declared:  # their claims, as declared, until a full run commits results
         for c in importlib.import_module(f"benchmarks.{name}").make(False).claims:
-            rows.append(f"| [{name}]({name}/__init__.py) | `{c.statement}` | {c.setting} | "
-                        f"{_metric_label(c.metric_a or c.metric, c.metric_b or c.metric)} | {KINDS[c.kind]} | — | "
-                        f"{c.paper or '—'} | not yet run | — | — | — |")
-    lines = ["# Benchmarks", "", *head, "",
-             "Generated by `benchmarks/runner.py` from the committed `results.json` files; the protocol is "
-             "`../shared/specs/BENCHMARKS.md`. " + VOCABULARY + " \"Counted\": the paper's claims and the controls over a "
-             "benchmark's declared main settings (its `declared.json`); rows the paper implies (every method against "
-             "Local and FedAvg), non-inferiority rows and rows true by construction are shown, not counted. Rerun a "
-             "benchmark with `python -m benchmarks.<name>` (`--quick` for the small profile); check chosen cells with "
-             "seeds of your own with `python -m benchmarks.<name> --cells A,B --setting S --seeds 101,102,103 --out DIR` "
-             "(each page's \"Check it yourself\").", "",
-             "| benchmark | claim | setting | metric | kind | counted | the paper's number | verdict | the numbers alone | mean diff | seeds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
+            rows.append(
+                f"| [{name}]({name}/__init__.py) | `{c.statement}` | {c.setting} | "
+                f"{_metric_label(c.metric_a or c.metric, c.metric_b or c.metric)} | "
+                f"{KINDS[c.kind]} | — | "
+                f"{c.paper or '—'} | not yet run | — | — | — |"
+            )
+    lines = [
+        "# Benchmarks",
+        "",
+        *head,
+        "",
+        "Generated by `benchmarks/runner.py` from the committed `results.json` files; the "
+        "protocol is "
+        "`../shared/specs/BENCHMARKS.md`. "
+        + VOCABULARY
+        + ' "Counted": the paper\'s claims and the controls over a '
+        "benchmark's declared main settings (its `declared.json`); rows the paper implies (every "
+        "method against "
+        "Local and FedAvg), non-inferiority rows and rows true by construction are shown, not "
+        "counted. Rerun a "
+        "benchmark with `python -m benchmarks.<name>` (`--quick` for the small profile); check "
+        "chosen cells with "
+        "seeds of your own with `python -m benchmarks.<name> --cells A,B --setting S --seeds "
+        "101,102,103 --out DIR` "
+        '(each page\'s "Check it yourself").',
+        "",
+        "| benchmark | claim | setting | metric | kind | counted | the paper's number | verdict | "
+        "the numbers alone | mean diff | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
     if declared:
-        lines += ["", "Declared on the runner but not yet run under the protocol (no committed results; earlier, "
-                  "pre-protocol results, where there were any, are under the benchmark's `previous/`): "
-                  + ", ".join(f"[{n}]({n}/__init__.py) (`python -m benchmarks.{n}`)" for n in declared) + "."]
+        lines += [
+            "",
+            "Declared on the runner but not yet run under the protocol (no committed results; "
+            "earlier, "
+            "pre-protocol results, where there were any, are under the benchmark's `previous/`): "
+            + ", ".join(f"[{n}]({n}/__init__.py) (`python -m benchmarks.{n}`)" for n in declared)
+            + ".",
+        ]
     if others:
-        lines += ["", "Not under the protocol (timing, transport and demo measurements; their own pages describe "
-                  "what they measured and how): " + ", ".join(f"[{n}]({n}/)" for n in others) + "."]
+        lines += [
+            "",
+            "Not under the protocol (timing, transport and demo measurements; their own pages "
+            "describe "
+            "what they measured and how): " + ", ".join(f"[{n}]({n}/)" for n in others) + ".",
+        ]
     out = root / "README.md"
     out.write_text("\n".join(lines) + "\n")
     return out

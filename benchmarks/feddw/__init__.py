@@ -46,12 +46,21 @@ def diagnostics(results: dict) -> str:
     labels S, with the regulariser (feddw, fedprox-dw) and without it (feddw-no-r: λ = 0, same
     head and S): each metric's value after the last round, mean ± sd over seeds."""
     runs = results["runs"]
-    lines = ["## The mechanism: CR against S", "",
-             "FedDW pulls the classifier's class relations CR = rowsoftmax(W·Wᵀ) towards the soft-label matrix S "
-             "the devices report. After the last round, mean ± sd over seeds: `diag CR` and `diag S` (their "
-             "diagonal means), `|diag CR − diag S|` (mean absolute gap of the diagonals) and `R` = (1/C²)·‖S − CR‖²_F. "
-             "**feddw-no-r** is FedDW with λ = 0: the same bias-free head and the same S, no regulariser.", "",
-             "| setting | method | diag CR | diag S | abs(diag CR − diag S) | R |", "|---|---|---|---|---|---|"]
+    lines = [
+        "## The mechanism: CR against S",
+        "",
+        "FedDW pulls the classifier's class relations CR = rowsoftmax(W·Wᵀ) towards the "
+        "soft-label matrix S "
+        "the devices report. After the last round, mean ± sd over seeds: `diag CR` and `diag S` "
+        "(their "
+        "diagonal means), `|diag CR − diag S|` (mean absolute gap of the diagonals) and `R` = "
+        "(1/C²)·‖S − CR‖²_F. "
+        "**feddw-no-r** is FedDW with λ = 0: the same bias-free head and the same S, no "
+        "regulariser.",
+        "",
+        "| setting | method | diag CR | diag S | abs(diag CR − diag S) | R |",
+        "|---|---|---|---|---|---|",
+    ]
 
     def cell(values: list[float]) -> str:
         if not values:
@@ -64,7 +73,11 @@ def diagnostics(results: dict) -> str:
                 for r in runs if (r["setting"], r["method"]) == key and r["role"] == "grid"]
         if not any(last):
             continue
-        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cell([x[m] for x in last if m in x]) for m in RELATION) + " |")
+        lines.append(
+            f"| {key[0]} | {key[1]} | "
+            + " | ".join(cell([x[m] for x in last if m in x]) for m in RELATION)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -96,47 +109,93 @@ def make(quick: bool = False) -> Benchmark:
 
     def cell(method, setting, seed, role="grid", options=None, extra=None, name=None):
         algorithm, opts, head = METHODS.get(method, (method, {}, "linear"))
-        config = {**base, **SETTINGS[setting], "algorithm": algorithm, "options": {**opts, **(options or {})},
-                  "head": head, **(extra or {})}
+        config = {
+            **base,
+            **SETTINGS[setting],
+            "algorithm": algorithm,
+            "options": {**opts, **(options or {})},
+            "head": head,
+            **(extra or {}),
+        }
         return Cell(method, name or setting, seed, config, role)
 
     cells = [cell(m, s, seed) for s in settings for seed in seeds[s] for m in METHODS]
     centralized = [cell("local", "practical", 0, role="bound", name="centralized",
                         extra={"clients": 1, "partition": "iid", "fraction": 1.0})]
-    local_iid = [cell("local", "practical", seed, role="bound", name="local-iid", extra={"partition": "iid"})
-                 for seed in (0, 1, 2)]
+    local_iid = [
+        cell("local", "practical", seed, role="bound", name="local-iid", extra={"partition": "iid"})
+        for seed in (0, 1, 2)
+    ]
     sweep_grid = LAMBDAS[:2] if quick else LAMBDAS
     sweep_seeds = (0,) if quick else (0, 1)
     validation = {"validation_samples": 200 if quick else 1000}
-    if not quick:  # the λ sweep ran (and stays cached) at the earlier profile: 40 rounds, no lr decay
+    # the λ sweep ran (and stays cached) at the earlier profile: 40 rounds, no lr decay
+    if not quick:
         validation.update(rounds=40, lr_decay_rounds=())
-    sweeps = [Sweep(
-        parameter="feddw.lam (no decay)",
-        grid=sweep_grid,
-        cells={lam: [cell("feddw", s, seed, role="sweep", options={"lam": str(lam), "lam_decay_rounds": ""},
-                          extra=validation, name=f"sweep-{s}") for s in settings for seed in sweep_seeds]
-               for lam in sweep_grid},
-        note="mean over the settings and seeds; validation split carved from the training data. "
-             "0.1 is the earlier default (with its ÷10 decay it made FedDW train as FedAvg).",
-    )]
+    sweeps = [
+        Sweep(
+            parameter="feddw.lam (no decay)",
+            grid=sweep_grid,
+            cells={
+                lam: [
+                    cell(
+                        "feddw",
+                        s,
+                        seed,
+                        role="sweep",
+                        options={"lam": str(lam), "lam_decay_rounds": ""},
+                        extra=validation,
+                        name=f"sweep-{s}",
+                    )
+                    for s in settings
+                    for seed in sweep_seeds
+                ]
+                for lam in sweep_grid
+            },
+            note="mean over the settings and seeds; validation split carved from the training "
+            "data. "
+            "0.1 is the earlier default (with its ÷10 decay it made FedDW train as FedAvg).",
+        )
+    ]
     # the paper's numbers: MNIST and CIFAR-10 (practical | pathological), FedDW − FedAvg
     paper = {"practical": "+0.21 MNIST (99.52 vs 99.31), +2.80 CIFAR-10 (66.24 vs 63.44)",
              "pathological": "+1.61 MNIST (96.66 vs 95.05), +9.37 CIFAR-10 (57.73 vs 48.36)"}
     claims = [Claim(f"feddw-gt-fedavg-{s}", "feddw > fedavg", s, paper=paper[s]) for s in settings]
-    claims += [Claim(f"fedprox-dw-gt-fedprox-{s}", "fedprox-dw > fedprox", s,
-                     paper="FedProx+DW 48.39 (CIFAR-100 pathological; FedProx itself not reported, FedAvg 43.47)")
-               for s in settings]
-    claims += [Claim(f"fedprox-dw-ge-fedprox-{s}", "fedprox-dw ≥ fedprox", s, kind="not worse") for s in settings]
+    claims += [
+        Claim(
+            f"fedprox-dw-gt-fedprox-{s}",
+            "fedprox-dw > fedprox",
+            s,
+            paper="FedProx+DW 48.39 (CIFAR-100 pathological; FedProx itself not reported, FedAvg "
+            "43.47)",
+        )
+        for s in settings
+    ]
+    claims += [
+        Claim(f"fedprox-dw-ge-fedprox-{s}", "fedprox-dw ≥ fedprox", s, kind="not worse")
+        for s in settings
+    ]
     # every method against FedAvg (the paper's reference); no Local runs in this grid
     claims += [Claim(f"{m}-gt-fedavg-{s}", f"{m} > fedavg", s, kind="implied")
                for s in settings for m in ("fedprox", "fedprox-dw", "feddw-no-r", "fedavg-linear")]
     if len(settings) == 2:
-        claims.append(Claim("gain-larger-pathological", "pathological > practical", GAIN,
-                            note="FedDW − FedAvg under the pathological split against under Dir(0.5), paired by seed",
-                            paper="+1.40 MNIST (1.61 vs 0.21), +6.57 CIFAR-10 (9.37 vs 2.80)"))
+        claims.append(
+            Claim(
+                "gain-larger-pathological",
+                "pathological > practical",
+                GAIN,
+                note="FedDW − FedAvg under the pathological split against under Dir(0.5), paired "
+                "by seed",
+                paper="+1.40 MNIST (1.61 vs 0.21), +6.57 CIFAR-10 (9.37 vs 2.80)",
+            )
+        )
 
     def derived(runs: list[dict]) -> list[dict]:
-        return [d for s in SETTINGS for d in paired_difference(runs, "feddw", "fedavg", s, method=s, as_setting=GAIN)]
+        return [
+            d
+            for s in SETTINGS
+            for d in paired_difference(runs, "feddw", "fedavg", s, method=s, as_setting=GAIN)
+        ]
 
     fleet = fleet_text(base, quick, quick_note=", Dir(0.5) only", note=" under Dir(0.5), 160 under "
                        "the pathological split (the λ sweep: 40)")
@@ -155,7 +214,8 @@ last quarter, and at 80 rounds one seed in five was still climbing back from a 1
 batch 64 per round; FedProx μ =
 0.01. Settings: **practical** = Dir(0.5), every device every round; **pathological** = 2 classes per
 device (shards), half the devices per round. Seeds: 3 for practical, 5 for pathological. Accuracy:
-the mean over devices of the final model on {base["test_samples"]:,} test images. FedDW's λ is the method's default,
+the mean over devices of the final model on {base["test_samples"]:,} test images. FedDW's λ is the \
+method's default,
 chosen by the λ sweep below (no decay); **feddw-no-r** is FedDW with λ = 0 (same head and soft
 labels, no regulariser), the reference for the mechanism's diagnostic below.
 """,

@@ -57,7 +57,9 @@ def local_split_accuracy(model, data, class_counts) -> float:
     import torch
 
     with torch.no_grad():
-        preds = torch.cat([model(x).argmax(1) for x, _ in data.batches(1000, shuffle=False)]).numpy()
+        preds = torch.cat(
+            [model(x).argmax(1) for x, _ in data.batches(1000, shuffle=False)]
+        ).numpy()
     labels = data.y.numpy()
     n = data.info.num_classes
     correct = np.bincount(labels[preds == labels], minlength=n)
@@ -85,11 +87,18 @@ def extras(run: RunOutput) -> dict[str, Any]:
     for i, device in enumerate(assembly.ids):
         shard = data.shard(i)
         if fleet[device]["num_samples"] != len(shard):
-            raise RuntimeError(f"local_accuracy: rebuilt shard of {device} has {len(shard)} samples, the run had "
-                               f"{fleet[device]['num_samples']}: the run assembly changed")
+            raise RuntimeError(
+                f"local_accuracy: rebuilt shard of {device} has {len(shard)} samples, the run had "
+                f"{fleet[device]['num_samples']}: the run assembly changed"
+            )
         counts = shard.class_counts()
-        per_device[device] = local_split_accuracy(load_device_model(run.run_dir, device), data.evals["test"], counts)
-    return {"local_accuracy": statistics.fmean(per_device.values()), "client_local_accuracy": per_device}
+        per_device[device] = local_split_accuracy(
+            load_device_model(run.run_dir, device), data.evals["test"], counts
+        )
+    return {
+        "local_accuracy": statistics.fmean(per_device.values()),
+        "client_local_accuracy": per_device,
+    }
 
 
 def make(quick: bool = False) -> Benchmark:
@@ -100,43 +109,121 @@ def make(quick: bool = False) -> Benchmark:
         algorithm, opts, tiers = METHODS.get(method, (method, {}, HETERO))
         if algorithm == "fedhenn":
             opts = {"rad_size": "100", **opts}  # at most the pool's 2 % of 6,000 images
-        config = {**base, **SETTINGS.get(setting, {}), "algorithm": algorithm, "options": {**opts, **(options or {})},
-                  "tiers": tiers, **(extra or {})}
+        config = {
+            **base,
+            **SETTINGS.get(setting, {}),
+            "algorithm": algorithm,
+            "options": {**opts, **(options or {})},
+            "tiers": tiers,
+            **(extra or {}),
+        }
         if role != "sweep":  # the η₀ sweep ran (and stays cached) without the decay
             config["lr_decay_rounds"] = decay_rounds(config["rounds"])
         return Cell(method, name or setting, seed, config, role)
 
     cells = [cell(m, s, seed) for s in settings for seed in SEEDS for m in METHODS]
     # the upper bound per tier: one model of each tier on the union of the devices' data
-    centralized = [cell("local", "k2", 0, role="bound", name="centralized",
-                        extra={"clients": 1, "partition": "iid", "fraction": 1.0, "rounds": base["rounds"] // 2,
-                               "tiers": (t,)}) for t in (HETERO[:1] if quick else HETERO)]
-    local_iid = [cell("local", "k2", seed, role="bound", name="local-iid", extra={"partition": "iid"}) for seed in SEEDS]
+    centralized = [
+        cell(
+            "local",
+            "k2",
+            0,
+            role="bound",
+            name="centralized",
+            extra={
+                "clients": 1,
+                "partition": "iid",
+                "fraction": 1.0,
+                "rounds": base["rounds"] // 2,
+                "tiers": (t,),
+            },
+        )
+        for t in (HETERO[:1] if quick else HETERO)
+    ]
+    local_iid = [
+        cell("local", "k2", seed, role="bound", name="local-iid", extra={"partition": "iid"})
+        for seed in SEEDS
+    ]
     sweep_grid = ETAS[:2] if quick else ETAS
     sweep_seeds = (0,) if quick else SEEDS
     validation = {"validation_samples": 200 if quick else 1000}
-    sweep_cells = {eta: [cell("fedhenn", s, seed, role="sweep", options={"eta0": str(eta)}, extra=validation,
-                              name=f"sweep-{s}") for s in settings for seed in sweep_seeds] for eta in sweep_grid}
+    sweep_cells = {
+        eta: [
+            cell(
+                "fedhenn",
+                s,
+                seed,
+                role="sweep",
+                options={"eta0": str(eta)},
+                extra=validation,
+                name=f"sweep-{s}",
+            )
+            for s in settings
+            for seed in sweep_seeds
+        ]
+        for eta in sweep_grid
+    }
     sweeps = [
-        Sweep("fedhenn.eta0", sweep_grid, sweep_cells, metric="local_accuracy",
-              note="the paper's metric (each device's local split, here of the validation set); mean over k and seeds"),
-        Sweep("fedhenn.eta0", sweep_grid, sweep_cells, metric="final_accuracy",
-              note="the global metric on the same runs"),
+        Sweep(
+            "fedhenn.eta0",
+            sweep_grid,
+            sweep_cells,
+            metric="local_accuracy",
+            note="the paper's metric (each device's local split, here of the validation set); "
+            "mean over k and seeds",
+        ),
+        Sweep(
+            "fedhenn.eta0",
+            sweep_grid,
+            sweep_cells,
+            metric="final_accuracy",
+            note="the global metric on the same runs",
+        ),
     ]
     claims = []
     for s in settings:  # the paper's CIFAR-10 numbers, 100 clients, k classes each (Tables 2 and 3)
         k2 = s == "k2"
         claims += [
-            Claim(f"fedhenn-gt-fedavg-{s}", "fedhenn > fedavg-cnn2", s, metric="local_accuracy",
-                  note="heterogeneous FedHeNN (personal models) against FedAvg's global model on one shared tier",
-                  paper="+44.61 (88.9 vs 44.29)" if k2 else "+14.87 (73.01 vs 58.14)"),
-            Claim(f"fedhenn-gt-fedrep-{s}", "fedhenn > fedrep", s, metric="local_accuracy",
-                  note="FedRep, the paper's personalised baseline, is not implemented in edgefl: no runs",
-                  paper="+3.2 (88.9 vs 85.7)" if k2 else "+0.61 (73.01 vs 72.4)"),
-            Claim(f"fedhenn-gt-local-{s}", "fedhenn > local", s, metric="local_accuracy", kind="implied",
-                  note="η = 0 is Local (the paper's eq. 5): what the alignment adds"),
-            Claim(f"fedavg-gt-local-{s}", "fedavg-cnn2 > local", s, metric="local_accuracy", kind="implied"),
-            Claim(f"fedhenn-ge-fedavg-{s}", "fedhenn ≥ fedavg-cnn2", s, metric="local_accuracy", kind="not worse"),
+            Claim(
+                f"fedhenn-gt-fedavg-{s}",
+                "fedhenn > fedavg-cnn2",
+                s,
+                metric="local_accuracy",
+                note="heterogeneous FedHeNN (personal models) against FedAvg's global model on "
+                "one shared tier",
+                paper="+44.61 (88.9 vs 44.29)" if k2 else "+14.87 (73.01 vs 58.14)",
+            ),
+            Claim(
+                f"fedhenn-gt-fedrep-{s}",
+                "fedhenn > fedrep",
+                s,
+                metric="local_accuracy",
+                note="FedRep, the paper's personalised baseline, is not implemented in edgefl: no "
+                "runs",
+                paper="+3.2 (88.9 vs 85.7)" if k2 else "+0.61 (73.01 vs 72.4)",
+            ),
+            Claim(
+                f"fedhenn-gt-local-{s}",
+                "fedhenn > local",
+                s,
+                metric="local_accuracy",
+                kind="implied",
+                note="η = 0 is Local (the paper's eq. 5): what the alignment adds",
+            ),
+            Claim(
+                f"fedavg-gt-local-{s}",
+                "fedavg-cnn2 > local",
+                s,
+                metric="local_accuracy",
+                kind="implied",
+            ),
+            Claim(
+                f"fedhenn-ge-fedavg-{s}",
+                "fedhenn ≥ fedavg-cnn2",
+                s,
+                metric="local_accuracy",
+                kind="not worse",
+            ),
         ]
     fleet = fleet_text(base, quick, groups=("tier", 5), quick_note=", k = 2 only",
                        note=" at half participation")
@@ -146,8 +233,10 @@ def make(quick: bool = False) -> Benchmark:
         description=f"""
 Fleet: FedHeNN's five CNNs (tiers 1–5) at **width 0.25**; {fleet}; one local epoch of SGD lr 0.05
 (momentum 0.9, weight decay 1e-4) at batch 32 per round, ×0.1 at 40 % and 70 % of the rounds (rounds
-{decay_rounds(base["rounds"])[0] + 1} and {decay_rounds(base["rounds"])[1] + 1}; the bounds' at their own rounds; without it FedAvg's global accuracy swung
-by up to 20 points between evaluations under half participation, slopes up to 3.4; the η₀ sweep ran without it). **fedavg-cnn2**: FedAvg with CNN tier 2 on
+{decay_rounds(base["rounds"])[0] + 1} and {decay_rounds(base["rounds"])[1] + 1}; the bounds' at \
+their own rounds; without it FedAvg's global accuracy swung
+by up to 20 points between evaluations under half participation, slopes up to 3.4; the η₀ sweep \
+ran without it). **fedavg-cnn2**: FedAvg with CNN tier 2 on
 every device. Settings: shards of k = 2 and k = 5 classes per device. The same 2 % of the training
 images is carved out for every method (FedHeNN's alignment pool; RAD = 100 of its images per round),
 so every method trains on the same device data. η₀ is the method's default (the sweep below settles
@@ -155,7 +244,8 @@ it; the chosen value becomes the default in issue 16). Seeds {list(SEEDS)}.
 
 Two accuracies per run: `local_accuracy`, the paper's metric (each device's final model on the test
 set, per-class accuracy weighted by the device's training label distribution: its local test split),
-and `final_accuracy`, the toolkit's global metric (the whole test set, {base["test_samples"]:,} images). The claims use
+and `final_accuracy`, the toolkit's global metric (the whole test set, {base["test_samples"]:,} \
+images). The claims use
 the paper's metric. Centralized: one model of each tier on all the devices' data for as many epochs
 as a device trains (half the rounds, at half participation).
 """,
@@ -180,20 +270,34 @@ def schedule_sensitivity(runs: list[dict]) -> str:
         return ""
     before = {(r["setting"], r["method"], r["seed"]): r.get("local_accuracy")
               for r in json.loads(path.read_text())["runs"] if r.get("role") == "grid"}
-    now = {(r["setting"], r["method"], r["seed"]): r.get("local_accuracy") for r in runs if r.get("role") == "grid"}
-    lines = ["## How much the verdicts depend on the schedule", "",
-             "Local-split accuracy (%) per seed in this run (lr ×0.1 at 40 % and 70 % of the rounds) and in the "
-             "committed run of the same grid at a constant lr ([previous/no-decay-results.json](previous/no-decay-results.json)). "
-             "Both are converged (method slopes ≤ 0.5 there except FedAvg's); where the two schedules disagree on a "
-             "claim, the claim is fragile.", "",
-             "| setting | method | constant lr | with the decay |", "|---|---|---|---|"]
+    now = {
+        (r["setting"], r["method"], r["seed"]): r.get("local_accuracy")
+        for r in runs
+        if r.get("role") == "grid"
+    }
+    lines = [
+        "## How much the verdicts depend on the schedule",
+        "",
+        "Local-split accuracy (%) per seed in this run (lr ×0.1 at 40 % and 70 % of the rounds) "
+        "and in the "
+        "committed run of the same grid at a constant lr "
+        "([previous/no-decay-results.json](previous/no-decay-results.json)). "
+        "Both are converged (method slopes ≤ 0.5 there except FedAvg's); where the two schedules "
+        "disagree on a "
+        "claim, the claim is fragile.",
+        "",
+        "| setting | method | constant lr | with the decay |",
+        "|---|---|---|---|",
+    ]
     fmt = lambda xs: ", ".join("—" if x is None else f"{100 * x:.2f}" for x in xs)  # noqa: E731
     for setting, method in dict.fromkeys((k[0], k[1]) for k in now):
         seeds = sorted(s for (st, m, s) in now if (st, m) == (setting, method))
         if not any((setting, method, s) in before for s in seeds):
             continue
-        lines.append(f"| {setting} | {method} | {fmt(before.get((setting, method, s)) for s in seeds)} | "
-                     f"{fmt(now[(setting, method, s)] for s in seeds)} |")
+        lines.append(
+            f"| {setting} | {method} | {fmt(before.get((setting, method, s)) for s in seeds)} | "
+            f"{fmt(now[(setting, method, s)] for s in seeds)} |"
+        )
     return "\n".join(lines)
 
 
@@ -204,18 +308,28 @@ def without_collapsed(runs: list[dict]) -> str:
     from benchmarks import gates
 
     by = {(r["setting"], r["method"], r["seed"]): r for r in runs if r.get("role") == "grid"}
-    lines = ["## FedHeNN against Local without the collapsed devices", "",
-             "Per device (paired by seed and device), FedHeNN − Local on the device's local split, in points: over every "
-             "device, and over the devices that predict more than one class in both runs (the collapse gate's reading, "
-             "a proxy for these cells: see Sanity gates). Measured from the committed cells; a run whose recipe never "
-             "collapses is still to be made.", "",
-             "| setting | devices | FedHeNN − Local, every device | devices left | FedHeNN − Local, neither collapsed |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "## FedHeNN against Local without the collapsed devices",
+        "",
+        "Per device (paired by seed and device), FedHeNN − Local on the device's local split, in "
+        "points: over every "
+        "device, and over the devices that predict more than one class in both runs (the collapse "
+        "gate's reading, "
+        "a proxy for these cells: see Sanity gates). Measured from the committed cells; a run "
+        "whose recipe never "
+        "collapses is still to be made.",
+        "",
+        "| setting | devices | FedHeNN − Local, every device | devices left | FedHeNN − Local, "
+        "neither collapsed |",
+        "|---|---|---|---|---|",
+    ]
     for setting in dict.fromkeys(k[0] for k in by):
         every, kept = [], []
         for seed in sorted({k[2] for k in by if k[0] == setting}):
             f, lo = by.get((setting, "fedhenn", seed)), by.get((setting, "local", seed))
-            if not (f and lo and f.get("client_local_accuracy") and lo.get("client_local_accuracy")):
+            if not (
+                f and lo and f.get("client_local_accuracy") and lo.get("client_local_accuracy")
+            ):
                 continue
             fallen = set(gates.collapsed_devices(f)[0]) | set(gates.collapsed_devices(lo)[0])
             for d, acc in f["client_local_accuracy"].items():
@@ -225,7 +339,13 @@ def without_collapsed(runs: list[dict]) -> str:
                     kept.append(diff)
         if every:
             def ms(xs):
-                return "—" if not xs else f"{statistics.fmean(xs):+.2f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.2f}"
+                return (
+                    "—"
+                    if not xs
+                    else f"{statistics.fmean(xs):+.2f} ± "
+                    f"{statistics.stdev(xs) if len(xs) > 1 else 0.0:.2f}"
+                )
+
             lines.append(f"| {setting} | {len(every)} | {ms(every)} | {len(kept)} | {ms(kept)} |")
     return "\n".join(lines)
 
@@ -241,7 +361,11 @@ def diagnostics(results: dict) -> str:
     page = Path(__file__).resolve().parent / "alignment.md"
     if page.exists():
         body = page.read_text().split("\n", 1)[1].strip()
-        out.append("## Diagnostic: does the alignment term move the representations?\n\n"
-                   "From [alignment.md](alignment.md) (`python -m benchmarks.fedhenn.alignment`): how far the devices' "
-                   "kernels align with K̄ at each η₀ against η₀ = 0, next to the accuracy it buys.\n\n" + body)
+        out.append(
+            "## Diagnostic: does the alignment term move the representations?\n\n"
+            "From [alignment.md](alignment.md) (`python -m benchmarks.fedhenn.alignment`): how "
+            "far the devices' "
+            "kernels align with K̄ at each η₀ against η₀ = 0, next to the accuracy it buys.\n\n"
+            + body
+        )
     return "\n\n".join(x for x in out if x)

@@ -13,8 +13,9 @@ from benchmarks.runner import Benchmark, Cell, Claim
 #: Dir(0.1) is a pathological split: five seeds (BENCHMARKS.md); IID and the bound three
 SEEDS = {"dir0.1": (0, 1, 2, 3, 4), "iid": (0, 1, 2)}
 BOUND_SEEDS = (0, 1, 2)
-#: the CNN family's default recipe, chosen by the stability sweep of :mod:`benchmarks.foundation.recipes`
-#: (recipes.md) and pinned here as the benchmark's declared setting
+#: the CNN family's default recipe, chosen by the stability sweep of
+#: :mod:`benchmarks.foundation.recipes` (recipes.md) and pinned here as the benchmark's declared
+#: setting
 RECIPE = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9}
 SETTINGS = {
     "dir0.1": {"partition": "dirichlet", "alpha": 0.1},
@@ -49,8 +50,10 @@ def make(quick: bool = False) -> Benchmark:
     seeds = {s: xs[:3] if quick else xs for s, xs in SEEDS.items()}
     cells = [cell(m, s, seed) for s in SETTINGS for seed in seeds[s] for m in METHODS]
     # the upper bound: one model on the union of the devices' data, the same sample visits
-    centralized = [cell("local", "iid", seed, role="bound", extra={"clients": 1}, name="centralized")
-                   for seed in (BOUND_SEEDS[:1] if quick else BOUND_SEEDS)]
+    centralized = [
+        cell("local", "iid", seed, role="bound", extra={"clients": 1}, name="centralized")
+        for seed in (BOUND_SEEDS[:1] if quick else BOUND_SEEDS)
+    ]
     local_iid = [c for c in cells if c.method == "local" and c.setting == "iid"]
     fleet = fleet_text(base, quick)
     return Benchmark(
@@ -58,10 +61,12 @@ def make(quick: bool = False) -> Benchmark:
         title="Foundation: FedAvg vs Local on Fashion-MNIST",
         description=f"""
 One model family for every device: the small CNN (tier 2) at **width 0.5**; {fleet}; every device
-every round; one local epoch of SGD lr {base["lr"]:g} (momentum {base["momentum"]:g}) at batch 32 per round: the
+every round; one local epoch of SGD lr {base["lr"]:g} (momentum {base["momentum"]:g}) at batch 32 \
+per round: the
 CNN family's default recipe, chosen for stability on a validation split by
 [`recipes.py`](recipes.py) ([recipes.md](recipes.md)). Accuracy: mean over devices of each device's
-model on {base["test_samples"]:,} test images. Settings: Dir(0.1) (the claim) and IID (the reference; Local on
+model on {base["test_samples"]:,} test images. Settings: Dir(0.1) (the claim) and IID (the \
+reference; Local on
 IID is the lower bound). Seeds {list(seeds["dir0.1"])} for Dir(0.1) (a pathological split),
 {list(seeds["iid"])} for IID (a seed changes the partition, the initialisation and the sampling).
 Centralized: one model on all the devices' training images for the same number of epochs (the
@@ -69,11 +74,27 @@ same sample visits), seeds {list(BOUND_SEEDS[:1] if quick else BOUND_SEEDS)}.
 """,
         cells=cells,
         claims=[
-            Claim("fedavg-gt-local-dir0.1", "fedavg > local", "dir0.1",
-                  paper="the toolkit's own claim (federating beats training alone on a non-IID split); no paper number"),
-            Claim("fedavg-gt-local-iid", "fedavg > local", "iid", kind="implied",
-                  note="on IID shards federation sees ten times the data"),
-            Claim("fedavg-ge-local-iid", "fedavg ≥ local", "iid", kind="not worse", note="reference: federation must not hurt on IID"),
+            Claim(
+                "fedavg-gt-local-dir0.1",
+                "fedavg > local",
+                "dir0.1",
+                paper="the toolkit's own claim (federating beats training alone on a non-IID "
+                "split); no paper number",
+            ),
+            Claim(
+                "fedavg-gt-local-iid",
+                "fedavg > local",
+                "iid",
+                kind="implied",
+                note="on IID shards federation sees ten times the data",
+            ),
+            Claim(
+                "fedavg-ge-local-iid",
+                "fedavg ≥ local",
+                "iid",
+                kind="not worse",
+                note="reference: federation must not hurt on IID",
+            ),
         ],
         bounds={"centralized": centralized, "local_iid": local_iid},
         command="python -m benchmarks.foundation" + (" --quick" if quick else ""),

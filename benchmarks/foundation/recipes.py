@@ -1,4 +1,5 @@
-"""The CNN family's default recipe (optimizer, lr, momentum), chosen for stability on a validation split.
+"""The CNN family's default recipe (optimizer, lr, momentum), chosen for stability on a validation
+split.
 
 Issue 37: SGD at lr 0.05 with momentum 0.9 (FedAvg's and Local's default for the tier-2 CNN) sent
 runs to chance (FedAvg on Dir(0.1), seed 1 of benchmarks/foundation, at 10.9 %) and made the
@@ -48,7 +49,8 @@ from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
 SEEDS = (10, 11, 12, 13, 14)  # not foundation's seeds (0–4)
-#: name → the recipe's settings; the current default last (it ran before; here on the validation split)
+#: name → the recipe's settings; the current default last (it ran before; here on the validation
+#: split)
 CURRENT = "sgd 0.05 m0.9"  # FedAvg's and Local's default before this sweep
 CANDIDATES = {
     "sgd 0.01 m0.9": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9},
@@ -62,10 +64,14 @@ SETTINGS = {
 }
 VALIDATION = {"validation_samples": 1000, "eval_samples": 1000}
 #: where the cells' commits are (they ran on a branch that was then rebased onto main)
-PROVENANCE_NOTE = ("`c104fac` and `c283b50` are this sweep's commits before its branch was rebased onto main (as "
-                   "`feccd7c` and `8cb6abd`); each is `a15455e` (main) plus `benchmarks/foundation/recipes.py` alone, "
-                   "so the `edgefl` package every cell ran is `a15455e`'s: code hash `78ddf369e91e96a9`, recorded in "
-                   "every cell.")
+PROVENANCE_NOTE = (
+    "`c104fac` and `c283b50` are this sweep's commits before its branch was rebased onto main (as "
+    "`feccd7c` and `8cb6abd`); each is `a15455e` (main) plus `benchmarks/foundation/recipes.py` "
+    "alone, "
+    "so the `edgefl` package every cell ran is `a15455e`'s: code hash `78ddf369e91e96a9`, "
+    "recorded in "
+    "every cell."
+)
 
 
 def cells(quick: bool = False) -> list[Cell]:
@@ -78,7 +84,11 @@ def cells(quick: bool = False) -> list[Cell]:
     seeds = SEEDS[:1] if quick else SEEDS
     every = [Cell(name, setting, seed, {**base, **SETTINGS[setting], **recipe}, role="sweep")
              for name, recipe in CANDIDATES.items() for setting in SETTINGS for seed in seeds]
-    first = [c for c in every if c.method == CURRENT and c.setting == "centralized" and c.seed in seeds[:2]]
+    first = [
+        c
+        for c in every
+        if c.method == CURRENT and c.setting == "centralized" and c.seed in seeds[:2]
+    ]
     others = [c for c in every if c.method != CURRENT]
     return list(dict.fromkeys(first + others + every))
 
@@ -108,20 +118,32 @@ def summarize(records: list[dict | None], every: list[Cell]) -> dict:
         means, bad, complete = [], False, True
         for setting in SETTINGS:
             planned = [c for c in every if c.method == name and c.setting == setting]
-            rs = sorted((r for r in done if r["method"] == name and r["setting"] == setting), key=lambda r: r["seed"])
+            rs = sorted(
+                (r for r in done if r["method"] == name and r["setting"] == setting),
+                key=lambda r: r["seed"],
+            )
             complete = complete and len(rs) == len(planned)
             why = {r["seed"]: w for r in rs if (w := unstable(r))}
             bad = bad or bool(why)
             finals = [r["final_accuracy"] for r in rs]
             means.append(statistics.fmean(finals) if finals else None)
             slopes = [r["slope"] for r in rs if r.get("slope") is not None]
-            rows.append({"recipe": name, "setting": setting, "planned": len(planned), "seeds": [r["seed"] for r in rs],
-                         "final": finals, "peak": [peak(r) for r in rs],
-                         "mean": statistics.fmean(finals) if finals else None,
-                         "sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-                         "min": min(finals, default=None),
-                         "max_drop": max((peak(r) - r["final_accuracy"] for r in rs), default=None),
-                         "slope": statistics.fmean(slopes) if slopes else None, "unstable": why})
+            rows.append(
+                {
+                    "recipe": name,
+                    "setting": setting,
+                    "planned": len(planned),
+                    "seeds": [r["seed"] for r in rs],
+                    "final": finals,
+                    "peak": [peak(r) for r in rs],
+                    "mean": statistics.fmean(finals) if finals else None,
+                    "sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+                    "min": min(finals, default=None),
+                    "max_drop": max((peak(r) - r["final_accuracy"] for r in rs), default=None),
+                    "slope": statistics.fmean(slopes) if slopes else None,
+                    "unstable": why,
+                }
+            )
         status[name] = "unstable" if bad else "stable" if complete else "undecided"
         score[name] = statistics.fmean(means) if None not in means else None
     stable = [n for n in CANDIDATES if status[n] == "stable"]
@@ -137,51 +159,96 @@ def markdown(result: dict) -> str:
     def pct(x: float | None) -> str:
         return "—" if x is None else f"{100 * x:.2f}"
 
-    chosen = (f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})." if result["chosen"]
-              else "**Not decided yet** (a candidate that could still win has cells to run)."
-              if "undecided" in result["status"].values() else "**No candidate is stable.**")
-    lines = ["# The CNN family's default recipe: a stability sweep on a validation split", "",
-             (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
-             "| recipe | setting | runs | final val. acc % (mean ± sd) | lowest run | largest peak → final drop | "
-             "last-quarter slope | unstable runs |", "|---|---|---|---|---|---|---|---|"]
+    chosen = (
+        f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})."
+        if result["chosen"]
+        else "**Not decided yet** (a candidate that could still win has cells to run)."
+        if "undecided" in result["status"].values()
+        else "**No candidate is stable.**"
+    )
+    lines = [
+        "# The CNN family's default recipe: a stability sweep on a validation split",
+        "",
+        (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0],
+        "",
+        chosen,
+        "",
+        "| recipe | setting | runs | final val. acc % (mean ± sd) | lowest run | largest peak → "
+        "final drop | "
+        "last-quarter slope | unstable runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         why = "; ".join(f"seed {s}: {', '.join(w)}" for s, w in r["unstable"].items()) or "none"
         drop = "—" if r["max_drop"] is None else f"{pct(r['max_drop'])} points"
         slope = "—" if r["slope"] is None else f"{r['slope']:.2f}"
-        lines.append(f"| {r['recipe']} | {r['setting']} | {len(r['seeds'])} of {r['planned']} | {pct(r['mean'])} ± "
-                     f"{pct(r['sd'])} | {pct(r['min'])} | {drop} | {slope} | {why} |")
+        lines.append(
+            f"| {r['recipe']} | {r['setting']} | {len(r['seeds'])} of {r['planned']} | "
+            f"{pct(r['mean'])} ± "
+            f"{pct(r['sd'])} | {pct(r['min'])} | {drop} | {slope} | {why} |"
+        )
     lines += ["", "| recipe | status | mean over the two settings % |", "|---|---|---|"]
     lines += [f"| {n} | {result['status'][n]} | {pct(result['score'][n])} |" for n in CANDIDATES]
     if result["not_run"]:
-        lines += ["", f"Not run ({len(result['not_run'])} cells; the rule was decided without them, or the run is "
-                  "unfinished): " + ", ".join(f"`{x}`" for x in result["not_run"]) + "."]
+        lines += [
+            "",
+            f"Not run ({len(result['not_run'])} cells; the rule was decided without them, or the "
+            "run is "
+            "unfinished): " + ", ".join(f"`{x}`" for x in result["not_run"]) + ".",
+        ]
     lines += ["", "Per run (final / peak validation accuracy %):", ""]
     for r in result["rows"]:
-        runs = ", ".join(f"s{s} {pct(f)}/{pct(p)}" for s, f, p in zip(r["seeds"], r["final"], r["peak"], strict=True))
+        runs = ", ".join(
+            f"s{s} {pct(f)}/{pct(p)}"
+            for s, f, p in zip(r["seeds"], r["final"], r["peak"], strict=True)
+        )
         lines.append(f"- {r['recipe']}, {r['setting']}: {runs or 'not run'}")
     m = result["machine"]
-    lines += ["", "## Provenance", "",
-              "Cells by the commit they ran at: " + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items())
-              + ". " + PROVENANCE_NOTE,
-              f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load (1/5/15 min) "
-              f"{m['before'].get('loadavg_1_5_15')} at the start ({m['before'].get('date')}), "
-              f"{m['after'].get('loadavg_1_5_15')} at the end ({m['after'].get('date')}); "
-              f"{sum(result['wall_seconds']) / 60:.0f} cell-minutes in all (one torch thread per cell; two cells "
-              "at a time on a machine shared with other work, so wall times are rough).", ""]
+    lines += [
+        "",
+        "## Provenance",
+        "",
+        "Cells by the commit they ran at: "
+        + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items())
+        + ". "
+        + PROVENANCE_NOTE,
+        f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load (1/5/15 "
+        "min) "
+        f"{m['before'].get('loadavg_1_5_15')} at the start ({m['before'].get('date')}), "
+        f"{m['after'].get('loadavg_1_5_15')} at the end ({m['after'].get('date')}); "
+        f"{sum(result['wall_seconds']) / 60:.0f} cell-minutes in all (one torch thread per cell; "
+        "two cells "
+        "at a time on a machine shared with other work, so wall times are rough).",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description="The CNN family's default recipe: a stability sweep (issue 37).")
+    p = argparse.ArgumentParser(
+        description="The CNN family's default recipe: a stability sweep (issue 37)."
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--report-only", action="store_true", help="rewrite the results from cached cells; run nothing")
-    p.add_argument("--draft", action="store_true", help="allow running from uncommitted code (marked)")
-    p.add_argument("--quick", action="store_true", help="one seed, the quick profile, into runs/bench-quick/recipes")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the results from cached cells; run nothing",
+    )
+    p.add_argument(
+        "--draft", action="store_true", help="allow running from uncommitted code (marked)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="one seed, the quick profile, into runs/bench-quick/recipes",
+    )
     args = p.parse_args(argv)
     out = (Path.cwd() / "runs" / "bench-quick" / "recipes") if args.quick else HERE
     cache = Cache(out / "recipes_cells", draft=args.draft)
     every = cells(args.quick)
-    previous = json.loads((out / "recipes.json").read_text()) if (out / "recipes.json").exists() else {}
+    previous = (
+        json.loads((out / "recipes.json").read_text()) if (out / "recipes.json").exists() else {}
+    )
     before = previous.get("machine", {}).get("before") or machine()
     if args.report_only:
         records = [cache.find(c) for c in every]
@@ -195,12 +262,33 @@ def main(argv: list[str] | None = None) -> dict:
     commits: dict[str, int] = {}
     for r in done:
         commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
-    after = previous["machine"]["after"] if args.report_only and previous.get("machine") else machine()
-    result.update(command="nice -n 10 python -m benchmarks.foundation.recipes" + (" --quick" if args.quick else ""),
-                  machine={"before": before, "after": after}, commits=commits,
-                  wall_seconds=[r["wall_seconds"] for r in done],
-                  runs=[{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "per_round", "slope",
-                                               "code", "code_hash", "config")} for r in done])
+    after = (
+        previous["machine"]["after"] if args.report_only and previous.get("machine") else machine()
+    )
+    result.update(
+        command="nice -n 10 python -m benchmarks.foundation.recipes"
+        + (" --quick" if args.quick else ""),
+        machine={"before": before, "after": after},
+        commits=commits,
+        wall_seconds=[r["wall_seconds"] for r in done],
+        runs=[
+            {
+                k: r.get(k)
+                for k in (
+                    "method",
+                    "setting",
+                    "seed",
+                    "final_accuracy",
+                    "per_round",
+                    "slope",
+                    "code",
+                    "code_hash",
+                    "config",
+                )
+            }
+            for r in done
+        ],
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipes.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
     (out / "recipes.md").write_text(markdown(result))

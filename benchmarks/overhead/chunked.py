@@ -2,7 +2,8 @@
 raw paho through the same broker, in one run.
 
     nice -n 10 .venv/bin/python -m benchmarks.overhead.chunked              # 10 devices, 3 rounds
-    nice -n 10 .venv/bin/python -m benchmarks.overhead.chunked --devices 3 --rounds 2 --floats 1000000
+    nice -n 10 .venv/bin/python -m benchmarks.overhead.chunked --devices 3 --rounds 2 \
+--floats 1000000
 
 Measured (load average recorded before and after each section):
 
@@ -73,11 +74,15 @@ def raw_paho_throughput(url: str, data: bytes, messages: int) -> dict:
     def on_connect(client, userdata, flags, reason, properties):
         client.subscribe("bench/raw", qos=1)
 
-    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-raw-sub", protocol=mqtt.MQTTv311)
+    sub = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id="bench-raw-sub", protocol=mqtt.MQTTv311
+    )
     sub.on_connect = on_connect
     sub.on_subscribe = lambda *a: subscribed.set()
     sub.on_message = on_message
-    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-raw-pub", protocol=mqtt.MQTTv311)
+    pub = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id="bench-raw-pub", protocol=mqtt.MQTTv311
+    )
     for c in (sub, pub):
         c.connect(addr.host, addr.port)
         c.loop_start()
@@ -119,14 +124,21 @@ def raw_round_trip(url: str, n: int, nbytes: int, rounds: int, watch: MemoryWatc
             "steady_round_s": per_round, "bytes_per_s": 2 * n * nbytes / per_round}
 
 
-def run_edgefl(url: str, n: int, floats: int, rounds: int, processes: int, work: Path, watch: MemoryWatch) -> dict:
+def run_edgefl(
+    url: str, n: int, floats: int, rounds: int, processes: int, work: Path, watch: MemoryWatch
+) -> dict:
     from edgefl.runtime.server import ServeOptions, serve
 
     procs = []
     records: list[dict] = []
     box: dict = {}
     try:
-        procs = spawn_devices("benchmarks.overhead.device_main", device_specs(url, f"chunks{os.getpid()}", n), processes, work)
+        procs = spawn_devices(
+            "benchmarks.overhead.device_main",
+            device_specs(url, f"chunks{os.getpid()}", n),
+            processes,
+            work,
+        )
         watch.watch("devices", [p.pid for p in procs])
 
         def on_round(r: dict) -> None:
@@ -135,7 +147,14 @@ def run_edgefl(url: str, n: int, floats: int, rounds: int, processes: int, work:
             records.append(r)
 
         cfg = edgefl_config(n, floats, rounds, work, "run")
-        serve(cfg, ServeOptions(broker=url, fleet=f"chunks{os.getpid()}", deadline=900, wait_for_devices=1200), on_round=on_round, on_started=lambda t: box.__setitem__("transport", t))
+        serve(
+            cfg,
+            ServeOptions(
+                broker=url, fleet=f"chunks{os.getpid()}", deadline=900, wait_for_devices=1200
+            ),
+            on_round=on_round,
+            on_started=lambda t: box.__setitem__("transport", t),
+        )
     finally:
         stop_processes(procs, grace=120)
     tr = box["transport"]
@@ -153,7 +172,9 @@ def run_edgefl(url: str, n: int, floats: int, rounds: int, processes: int, work:
                 "envelope_resends": sum(r["transport"]["retries"].values()),
                 "chunks_resent_total": r["transport"]["chunks_sent_total"]["resent"],
                 "chunk_stalls_total": r["transport"]["chunks_sent_total"]["stalls"],
-                "duplicate_chunks_received_total": r["transport"]["chunks_received_total"]["duplicates"],
+                "duplicate_chunks_received_total": r["transport"]["chunks_received_total"][
+                    "duplicates"
+                ],
                 "rejected": r["transport"]["rejected"],
                 "memory_bytes_at_end": r["memory_now"],
                 "loadavg": r["loadavg"],
@@ -169,7 +190,10 @@ def run_edgefl(url: str, n: int, floats: int, rounds: int, processes: int, work:
         "server_chunks": {
             "sent": json.loads(json.dumps(tr.chunker.stats.__dict__)),
             "received": json.loads(json.dumps(tr.reassembly.stats.__dict__)),
-            "settings": {k: getattr(tr.chunks, k) for k in ("threshold", "chunk_size", "window", "max_inflight_bytes")},
+            "settings": {
+                k: getattr(tr.chunks, k)
+                for k in ("threshold", "chunk_size", "window", "max_inflight_bytes")
+            },
         },
     }
 
@@ -182,9 +206,12 @@ def write_report(res: dict, out: Path) -> None:
         "",
         f"Command: `{res['command']}`",
         "",
-        f"Machine: {res['machine']['cores']} cores, {res['machine']['cpu']}, {res['machine']['ram_gb']} GB. "
-        f"Load average before {res['load_before']}, after {res['load_after']} (each section's in results.json). "
-        "Every number comes from this one run; the machine was shared, so the absolute rates are not idle ones — compare the ratios.",
+        f"Machine: {res['machine']['cores']} cores, {res['machine']['cpu']}, "
+        f"{res['machine']['ram_gb']} GB. "
+        f"Load average before {res['load_before']}, after {res['load_after']} (each section's in "
+        "results.json). "
+        "Every number comes from this one run; the machine was shared, so the absolute rates are "
+        "not idle ones — compare the ratios.",
         "",
         "## Checks",
         "",
@@ -195,13 +222,17 @@ def write_report(res: dict, out: Path) -> None:
         "",
         "## Rounds",
         "",
-        "| round | seconds | completed | MB moved | MB/s | envelope re-sends | chunks re-sent (total) | stalls (total) | duplicate chunks received (total) | mosquitto RSS at end (MB) | load |",
+        "| round | seconds | completed | MB moved | MB/s | envelope re-sends | chunks re-sent "
+        "(total) | stalls (total) | duplicate chunks received (total) | mosquitto RSS at end (MB) "
+        "| load |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in e["rounds"]:
         lines.append(
-            f"| {r['round']} | {r['round_seconds']:.2f} | {r['completed']} | {r['bytes_moved'] / mb:.0f} | {r['bytes_per_s'] / mb:.0f} | "
-            f"{r['envelope_resends']} | {r['chunks_resent_total']} | {r['chunk_stalls_total']} | {r['duplicate_chunks_received_total']} | "
+            f"| {r['round']} | {r['round_seconds']:.2f} | {r['completed']} | "
+            f"{r['bytes_moved'] / mb:.0f} | {r['bytes_per_s'] / mb:.0f} | "
+            f"{r['envelope_resends']} | {r['chunks_resent_total']} | {r['chunk_stalls_total']} | "
+            f"{r['duplicate_chunks_received_total']} | "
             f"{r['memory_bytes_at_end'].get('mosquitto', 0) / mb:.0f} | {r['loadavg'][0]} |"
         )
     s = e["server_chunks"]
@@ -209,10 +240,13 @@ def write_report(res: dict, out: Path) -> None:
         "",
         "## Throughput, side by side",
         "",
-        f"- edgefl, steady round (median of rounds 2..R): **{e['steady_bytes_per_s'] / mb:.0f} MB/s** (both directions)",
-        f"- raw paho, the same round's traffic ({rawn['devices']} echo clients in one process): **{rawn['bytes_per_s'] / mb:.0f} MB/s** "
+        f"- edgefl, steady round (median of rounds 2..R): **{e['steady_bytes_per_s'] / mb:.0f} "
+        "MB/s** (both directions)",
+        f"- raw paho, the same round's traffic ({rawn['devices']} echo clients in one process): "
+        f"**{rawn['bytes_per_s'] / mb:.0f} MB/s** "
         f"(steady round {rawn['steady_round_s']:.2f} s)",
-        f"- raw paho, one stream ({raw1['messages']} messages of {res['payload_mb']:.1f} MB): **{raw1['bytes_per_s'] / mb:.0f} MB/s**",
+        f"- raw paho, one stream ({raw1['messages']} messages of {res['payload_mb']:.1f} MB): "
+        f"**{raw1['bytes_per_s'] / mb:.0f} MB/s**",
         "",
         "## Memory (peak resident, sampled every 0.2 s)",
         "",
@@ -234,15 +268,21 @@ def write_report(res: dict, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--devices", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--processes", type=int, default=5, help="device processes (devices are spread over them)")
+    ap.add_argument(
+        "--processes", type=int, default=5, help="device processes (devices are spread over them)"
+    )
     ap.add_argument("--floats", type=int, default=RESNET18_FLOATS)
     ap.add_argument("--raw-messages", type=int, default=5)
     ap.add_argument("--out", type=Path, default=HERE / "chunked")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     import numpy as np
 
     from edgefl.transport.broker import MosquittoBroker
@@ -255,7 +295,17 @@ def main() -> None:
         "load_before": load(),
         "payload_mb": args.floats * 4 / 1e6,
     }
-    nbytes = len(encode(Envelope("train", 1, "d000", fleet="f", payload=Payload({"weights": np.zeros(args.floats, np.float32)}))))
+    nbytes = len(
+        encode(
+            Envelope(
+                "train",
+                1,
+                "d000",
+                fleet="f",
+                payload=Payload({"weights": np.zeros(args.floats, np.float32)}),
+            )
+        )
+    )
     work = Path(tempfile.mkdtemp(prefix="edgefl-chunked-"))
     broker = MosquittoBroker(workdir=work / "mosquitto").start()
     watch = MemoryWatch().start()
@@ -263,15 +313,29 @@ def main() -> None:
     watch.watch("server (this process)", [os.getpid()])
     try:
         t = load()
-        res["raw_one_stream"] = {**raw_paho_throughput(broker.url, os.urandom(nbytes), args.raw_messages), "load_before": t, "load_after": load()}
+        res["raw_one_stream"] = {
+            **raw_paho_throughput(broker.url, os.urandom(nbytes), args.raw_messages),
+            "load_before": t,
+            "load_after": load(),
+        }
         res["memory_after_raw_one_stream"] = watch.sample()
         t = load()
-        res["raw_round_trip"] = {**raw_round_trip(broker.url, args.devices, nbytes, args.rounds, watch), "load_before": t, "load_after": load()}
+        res["raw_round_trip"] = {
+            **raw_round_trip(broker.url, args.devices, nbytes, args.rounds, watch),
+            "load_before": t,
+            "load_after": load(),
+        }
         res["memory_peak_raw"] = dict(watch.peak)
         watch.groups.pop("raw echo clients", None)
         watch.peak = {k: 0 for k in watch.groups}  # the edgefl section's own peaks
         t = load()
-        res["edgefl"] = {**run_edgefl(broker.url, args.devices, args.floats, args.rounds, args.processes, work, watch), "load_before": t, "load_after": load()}
+        res["edgefl"] = {
+            **run_edgefl(
+                broker.url, args.devices, args.floats, args.rounds, args.processes, work, watch
+            ),
+            "load_before": t,
+            "load_after": load(),
+        }
     finally:
         res["memory_peak"] = watch.stop()
         broker.stop()
@@ -284,13 +348,34 @@ def main() -> None:
     dups = e["rounds"][-1]["duplicate_chunks_received_total"] if e["rounds"] else None
     mosq = res["memory_peak"]["mosquitto"]
     res["checks"] = [
-        {"what": f"every round completes with all {args.devices} devices", "met": all(r["completed"] == args.devices for r in e["rounds"]) and len(e["rounds"]) == args.rounds,
-         "measured": f"{[r['completed'] for r in e['rounds']]} devices per round"},
-        {"what": "no re-send (envelopes, server chunks, and device chunks seen as duplicates at the server)", "met": resends == 0 and chunk_resends == 0 and dups == 0,
-         "measured": f"{resends} envelope re-sends, {chunk_resends} chunks re-sent, {dups} duplicate chunks received"},
-        {"what": "the broker's resident memory stays under 1 GB", "met": mosq < 1e9, "measured": f"peak {mosq / 1e6:.0f} MB"},
-        {"what": "throughput at least half of raw paho's for the same round's traffic", "met": ratio_round >= 0.5, "measured": f"{ratio_round:.2f}×"},
-        {"what": "throughput at least half of raw paho's single stream", "met": ratio_stream >= 0.5, "measured": f"{ratio_stream:.2f}×"},
+        {
+            "what": f"every round completes with all {args.devices} devices",
+            "met": all(r["completed"] == args.devices for r in e["rounds"])
+            and len(e["rounds"]) == args.rounds,
+            "measured": f"{[r['completed'] for r in e['rounds']]} devices per round",
+        },
+        {
+            "what": "no re-send (envelopes, server chunks, and device chunks seen as duplicates at "
+            "the server)",
+            "met": resends == 0 and chunk_resends == 0 and dups == 0,
+            "measured": f"{resends} envelope re-sends, {chunk_resends} chunks re-sent, "
+            f"{dups} duplicate chunks received",
+        },
+        {
+            "what": "the broker's resident memory stays under 1 GB",
+            "met": mosq < 1e9,
+            "measured": f"peak {mosq / 1e6:.0f} MB",
+        },
+        {
+            "what": "throughput at least half of raw paho's for the same round's traffic",
+            "met": ratio_round >= 0.5,
+            "measured": f"{ratio_round:.2f}×",
+        },
+        {
+            "what": "throughput at least half of raw paho's single stream",
+            "met": ratio_stream >= 0.5,
+            "measured": f"{ratio_stream:.2f}×",
+        },
     ]
     write_json(args.out / "results.json", res)
     write_report(res, args.out)

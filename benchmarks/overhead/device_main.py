@@ -24,7 +24,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(1)
     specs = json.loads(Path(sys.argv[1]).read_text())
-    threads = [threading.Thread(target=run_device, args=(DeviceOptions(**s),), daemon=True) for s in specs]
+    threads = [
+        threading.Thread(target=run_device, args=(DeviceOptions(**s),), daemon=True) for s in specs
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -33,7 +33,9 @@ class EchoDevice(DeviceHalf):
             self.weights = payload.arrays["weights"]
 
     def fit(self, round: int) -> Payload:
-        weights = self.weights if self.weights is not None else np.zeros(self.options.floats, np.float32)
+        weights = (
+            self.weights if self.weights is not None else np.zeros(self.options.floats, np.float32)
+        )
         return Payload({"weights": weights}, {"num_samples": len(self.ctx.train_data)})
 
 

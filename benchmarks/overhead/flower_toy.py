@@ -49,7 +49,9 @@ client_app = ClientApp()
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
     # trivial local work: echo the arrays
-    content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})})
+    content = RecordDict(
+        {"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})}
+    )
     return Message(content=content, reply_to=msg)
 
 
@@ -115,10 +117,18 @@ def main() -> None:
     import flwr
     from flwr.server.superlink.fleet.vce import vce_api
 
-    result = {"flwr": flwr.__version__, "clients": args.clients, "floats": args.floats,
-              "rounds": rounds, "wall_seconds": wall,
-              "grid_pull_interval": next((m["pull_interval"] for m in MARKS if "pull_interval" in m), None),
-              "engine_poll": args.engine_poll, "engine_patched": vce_api.add_messages_to_queue.__module__ == "__main__"}
+    result = {
+        "flwr": flwr.__version__,
+        "clients": args.clients,
+        "floats": args.floats,
+        "rounds": rounds,
+        "wall_seconds": wall,
+        "grid_pull_interval": next(
+            (m["pull_interval"] for m in MARKS if "pull_interval" in m), None
+        ),
+        "engine_poll": args.engine_poll,
+        "engine_patched": vce_api.add_messages_to_queue.__module__ == "__main__",
+    }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
 

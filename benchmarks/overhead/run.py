@@ -189,7 +189,9 @@ def run_group(timing: Timing, n: int, floats: int, rounds: int, reps: int, proce
         "edgefl mqtt": lambda: edgefl_mqtt(broker.url, n, floats, rounds, processes, work, tag()),
         "edgefl memory": lambda: edgefl_memory(n, floats, rounds, work, tag()),
         "flower defaults": lambda: flower(n, floats, rounds, work, tag(), tuned=False),
-        f"flower polls {TUNED_POLL:g} s": lambda: flower(n, floats, rounds, work, tag(), tuned=True),
+        f"flower polls {TUNED_POLL:g} s": lambda: flower(
+            n, floats, rounds, work, tag(), tuned=True
+        ),
     }
     chosen = {k: v for k, v in variants.items() if k.split(" ")[0] in systems}
     try:
@@ -220,7 +222,8 @@ def targets(timing: Timing) -> list[str]:
 
 
 def comparisons(timing: Timing) -> list[str]:
-    """The targets, and paired ratios beyond the baseline column: Flower against edgefl in memory."""
+    """The targets, and paired ratios beyond the baseline column: Flower against edgefl in
+    memory."""
     lines = [*targets(timing), "", "## Flower ÷ edgefl in memory (paired, same repetition)", ""]
     for group, g in timing.results["groups"].items():
         for other in [v for v in g["variants"] if v.startswith("flower")]:

@@ -63,27 +63,62 @@ def make(quick: bool = False) -> Benchmark:
     def opt(name, lr=None):
         return {"server_opt": name, **({"server_opt_lr": lr} if lr is not None else {})}
 
-    # the test split: plain averaging and each optimizer at its default η (what --server-opt X gives)
+    # the test split: plain averaging and each optimizer at its default η (what --server-opt X
+    # gives)
     cells = [cell("fedavg", s, "dir0.5") for s in seeds]
     cells += [cell(o, s, "dir0.5", extra=opt(o)) for o in OPTIMIZERS for s in seeds]
-    # the validation split: every grid value as a run too (the sweep's cells: the same runs), and FedAvg beside them
+    # the validation split: every grid value as a run too (the sweep's cells: the same runs), and
+    # FedAvg beside them
     cells += [cell("fedavg", s, "validation", extra=validation) for s in seeds]
-    cells += [cell(label(o, lr), s, "validation", extra={**validation, **opt(o, lr)}) for o in OPTIMIZERS for lr in grids[o] for s in seeds]
+    cells += [
+        cell(label(o, lr), s, "validation", extra={**validation, **opt(o, lr)})
+        for o in OPTIMIZERS
+        for lr in grids[o]
+        for s in seeds
+    ]
     sweeps = [
         Sweep(
             parameter=f"server_opt_lr ({o})",
             grid=grids[o],
-            cells={lr: [cell(label(o, lr), s, "validation", role="sweep", extra={**validation, **opt(o, lr)}) for s in seeds]
-                   for lr in grids[o]},
+            cells={
+                lr: [
+                    cell(
+                        label(o, lr),
+                        s,
+                        "validation",
+                        role="sweep",
+                        extra={**validation, **opt(o, lr)},
+                    )
+                    for s in seeds
+                ]
+                for lr in grids[o]
+            },
             default=DEFAULT_LR[o] if DEFAULT_LR[o] in grids[o] else None,
-            note=f"β1 = 0.9, β2 = 0.99, τ = 1e-3 (the paper's); {'momentum β1' if o == 'fedavgm' else 'no bias correction, v₀ = τ²'}.",
+            note="β1 = 0.9, β2 = 0.99, τ = 1e-3 (the paper's); "
+            f"{'momentum β1' if o == 'fedavgm' else 'no bias correction, v₀ = τ²'}.",
         )
         for o in OPTIMIZERS
     ]
     bounds = {
-        "centralized": [cell("local", 0, "centralized", role="bound",
-                             extra={"algorithm": "local", "clients": 1, "partition": "iid"})],
-        "local_iid": [cell("local", s, "local-iid", role="bound", extra={"algorithm": "local", "partition": "iid"}) for s in seeds],
+        "centralized": [
+            cell(
+                "local",
+                0,
+                "centralized",
+                role="bound",
+                extra={"algorithm": "local", "clients": 1, "partition": "iid"},
+            )
+        ],
+        "local_iid": [
+            cell(
+                "local",
+                s,
+                "local-iid",
+                role="bound",
+                extra={"algorithm": "local", "partition": "iid"},
+            )
+            for s in seeds
+        ],
     }
     # not the paper's numbers (its tasks differ): whether each optimizer at its default η beats or
     # matches plain averaging here, evaluated as claims are, shown apart and left out of the count
@@ -93,7 +128,8 @@ def make(quick: bool = False) -> Benchmark:
                        quick_note=", one seed", note=", seeds 0–2")
     return Benchmark(
         name="server_opt",
-        title="Server optimizers (FedAvgM, FedAdagrad, FedYogi, FedAdam) on FedAvg, Fashion-MNIST Dir(0.5)",
+        title="Server optimizers (FedAvgM, FedAdagrad, FedYogi, FedAdam) on FedAvg, Fashion-MNIST "
+        "Dir(0.5)",
         description=f"""
 FedAvg's devices (CNN tier 2 at **width 0.25**, one local epoch of SGD 0.05 with momentum 0.9 at
 batch 32, every device every round) under Dir(0.5); {fleet}. The server turns the round's average
@@ -111,5 +147,6 @@ cut to the decades of its own best values per optimizer to fit about 20 minutes 
         claims=claims,
         sweeps=sweeps,
         bounds=bounds,
-        command="nice -n 10 python -m benchmarks.server_opt --workers 1" + (" --quick" if quick else ""),
+        command="nice -n 10 python -m benchmarks.server_opt --workers 1"
+        + (" --quick" if quick else ""),
     )
