@@ -18,7 +18,7 @@ only, SGD 0.05 at batch 32; FedProto its defaults otherwise), one local epoch
 (round 0 of a run), the uplink made by the run assembly exactly as a run makes it (``PrivateDevice``
 with ``--dp local``: each sample's vector clipped to C, noisy sums and counts, the noisy means
 projected onto the C-ball; the noise multiplier the one that spends ε on this single release).
-ε ∈ {1, 4, 8, ∞}, δ = 1e-5, C = 20. The weight methods (FedAvg, FedDW) are not attacked here.
+ε ∈ {1, 4, 8, ∞}, δ = 1e-5, C = 20. The weight methods (FedAvg, FedDW): mia_weights.py (below).
 20 devices per seed, seeds 0–2 (the partition, the models and the noise change with the seed).
 
     nice -n 10 python -m benchmarks.privacy.mia   # writes benchmarks/privacy/mia.json and mia.md
