@@ -7,6 +7,12 @@ import time
 
 import pytest
 
+# One console width for the tests and every process they start, however the suite was started (a
+# terminal's own COLUMNS; pytest-xdist's workers inherit COLUMNS=80): a table a test reads is laid
+# out the same in a serial and in a parallel run. (200: edgefl.report.console.PLAIN_WIDTH, the
+# width of a console that is not a terminal when COLUMNS is unset.)
+os.environ["COLUMNS"] = "200"
+
 try:  # tests/base run in a venv of the base install, without torch
     import torch
 except ModuleNotFoundError:
@@ -107,11 +113,29 @@ def speed() -> float:
     return _shared().speed_factor()
 
 
+def pytest_sessionfinish(session):
+    """A pytest-xdist worker hands its highest speed factor to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and "top" in _shared()._speed:
+        workeroutput["speed_factor_top"] = _shared()._speed["top"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(pytest-xdist's controller) the workers' highest speed factor counts in the summary."""
+    top = getattr(node, "workeroutput", {}).get("speed_factor_top")
+    if top:
+        m = _shared()._speed
+        m["workers_top"] = max(top, m.get("workers_top", 1.0))
+
+
 def pytest_terminal_summary(terminalreporter):
     shared = _shared()
     if "factor" not in shared._speed:  # no test asked: measured once now, to record the load
         shared.speed_factor()
     m = shared._speed
+    if "workers_top" in m and "top" in m:
+        m["top"] = max(m["top"], m["workers_top"])
     if "factor" in m:  # (not when EDGEFL_TEST_SPEED sets it)
         terminalreporter.write_line(
             f"speed factor {m['factor']:.2f}, at most {m['top']:.2f} in this run (last workload {m['wall']:.3f} s wall, "

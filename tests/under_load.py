@@ -1,17 +1,17 @@
-"""Run a pytest selection N times under a CPU-bound background load and write what happened.
+"""Run the test suite N times under a CPU-bound background load and write what happened.
 
-    python tests/under_load.py                       # the whole suite, 3 times, 4 busy processes
+    python tests/under_load.py                       # `make test` 3 times, 4 busy processes
     python tests/under_load.py -n 1 -- tests/test_server_device.py -k kill
     python tests/under_load.py --out runs/under-load.json -- tests/test_mqtt_transport.py
 
-Committed results: tests/under-load/*.json.
+Committed results: tests/under-load/*.json (the whole suite: tests/under-load/results.json).
 
 Starts `--hogs` processes that spin a CPU each (4 on a 2-core machine: every process of the
-tests gets a fraction of a core), runs `python -m pytest -q -p no:cacheprovider <selection>` `-n`
-times, stops the busy processes (each by its own id) and writes a JSON file: per run the exit
-status, passed/failed counts, the failed test ids, the wall time, the speed factor the suite's
-`scaled` measured, and the load average before and after; plus the machine and the commit. It
-exits 1 if any run failed. Tests that pass here wait for events or scale their deadlines with the
+tests gets a fraction of a core), runs the README's `make test` (or, given a selection after
+`--`, `python -m pytest -q -p no:cacheprovider <selection>`) `-n` times, stops the busy processes
+(each by its own id) and writes a JSON file: per run the exit status, passed/failed counts, the
+failed test ids, the wall time, the speed factor the suite's `scaled` measured, and the load
+average before and after; plus the machine and the commit. It exits 1 if any run failed. Tests that pass here wait for events or scale their deadlines with the
 measured speed factor (tests/conftest.py); a test that fails only here depends on machine load.
 """
 
@@ -56,15 +56,24 @@ def stop_hogs(hogs: list[subprocess.Popen]) -> None:
 
 
 def counts(output: str) -> dict[str, int]:
-    """pytest -q's last line, e.g. '3 failed, 18 passed, 2 skipped in 25.72s'."""
-    tail = output.strip().splitlines()[-1] if output.strip() else ""
+    """pytest -q's summary line, e.g. '3 failed, 18 passed, 2 skipped in 25.72s' (make's own
+    lines may follow it)."""
+    lines = [x for x in output.splitlines() if re.search(r"\b(passed|failed|errors?|no tests ran)\b.* in [0-9.]+s", x)]
+    tail = lines[-1] if lines else ""
     return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", tail)}
+
+
+def command(selection: list[str]) -> list[str]:
+    """The README's `make test`, or pytest on a selection."""
+    if not selection:
+        return ["make", "test"]
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
 
 
 def one_run(selection: list[str], log: Path) -> dict:
     load_before = os.getloadavg()
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
+    cmd = command(selection)
     with log.open("w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     wall = time.monotonic() - t0
@@ -90,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hogs", type=int, default=4, help="CPU-bound background processes (default 4)")
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "under-load" / "results.json",
                         help="the results file (JSON; default tests/under-load/results.json)")
-    parser.add_argument("selection", nargs="*", default=["tests"], help="pytest arguments after --, default: tests")
+    parser.add_argument("selection", nargs="*", default=[],
+                        help="pytest arguments after -- (default: none, the suite as `make test` runs it)")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.hogs < 0:
         parser.error("--runs must be >= 1 and --hogs >= 0")
@@ -98,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     result = {
-        "command": " ".join([Path(sys.executable).name, "tests/under_load.py", "-n", str(args.runs), "--hogs", str(args.hogs), "--", *args.selection]),
+        "command": " ".join([Path(sys.executable).name, "tests/under_load.py", "-n", str(args.runs), "--hogs", str(args.hogs),
+                             *(["--", *args.selection] if args.selection else [])]),
+        "runs_command": " ".join(command(args.selection)),
         "selection": args.selection,
         "hogs": args.hogs,
         "cpus": os.cpu_count(),
