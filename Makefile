@@ -44,8 +44,11 @@ demo: venv data
 	@echo "onnx:    $(DEMO)/onnx/ (fp32 and int8 per device)"
 	@echo "took $$(( $$(date +%s) - $$(cat $(DEMO)/started-at) )) s on $$(nproc) cores; load average now: $$(cut -d' ' -f1-3 /proc/loadavg)"
 
+# The suite in parallel (pytest-xdist): one worker per core, at most 4 (tests start processes of
+# their own). A file's tests stay in one worker, except those tests/conftest.py lets spread (SPREAD).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: venv data
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The emulated Raspberry Pi check (root; slow, not part of CI): benchmarks/pi/results.md.
 pi-check: venv

@@ -37,6 +37,31 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.base)
 
 
+# --- in parallel (pytest-xdist) ------------------------------------------------------------------
+#: Files whose tests pytest-xdist may hand to different workers one by one: each test stands alone
+#: (its own tmp_path, broker and fleet name; nothing process-wide kept between tests). The tests of
+#: every other file run in one worker, in file order, as in a serial run (module fixtures built
+#: once; tests that share something process- or machine-wide, like Ray's `ray stop`).
+SPREAD = {"tests/test_conformance.py", "tests/test_models.py"}
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (`make test`), with each test of a SPREAD file a unit of its own.
+    (`--dist loadgroup` would say the same with marks, but pytest 9.2 drops its groups:
+    pytest-dev/pytest-xdist#1386.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndSpreadTests(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path in SPREAD else path
+
+    return FilesAndSpreadTests(config, log)
+
+
 # --- time under load -----------------------------------------------------------------------------
 # A deadline that is a real parameter of the system under test (a round's deadline, a device's
 # "gone after") is written for an idle 2-core machine and passed through `scaled`; everything else
