@@ -9,6 +9,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,27 @@ def launch_browser(playwright):
         )
     except Exception as e:  # noqa: BLE001 - the message is the point
         pytest.fail(f"the browser could not start: {e}")
+
+
+def page_wait(wait, what: str, running: dict, timeout: float):
+    """`wait(ms)` (a Playwright wait) until it succeeds, in slices of 2 s. Fails at once, with its
+    log, when a process of `running` ({name: (Popen, log path or None)}) has exited (what the page
+    waits for can no longer come), else after `scaled(timeout)` s (a bound for a hang only)."""
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    bound = scaled(timeout)
+    end = time.monotonic() + bound
+    while True:
+        try:
+            return wait(2000)
+        except PageTimeout:
+            for name, (proc, log) in running.items():
+                if proc.poll() is not None:
+                    tail = Path(log).read_text(errors="replace")[-3000:] if log else ""
+                    pytest.fail(f"{name} exited ({proc.returncode}) while the page waited for "
+                                f"{what}\n{tail}")
+            if time.monotonic() > end:
+                raise AssertionError(f"timed out after {bound:g} s waiting for {what}") from None
 
 
 def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
@@ -111,6 +133,8 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
         assert match, f"the dashboard did not start: {line}"
         page_url = match.group(0)
 
+        running = {"the server": (server, tmp_path / "server.log"), "the dashboard": (dash, None),
+                   **{d: (devices[d], tmp_path / f"{d}.log") for d in ("d00", "d01")}}
         with sync_playwright() as p:
             browser = launch_browser(p)
             try:
@@ -124,16 +148,15 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
                 ).new_page()
                 page.goto(page_url)
                 # Execute and Assert: the devices appear, the round advances without a reload
-                page.wait_for_selector("tr[data-device=d02]", timeout=scaled(240) * 1000)
-                page.wait_for_function(
+                page_wait(lambda ms: page.wait_for_selector("tr[data-device=d02]", timeout=ms),
+                          "d02's row", running, 240)
+                page_wait(lambda ms: page.wait_for_function(
                     "() => /^[0-9]+$/.test(document.getElementById('round').textContent)",
-                    timeout=scaled(120) * 1000,
-                )
+                    timeout=ms), "a round number", running, 120)
                 first_round = int(page.text_content("#round"))
-                page.wait_for_function(
+                page_wait(lambda ms: page.wait_for_function(
                     f"() => +document.getElementById('round').textContent > {first_round}",
-                    timeout=scaled(60) * 1000,
-                )
+                    timeout=ms), "the next round", running, 60)
                 assert page.locator("tr[data-device]").count() == 3
 
                 status = json.loads(
@@ -157,9 +180,9 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
                 # a device killed mid-run turns late (its connection is lost), then gone
                 devices["d02"].send_signal(signal.SIGKILL)
                 for state in ("late", "gone"):
-                    page.wait_for_selector(
-                        f"tr[data-device=d02][data-state={state}]", timeout=scaled(60) * 1000
-                    )
+                    page_wait(lambda ms, state=state: page.wait_for_selector(
+                        f"tr[data-device=d02][data-state={state}]", timeout=ms),
+                        f"d02 {state}", running, 60)
                     seen_states.append(state)
                 assert page.locator("#accuracy polyline").count() >= 1  # accuracy per tier is drawn
                 rows = page.locator("tr[data-device]").count()
@@ -173,7 +196,11 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
     finally:
         for proc in (dash, server):
             proc.terminate()
-            proc.wait(20)
+            try:
+                proc.wait(scaled(20))
+            except subprocess.TimeoutExpired:  # (not this test's subject: what failed above is)
+                proc.kill()
+                proc.wait(10)
         for proc in devices.values():
             if proc.poll() is None:
                 proc.kill()

@@ -58,7 +58,8 @@ def stop_hogs(hogs: list[subprocess.Popen]) -> None:
 def counts(output: str) -> dict[str, int]:
     """pytest -q's summary line, e.g. '3 failed, 18 passed, 2 skipped in 25.72s' (make's own
     lines may follow it)."""
-    lines = [x for x in output.splitlines() if re.search(r"\b(passed|failed|errors?|no tests ran)\b.* in [0-9.]+s", x)]
+    summary = r"\b(passed|failed|errors?|no tests ran)\b.* in [0-9.]+s"
+    lines = [x for x in output.splitlines() if re.search(summary, x)]
     tail = lines[-1] if lines else ""
     return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", tail)}
 
