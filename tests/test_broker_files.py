@@ -144,7 +144,9 @@ def test_passwords_as_documented(repo):
         assert not _accepted(port, "pi-08", late)
         proc.send_signal(1)
         wait_until(
-            lambda: _accepted(port, "pi-08", late), "the reloaded broker to let pi-08 in", timeout=60,
+            lambda: _accepted(port, "pi-08", late),
+            "the reloaded broker to let pi-08 in",
+            timeout=60,
         )
         assert proc.poll() is None
     finally:
