@@ -411,17 +411,22 @@ def test_many_devices_connecting_at_once_all_get_their_subscriptions_and_no_brok
 def test_a_fleet_that_acknowledges_slowly_is_not_re_sent_to_once_its_wait_is_known(amqtt):
     """A device whose network thread is 0.6 s behind (a loaded machine): the server's first
     request is re-sent after retry_after (0.3 s); having seen the acknowledgement take 0.6 s, it
-    waits twice that before re-sending the next one, which then goes once."""
+    waits twice that before re-sending the next one, which then goes once. (The next one is sent
+    once the device has worked off the first one's copies: queued behind them, its
+    acknowledgement would take one lag per copy, and the test would measure the queue.)"""
     fleet = "t9"
     lag = scaled(0.6)  # (both times stretched together under load: the lag stays twice retry_after)
     server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=lag / 2).start()
     device = EchoDevice(amqtt.url, fleet, "slow", ack_delay=0.0)
     inner = device.ep._on_message_safe
+    downlinks = []
 
     def behind(client, userdata, msg):
         if msg.topic.endswith("/down"):
             time.sleep(lag)
         inner(client, userdata, msg)
+        if msg.topic.endswith("/down"):
+            downlinks.append(msg.mid)
 
     device.ep.client.on_message = behind
     device.start()
@@ -431,6 +436,7 @@ def test_a_fleet_that_acknowledges_slowly_is_not_re_sent_to_once_its_wait_is_kno
         )
         retries_first = server.take_stats().retries.get("slow", 0)
         learned = server.ack_wait
+        wait_until(lambda: len(downlinks) >= 1 + retries_first, "the device to take every copy")
         second = server.request(
             {"slow": _train(fleet, "slow", 1, 2.0)}, timeout=scaled(10), accept=_accept
         )
