@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -122,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    # stopped (kill, Ctrl-C, also as a background job that ignores SIGINT): the busy processes
+    # are stopped too (`finally`), never left spinning
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     hogs = start_hogs(args.hogs)
     try:
         for i in range(args.runs):
