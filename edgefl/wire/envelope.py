@@ -387,15 +387,4 @@ def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
     routing = header.model_dump(by_alias=True)
     if _checksum(routing, tensors) != header.checksum:
         raise WireError("checksum does not match")
-    return Envelope(
-        kind=header.kind,
-        round=int(header.round),
-        device_id=header.device,
-        fleet=header.fleet,
-        algorithm=header.algorithm,
-        tier=header.tier,
-        payload=Payload(arrays=arrays, meta=meta),
-        message_id=header.message_id,
-        run=header.run,
-        nonce=header.nonce,
-    )
+    return Envelope(payload=Payload(arrays=arrays, meta=meta), **header.routing())

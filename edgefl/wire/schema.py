@@ -79,6 +79,21 @@ class Header(BaseModel):
     meta: Annotated[str, StringConstraints(max_length=64 * 1024)]
     checksum: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8}$")]
 
+    def routing(self) -> dict[str, Any]:
+        """The routing fields as an Envelope (and a Routing) names them."""
+        return {"kind": self.kind, "round": int(self.round), "device_id": self.device,
+                "fleet": self.fleet, "algorithm": self.algorithm, "tier": self.tier,
+                "message_id": self.message_id, "run": self.run, "nonce": self.nonce}
+
+
+def _json_object(data: Any, name: str, fields: str, limit: int) -> None:
+    """Refuse anything but a JSON object of at most ``limit`` fields (``name`` and ``fields``
+    word the error)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{name} must be a JSON object")
+    if len(data) > limit:
+        raise ValueError(f"{len(data)} {fields} fields (limit {limit})")
+
 
 def _bounded(key: str, value: Any) -> None:
     if isinstance(value, bool):
@@ -106,10 +121,7 @@ class Meta(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _scalars(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise ValueError("payload metadata must be a JSON object")
-        if len(data) > MAX_META_FIELDS:
-            raise ValueError(f"{len(data)} metadata fields (limit {MAX_META_FIELDS})")
+        _json_object(data, "payload metadata", "metadata", MAX_META_FIELDS)
         for key, value in data.items():
             _bounded(key, value)
         return data
@@ -172,10 +184,7 @@ class ProfileModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _flat(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise ValueError("the profile must be a JSON object")
-        if len(data) > 32:
-            raise ValueError(f"{len(data)} profile fields (limit 32)")
+        _json_object(data, "the profile", "profile", 32)
         for key, value in data.items():
             if len(key) > 64:
                 raise ValueError("a profile field name is longer than 64 characters")

@@ -53,19 +53,7 @@ class Routing:
 def peek(data: bytes, limits: Limits = Limits()) -> Routing:
     """Routing fields of an envelope; raises WireError on anything that is not one."""
     header, meta, _ = read_header(data, limits)
-    return Routing(
-        kind=header.kind,
-        round=int(header.round),
-        device_id=header.device,
-        fleet=header.fleet,
-        message_id=header.message_id,
-        algorithm=header.algorithm,
-        tier=header.tier,
-        meta=meta,
-        size=len(data),
-        run=header.run,
-        nonce=header.nonce,
-    )
+    return Routing(meta=meta, size=len(data), **header.routing())
 
 
 def check_reply(reply: Envelope, want: Expectation) -> None:
