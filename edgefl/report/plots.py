@@ -102,20 +102,9 @@ def plot_run(run_dir: Path) -> list[Path]:
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     bx = [r["round"] for r in rounds]
-    ax.plot(
-        bx,
-        [r["bytes_up_total"] / 1e6 for r in rounds],
-        marker="o",
-        ms=2.5,
-        label="uplink (devices → server)",
-    )
-    ax.plot(
-        bx,
-        [r["bytes_down_total"] / 1e6 for r in rounds],
-        marker="o",
-        ms=2.5,
-        label="downlink (server → devices)",
-    )
+    for key, label in (("bytes_up_total", "uplink (devices → server)"),
+                       ("bytes_down_total", "downlink (server → devices)")):
+        ax.plot(bx, [r[key] / 1e6 for r in rounds], marker="o", ms=2.5, label=label)
     noted = _explain_alternation(ax, fig, rounds, bx)
     ax.set_title(f"{name}: traffic per round, all devices (evaluation included)", fontsize=10)
     ax.set_xlabel("round")
