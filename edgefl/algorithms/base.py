@@ -42,6 +42,7 @@ objects run in the in-memory simulation and over MQTT. Algorithms never import a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -176,6 +177,21 @@ class ServerContext:
         return total_rounds(self.rounds, self.closing_rounds)
 
 
+@contextlib.contextmanager
+def cpu_seeded(seed: int):
+    """torch's CPU generator seeded with ``seed`` inside, restored after: what
+    ``torch.random.fork_rng()`` with ``torch.manual_seed(seed)`` does for CPU work, without their
+    reach for the accelerators (on a CUDA build each counts the GPUs and records a traceback for
+    their lazy seeding: ~5 ms a device built, most of a small device's start)."""
+    generator = torch.default_generator
+    state = generator.get_state()
+    generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        generator.set_state(state)
+
+
 class DeviceHalf:
     """Base of every device half; subclasses implement :meth:`fit`."""
 
@@ -197,8 +213,7 @@ class DeviceHalf:
             ctx = dataclasses.replace(ctx, train_data=ctx.train_data.on(self.device), public=public)
         self.ctx = ctx
         self.options = options
-        with torch.random.fork_rng():
-            torch.manual_seed(ctx.seed)
+        with cpu_seeded(ctx.seed):
             # built on the CPU (the same initial weights on any device), then moved
             self.model: nn.Module = build_model(ctx.spec).to(self.device)
 

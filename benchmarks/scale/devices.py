@@ -1,0 +1,206 @@
+"""Many devices in memory: time and bytes per device of an in-memory simulation against N.
+
+    nice -n 10 python -m benchmarks.scale.devices [--devices 100 1000 10000] [--cap-gb 16]
+
+Each N runs in a child process (so each peak is its own): ``edgefl simulate``'s in-memory run
+(:func:`edgefl.runtime.simulation.simulate`, one torch thread) of two workloads:
+
+- ``fedavg``: FedAvg on the CNN (tier 2, 83,466 weights, 334 kB), all 60,000 Fashion-MNIST
+  training images shared out IID (6 a device at 10,000), one round of one local step, every
+  device selected, then the finish exchange, the final evaluation (on 1,000 test images) and
+  the devices' models written: one whole run.
+- ``echo``: ``bench-echo`` (a device returns the 1,000 floats it was sent; no training), five
+  rounds: the orchestration alone (requests, checks, replies, records), per round.
+
+A thread of this process samples the child's resident memory every 0.1 s and kills it past
+``--cap-gb`` (the machine is shared); the child also reports its own peak (``ru_maxrss``), and
+its resident memory before :func:`simulate` (imports, no data: the base). Bytes per device:
+(peak − base) / N, and the slope between the two largest N. Time per device: each phase's
+seconds / N. The load average is recorded before and after each child. Writes
+``benchmarks/scale/devices.json`` and ``devices.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from benchmarks.common import fit_exponent, write_json
+from benchmarks.timing import invocation, load, machine
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = {
+    "fedavg": {"algorithm": "fedavg", "dataset": "fashion-mnist", "rounds": 1, "steps": 1,
+               "partition": "iid", "train_samples": 60000, "test_samples": 1000,
+               "eval_samples": 100, "min_size": 1, "seed": 0},
+    "echo": {"algorithm": "bench-echo", "options": {"floats": "1000"}, "dataset": "synthetic",
+             "rounds": 5, "eval_every": 0, "steps": 1, "test_samples": 50, "eval_samples": 50,
+             "min_size": 1, "seed": 0},
+}
+
+
+def child(workload: str, n: int, out: Path) -> dict:
+    """One simulation of ``workload`` with ``n`` devices in this process; its phases and memory."""
+    import benchmarks.overhead.echo  # noqa: F401  (registers bench-echo)
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import resolve_config
+    from edgefl.runtime.simulation import simulate
+
+    explicit = {**WORKLOADS[workload], "clients": n, "threads": 1, "out_dir": str(out),
+                "run_name": f"{workload}-{n}"}
+    cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
+    base = psutil.Process().memory_info().rss
+    starts: dict[str, float] = {}  # each stage's first exchange, from simulate's start
+
+    def progress(stage, rnd, done, total):
+        starts.setdefault(stage, time.perf_counter() - t0)
+
+    rounds: list[dict] = []
+    t0 = time.perf_counter()
+    summary = simulate(cfg, rounds.append, plots=False, on_progress=progress)
+    wall = time.perf_counter() - t0
+    return {
+        "devices": n, "wall_seconds": wall, "setup_seconds": starts.get("train"),
+        "round_seconds": [r["round_seconds"] for r in rounds],
+        "device_phase_seconds": [r["collect_seconds"] for r in rounds],
+        "aggregate_seconds": [r["aggregate_seconds"] for r in rounds],
+        "after_rounds_seconds": wall - starts.get("train", 0)
+        - sum(r["round_seconds"] for r in rounds),
+        "completed": [len(r["completed"]) for r in rounds],
+        "accuracy": summary.get("mean_accuracy"),
+        "base_rss": base, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def run_child(workload: str, n: int, cap: int) -> dict:
+    """``child`` in a subprocess, watched: killed past ``cap`` bytes of resident memory."""
+    out = Path(tempfile.mkdtemp(prefix="edgefl-devices-"))
+    cmd = [sys.executable, "-m", "benchmarks.scale.devices", "--child", workload, str(n), str(out)]
+    before = {"load": load(), "available_gb": round(psutil.virtual_memory().available / 2**30, 1)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    watched = {"peak": 0, "killed": False}
+
+    def watch():
+        p = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                rss = p.memory_info().rss
+            except psutil.Error:
+                return
+            watched["peak"] = max(watched["peak"], rss)
+            if rss > cap:
+                watched["killed"] = True
+                proc.kill()
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    stdout, _ = proc.communicate()
+    thread.join()
+    shutil.rmtree(out, ignore_errors=True)
+    row = {"workload": workload, "devices": n, "before": before, "load_after": load(),
+           "watched_peak_rss": watched["peak"]}
+    if watched["killed"] or proc.returncode != 0:
+        return {**row, "error": f"killed past {cap / 2**30:.0f} GB" if watched["killed"]
+                else f"exit code {proc.returncode}"}
+    return {**row, **json.loads(stdout.strip().splitlines()[-1])}
+
+
+def per_device(row: dict) -> dict:
+    """The row's costs per device: seconds of each phase and bytes over the base."""
+    n = row["devices"]
+    steady = statistics.median(row["round_seconds"][1:] or row["round_seconds"])
+    peak = max(row["peak_rss"], row["watched_peak_rss"])
+    return {"setup_ms": 1e3 * (row["setup_seconds"] or 0) / n, "round_ms": 1e3 * steady / n,
+            "wall_ms": 1e3 * row["wall_seconds"] / n, "peak_mb": peak / 2**20,
+            "bytes": (peak - row["base_rss"]) / n}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--devices", type=int, nargs="+", default=[100, 1000, 10000])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
+    p.add_argument("--cap-gb", type=float, default=16.0)
+    p.add_argument("--child", nargs=3, metavar=("WORKLOAD", "N", "OUT"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        workload, n, out = args.child
+        print(json.dumps(child(workload, int(n), Path(out))), flush=True)
+        return {}
+    results = {"invocation": invocation(), "machine": machine(), "load_start": load(),
+               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cap_gb": args.cap_gb,
+               "workloads": WORKLOADS, "rows": []}
+    for workload in args.workload or ["echo", "fedavg"]:
+        for n in args.devices:
+            row = run_child(workload, n, int(args.cap_gb * 2**30))
+            if "error" not in row:
+                row["per_device"] = per_device(row)
+            print(json.dumps(row), flush=True)
+            results["rows"].append(row)
+    results["load_end"] = load()
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    write_json(HERE / "devices.json", results)
+    (HERE / "devices.md").write_text(report(results))
+    return results
+
+
+def report(results: dict) -> str:
+    inv, m = results["invocation"], results["machine"]
+    lines = [
+        "# Many devices in memory: time and bytes per device against N", "",
+        f"Command: `{inv['command']}` (niceness {inv['niceness']}), commit `{inv['commit']}` "
+        f"(tree {'clean' if inv['clean'] else 'with uncommitted changes'}). Machine: {m['cores']} "
+        f"cores, {m['cpu']}, {m['ram_gb']} GB, shared. {results['started']} to "
+        f"{results['finished']}; load average {results['load_start']} at the start, "
+        f"{results['load_end']} at the end (each N's before and after is in devices.json). "
+        f"Each N is one child process, one torch thread, watched and killed past "
+        f"{results['cap_gb']:.0f} GB; base: its resident memory before `simulate` (imports, no "
+        "data, no devices).", "",
+        "| workload | N | completed | setup (s) | round (s, steady) | after the rounds (s) | "
+        "whole run (s) | peak RSS (MB) | per device: setup (ms) | round (ms) | whole run (ms) | "
+        "memory (kB) | load before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['workload']} | {r['devices']:,} | {r['error']} |" + " |" * 10)
+            continue
+        d = r["per_device"]
+        steady = statistics.median(r["round_seconds"][1:] or r["round_seconds"])
+        lines.append(
+            f"| {r['workload']} | {r['devices']:,} | {min(r['completed'])} | "
+            f"{r['setup_seconds']:.1f} | {steady:.3f} | {r['after_rounds_seconds']:.1f} | "
+            f"{r['wall_seconds']:.1f} | {d['peak_mb']:,.0f} | {d['setup_ms']:.2f} | "
+            f"{d['round_ms']:.3f} | {d['wall_ms']:.2f} | {d['bytes'] / 1e3:.0f} | "
+            f"{r['before']['load'][0]} |")
+    lines += ["", "Fitted exponents b (value ≈ a·N^b) and the slope of peak memory between the "
+              "two largest N (the cost of one more device, without the fixed part):", ""]
+    for w in dict.fromkeys(r["workload"] for r in results["rows"]):
+        ok = [r for r in results["rows"] if r["workload"] == w and "error" not in r]
+        if len(ok) < 2:
+            continue
+        steady = [(r["devices"], statistics.median(r["round_seconds"][1:] or r["round_seconds"]))
+                  for r in ok]
+        a, b = sorted(ok, key=lambda r: r["devices"])[-2:]
+        slope = ((per_device(b)["peak_mb"] - per_device(a)["peak_mb"]) * 2**20
+                 / (b["devices"] - a["devices"]))
+        lines.append(f"- {w}: round time b = {fit_exponent(steady):.2f}, setup b = "
+                     f"{fit_exponent([(r['devices'], r['setup_seconds']) for r in ok]):.2f}; "
+                     f"memory {slope / 1e3:.0f} kB per device from {a['devices']:,} to "
+                     f"{b['devices']:,}")
+    return "\n".join(lines + [""])
+
+
+if __name__ == "__main__":
+    main()
