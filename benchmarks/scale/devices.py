@@ -13,7 +13,7 @@ Each N runs in a child process (so each peak is its own): ``edgefl simulate``'s 
   rounds: the orchestration alone (requests, checks, replies, records), per round.
 
 A thread of this process samples the child's resident memory every 0.1 s and kills it past
-``--cap-gb`` (the machine is shared); the child also reports its own peak (``ru_maxrss``), and
+``--cap-gb``, or when the machine's available memory falls under 1.5 GB (it is shared); the child also reports its own peak (``ru_maxrss``), and
 its resident memory before :func:`simulate` (imports, no data: the base). Bytes per device:
 (peak − base) / N, and the slope between the two largest N. Time per device: each phase's
 seconds / N. The load average is recorded before and after each child. Writes
@@ -40,6 +40,8 @@ from benchmarks.common import fit_exponent, write_json
 from benchmarks.timing import invocation, load, machine
 
 HERE = Path(__file__).resolve().parent
+#: The child is killed when the machine's available memory falls under this (others share it).
+RESERVE = int(1.5 * 2**30)
 WORKLOADS = {
     "fedavg": {"algorithm": "fedavg", "dataset": "fashion-mnist", "rounds": 1, "steps": 1,
                "partition": "iid", "train_samples": 60000, "test_samples": 1000,
@@ -99,7 +101,7 @@ def run_child(workload: str, n: int, cap: int) -> dict:
             except psutil.Error:
                 return
             watched["peak"] = max(watched["peak"], rss)
-            if rss > cap:
+            if rss > cap or psutil.virtual_memory().available < RESERVE:
                 watched["killed"] = True
                 proc.kill()
                 return
@@ -113,8 +115,9 @@ def run_child(workload: str, n: int, cap: int) -> dict:
     row = {"workload": workload, "devices": n, "before": before, "load_after": load(),
            "watched_peak_rss": watched["peak"]}
     if watched["killed"] or proc.returncode != 0:
-        return {**row, "error": f"killed past {cap / 2**30:.0f} GB" if watched["killed"]
-                else f"exit code {proc.returncode}"}
+        return {**row, "error": f"killed at {watched['peak'] / 2**30:.1f} GB (cap {cap / 2**30:.0f} "
+                f"GB, or the machine's available memory under {RESERVE / 2**30:.1f} GB)"
+                if watched["killed"] else f"exit code {proc.returncode}"}
     return {**row, **json.loads(stdout.strip().splitlines()[-1])}
 
 
