@@ -10,6 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from edgefl.errors import EdgeflError, WireError
+from edgefl.runtime import parallel as parallel_module
 from edgefl.runtime import simulation
 from edgefl.runtime.parallel import WorkerPool, device_groups
 from edgefl.runtime.setup import device_ids
@@ -43,11 +44,18 @@ def test_two_workers_give_the_sequential_run(tmp_path, algorithm, extra):
     # one torch thread per device in both: the same floating-point reductions
     cfg = tiny_config(tmp_path, algorithm=algorithm, threads=1, **extra)
     sequential, parallel, states = sequential_and(cfg, "par", workers=2)
+    # the same workers serve the next run of this process, with the same results
+    reused = set(parallel_module.idle_pids())
+    assert len(reused) == 2
+    again = simulation.simulate(cfg.model_copy(update={"run_name": "again"}), plots=False,
+                                workers=2, on_done=lambda s: states.append(s.state_dict()))
+    assert set(parallel_module.idle_pids()) == reused
 
-    assert parallel["client_accuracy"] == sequential["client_accuracy"]
-    assert set(states[0]) == set(states[1])
+    assert parallel["client_accuracy"] == sequential["client_accuracy"] == again["client_accuracy"]
+    assert set(states[0]) == set(states[1]) == set(states[2])
     for k in states[0]:
         np.testing.assert_array_equal(states[1][k], states[0][k], err_msg=k)
+        np.testing.assert_array_equal(states[2][k], states[0][k], err_msg=k)
     seq_rounds, par_rounds = _rounds(sequential), _rounds(parallel)
     for a, b in zip(seq_rounds, par_rounds, strict=True):
         assert b["selected"] == a["selected"] and b["completed"] == a["completed"]
@@ -118,7 +126,30 @@ def test_a_worker_that_dies_fails_its_devices_and_the_others_are_served(tmp_path
         assert refused["d99"].error == "device is not connected"
     finally:
         pool.close()
+    # the live worker waits for the next pool of this process; the dead one is not taken back
+    assert parallel_module.idle_pids() == [procs[1].pid]
+    parallel_module.close_idle_workers()
     assert len(procs) == 2 and all(not p.is_alive() for p in procs)
+
+
+def test_a_pool_takes_the_released_workers_and_without_keep_ends_them(tmp_path):
+    parallel_module.close_idle_workers()
+    cfg = tiny_config(tmp_path, clients=4, threads=1)
+    ids = device_ids(4)
+    first = WorkerPool(cfg, ids, 2)
+    pids = first.pids
+    first.close()
+    assert sorted(parallel_module.idle_pids()) == sorted(pids)
+    # another run's devices (two of them) on the same processes, served as a fresh pool serves them
+    second = WorkerPool(cfg.model_copy(update={"clients": 2}), device_ids(2), 2, keep=False)
+    try:
+        assert second.pids == pids and parallel_module.idle_pids() == []
+        replies = second.request({d: _evaluate(d) for d in device_ids(2)}, accept=_accept)
+        assert all(replies[d].value.kind == "metrics" for d in device_ids(2))
+        procs = list(second._procs)
+    finally:
+        second.close()
+    assert parallel_module.idle_pids() == [] and all(not p.is_alive() for p in procs)
 
 
 def test_device_groups_balance_the_work_not_the_count():

@@ -13,11 +13,11 @@ Each N runs in a child process (so each peak is its own): ``edgefl simulate``'s 
   rounds: the orchestration alone (requests, checks, replies, records), per round.
 
 A thread of this process samples the child's resident memory every 0.1 s and kills it past
-``--cap-gb``, or when the machine's available memory falls under 1.5 GB (it is shared); the child also reports its own peak (``ru_maxrss``), and
-its resident memory before :func:`simulate` (imports, no data: the base). Bytes per device:
-(peak − base) / N, and the slope between the two largest N. Time per device: each phase's
-seconds / N. The load average is recorded before and after each child. Writes
-``benchmarks/scale/devices.json`` and ``devices.md``.
+``--cap-gb``, or when the machine's available memory falls under 1.5 GB (it is shared); the
+child also reports its own peak (``ru_maxrss``), and its resident memory before
+:func:`simulate` (imports, no data: the base). Bytes per device: (peak − base) / N, and the
+slope between the two largest N. Time per device: each phase's seconds / N. The load average is
+recorded before and after each child. Writes ``benchmarks/scale/devices.json`` and ``devices.md``.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ WORKLOADS = {
     "fedavg": {"algorithm": "fedavg", "dataset": "fashion-mnist", "rounds": 1, "steps": 1,
                "partition": "iid", "train_samples": 60000, "test_samples": 1000,
                "eval_samples": 100, "min_size": 1, "seed": 0},
-    "echo": {"algorithm": "bench-echo", "options": {"floats": "1000"}, "dataset": "synthetic",
-             "rounds": 5, "eval_every": 0, "steps": 1, "test_samples": 50, "eval_samples": 50,
-             "min_size": 1, "seed": 0},
+    "echo": {"algorithm": "bench-echo", "options": {"floats": "1000"}, "dataset": "fashion-mnist",
+             "rounds": 5, "eval_every": 0, "steps": 1, "partition": "iid", "train_samples": 60000,
+             "test_samples": 50, "eval_samples": 50, "min_size": 1, "seed": 0},
 }
 
 
@@ -112,11 +112,13 @@ def run_child(workload: str, n: int, cap: int) -> dict:
     stdout, _ = proc.communicate()
     thread.join()
     shutil.rmtree(out, ignore_errors=True)
-    row = {"workload": workload, "devices": n, "before": before, "load_after": load(),
+    row = {"workload": workload, "devices": n, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "before": before, "load_after": load(),
            "watched_peak_rss": watched["peak"]}
     if watched["killed"] or proc.returncode != 0:
-        return {**row, "error": f"killed at {watched['peak'] / 2**30:.1f} GB (cap {cap / 2**30:.0f} "
-                f"GB, or the machine's available memory under {RESERVE / 2**30:.1f} GB)"
+        return {**row, "error": f"killed at {watched['peak'] / 2**30:.1f} GB (cap "
+                f"{cap / 2**30:.0f} GB, or the machine's available memory under "
+                f"{RESERVE / 2**30:.1f} GB)"
                 if watched["killed"] else f"exit code {proc.returncode}"}
     return {**row, **json.loads(stdout.strip().splitlines()[-1])}
 
@@ -145,13 +147,19 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"invocation": invocation(), "machine": machine(), "load_start": load(),
                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cap_gb": args.cap_gb,
                "workloads": WORKLOADS, "rows": []}
-    for workload in args.workload or ["echo", "fedavg"]:
-        for n in args.devices:
-            row = run_child(workload, n, int(args.cap_gb * 2**30))
-            if "error" not in row:
-                row["per_device"] = per_device(row)
-            print(json.dumps(row), flush=True)
-            results["rows"].append(row)
+    redo = [(w, n) for w in args.workload or ["echo", "fedavg"] for n in args.devices]
+    if args.workload and (HERE / "devices.json").exists():  # a rerun of some rows keeps the others
+        earlier = json.loads((HERE / "devices.json").read_text())
+        results["rows"] = [{"command": earlier["invocation"]["command"], **r}
+                           for r in earlier["rows"] if (r["workload"], r["devices"]) not in redo]
+    for workload, n in redo:
+        row = {"command": results["invocation"]["command"],
+               **run_child(workload, n, int(args.cap_gb * 2**30))}
+        if "error" not in row:
+            row["per_device"] = per_device(row)
+        print(json.dumps(row), flush=True)
+        results["rows"].append(row)
+    results["rows"].sort(key=lambda r: (list(WORKLOADS).index(r["workload"]), r["devices"]))
     results["load_end"] = load()
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_json(HERE / "devices.json", results)
@@ -187,6 +195,11 @@ def report(results: dict) -> str:
             f"{r['wall_seconds']:.1f} | {d['peak_mb']:,.0f} | {d['setup_ms']:.2f} | "
             f"{d['round_ms']:.3f} | {d['wall_ms']:.2f} | {d['bytes'] / 1e3:.0f} | "
             f"{r['before']['load'][0]} |")
+    commands = sorted({r["command"] for r in results["rows"]} - {inv["command"]})
+    if commands:
+        lines += ["", "Rows from an earlier invocation (a rerun of some rows replaces only those): "
+                  + "; ".join(f"`{c}`" for c in commands) + " (each row's command, date and load "
+                  "are in devices.json)."]
     lines += ["", "Fitted exponents b (value ≈ a·N^b) and the slope of peak memory between the "
               "two largest N (the cost of one more device, without the fixed part):", ""]
     for w in dict.fromkeys(r["workload"] for r in results["rows"]):

@@ -12,6 +12,11 @@ does the same computation in either
 generator that another device advanced): for a seed, results are identical to the sequential run
 at the same number of threads per device.
 
+Workers are started once per process and reused: a pool that closes releases its workers (they
+drop its devices and wait), and the next pool of the process takes them, so a benchmark or a
+sweep that runs simulation after simulation pays for starting workers (a fork, imports, torch's
+first operations) once, not per run (``keep=False``: they end with the pool).
+
 The pool is a :class:`~edgefl.transport.base.Transport`. Envelopes cross the process boundary as
 their bytes on a pipe, framed as ``[4-byte length][JSON control header][envelope bytes]``: no
 pickle, and the replies are decoded and checked by the round loop exactly as over MQTT. Each worker
@@ -23,6 +28,8 @@ fails the devices it holds, as a device that crashed would; the round loop recor
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import logging
 import os
@@ -30,6 +37,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -43,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a worker may take to load the data and build its devices.
 START_TIMEOUT = 600.0
+#: Seconds a released worker may take to drop its devices (after a request it still works on).
+RELEASE_TIMEOUT = 600.0
 
 
 def default_workers() -> int:
@@ -138,30 +148,93 @@ def write_models(run_dir: str | Path, files: Mapping[str, bytes]) -> None:
         path.write_bytes(data)
 
 
-def _serve(conn: Connection, cfg_json: str, ids: Sequence[str], threads: int) -> None:
-    """A worker process: build ``ids``' devices, then answer requests until told to close."""
-    try:
-        group = DeviceGroup(cfg_json, ids, threads)
-    except Exception as e:  # the pool reports it and stops the run
-        _send(conn, {"op": "failed", "error": f"{type(e).__name__}: {e}"})
-        return
-    _send(conn, {"op": "ready", "samples": group.samples()})
+def _serve(conn: Connection) -> None:
+    """A worker process: build the devices of a run when told, answer their requests, drop them
+    when released, and wait for the next run, until told to close."""
+    group: DeviceGroup | None = None
     while True:
         try:
             control, data = _recv(conn)
         except EOFError:  # the server went away
             return
         op = control["op"]
-        if op == "request":
+        if op == "build":
+            group = None
+            try:
+                group = DeviceGroup(control["cfg"], control["ids"], control["threads"])
+            except Exception as e:  # the pool reports it and stops the run
+                _send(conn, {"op": "failed", "error": f"{type(e).__name__}: {e}"})
+                continue
+            _send(conn, {"op": "ready", "samples": group.samples()})
+        elif op == "request":
             device = control["device"]
-            reply, error = group.handle(device, data)
+            reply, error = group.handle(device, data) if group else (None, "no devices built")
             answer = {"op": "reply", "seq": control["seq"], "device": device}
             _send(conn, answer if error is None else {**answer, "error": error}, reply or b"")
         elif op == "save":
-            files = group.model_files()
-            _send(conn, {"op": "saved", "sizes": {d: len(b) for d, b in files.items()}}, b"".join(files.values()))
+            files = group.model_files() if group else {}
+            _send(conn, {"op": "saved", "sizes": {d: len(b) for d, b in files.items()}},
+                  b"".join(files.values()))
+        elif op == "release":  # the run is over: its devices go, the process stays for the next
+            group = None
+            gc.collect()
+            _send(conn, {"op": "released"})
         elif op == "close":
             return
+
+
+@dataclass
+class _Worker:
+    conn: Connection
+    proc: Any  # a multiprocessing Process
+
+
+#: Workers whose pool closed, alive and holding no devices: the next pool of this process takes
+#: them instead of starting its own (:class:`WorkerPool`'s ``keep``).
+_IDLE: list[_Worker] = []
+
+
+def idle_pids() -> list[int]:
+    """The process ids of the live workers of this process that wait for the next pool."""
+    return [w.proc.pid for w in _IDLE if w.proc.is_alive()]
+
+
+def close_idle_workers() -> None:
+    """End the workers that wait for the next pool (at exit, or to start afresh)."""
+    while _IDLE:
+        _end(_IDLE.pop())
+
+
+def _end(w: _Worker) -> None:
+    try:
+        _send(w.conn, {"op": "close"})
+    except (OSError, ValueError):
+        pass
+    w.proc.join(timeout=10)
+    if w.proc.is_alive():
+        w.proc.kill()
+        w.proc.join()
+    w.conn.close()
+
+
+atexit.register(close_idle_workers)
+
+
+def _take_worker(k: int) -> _Worker:
+    """An idle worker of this process, else a new one: forked from a fork server that only
+    imported torch (forking this process would copy torch's thread pools and locks); spawned
+    where there is none."""
+    while _IDLE:
+        w = _IDLE.pop(0)
+        if w.proc.is_alive():
+            return w
+        w.conn.close()
+    ctx = preloaded_context()
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(child,), name=f"edgefl-worker-{k}", daemon=True)
+    proc.start()
+    child.close()
+    return _Worker(parent, proc)
 
 
 class WorkerPool:
@@ -170,39 +243,37 @@ class WorkerPool:
     ``threads``: torch threads per worker (default: the cores shared out, at least one), so the
     machine is not oversubscribed. ``costs``: each device's expected work, to balance the workers
     (:func:`device_groups`; None: round-robin). :attr:`samples` gives each device's number of
-    training samples once the workers are ready."""
+    training samples once the workers are ready. The workers are those an earlier pool of this
+    process released, else new ones; ``keep``: :meth:`close` releases them for the next pool
+    (False: it ends them)."""
 
-    def __init__(self, cfg: RunConfig, ids: Sequence[str], workers: int, *, threads: int | None = None,
-                 costs: Mapping[str, float] | None = None):
+    def __init__(self, cfg: RunConfig, ids: Sequence[str], workers: int, *,
+                 threads: int | None = None, costs: Mapping[str, float] | None = None,
+                 keep: bool = True):
         if workers < 1:
             raise EdgeflError(f"workers must be >= 1 (got {workers})")
         groups = device_groups(ids, workers, costs)
         workers = len(groups)
         self.threads = threads or max(1, default_workers() // workers)
-        # forked from a fork server that only imported torch (forking this process would copy
-        # torch's thread pools and locks); spawn where there is none
-        ctx = preloaded_context()
-        self._conns: list[Connection] = []
-        self._procs = []
+        self.keep = keep
+        self._workers: list[_Worker] = []
         self.owner: dict[str, int] = {}
         self.samples: dict[str, int] = {}
         self._seq = 0
         try:
             for k, group in enumerate(groups):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(child, cfg.model_dump_json(), group, self.threads),
-                                   name=f"edgefl-worker-{k}", daemon=True)
-                proc.start()
-                child.close()
-                self._conns.append(parent)
-                self._procs.append(proc)
+                w = _take_worker(k)
+                self._workers.append(w)
+                _send(w.conn, {"op": "build", "cfg": cfg.model_dump_json(), "ids": group,
+                               "threads": self.threads})
                 self.owner.update(dict.fromkeys(group, k))
             for k, conn in enumerate(self._conns):
                 if not conn.poll(START_TIMEOUT):
                     raise EdgeflError(f"worker {k} did not start within {START_TIMEOUT:.0f} s")
                 control, _ = _recv(conn)
                 if control["op"] != "ready":
-                    raise EdgeflError(f"worker {k} could not build its devices: {control.get('error')}")
+                    raise EdgeflError(
+                        f"worker {k} could not build its devices: {control.get('error')}")
                 self.samples.update(control["samples"])
         except (EOFError, OSError) as e:
             self.close()
@@ -210,6 +281,19 @@ class WorkerPool:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def _conns(self) -> list[Connection]:
+        return [w.conn for w in self._workers]
+
+    @property
+    def _procs(self) -> list:
+        return [w.proc for w in self._workers]
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids, in worker order."""
+        return [w.proc.pid for w in self._workers]
 
     @property
     def workers(self) -> int:
@@ -290,16 +374,23 @@ class WorkerPool:
             write_models(run_dir, files)
 
     def close(self) -> None:
-        for conn in self._conns:
-            try:
-                _send(conn, {"op": "close"})
-            except (OSError, ValueError):
-                pass
-        for proc in self._procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in self._conns:
-            conn.close()
-        self._conns, self._procs = [], []
+        """Release the workers: with ``keep``, each live one drops this run's devices and waits
+        for the next pool of this process (:func:`close_idle_workers` ends them); else it ends."""
+        for w in self._workers:
+            if self.keep and w.proc.is_alive() and self._release(w):
+                _IDLE.append(w)
+            else:
+                _end(w)
+        self._workers = []
+
+    @staticmethod
+    def _release(w: _Worker) -> bool:
+        """Whether ``w`` dropped its devices (a late answer to a timed-out request comes first)."""
+        try:
+            _send(w.conn, {"op": "release"})
+            while w.conn.poll(RELEASE_TIMEOUT):
+                if _recv(w.conn)[0]["op"] == "released":
+                    return True
+        except (EOFError, OSError, ValueError):
+            pass
+        return False

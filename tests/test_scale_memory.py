@@ -1,0 +1,85 @@
+"""What a device held in memory costs: its model, not gradients, CUDA seeding or a heap that
+keeps what devices free."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from edgefl.algorithms.base import TrainSettings, cpu_seeded
+from edgefl.algorithms.training import train_local
+from edgefl.data import ArrayDataset, DatasetInfo
+from edgefl.models import ModelSpec, build_model
+from edgefl.runtime.heap import fixed_mmap_threshold
+
+SPEC = ModelSpec(family="cnn", tier="2", num_classes=10, in_shape=(1, 28, 28), width=0.25)
+
+
+def test_cpu_seeding_builds_the_model_torch_manual_seed_builds_and_restores_the_generator():
+    with torch.random.fork_rng():
+        torch.manual_seed(1234)
+        reference = build_model(SPEC).state_dict()
+    before = torch.default_generator.get_state()
+    with cpu_seeded(1234):
+        model = build_model(SPEC).state_dict()
+    assert torch.equal(torch.default_generator.get_state(), before)
+    for k, v in reference.items():
+        assert torch.equal(model[k], v), k
+
+
+def test_local_training_leaves_no_gradients_behind():
+    info = DatasetInfo(name="t", num_classes=10, in_shape=(1, 28, 28), mean=(0.5,), std=(0.5,),
+                       class_names=tuple(str(i) for i in range(10)))
+    g = torch.Generator().manual_seed(0)
+    data = ArrayDataset(torch.randint(0, 256, (40, 1, 28, 28), dtype=torch.uint8, generator=g),
+                        torch.randint(0, 10, (40,), generator=g), info)
+    model = build_model(SPEC)
+    stats = train_local(model, data, TrainSettings(steps=2, batch_size=16), 0,
+                        np.random.default_rng(0))
+    assert stats["samples_seen"] == 32
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_the_mmap_threshold_is_pinned_on_glibc():
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc")
+    assert fixed_mmap_threshold() is True
+
+
+CHILD = textwrap.dedent("""
+    import json, resource, sys
+    from pathlib import Path
+    from tests.conftest import tiny_config
+    from edgefl.runtime.simulation import simulate
+
+    peaks = []
+    for n in (20, 220):
+        cfg = tiny_config(Path(sys.argv[1]), clients=n, rounds=1, steps=1, train_samples=2000,
+                          min_size=1, eval_samples=20, test_samples=20, threads=1,
+                          run_name=f"n{n}")
+        simulate(cfg, plots=False)
+        peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print(json.dumps(peaks))
+""")
+
+
+def test_two_hundred_more_devices_in_memory_cost_a_bounded_amount_each(tmp_path):
+    """200 more devices of a whole in-memory run (build, a round, finish, final evaluation, models
+    written) raise the peak by their models (45 kB: CNN tier 2 at width 0.25), their uplinks
+    until the average and the objects around them: ~300 kB a device measured (load 18, 2
+    cores). A device that kept its gradients, optimizer state, a copy of the data or a history
+    per round would cross the bound."""
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True,
+                         text=True, check=True, timeout=900)
+    small, large = json.loads(out.stdout.strip().splitlines()[-1])
+    per_device = (large - small) / 200
+    assert 0 < per_device < 400_000, per_device
