@@ -281,6 +281,10 @@ def report(results: dict) -> str:
         "(floating-point reductions); at equal threads the runs are identical "
         "(tests/test_parallel.py).",
         "",
+        "Each run here starts its workers. Workers started once per process and reused across "
+        "runs, on the fedavg CNN workload at 10 devices and 2 rounds: `parallel_reuse.md` "
+        "(`python -m benchmarks.scale.parallel_reuse`).",
+        "",
     ]
     return "\n".join(lines)
 
