@@ -171,7 +171,7 @@ def train_local(
         opt.step()
         total += float(loss.detach()) * len(y)
         seen += len(y)
-    # the gradients are of no use after the round, and a fleet in memory would hold one set per device
+    # the gradients are of no use after the round; a fleet in memory would hold a set per device
     opt.zero_grad(set_to_none=True)
     return {"train_loss": total / max(seen, 1), "samples_seen": float(seen)}
 
