@@ -281,9 +281,9 @@ def report(results: dict) -> str:
         "(floating-point reductions); at equal threads the runs are identical "
         "(tests/test_parallel.py).",
         "",
-        "Each run here starts its workers. Workers started once per process and reused across "
-        "runs, on the fedavg CNN workload at 10 devices and 2 rounds: `parallel_reuse.md` "
-        "(`python -m benchmarks.scale.parallel_reuse`).",
+        "Each run here starts its workers. `python -m benchmarks.scale.parallel_reuse` "
+        "alternates the sequential run with workers started once per process and reused, on the "
+        "fedavg CNN workload at 10 devices and 2 rounds (it writes `parallel_reuse.md`).",
         "",
     ]
     return "\n".join(lines)
