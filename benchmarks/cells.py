@@ -129,6 +129,8 @@ ADDED_SETTINGS: dict[str, Any] = {
     # asynchronous buffered aggregation (issue 39): rounds
     "aggregation": "sync",
     "buffer": None,
+    # the devices' training device (--train-device): the CPU
+    "train_device": "cpu",
 }
 
 
