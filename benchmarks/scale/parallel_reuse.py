@@ -1,6 +1,6 @@
 """Worker processes reused: sequential against 2 workers, alternating, the workers started once.
 
-    nice -n 10 python -m benchmarks.scale.parallel_reuse [--repetitions 3] [--workers 2]
+    nice -n 10 python -m benchmarks.scale.parallel_reuse [--repetitions 3] [--workers 2] [--no-one-thread]
 
 The workload is the fedavg CNN one of ``parallel.py`` at 10 devices and 2 rounds (FedAvg on CNN
 tier 2, Adam, 12,000 Fashion-MNIST images, Dir(0.5)): short enough that starting the workers
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repetitions", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/bench-parallel-reuse"))
+    p.add_argument("--no-one-thread", action="store_true",
+                   help="leave out the one-thread sequential variant (a shorter run)")
     args = p.parse_args(argv)
     w = args.workers
     timing = Timing("Parallel simulation with reused workers: the fedavg CNN workload", HERE,
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                         threads=1)),
         f"{w} workers, reused": lambda: sample(run_once(WORKLOAD, w, args.out, "reused")),
     }
+    if args.no_one_thread:
+        del variants["sequential, 1 thread"]
     timing.alternate("fedavg CNN, 10 devices, 2 rounds", variants, args.repetitions,
                      baseline="sequential", on_sample=lambda s: print(s, flush=True))
     reused = parallel.idle_pids() == pids
