@@ -206,7 +206,7 @@ NOTES = [
     "against 38 ms at 100' (0.11 against 0.38 ms a device) was the load too: rerun at one "
     "load, the 100-device round costs what the 10-device round does, a device.",
     "The rows come from three invocations (their commands above and in devices.json): the "
-    "first two ran this branch's commits 0bea656 and fb72647 before they were rebased onto "
+    "first two ran this branch's commits d15b447 and fb72647 before they were rebased onto "
     "main (the same code of these paths as landed; the fedavg-narrow child of 10,000 devices "
     "started after a rebase), the third the commit in the header.",
     "fedavg at 10,000 devices was stopped by hand during its set-up (4.8 GB resident): the "
