@@ -1,6 +1,6 @@
 """Worker processes reused: sequential against 2 workers, alternating, the workers started once.
 
-    nice -n 10 python -m benchmarks.scale.parallel_reuse [--repetitions 3] [--workers 2] [--no-one-thread]
+    nice -n 10 python -m benchmarks.scale.parallel_reuse [--repetitions 3] [--no-one-thread]
 
 The workload is the fedavg CNN one of ``parallel.py`` at 10 devices and 2 rounds (FedAvg on CNN
 tier 2, Adam, 12,000 Fashion-MNIST images, Dir(0.5)): short enough that starting the workers
