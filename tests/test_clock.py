@@ -13,7 +13,7 @@ from edgefl.errors import ConfigError
 from edgefl.profiling import read_fleet
 from edgefl.profiling.fleet import Availability, Conditions, Link
 from edgefl.runtime.clock import FleetClock, Timeline
-from edgefl.runtime.loop import Exchange
+from edgefl.runtime.exchange import Exchange
 from tests.conftest import tiny_config
 
 

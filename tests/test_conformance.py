@@ -44,8 +44,9 @@ from edgefl.runtime import device as device_module
 from edgefl.runtime.agent import DeviceAgent
 from edgefl.runtime.dataspec import DataSpec
 from edgefl.runtime.device import DeviceOptions, DeviceRuntime
+from edgefl.runtime.exchange import LoopSettings
 from edgefl.runtime.fleet import SIMULATED_PROFILE
-from edgefl.runtime.loop import LoopSettings, RoundLoop
+from edgefl.runtime.loop import RoundLoop
 from edgefl.runtime.server import ServeOptions, serve
 from edgefl.runtime.setup import assemble
 from edgefl.runtime.simulation import simulate

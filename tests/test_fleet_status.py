@@ -2,7 +2,8 @@
 
 import json
 
-from edgefl.runtime.status import FleetStatus, StatusPublisher, merge_active, read_status_from_run
+from edgefl.runtime.status import FleetStatus, StatusPublisher
+from edgefl.runtime.status_read import merge_active, read_status_from_run
 from edgefl.transport.base import Delivery
 
 

@@ -14,7 +14,8 @@ from edgefl.algorithms import (
 )
 from edgefl.data import load_dataset
 from edgefl.runtime.agent import DeviceAgent
-from edgefl.runtime.loop import LoopSettings, RoundLoop
+from edgefl.runtime.exchange import LoopSettings
+from edgefl.runtime.loop import RoundLoop
 from edgefl.runtime.setup import fleet_specs
 from edgefl.runtime.simulation import simulate
 from edgefl.transport import InMemoryTransport

@@ -11,7 +11,8 @@ import pytest
 from edgefl.errors import RunInterrupted
 from edgefl.report.recorder import result_text, summary_markdown
 from edgefl.runtime.ending import ModelArrays, save_final_models
-from edgefl.runtime.loop import LoopSettings, RoundLoop
+from edgefl.runtime.exchange import LoopSettings
+from edgefl.runtime.loop import RoundLoop
 from edgefl.runtime.simulation import simulate
 from edgefl.wire import Payload
 from tests.commands import flags

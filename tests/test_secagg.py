@@ -248,7 +248,8 @@ def one_round(tmp_path, options, drop=(), stage="mask", clients=5, **overrides):
     request raises)."""
     from edgefl.algorithms.base import DeviceRecord
     from edgefl.runtime.agent import DeviceAgent
-    from edgefl.runtime.loop import LoopSettings, RoundLoop
+    from edgefl.runtime.exchange import LoopSettings
+    from edgefl.runtime.loop import RoundLoop
     from edgefl.runtime.setup import assemble, build_server
     from edgefl.transport import InMemoryTransport
 

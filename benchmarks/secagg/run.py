@@ -43,7 +43,8 @@ def build(devices: int, options: dict, drop: int, work: Path):
     from edgefl.algorithms.base import DeviceRecord
     from edgefl.config import resolve_config
     from edgefl.runtime.agent import DeviceAgent
-    from edgefl.runtime.loop import LoopSettings, RoundLoop
+    from edgefl.runtime.exchange import LoopSettings
+    from edgefl.runtime.loop import RoundLoop
     from edgefl.runtime.setup import assemble, build_server
     from edgefl.transport import InMemoryTransport
 

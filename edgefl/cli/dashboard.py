@@ -51,7 +51,7 @@ def dashboard(
         ref = reference_from_run(run, local_only=True)
     if run is not None:
         from edgefl.errors import EdgeflError
-        from edgefl.runtime.status import read_status_from_run
+        from edgefl.runtime.status_read import read_status_from_run
 
         def source():
             try:
@@ -61,7 +61,7 @@ def dashboard(
 
         feed = None
     else:
-        from edgefl.runtime.status import StatusFeed
+        from edgefl.runtime.status_read import StatusFeed
 
         feed = StatusFeed(conn.address(), conn.fleet).start()
         source = feed.latest

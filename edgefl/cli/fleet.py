@@ -170,7 +170,7 @@ def status(
 ) -> None:
     """Devices (tier, model, profile, registration, last seen, last round, bytes, state, model
     version), the server's round and phase, and accuracy per tier."""
-    from edgefl.runtime.status import read_status_from_broker, read_status_from_run
+    from edgefl.runtime.status_read import read_status_from_broker, read_status_from_run
 
     if run is not None:
         data = read_status_from_run(run)

@@ -4,7 +4,8 @@ the internet, so it works offline).
     run_dashboard(source, host="127.0.0.1", port=8080, password=None, reference=None)
 
 ``source`` is a callable returning the latest fleet status (a
-:class:`~edgefl.runtime.status.StatusFeed` over the broker, or a run directory's ``status.json``).
+:class:`~edgefl.runtime.status_read.StatusFeed` over the broker, or a run directory's
+``status.json``).
 The page (``page.html`` with ``page.js`` and ``page.css``) opens ``/events`` and redraws on every
 status: the run's state and result, devices and their liveness, accuracy per tier per round, bytes
 per round. ``reference`` (Local, or a previous run: :func:`reference_from_run`) is drawn as a dashed

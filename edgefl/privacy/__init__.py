@@ -14,4 +14,5 @@ from edgefl.privacy.declare import (
     split_privacy_options,
 )
 
-__all__ = ["OPTION_KEYS", "SENSITIVITY", "ClassStats", "PrivacySettings", "Release", "split_privacy_options"]
+__all__ = ["OPTION_KEYS", "SENSITIVITY", "ClassStats", "PrivacySettings", "Release",
+           "split_privacy_options"]

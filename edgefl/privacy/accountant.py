@@ -35,7 +35,9 @@ def calibrate_noise(target_epsilon: float, delta: float, count: int) -> float:
     if count <= 0:
         raise ConfigError("nothing to calibrate: the run releases nothing")
     if math.isinf(target_epsilon):
-        raise ConfigError("an infinite budget needs no noise; give a noise multiplier or a finite --target-epsilon")
+        raise ConfigError(
+            "an infinite budget needs no noise; give a noise multiplier or a finite "
+            "--target-epsilon")
     z = dp_accounting.calibrate_dp_mechanism(
         rdp.RdpAccountant,
         lambda z: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), count),
@@ -54,7 +56,8 @@ def adaptive_update_noise(noise_multiplier: float, count_std: float) -> float:
     rest = noise_multiplier**-2 - (2 * count_std) ** -2
     if rest <= 0:
         raise ConfigError(
-            f"adaptive clipping: the count noise ({count_std:.3g}) must exceed half the noise multiplier ({noise_multiplier:.3g}); "
+            f"adaptive clipping: the count noise ({count_std:.3g}) must exceed half the noise "
+            f"multiplier ({noise_multiplier:.3g}); "
             "select more devices per round or use a fixed clip"
         )
     return rest**-0.5
@@ -64,7 +67,8 @@ class Ledger:
     """Per device, the Gaussian mechanisms composed so far, against a budget ``target_epsilon``."""
 
     def __init__(self, noise_multiplier: float, delta: float, target_epsilon: float):
-        self.noise_multiplier, self.delta, self.target_epsilon = noise_multiplier, delta, target_epsilon
+        self.noise_multiplier, self.delta, self.target_epsilon = (
+            noise_multiplier, delta, target_epsilon)
         self.counts: dict[str, int] = {}
 
     def epsilon(self, device_id: str, extra: int = 0) -> float:

@@ -136,9 +136,9 @@ OPTION_KEYS = {
 class PrivacySettings:
     """A run's differential privacy: ``mode`` local (each device clips and noises its uplink),
     central (the server clips each device's update and noises the sum) or sgd (each device trains
-    with DP-SGD: per-sample gradients clipped to ``clip`` and noised; edgefl.privacy.dpsgd), a budget
-    ``target_epsilon`` at ``delta`` per device, the clip bound ``clip`` and, optionally, the noise
-    multiplier (default: the smallest that keeps every device within the budget over the whole
+    with DP-SGD: per-sample gradients clipped to ``clip`` and noised; edgefl.privacy.dpsgd), a
+    budget ``target_epsilon`` at ``delta`` per device, the clip bound ``clip`` and, optionally, the
+    noise multiplier (default: the smallest that keeps every device within the budget over the whole
     run). ``adaptive_quantile`` > 0 (central only): the clip bound follows that quantile of the
     update norms (Andrew et al., 2021), starting from ``clip``."""
 
@@ -158,14 +158,22 @@ class PrivacySettings:
             raise ConfigError(f"dp_delta must be in (0, 1) (got {self.delta})")
         if not (self.clip > 0 and math.isfinite(self.clip)):
             raise ConfigError(f"dp_clip must be a finite number > 0 (got {self.clip})")
-        if self.noise_multiplier is not None and not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
-            raise ConfigError(f"dp_noise_multiplier must be a finite number > 0 (got {self.noise_multiplier})")
+        if self.noise_multiplier is not None and not (
+            self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)
+        ):
+            raise ConfigError(
+                f"dp_noise_multiplier must be a finite number > 0 (got {self.noise_multiplier})")
         if not 0 <= self.adaptive_quantile < 1:
-            raise ConfigError(f"dp_adaptive_quantile must be in [0, 1) (got {self.adaptive_quantile})")
+            raise ConfigError(
+                f"dp_adaptive_quantile must be in [0, 1) (got {self.adaptive_quantile})")
         if self.adaptive_quantile and self.mode != "central":
-            raise ConfigError("dp_adaptive_quantile needs dp=central (the server sees the update norms it adapts to)")
+            raise ConfigError(
+                "dp_adaptive_quantile needs dp=central (the server sees the update norms it "
+                "adapts to)")
         if self.mode != "off" and math.isinf(self.target_epsilon) and self.noise_multiplier is None:
-            raise ConfigError("differential privacy needs a budget (--target-epsilon) or a noise multiplier (--noise-multiplier)")
+            raise ConfigError(
+                "differential privacy needs a budget (--target-epsilon) or a noise multiplier "
+                "(--noise-multiplier)")
 
     @property
     def on(self) -> bool:
@@ -185,7 +193,8 @@ class PrivacySettings:
         """The method options that give these settings back (an assignment carries them)."""
         if not self.on:
             return {}
-        out = {"dp": self.mode, "dp_target_epsilon": str(self.target_epsilon), "dp_delta": str(self.delta), "dp_clip": str(self.clip)}
+        out = {"dp": self.mode, "dp_target_epsilon": str(self.target_epsilon),
+               "dp_delta": str(self.delta), "dp_clip": str(self.clip)}
         if self.noise_multiplier is not None:
             out["dp_noise_multiplier"] = str(self.noise_multiplier)
         if self.adaptive_quantile:

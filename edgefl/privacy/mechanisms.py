@@ -1,4 +1,5 @@
-"""The Gaussian mechanisms: clip, then add noise calibrated to the clip (:mod:`edgefl.privacy.declare`).
+"""The Gaussian mechanisms: clip, then add noise calibrated to the clip
+(:mod:`edgefl.privacy.declare`).
 
 Noise is drawn in float64 from a numpy generator the caller seeds; a device seeds it per
 (device, round) apart from the training streams, so a run repeats on any transport.
@@ -35,26 +36,36 @@ def clip_rows(vectors: np.ndarray, clip: float) -> np.ndarray:
 
 def whole_names(arrays: Mapping[str, np.ndarray], release: Release) -> list[str]:
     """The float arrays of ``arrays`` in the release's ``whole`` part, in sorted order."""
-    return sorted(k for k, v in arrays.items() if release.in_whole(k) and np.asarray(v).dtype.kind == "f")
+    return sorted(
+        k for k, v in arrays.items() if release.in_whole(k) and np.asarray(v).dtype.kind == "f"
+    )
 
 
-def reference_of(name: str, array: np.ndarray, release: Release, received: Mapping[str, np.ndarray]) -> np.ndarray:
+def reference_of(name: str, array: np.ndarray, release: Release,
+                 received: Mapping[str, np.ndarray]) -> np.ndarray:
     ref = received.get(name) if release.reference == "received" else None
     if ref is None or np.shape(ref) != np.shape(array):
         return np.zeros(np.shape(array), np.float64)
     return np.asarray(ref, np.float64)
 
 
-def update_norm(arrays: Mapping[str, np.ndarray], release: Release, received: Mapping[str, np.ndarray]) -> float:
+def update_norm(arrays: Mapping[str, np.ndarray], release: Release,
+                received: Mapping[str, np.ndarray]) -> float:
     """L2 norm of the whole part's distance from its reference (one norm over every array)."""
     total = 0.0
     for k in whole_names(arrays, release):
-        total += float(np.sum((np.asarray(arrays[k], np.float64) - reference_of(k, arrays[k], release, received)) ** 2))
+        total += float(
+            np.sum(
+                (np.asarray(arrays[k], np.float64) - reference_of(k, arrays[k], release, received))
+                ** 2
+            )
+        )
     return math.sqrt(total)
 
 
 def clip_whole(
-    arrays: Mapping[str, np.ndarray], release: Release, received: Mapping[str, np.ndarray], clip: float
+    arrays: Mapping[str, np.ndarray], release: Release, received: Mapping[str, np.ndarray],
+    clip: float
 ) -> dict[str, np.ndarray]:
     """The whole part moved toward its reference until its distance is at most ``clip`` (float64);
     the other arrays unchanged."""
@@ -81,7 +92,9 @@ def private_whole(
     std = noise_std(noise_multiplier, clip)
     out = dict(arrays)
     for k in whole_names(arrays, release):
-        out[k] = (clipped[k] + rng.normal(0.0, std, np.shape(clipped[k]))).astype(np.asarray(arrays[k]).dtype)
+        out[k] = (clipped[k] + rng.normal(0.0, std, np.shape(clipped[k]))).astype(
+            np.asarray(arrays[k]).dtype
+        )
     return out
 
 

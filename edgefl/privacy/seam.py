@@ -54,29 +54,39 @@ def noise_rng(seed: Sequence[int] | None) -> np.random.Generator:
 CLIP_LR = 0.2
 
 
-def check_release(method: str, release: Release | None, settings: PrivacySettings, sgd_ready: bool = False) -> Release:
+def check_release(method: str, release: Release | None, settings: PrivacySettings,
+                  sgd_ready: bool = False) -> Release:
     """The method's declaration, if these settings can protect what it sends (else ConfigError).
     ``sgd_ready``: the method's device half declares its local training fit for DP-SGD
     (``DeviceHalf.dp_sgd_ready``)."""
     if release is None:
-        raise ConfigError(f"{method} does not declare what its uplink reveals (privacy_release): it cannot run with dp")
+        raise ConfigError(
+            f"{method} does not declare what its uplink reveals (privacy_release): it cannot run "
+            "with dp")
     if release.unprotected:
-        raise ConfigError(f"{method} cannot run with dp: {', '.join(release.unprotected)} {release.reason}")
+        raise ConfigError(
+            f"{method} cannot run with dp: {', '.join(release.unprotected)} {release.reason}")
     if settings.mode == "sgd":
         if release.stats is not None:
             raise ConfigError(
-                f"dp=sgd protects the weights a device trains; {method}'s uplink also carries per-class statistics "
+                f"dp=sgd protects the weights a device trains; {method}'s uplink also carries "
+                "per-class statistics "
                 "of the device's samples, computed outside DP-SGD (use dp=local)"
             )
         if not sgd_ready:
             raise ConfigError(
-                f"dp=sgd cannot run {method}: its device's local training is not declared fit for DP-SGD (one "
-                "round of train_local on its own data, a mean of per-sample losses); methods that are: fedavg, "
+                f"dp=sgd cannot run {method}: its device's local training is not declared fit "
+                "for DP-SGD (one "
+                "round of train_local on its own data, a mean of per-sample losses); methods "
+                "that are: fedavg, "
                 "fedprox, heterofl, hierarchyfl, local"
             )
-    if settings.mode == "central" and (release.stats is not None or not release.whole or release.reference != "received"):
+    if settings.mode == "central" and (
+        release.stats is not None or not release.whole or release.reference != "received"
+    ):
         raise ConfigError(
-            f"dp=central protects the weights of one global model that the server averages; {method}'s uplink is not that "
+            "dp=central protects the weights of one global model that the server averages; "
+            f"{method}'s uplink is not that "
             "(use dp=local)"
         )
     return release
@@ -96,9 +106,11 @@ class PrivateDevice:
     #: no model leaves the device un-noised: it keeps its final model (edgefl train --save-model)
     sends_final_model = False
 
-    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int, *, repeatable: bool = False):
+    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int, *,
+                 repeatable: bool = False):
         self.inner, self.settings, self.release = inner, settings, release
-        self.repeatable = repeatable  # noise from the run seed (a simulation); else the device's own entropy
+        # noise from the run seed (a simulation); else the device's own entropy
+        self.repeatable = repeatable
         self.noise_multiplier = noise_multiplier_for(settings, release, rounds)
         self.ledger = Ledger(self.noise_multiplier, settings.delta, settings.target_epsilon)
         self.received: dict[str, np.ndarray] = {}
@@ -109,7 +121,8 @@ class PrivateDevice:
         return getattr(self.inner, name)
 
     def receive(self, round: int, payload: Payload) -> None:
-        if payload.arrays:  # the clip's reference: the server's state, independent of this device's data
+        # the clip's reference: the server's state, independent of this device's data
+        if payload.arrays:
             self.received = {k: np.array(v) for k, v in payload.arrays.items()}
         self.inner.receive(round, payload)
 
@@ -121,7 +134,8 @@ class PrivateDevice:
         parts = self.release.parts
         if not self.ledger.can_spend(me, parts):
             raise PrivacyBudgetSpent(
-                f"privacy budget spent: ε = {self.ledger.epsilon(me):.3f} of {self.settings.target_epsilon:g} "
+                f"privacy budget spent: ε = {self.ledger.epsilon(me):.3f} of "
+                f"{self.settings.target_epsilon:g} "
                 f"(one more round would make it {self.ledger.epsilon(me, parts):.3f})"
             )
         up = self.inner.fit(round)
@@ -135,27 +149,34 @@ class PrivateDevice:
         release, s, ctx = self.release, self.settings, self.inner.ctx
         loose = sorted(k for k in arrays if not release.covers(k))
         if loose:
-            raise EdgeflError(f"uplink arrays {', '.join(loose)} are not covered by the method's privacy declaration")
+            raise EdgeflError(
+                f"uplink arrays {', '.join(loose)} are not covered by the method's privacy "
+                "declaration")
         rng = noise_rng([ctx.seed, round, NOISE_STREAM] if self.repeatable else None)
         out = dict(arrays)
         if release.whole:
             out = private_whole(out, release, self.received, s.clip, self.noise_multiplier, rng)
         if release.stats is not None:
             sums, counts = class_sums(
-                self.inner.sample_vectors, self.inner.model, ctx.train_data, release.stats, ctx.num_classes, s.clip
+                self.inner.sample_vectors, self.inner.model, ctx.train_data, release.stats,
+                ctx.num_classes, s.clip
             )
             dtypes = {k: np.asarray(arrays[k]).dtype for k in release.stat_arrays() if k in arrays}
-            out.update(private_class_stats(sums, counts, release.stats, s.clip, self.noise_multiplier, rng, dtypes))
+            out.update(private_class_stats(sums, counts, release.stats, s.clip,
+                                           self.noise_multiplier, rng, dtypes))
         return out
 
 
 class PrivateServer:
     """A server half with a privacy ledger per device, and central DP when ``dp=central``."""
 
-    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int, *, repeatable: bool = False):
+    def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int, *,
+                 repeatable: bool = False):
         self.inner, self.settings, self.release = inner, settings, release
-        self.repeatable = repeatable  # central DP's noise from the run seed (a simulation); else entropy
-        self.parts = release.parts  # mechanisms a device's round composes (dp=sgd: one round of DP-SGD)
+        # central DP's noise from the run seed (a simulation); else entropy
+        self.repeatable = repeatable
+        # mechanisms a device's round composes (dp=sgd: one round of DP-SGD)
+        self.parts = release.parts
         if settings.trains_privately:
             from edgefl.privacy.dpsgd import sgd_ledger
 
@@ -170,12 +191,16 @@ class PrivateServer:
         if settings.mode == "central":
             options = inner.options
             if getattr(options, "aggregator", "mean") != "mean":
-                raise ConfigError("dp=central calibrates its noise to a mean of clipped updates: use aggregator=mean")
+                raise ConfigError(
+                    "dp=central calibrates its noise to a mean of clipped updates: use "
+                    "aggregator=mean")
             server_opt = getattr(inner.ctx, "server_opt", None)
             if server_opt is not None and not server_opt.averages_only:
                 raise ConfigError(
-                    f"dp=central adds its noise to the plain average of clipped updates; --server-opt {server_opt.name} "
-                    "would transform it after the noise is calibrated (not supported: use the default server step)"
+                    "dp=central adds its noise to the plain average of clipped updates; "
+                    f"--server-opt {server_opt.name} "
+                    "would transform it after the noise is calibrated (not supported: use the "
+                    "default server step)"
                 )
             if settings.adaptive_quantile:
                 ctx = inner.ctx
@@ -185,7 +210,8 @@ class PrivateServer:
                 self.count_std = max(expected / 20, self.noise_multiplier)
                 self.update_noise = adaptive_update_noise(self.noise_multiplier, self.count_std)
 
-    def __getattr__(self, name: str) -> Any:  # downlink, expected_uplink, ctx, options, … are the method's
+    # downlink, expected_uplink, ctx, options, … are the method's
+    def __getattr__(self, name: str) -> Any:
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -194,7 +220,8 @@ class PrivateServer:
         parts = self.parts
         eligible = [d for d in device_ids if self.ledger.can_spend(d, parts)]
         if len(eligible) < len(device_ids):
-            log.info("round %d: %d devices have spent their privacy budget", round, len(device_ids) - len(eligible))
+            log.info("round %d: %d devices have spent their privacy budget", round,
+                     len(device_ids) - len(eligible))
         if not eligible:
             return []
         selected = self.inner.select(round, eligible, rng)
@@ -207,7 +234,8 @@ class PrivateServer:
             return self.inner.aggregate(round, uplinks)
         return self.central_aggregate(round, uplinks)
 
-    def central_aggregate(self, round: int, uplinks: Mapping[str, Payload], devices: int | None = None) -> dict[str, float]:
+    def central_aggregate(self, round: int, uplinks: Mapping[str, Payload],
+                          devices: int | None = None) -> dict[str, float]:
         """``devices``: how many devices the uplinks stand for (secure aggregation hands over one
         average of that many device-clipped updates); default one per uplink."""
         release = self.release
@@ -216,18 +244,24 @@ class PrivateServer:
         for d, p in uplinks.items():
             missing = [k for k in whole_names(p.arrays, release) if k not in reference]
             if missing:
-                raise ConfigError(f"dp=central: the server holds no {missing[0]!r} to clip {d}'s update against")
+                raise ConfigError(
+                    f"dp=central: the server holds no {missing[0]!r} to clip {d}'s update against")
             within += update_norm(p.arrays, release, reference) <= self.clip
             arrays = clip_whole(p.arrays, release, reference, self.clip)
-            arrays = {k: np.asarray(v).astype(np.asarray(p.arrays[k]).dtype) for k, v in arrays.items()}
-            clipped[d] = Payload(arrays, {**p.meta, "num_samples": 1})  # equal weights: sensitivity C
+            arrays = {
+                k: np.asarray(v).astype(np.asarray(p.arrays[k]).dtype) for k, v in arrays.items()
+            }
+            # equal weights: sensitivity C
+            clipped[d] = Payload(arrays, {**p.meta, "num_samples": 1})
         metrics = dict(self.inner.aggregate(round, clipped))
         n = devices or len(uplinks)
         rng = self.inner.ctx.rng(round, stream=NOISE_STREAM) if self.repeatable else noise_rng(None)
         state = dict(self.inner.state_dict())
         std = self.update_noise * self.clip / n  # N(0, (z_Δ·C)²) on the sum, divided by n
         for k in whole_names(state, release):
-            state[k] = (np.asarray(state[k], np.float64) + rng.normal(0.0, std, np.shape(state[k]))).astype(np.asarray(state[k]).dtype)
+            state[k] = (
+                np.asarray(state[k], np.float64) + rng.normal(0.0, std, np.shape(state[k]))
+            ).astype(np.asarray(state[k]).dtype)
         self.inner.load_state_dict(state)
         metrics["dp_clip"] = self.clip
         if self.settings.adaptive_quantile:
@@ -254,12 +288,17 @@ class PrivateServer:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         out = dict(self.inner.state_dict())
-        out.update({f"dp/count/{d}": np.asarray(c, np.int64) for d, c in self.ledger.counts.items()})
+        out.update(
+            {f"dp/count/{d}": np.asarray(c, np.int64) for d, c in self.ledger.counts.items()})
         out["dp/clip"] = np.asarray(self.clip, np.float64)
         return out
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
-        self.ledger.counts = {k.removeprefix("dp/count/"): int(v) for k, v in arrays.items() if k.startswith("dp/count/")}
+        self.ledger.counts = {
+            k.removeprefix("dp/count/"): int(v)
+            for k, v in arrays.items()
+            if k.startswith("dp/count/")
+        }
         if "dp/clip" in arrays:
             self.clip = float(arrays["dp/clip"])
         self.inner.load_state_dict({k: v for k, v in arrays.items() if not k.startswith("dp/")})

@@ -19,7 +19,7 @@ from edgefl.algorithms.base import DeviceHalf
 from edgefl.algorithms.training import evaluate
 from edgefl.data import ArrayDataset
 from edgefl.errors import WireError
-from edgefl.runtime.loop import MAX_SAMPLES, MODEL_PREFIX, SEND_MODEL, UNCHANGED
+from edgefl.runtime.exchange import MAX_SAMPLES, MODEL_PREFIX, SEND_MODEL, UNCHANGED
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, decode, encode
 from edgefl.wire.schema import MAX_ABS_METRIC, check_arrays
 from edgefl.wire.tensors import state_to_arrays
@@ -82,7 +82,8 @@ class DeviceAgent:
         self.eval_sets = dict(eval_sets or {})
         self.fleet, self.algorithm, self.limits = fleet, algorithm, limits
         self.eval_cache = eval_cache
-        self.absorbed_eval_round: int | None = None  # the evaluation downlink absorbed last, if nothing since
+        # the evaluation downlink absorbed last, if nothing since
+        self.absorbed_eval_round: int | None = None
         #: the server run this device serves (set at registration); None: the first request's
         self.run_id = run_id
 
@@ -101,7 +102,8 @@ class DeviceAgent:
                 return None
             if r.kind not in REPLY_KINDS:
                 return None
-            request = Envelope(r.kind, r.round, r.device_id, r.fleet, r.algorithm, r.tier, run=r.run, nonce=r.nonce)
+            request = Envelope(r.kind, r.round, r.device_id, r.fleet, r.algorithm, r.tier,
+                               run=r.run, nonce=r.nonce)
             return self._encode(self._error(request, f"rejected: {e}"))
         return self._encode(self.handle(env))
 
@@ -113,7 +115,8 @@ class DeviceAgent:
             return encode(self._error(reply, f"cannot send the {reply.kind}: {e}"))
 
     def _error(self, request: Envelope, reason: str) -> Envelope:
-        return request.reply("error", Payload({}, {"reason": reason[:4000]}), algorithm=self.algorithm)
+        return request.reply("error", Payload({}, {"reason": reason[:4000]}),
+                             algorithm=self.algorithm)
 
     def _check_request(self, env: Envelope) -> None:
         if env.device_id != self.device_id or env.fleet != self.fleet:
@@ -121,7 +124,8 @@ class DeviceAgent:
         if env.kind not in REPLY_KINDS:
             raise WireError(f"a device does not handle {env.kind!r} messages")
         if env.algorithm != self.algorithm:
-            raise WireError(f"a request for algorithm {env.algorithm!r}; this device runs {self.algorithm!r}")
+            raise WireError(
+                f"a request for algorithm {env.algorithm!r}; this device runs {self.algorithm!r}")
         if self.run_id is not None and env.run != self.run_id:
             raise WireError(f"a request of run {env.run!r}; this device serves run {self.run_id!r}")
         if env.payload.arrays:
@@ -135,7 +139,9 @@ class DeviceAgent:
                 if since is None:
                     self.half.receive(env.round, env.payload)
                 elif since != self.absorbed_eval_round:  # e.g. this process restarted meanwhile
-                    raise WireError(f"the server relies on round {since}'s evaluation downlink, which this device does not hold")
+                    raise WireError(
+                        f"the server relies on round {since}'s evaluation downlink, which this "
+                        "device does not hold")
                 self.absorbed_eval_round = None
                 t0 = time.perf_counter()
                 with seeded_torch(self.half.ctx, env.round):
@@ -150,7 +156,8 @@ class DeviceAgent:
                 if env.payload.arrays or meta:
                     self.half.receive(env.round, Payload(env.payload.arrays, meta))
                 self.absorbed_eval_round = env.round
-                return env.reply("metrics", Payload({}, self.evaluate(split, limit)), algorithm=self.algorithm)
+                return env.reply("metrics", Payload({}, self.evaluate(split, limit)),
+                                 algorithm=self.algorithm)
             self.absorbed_eval_round = None
             meta = dict(env.payload.meta)
             send_model = bool(meta.pop(SEND_MODEL, False))
@@ -160,14 +167,19 @@ class DeviceAgent:
             # spec), unless local differential privacy protects this device's data: then no model
             # leaves it un-noised (the device keeps it: edgefl train --save-model/--export)
             send_model = send_model and self.half.sends_final_model
-            up = Payload(state_to_arrays(self.half.model.state_dict(), MODEL_PREFIX) if send_model else {}, {})
+            up = Payload(
+                state_to_arrays(self.half.model.state_dict(), MODEL_PREFIX) if send_model else {},
+                {})
             return env.reply("done", up, algorithm=self.algorithm)
-        except Exception as e:  # MemoryError and torch's OutOfMemoryError included: answer, keep serving
-            log.exception("device %s failed on %s for round %d", self.device_id, env.kind, env.round)
+        # MemoryError and torch's OutOfMemoryError included: answer, keep serving
+        except Exception as e:
+            log.exception("device %s failed on %s for round %d", self.device_id, env.kind,
+                          env.round)
             return self._error(env, f"{type(e).__name__}: {e}")
 
     def evaluate(self, split: str, limit: int | None = None) -> dict[str, float]:
-        """Accuracy (and loss) on the ``split`` evaluation set, on its first ``limit`` samples if given."""
+        """Accuracy (and loss) on the ``split`` evaluation set, on its first ``limit`` samples if
+        given."""
         data = self.eval_sets.get(split)
         if data is None:
             raise WireError(f"device {self.device_id} has no {split!r} data to evaluate on")
@@ -176,7 +188,11 @@ class DeviceAgent:
                 raise WireError(f"{MAX_SAMPLES} must be a positive integer, got {limit!r}")
             if limit < len(data):
                 data = data.subset(np.arange(limit))
-        key = (model_fingerprint(self.half.model), split, limit) if self.eval_cache is not None else None
+        key = (
+            (model_fingerprint(self.half.model), split, limit)
+            if self.eval_cache is not None
+            else None
+        )
         if key is not None and key in self.eval_cache:
             return dict(self.eval_cache[key])
         metrics = evaluate(self.half.model, data)

@@ -78,12 +78,18 @@ class Assignment:
 
     def same_work(self, other: Assignment | None) -> bool:
         """Equal up to the server's epoch and acceptance: the built half can be kept."""
-        return other is not None and dataclasses.replace(self, epoch="", accepted=False) == dataclasses.replace(other, epoch="", accepted=False)
+        return other is not None and dataclasses.replace(
+            self, epoch="", accepted=False
+        ) == dataclasses.replace(other, epoch="", accepted=False)
 
 
 def _class_names(value: Any) -> tuple[str, ...]:
     """The assignment's class names: a bounded list of short strings."""
-    if not isinstance(value, list) or len(value) > 10_000 or not all(isinstance(c, str) and 0 < len(c) <= 200 for c in value):
+    if (
+        not isinstance(value, list)
+        or len(value) > 10_000
+        or not all(isinstance(c, str) and 0 < len(c) <= 200 for c in value)
+    ):
         raise ValueError("classes must be a list of at most 10,000 names of 1 to 200 characters")
     return tuple(value)
 
@@ -101,13 +107,16 @@ def align_classes(run_data, classes: tuple[str, ...]):
     try:
         index, _ = class_index_map(have, classes)
     except ConfigError as e:
-        raise ConfigError(f"this device's data does not fit the run's classes ({', '.join(classes)}): {e}") from None
+        raise ConfigError(
+            f"this device's data does not fit the run's classes ({', '.join(classes)}): {e}"
+        ) from None
     info = dataclasses.replace(run_data.info, num_classes=len(classes), class_names=tuple(classes))
 
     def relabel(ds):
         return type(ds).from_numpy(ds.x.numpy(), index[ds.y.numpy()], info)
 
-    log.info("data classes mapped to the run's: %s", ", ".join(f"{h} -> {classes[i]}" for h, i in zip(have, index, strict=True)))
+    log.info("data classes mapped to the run's: %s",
+             ", ".join(f"{h} -> {classes[i]}" for h, i in zip(have, index, strict=True)))
     return dataclasses.replace(
         run_data,
         train=relabel(run_data.train),

@@ -69,9 +69,17 @@ def rebase(update: Payload, received: Payload, current: Payload, staleness: int,
         if v.dtype.kind == "f" and k.startswith(deltas) and deltas:
             arrays[k] = (s * v.astype(np.float64)).astype(v.dtype)
             continue
-        if old is None or cur is None or v.dtype.kind != "f" or np.shape(old) != v.shape or np.shape(cur) != v.shape:
+        if (
+            old is None
+            or cur is None
+            or v.dtype.kind != "f"
+            or np.shape(old) != v.shape
+            or np.shape(cur) != v.shape
+        ):
             continue
-        arrays[k] = (np.asarray(cur, np.float64) + s * (v.astype(np.float64) - np.asarray(old, np.float64))).astype(v.dtype)
+        arrays[k] = (
+            np.asarray(cur, np.float64) + s * (v.astype(np.float64) - np.asarray(old, np.float64))
+        ).astype(v.dtype)
     return Payload(arrays, dict(update.meta))
 
 
@@ -109,7 +117,8 @@ class BufferedRounds:
     def flying(self) -> set[str]:
         return {f.device for f in self._flights}
 
-    def _push(self, at: float, device: str, version: int, kind: str, received: Payload | None = None,
+    def _push(self, at: float, device: str, version: int, kind: str,
+              received: Payload | None = None,
               reply: Envelope | None = None, bytes_up: int = 0, seconds: float = 0.0) -> None:
         self._seq += 1
         flight = _Flight(at, self._seq, device, version, received, reply, bytes_up, seconds, kind)
@@ -135,7 +144,8 @@ class BufferedRounds:
                 kind = "update" if arrives else "lost"
             self._push(at, d, round, kind, payloads[d], reply, ex.bytes_up[d], ex.seconds[d])
 
-    def collect(self, loop: RoundLoop, round: int, out: Exchange) -> tuple[list[str], dict[str, Payload], dict[str, Any]]:
+    def collect(self, loop: RoundLoop, round: int,
+                out: Exchange) -> tuple[list[str], dict[str, Payload], dict[str, Any]]:
         """Round ``round``: free devices pull the model, then the next ``buffer`` arrivals in time
         order. Fills ``out`` (dispatches' downlinks and failures, arrivals' replies) and returns
         (devices aggregated or failed, their uplinks rebased for staleness, the round's record)."""
@@ -152,7 +162,8 @@ class BufferedRounds:
             if flight.kind == "wake":  # back online: it pulls the model as it stands
                 self._dispatch(loop, round, [flight.device], out)
                 continue
-            if flight.kind == "lost":  # offline before its update arrived: back later, then it pulls
+            # offline before its update arrived: back later, then it pulls
+            if flight.kind == "lost":
                 why = f"went offline at {self.clock:.1f} s (simulated clock) in flight"
                 out.failed[flight.device] = why
                 back = self.fleet.next_online(flight.device, self.clock)

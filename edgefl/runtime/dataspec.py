@@ -63,7 +63,8 @@ class DataSpec:
 
     @classmethod
     def parse(cls, text: str) -> DataSpec:
-        """``NAME[:key=value,...]`` (see the class); a mistake names the option and what it takes."""
+        """``NAME[:key=value,...]`` (see the class); a mistake names the option and what it
+        takes."""
         # a dataset name may itself hold ':' (imagefolder:DIR); options follow the last ':'
         head, sep, tail = text.rpartition(":")
         name, rest = (head, tail) if sep and ("=" in tail or not tail) else (text, "")
@@ -73,7 +74,8 @@ class DataSpec:
         for item in filter(None, rest.split(",")):
             key, sep, value = item.partition("=")
             if not sep or key.strip() not in KEYS:
-                raise ConfigError(f"--data option {item!r}: use key=value with keys {', '.join(sorted(KEYS))}")
+                raise ConfigError(
+                    f"--data option {item!r}: use key=value with keys {', '.join(sorted(KEYS))}")
             values[KEYS[key.strip()]] = value.strip()
         try:
             return cls(dataset=name, **values)
@@ -84,10 +86,18 @@ class DataSpec:
         parts = []
         if self.shard is not None:
             parts.append(f"shard={self.shard[0]}/{self.shard[1]}")
-        for key, value in (("partition", self.partition), ("alpha", self.alpha), ("k", self.classes_per_client),
-                           ("seed", self.seed), ("min_size", self.min_size), ("train_samples", self.train_samples),
-                           ("test_samples", self.test_samples), ("eval_samples", self.eval_samples),
-                           ("public", self.public), ("validation_samples", self.validation_samples)):
+        for key, value in (
+            ("partition", self.partition),
+            ("alpha", self.alpha),
+            ("k", self.classes_per_client),
+            ("seed", self.seed),
+            ("min_size", self.min_size),
+            ("train_samples", self.train_samples),
+            ("test_samples", self.test_samples),
+            ("eval_samples", self.eval_samples),
+            ("public", self.public),
+            ("validation_samples", self.validation_samples),
+        ):
             if value is not None:
                 parts.append(f"{key}={value}")
         if self.data_dir:
@@ -99,14 +109,16 @@ class DataSpec:
 KEYS = {
     "shard": "shard", "partition": "partition", "alpha": "alpha", "k": "classes_per_client",
     "classes_per_client": "classes_per_client", "seed": "seed", "min_size": "min_size",
-    "train_samples": "train_samples", "test_samples": "test_samples", "eval_samples": "eval_samples",
+    "train_samples": "train_samples", "test_samples": "test_samples",
+    "eval_samples": "eval_samples",
     "public": "public", "dir": "data_dir", "validation_samples": "validation_samples",
 }  # fmt: skip
 _OPTION = {field: key for key, field in KEYS.items() if key != "classes_per_client"}
 
 
 def _reason(e: ValidationError) -> str:
-    """The first problem, in the words of ``--data``: ``seed='x': Input should be a valid integer``."""
+    """The first problem, in the words of ``--data``: ``seed='x': Input should be a valid
+    integer``."""
     error = e.errors(include_url=False)[0]
     field = next((str(part) for part in error["loc"] if str(part) in _OPTION), None)
     if field is None:  # a check of the whole spec (the shard's range)

@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 
 def derive_seed(seed: int, name: str) -> int:
     """A stable 31-bit seed for ``name`` (a device id) under the run seed."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+    return (
+        int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:4], "little")
+        & 0x7FFFFFFF
+    )
 
 
 def device_ids(n: int) -> list[str]:
@@ -28,7 +31,9 @@ def device_ids(n: int) -> list[str]:
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
-    name = cfg.run_name or f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}"
+    name = (
+        cfg.run_name or f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.algorithm}-{cfg.dataset}-s{cfg.seed}"
+    )
     return Path(cfg.out_dir) / name
 
 

@@ -89,7 +89,8 @@ class DeviceOptions:
     threads: int | None = None
     # where local training runs: auto (CUDA when torch sees it), cpu, cuda, cuda:N
     train_device: str = "auto"
-    save_model: str | None = None  # write the final model here (safetensors + spec) when the run is over
+    # write the final model here (safetensors + spec) when the run is over
+    save_model: str | None = None
     export: str | None = None  # and export it to this ONNX file, parity-checked on local test data
     wait: float | None = None  # seconds to wait for an unreachable broker (None: forever)
     backoff: Backoff = Backoff(initial=1.0, factor=2.0, cap=30.0)
@@ -103,10 +104,12 @@ AUTH_REFUSALS = ("Bad user name or password", "Not authorized", "Bad authenticat
 
 
 def waiting_line(broker: str, wait: float | None) -> str:
-    return f"waiting for broker {broker} ({'up to ' + format(wait, 'g') + ' s' if wait is not None else 'no time limit'})"
+    return (f"waiting for broker {broker} "
+            f"({'up to ' + format(wait, 'g') + ' s' if wait is not None else 'no time limit'})")
 
 
-def wait_for_broker(address: BrokerAddress, *, wait: float | None, backoff: Backoff, say: Callable[[str], None], announce: bool = True,
+def wait_for_broker(address: BrokerAddress, *, wait: float | None, backoff: Backoff,
+                    say: Callable[[str], None], announce: bool = True,
                     option: str = "--wait") -> None:
     """Return once the broker accepts TCP connections; say so at once and at each retry.
     Raises BrokerUnreachableError after ``wait`` seconds (None: wait forever)."""
@@ -119,17 +122,21 @@ def wait_for_broker(address: BrokerAddress, *, wait: float | None, backoff: Back
             with socket.create_connection((address.host, address.port), timeout=5.0):
                 pass
         except OSError as e:
-            raise BrokerUnreachableError(f"broker {target} unreachable: {e.strerror or e}") from None
+            raise BrokerUnreachableError(
+                f"broker {target} unreachable: {e.strerror or e}"
+            ) from None
 
     def on_retry(number: int, delay: float, error: BaseException) -> None:
         say(f"{error}; retry {number} in {delay:.1f} s")
 
     try:
-        retry(attempt, retry_on=(BrokerUnreachableError,), backoff=backoff, wait=wait, on_retry=on_retry)
+        retry(attempt, retry_on=(BrokerUnreachableError,), backoff=backoff, wait=wait,
+              on_retry=on_retry)
     except BrokerUnreachableError as e:
         raise BrokerUnreachableError(f"gave up after {option} {wait:g} s: {e}") from None
     say(f"broker {target} is reachable")
-    check_tls(address)  # a refused certificate or an unverifiable broker: one clear error now, no silent retries
+    # a refused certificate or an unverifiable broker: one clear error now, no silent retries
+    check_tls(address)
 
 
 def _kb(n: int) -> str:
@@ -148,28 +155,36 @@ class DeviceRuntime:
         self.opts = opts
         self.data_spec = DataSpec.parse(opts.data)
         self.limits = Limits(max_bytes=opts.max_bytes)
-        address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password).with_tls(opts.ca_file, opts.cert_file, opts.key_file)
+        address = (
+            BrokerAddress.parse(opts.broker)
+            .with_credentials(opts.username, opts.password)
+            .with_tls(opts.ca_file, opts.cert_file, opts.key_file)
+        )
         self.endpoint = MqttDeviceEndpoint(address, opts.fleet, opts.device_id, limits=self.limits)
         self.profile = opts.profile if opts.profile is not None else measure_profile(opts.device_id)
         self.assignment: Assignment | None = None
         self.agent: DeviceAgent | None = None
         self.num_samples = 0
-        self.incarnation = new_nonce()[:16]  # this process's registration epoch: its declared size is fixed within it
+        # this process's registration epoch: its declared size is fixed within it
+        self.incarnation = new_nonce()[:16]
         self.server_epoch: str | None = None
         self.registered_epoch: str | None = None  # the epoch whose server accepted us
         self.next_register = 0.0
         self.unanswered = 0  # registrations sent since the server last answered or restarted
-        self.register_backoff = Backoff(initial=opts.register_every, factor=2.0, cap=max(opts.register_cap, opts.register_every))
+        self.register_backoff = Backoff(initial=opts.register_every, factor=2.0,
+                                        cap=max(opts.register_cap, opts.register_every))
         self.jitter = random.Random(opts.device_id)  # spreads a fleet's re-registrations apart
         self.held: deque[tuple[Routing, bytes]] = deque()  # requests that came before we were ready
         self.served = 0
         self.over = False
         self.say = opts.say or (lambda line: log.info("device %s: %s", opts.device_id, line))
-        self.last_accuracy: tuple[int, float] | None = None  # (round, accuracy) of the last evaluation
+        # (round, accuracy) of the last evaluation
+        self.last_accuracy: tuple[int, float] | None = None
 
     # -- registration --
     def _register(self) -> None:
-        meta: dict[str, Any] = {"profile": json.dumps(self.profile, sort_keys=True), "ready": self.agent is not None,
+        meta: dict[str, Any] = {"profile": json.dumps(self.profile, sort_keys=True),
+                                "ready": self.agent is not None,
                                 "incarnation": self.incarnation}
         if self.opts.tier:
             meta["tier"] = self.opts.tier
@@ -177,7 +192,8 @@ class DeviceRuntime:
             meta["num_samples"] = self.num_samples
         if self.server_epoch:
             meta["epoch"] = self.server_epoch
-        env = Envelope("register", 0, self.opts.device_id, fleet=self.opts.fleet, tier=self.opts.tier or "", payload=Payload({}, meta))
+        env = Envelope("register", 0, self.opts.device_id, fleet=self.opts.fleet,
+                       tier=self.opts.tier or "", payload=Payload({}, meta))
         self.endpoint.send("register", encode(env))
         self.next_register = time.monotonic() + self.register_delay(self.unanswered)
         self.unanswered += 1
@@ -192,12 +208,15 @@ class DeviceRuntime:
     def _on_assign(self, data: bytes) -> None:
         env = decode(data, self.limits)
         if env.payload.meta.get("rejected"):
-            raise RunRejectedError(f"the server refused device {self.opts.device_id}: {env.payload.meta['rejected']}")
+            raise RunRejectedError(
+                f"the server refused device {self.opts.device_id}: {env.payload.meta['rejected']}")
         a = Assignment.from_meta(env.payload.meta)
         if self.server_epoch is not None and a.epoch != self.server_epoch:
-            log.info("device %s: ignoring an assignment from an earlier server (%s)", self.opts.device_id, a.epoch)
+            log.info("device %s: ignoring an assignment from an earlier server (%s)",
+                     self.opts.device_id, a.epoch)
             return
-        self.unanswered = 0  # the server answers: a ready registration goes out at once, retries start over
+        # the server answers: a ready registration goes out at once, retries start over
+        self.unanswered = 0
         if self.agent is None or not a.same_work(self.assignment):
             self._build(a)
             self._register()  # now ready
@@ -205,7 +224,9 @@ class DeviceRuntime:
         if a.accepted and self.registered_epoch != a.epoch:
             self.registered_epoch = a.epoch
             self.agent.run_id = a.epoch  # requests of any other run are answered with an error
-            self.say(f"registered with server {a.epoch}: {a.spec.name} for {a.algorithm}, {a.rounds} rounds")
+            self.say(
+                f"registered with server {a.epoch}: {a.spec.name} for {a.algorithm}, {a.rounds} "
+                "rounds")
             while self.held:
                 self._serve(*self.held.popleft())
 
@@ -215,7 +236,8 @@ class DeviceRuntime:
 
         compute = resolve_compute(self.opts.train_device)
         half, evals = build_assigned(self.data_spec, a, self.opts.device_id, compute=compute)
-        self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet, algorithm=a.algorithm, limits=self.limits, run_id=a.epoch)
+        self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet,
+                                 algorithm=a.algorithm, limits=self.limits, run_id=a.epoch)
         self.num_samples = len(half.ctx.train_data)
         log.info("device %s: built %s for %s on %d samples, training on %s", self.opts.device_id,
                  a.spec.name, a.algorithm, self.num_samples, compute)
@@ -250,15 +272,22 @@ class DeviceRuntime:
             self.say(f"round {shown}: {request.kind} failed: {meta.get('reason', '?')}")
         elif answer.kind == "update":
             loss = meta.get("train_loss")
-            acc = "acc -" if self.last_accuracy is None else f"acc {100 * self.last_accuracy[1]:.1f}% (eval r{self.last_accuracy[0]})"
+            acc = "acc -" if self.last_accuracy is None else ("acc "
+                                                              f"{100 * self.last_accuracy[1]:.1f}% "
+                                                              f"(eval r{self.last_accuracy[0]})")
             self.say(
-                f"round {shown} | tier {answer.tier or '-'} | loss {'-' if loss is None else format(float(loss), '.4f')} | "
+                f"round {shown} | tier {answer.tier or '-'} | loss "
+                f"{'-' if loss is None else format(float(loss), '.4f')} | "
                 f"{acc} | up {_kb(len(up))} | down {_kb(len(down))} | {seconds:.2f} s"
             )
 
     def _on_server(self, status: dict[str, Any]) -> None:
         epoch = status.get("epoch")
-        if status.get("state") == "online" and isinstance(epoch, str) and epoch != self.server_epoch:
+        if (
+            status.get("state") == "online"
+            and isinstance(epoch, str)
+            and epoch != self.server_epoch
+        ):
             log.info("device %s: server %s is online; registering", self.opts.device_id, epoch)
             self.server_epoch = epoch
             self.registered_epoch = None
@@ -266,7 +295,12 @@ class DeviceRuntime:
             self.unanswered = 0
 
     def _on_broadcast(self, routing: Routing) -> None:
-        if routing.kind == "finish" and routing.meta.get("run_over") and self.registered_epoch is not None and routing.meta.get("epoch") == self.registered_epoch:
+        if (
+            routing.kind == "finish"
+            and routing.meta.get("run_over")
+            and self.registered_epoch is not None
+            and routing.meta.get("epoch") == self.registered_epoch
+        ):
             log.info("device %s: the run is over", self.opts.device_id)
             self.over = True
 
@@ -274,17 +308,28 @@ class DeviceRuntime:
         """Say when the broker goes away and comes back; raise when it refuses the credentials."""
         connected = self.endpoint.connected.is_set()
         if not connected and self.endpoint.refused in AUTH_REFUSALS:
-            raise AuthenticationError(f"the broker at {self.endpoint.address} refused device {self.opts.device_id}: {self.endpoint.refused}")
+            raise AuthenticationError(
+                f"the broker at {self.endpoint.address} refused device {self.opts.device_id}: "
+                f"{self.endpoint.refused}")
         if connected != was_connected:
-            self.say(f"connected to broker {self.endpoint.address}" if connected else f"lost broker {self.endpoint.address}; reconnecting")
+            self.say(
+                f"connected to broker {self.endpoint.address}"
+                if connected
+                else f"lost broker {self.endpoint.address}; reconnecting"
+            )
         return connected
 
     def register_if_due(self) -> None:
-        if self.registered_epoch is None and self.endpoint.connected.is_set() and time.monotonic() >= self.next_register:
+        if (
+            self.registered_epoch is None
+            and self.endpoint.connected.is_set()
+            and time.monotonic() >= self.next_register
+        ):
             self._register()
 
     def handle(self, kind: str, routing: Routing | None, item: Any) -> None:
-        """One item of the endpoint's inbox: the server's status, an assignment, a broadcast or a request."""
+        """One item of the endpoint's inbox: the server's status, an assignment, a broadcast or a
+        request."""
         try:
             if kind == "server":
                 self._on_server(item)
@@ -329,7 +374,8 @@ class DeviceRuntime:
         return self.served
 
     def _keep_model(self) -> None:
-        """The run is over: keep the final model (``--save-model``) and its ONNX file (``--export``)."""
+        """The run is over: keep the final model (``--save-model``) and its ONNX file
+        (``--export``)."""
         if not (self.opts.save_model or self.opts.export):
             return
         model = self.agent.half.model.cpu()  # the run is over: saved and exported from the CPU
@@ -348,7 +394,9 @@ class DeviceRuntime:
             names = test.info.class_names if test is not None else None
             report = export_model(model, self.opts.export, class_names=names, parity_images=parity,
                                   calibration_images=calibration)
-            self.say(f"exported {self.opts.export} (ONNX Runtime vs PyTorch: max |diff| {getattr(report, 'max_abs_diff', float('nan')):.2g})")
+            self.say(
+                f"exported {self.opts.export} (ONNX Runtime vs PyTorch: max |diff| "
+                f"{getattr(report, 'max_abs_diff', float('nan')):.2g})")
 
     def _flush(self, seconds: float = 5.0) -> None:
         """Before leaving, give the last replies a chance to be acknowledged."""
@@ -361,11 +409,17 @@ class DeviceRuntime:
 def run_device(opts: DeviceOptions, stop_after: float | None = None) -> int:
     """Wait for the broker (``opts.wait``), then serve the fleet until the run is over."""
     say = opts.say or (lambda line: log.info("device %s: %s", opts.device_id, line))
-    # a bad URL is a configuration error, before waiting; TLS files are checked once the broker answers
-    address = BrokerAddress.parse(opts.broker).with_credentials(opts.username, opts.password).with_tls(opts.ca_file, opts.cert_file, opts.key_file)
+    # a bad URL is a configuration error, before waiting; TLS files are checked once the broker
+    # answers
+    address = (
+        BrokerAddress.parse(opts.broker)
+        .with_credentials(opts.username, opts.password)
+        .with_tls(opts.ca_file, opts.cert_file, opts.key_file)
+    )
     check_device_id(opts.device_id)
     DataSpec.parse(opts.data)
-    wait_for_broker(address, wait=opts.wait, backoff=opts.backoff, say=say, announce=not opts.announced)
+    wait_for_broker(address, wait=opts.wait, backoff=opts.backoff, say=say,
+                    announce=not opts.announced)
     try:
         import torch
     except ModuleNotFoundError as e:
@@ -394,8 +448,13 @@ def register_once(
     """Register (not ready) and return the server's assignment (the ``assign`` envelope's meta:
     spec, algorithm, rounds, epoch …); the device is not added to a run. Needs no torch."""
     check_device_id(device_id)
-    address = BrokerAddress.parse(broker).with_credentials(username, password).with_tls(ca_file, cert_file, key_file)
-    endpoint = MqttDeviceEndpoint(address, fleet, device_id, client_id=f"edgefl-{fleet}-{device_id}-register", will=False)
+    address = (
+        BrokerAddress.parse(broker)
+        .with_credentials(username, password)
+        .with_tls(ca_file, cert_file, key_file)
+    )
+    endpoint = MqttDeviceEndpoint(address, fleet, device_id,
+                                  client_id=f"edgefl-{fleet}-{device_id}-register", will=False)
     profile = profile if profile is not None else measure_profile(device_id)
     meta: dict[str, Any] = {"profile": json.dumps(profile, sort_keys=True), "ready": False}
     if tier:
@@ -406,7 +465,8 @@ def register_once(
         next_send = 0.0
         while time.monotonic() < end:
             if time.monotonic() >= next_send:
-                env = Envelope("register", 0, device_id, fleet=fleet, tier=tier or "", payload=Payload({}, meta))
+                env = Envelope("register", 0, device_id, fleet=fleet, tier=tier or "",
+                               payload=Payload({}, meta))
                 endpoint.send("register", encode(env))
                 next_send = time.monotonic() + 3.0
             try:
@@ -416,8 +476,10 @@ def register_once(
             if kind == "assign":
                 meta = decode(item).payload.meta
                 if meta.get("rejected"):
-                    raise RunRejectedError(f"the server refused device {device_id}: {meta['rejected']}")
+                    raise RunRejectedError(
+                        f"the server refused device {device_id}: {meta['rejected']}")
                 return meta
     finally:
         endpoint.stop()
-    raise TransportError(f"no server of fleet {fleet!r} answered {device_id}'s registration within {timeout:g} s")
+    raise TransportError(
+        f"no server of fleet {fleet!r} answered {device_id}'s registration within {timeout:g} s")

@@ -51,10 +51,14 @@ def expected_model_arrays(spec: ModelSpec, prefix: str = "model/") -> dict[str, 
     from edgefl.models import build_model
 
     state = build_model(spec).state_dict()
-    return {prefix + k: array_spec(np.float32 if t.is_floating_point() else np.int64, tuple(t.shape)) for k, t in state.items()}
+    return {
+        prefix + k: array_spec(np.float32 if t.is_floating_point() else np.int64, tuple(t.shape))
+        for k, t in state.items()
+    }
 
 
-def save_final_models(run_dir: Path, models: Mapping[str, Mapping[str, np.ndarray]], specs: Mapping[str, ModelSpec],
+def save_final_models(run_dir: Path, models: Mapping[str, Mapping[str, np.ndarray]],
+                      specs: Mapping[str, ModelSpec],
                       dataset: str) -> list[str]:
     """Write each device's received model to run_dir/models/<id>.safetensors; returns the ids
     written. A model that does not load into its spec strictly is not written (logged)."""
@@ -69,9 +73,11 @@ def save_final_models(run_dir: Path, models: Mapping[str, Mapping[str, np.ndarra
         spec = specs[device_id]
         model = build_model(spec)
         try:
-            model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}, strict=True)
+            model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()},
+                                  strict=True)
         except RuntimeError as e:
-            log.warning("device %s sent a final model that does not fit %s: %s", device_id, spec.name, e)
+            log.warning("device %s sent a final model that does not fit %s: %s", device_id,
+                        spec.name, e)
             continue
         save_model_file(model, device_model_path(run_dir, device_id), spec=spec, dataset=dataset)
         written.append(device_id)
@@ -96,7 +102,8 @@ class Availability:
 
 
 class FinalProgress:
-    """While the final evaluation runs: a line every ``every`` seconds (devices answered, time left)."""
+    """While the final evaluation runs: a line every ``every`` seconds (devices answered, time
+    left)."""
 
     def __init__(self, status, say: Callable[[str], None], every: float = 10.0):
         self.status, self.say, self.every = status, say, every
@@ -111,13 +118,20 @@ class FinalProgress:
                      + (f" ({samples} samples each)" if samples else "")
                      + (f", deadline {deadline:g} s" if deadline is not None else ""))
             self.stop_event.clear()
-            self.thread = threading.Thread(target=self._tick, name="edgefl-final-progress", daemon=True)
+            self.thread = threading.Thread(target=self._tick, name="edgefl-final-progress",
+                                           daemon=True)
             self.thread.start()
         elif name == "final_evaluation_done":
             self.stop_event.set()
             missed = info.get("failed") or []
-            self.say(f"final evaluation: {info['answered']} of {info['devices']} devices answered"
-                     + (f"; missing: {', '.join(missed)} (their last per-round evaluation stands in)" if missed else ""))
+            self.say(
+                f"final evaluation: {info['answered']} of {info['devices']} devices answered"
+                + (
+                    f"; missing: {', '.join(missed)} (their last per-round evaluation stands in)"
+                    if missed
+                    else ""
+                )
+            )
 
     def _tick(self) -> None:
         while not self.stop_event.wait(self.every):

@@ -8,10 +8,11 @@ its tier policy chooses, or d00, d01, … with the run's tiers in turn) gets sha
 partition the simulator makes and its tier, so results match the in-memory run for the same seed.
 
 Device processes are forked from a fork server that has already imported torch and edgefl
-(:class:`DeviceLauncher`, :mod:`edgefl.runtime.processes`), so a fleet of N processes does not pay N interpreter start-ups and torch
-imports (1.7 s of CPU each, measured): each is still its own OS process running ``edgefl train``
-with its own MQTT connection. Without an entry point to fork into, or where the platform has no
-fork server (Windows), each device is a fresh ``python -m edgefl.cli.main train`` (:func:`start_device`).
+(:class:`DeviceLauncher`, :mod:`edgefl.runtime.processes`), so a fleet of N processes does not pay N
+interpreter start-ups and torch imports (1.7 s of CPU each, measured): each is still its own OS
+process running ``edgefl train`` with its own MQTT connection. Without an entry point to fork into,
+or where the platform has no fork server (Windows), each device is a fresh ``python -m
+edgefl.cli.main train`` (:func:`start_device`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def device_command(
     return cmd
 
 
-def start_device(cmd: Sequence[str], log_path: Path | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_device(cmd: Sequence[str], log_path: Path | None = None,
+                 extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     try:
@@ -102,7 +104,8 @@ def start_device(cmd: Sequence[str], log_path: Path | None = None, extra_env: di
             out.close()
 
 
-def _device_main(entry: Callable[[], None], argv: list[str], log_path: str | None, environ: dict[str, str]) -> None:
+def _device_main(entry: Callable[[], None], argv: list[str], log_path: str | None,
+                 environ: dict[str, str]) -> None:
     """A forked device process: ``edgefl <argv>`` with stdout and stderr going to ``log_path``, in
     the environment the launcher had when it started this device (the fork server's own is the
     one it was started with; what torch reads when it is imported, such as OMP_*, stays that)."""
@@ -164,7 +167,9 @@ class DeviceLauncher:
     def launch(self) -> str:
         return "fork" if self.ctx is not None else "exec"
 
-    def start(self, cmd: Sequence[str], log_path: Path | None = None, env: dict[str, str] | None = None) -> DeviceProcess | subprocess.Popen:
+    def start(
+        self, cmd: Sequence[str], log_path: Path | None = None, env: dict[str, str] | None = None
+    ) -> DeviceProcess | subprocess.Popen:
         """``cmd`` as :func:`device_command` makes it: ``python -m edgefl.cli.main ARGS…``; ``env``
         is added to the device's environment."""
         if self.ctx is None or list(cmd[:3]) != [sys.executable, "-m", "edgefl.cli.main"]:
@@ -196,9 +201,12 @@ def simulate_mqtt(
     :class:`DeviceLauncher`). ``method``: ``cfg``'s method as
     :func:`~edgefl.runtime.method.configure` resolved it (None: resolved here)."""
     if cfg.validation_samples:
-        raise ConfigError("validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the test split")
+        raise ConfigError(
+            "validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the "
+            "test split")
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
-    method = dataclasses.replace(method, repeatable_noise=True)  # a simulation repeats: its devices too (below)
+    # a simulation repeats: its devices too (below)
+    method = dataclasses.replace(method, repeatable_noise=True)
     plan = plan_fleet(cfg, method)  # the devices and tiers the in-memory run has
     embedded = None
     if broker is None:
@@ -223,11 +231,15 @@ def simulate_mqtt(
                     profile_file=profile_file, threads=threads, train_device=cfg.train_device,
                     verbose=verbose,
                 )
-                procs.append(launcher.start(cmd, log_dir / f"{device_id}.log", {REPEATABLE_NOISE_ENV: "1"}))
-            opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline, wait_for_devices=max(120.0, 20.0 * cfg.clients))
+                procs.append(launcher.start(cmd, log_dir / f"{device_id}.log",
+                                            {REPEATABLE_NOISE_ENV: "1"}))
+            opts = ServeOptions(broker=broker, fleet=fleet, deadline=deadline,
+                                wait_for_devices=max(120.0, 20.0 * cfg.clients))
             full = cfg.model_copy(update={"min_devices": cfg.clients})
-            # the devices send their final models to the server, which writes run_dir/models (edgefl.runtime.ending)
-            summary = serve(full, opts, on_round=on_round, on_progress=on_progress, say=say, method=method)
+            # the devices send their final models to the server, which writes run_dir/models
+            # (edgefl.runtime.ending)
+            summary = serve(full, opts, on_round=on_round, on_progress=on_progress, say=say,
+                            method=method)
             summary["broker"] = "embedded amqtt" if embedded else broker
             summary["device_processes"] = len(procs)
             return summary

@@ -27,8 +27,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import mean
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +36,15 @@ import safetensors.numpy
 from edgefl.algorithms.base import ServerContext, ServerHalf, total_rounds
 from edgefl.errors import AllDevicesFailed
 from edgefl.runtime.buffered import BufferedRounds
-from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO, bound_uplinks
+from edgefl.runtime.claims import bound_uplinks
+from edgefl.runtime.exchange import (
+    MAX_SAMPLES,
+    MODEL_PREFIX,
+    SEND_MODEL,
+    UNCHANGED,
+    Exchange,
+    LoopSettings,
+)
 from edgefl.runtime.interrupt import second_interrupt_exits
 from edgefl.runtime.live import LiveRounds
 from edgefl.transport.base import Transport
@@ -50,46 +56,8 @@ if TYPE_CHECKING:
     from edgefl.runtime.clock import FleetClock
 
 log = logging.getLogger(__name__)
-#: Downlink metadata meaning "the payload you absorbed at this round's evaluation, unchanged".
-UNCHANGED = "unchanged_since"
-#: Finish metadata asking the device to answer with its final model (arrays under MODEL_PREFIX).
-SEND_MODEL = "send_model"
-MODEL_PREFIX = "model/"
-#: Evaluation metadata: evaluate on at most this many samples of the split.
-MAX_SAMPLES = "max_samples"
 #: Uplink metadata the round record keeps under its own keys, not in ``device_metrics``.
 _RECORDED_APART = frozenset({"train_loss", "train_seconds", "num_samples"})
-
-
-@dataclass
-class Exchange:
-    """The outcome of one request to a set of devices."""
-
-    replies: dict[str, Envelope] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-    bytes_down: dict[str, int] = field(default_factory=dict)
-    bytes_up: dict[str, int] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    rejected: dict[str, int] = field(default_factory=dict)  # invalid replies refused, per device
-
-
-@dataclass
-class LoopSettings:
-    rounds: int
-    fleet: str = "default"
-    algorithm: str = ""
-    run_id: str = field(default_factory=lambda: new_nonce()[:12])  # replies from another run are refused
-    timeout: float | None = None  # per-round deadline in seconds (None: wait for every device)
-    final_timeout: float | None = None  # the final evaluation's deadline (None: the round deadline)
-    final_samples: int | None = None  # test samples each device evaluates at the end (None: its whole split)
-    finish_on_interrupt: bool = False  # Ctrl-C: still send the finish exchange (a fleet: devices send their models)
-    interrupt_timeout: float | None = 30.0  # that finish exchange's deadline
-    eval_every: int = 1
-    eval_split: str = "quick"  # per-round evaluation split; the final one uses "test"
-    checkpoint_dir: Path | None = None
-    stop_when_all_fail: bool = True  # a round where every device failed is a bug in a simulation
-    weight_ratio: float = DEFAULT_WEIGHT_RATIO  # device-supplied weights ≤ this × median declared size (0: off)
-    buffer: int | None = None  # asynchronous: aggregate every this many arrivals (runtime/buffered.py); None: rounds
 
 
 class RoundLoop:
@@ -116,8 +84,10 @@ class RoundLoop:
         self.collect_models = collect_models
         # "final_evaluation" (before it: devices, deadline, samples) and "final_evaluation_done"
         self.on_event = on_event or (lambda name, info: None)
-        self.final_models: dict[str, dict[str, np.ndarray]] = {}  # device → its final model's arrays
-        self.last_eval: dict[str, tuple[int, float]] = {}  # device → (round, accuracy) of its last evaluation
+        # device → its final model's arrays
+        self.final_models: dict[str, dict[str, np.ndarray]] = {}
+        # device → (round, accuracy) of its last evaluation
+        self.last_eval: dict[str, tuple[int, float]] = {}
         self.rounds_completed = 0
         self._skipped: frozenset[str] = frozenset()
         # called before each round and before the closing exchanges: a deployment's server
@@ -150,7 +120,8 @@ class RoundLoop:
         return self.buffered.clock if isinstance(self.buffered, BufferedRounds) else self.clock.now
 
     # -- one exchange ---------------------------------------------------------------------------
-    def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str, stage: str | None = None,
+    def exchange(self, kind: str, round: int, payloads: Mapping[str, Payload], expect: str,
+                 stage: str | None = None,
                  timeout: float | None = None) -> Exchange:
         out = Exchange()
         messages, wants = {}, {}
@@ -170,7 +141,11 @@ class RoundLoop:
             arrays = None
             if expect == "update":
                 arrays = self.server.expected_uplink(device_id)
-            elif expect == "done" and payload.meta.get(SEND_MODEL) and self.collect_models is not None:
+            elif (
+                expect == "done"
+                and payload.meta.get(SEND_MODEL)
+                and self.collect_models is not None
+            ):
                 arrays = self.collect_models(device_id)
             wants[device_id] = Expectation(
                 kind, round, device_id, env.fleet, env.tier, env.run, env.nonce, env.algorithm,
@@ -189,13 +164,16 @@ class RoundLoop:
         shown = None if stage in ("finish", "final") else self.ctx.round + 1
         answered: set[str] = set()
         self.on_progress(stage, shown, 0, len(messages))
-        deliveries = self.transport.request(messages, timeout=self.settings.timeout if timeout is None else timeout, accept=accept)
+        deliveries = self.transport.request(
+            messages, timeout=self.settings.timeout if timeout is None else timeout, accept=accept
+        )
         for device_id in payloads:
             d = deliveries.get(device_id)
             out.bytes_down[device_id] = d.bytes_down if d is not None else 0
             if d is not None and d.rejected:
                 out.rejected[device_id] = len(d.rejected)
-                log.warning("round %d: refused %d invalid replies from %s (first: %s)", round, len(d.rejected), device_id, d.rejected[0])
+                log.warning("round %d: refused %d invalid replies from %s (first: %s)", round,
+                            len(d.rejected), device_id, d.rejected[0])
             if d is None or d.reply is None:
                 out.failed[device_id] = d.error if d is not None else "no reply"
                 continue
@@ -217,15 +195,20 @@ class RoundLoop:
         skipped = frozenset(device_ids) - frozenset(ok)
         if skipped != self._skipped:
             if skipped - self._skipped:
-                log.warning("round %d: not asking %s (offline: its Last Will; asked again once it registers)",
-                            round, ", ".join(sorted(skipped - self._skipped)))
+                log.warning(
+                    "round %d: not asking %s (offline: its Last Will; asked again once it "
+                    "registers)",
+                    round,
+                    ", ".join(sorted(skipped - self._skipped)),
+                )
             if self._skipped - skipped:
                 log.info("round %d: %s is back", round, ", ".join(sorted(self._skipped - skipped)))
             self._skipped = skipped
         return ok
 
     # -- evaluation -----------------------------------------------------------------------------
-    def evaluate(self, round: int, split: str, with_downlink: bool, stage: str = "evaluate", *, timeout: float | None = None,
+    def evaluate(self, round: int, split: str, with_downlink: bool, stage: str = "evaluate", *,
+                 timeout: float | None = None,
                  max_samples: int | None = None) -> dict[str, Any]:
         """Evaluate the reachable devices after ``round`` rounds. A device that does not answer
         is in ``eval_failed``; ``mean_accuracy`` is None when none answered (never NaN)."""
@@ -239,7 +222,8 @@ class RoundLoop:
             if max_samples is not None:
                 meta[MAX_SAMPLES] = int(max_samples)
             payloads[device_id] = Payload(p.arrays, meta)
-        ex = self.exchange("evaluate", round, payloads, expect="metrics", stage=stage, timeout=timeout)
+        ex = self.exchange("evaluate", round, payloads, expect="metrics", stage=stage,
+                           timeout=timeout)
         if with_downlink:
             self._holds_downlink.update(dict.fromkeys(ex.replies, round))
         acc = {d: float(r.payload.meta["accuracy"]) for d, r in ex.replies.items()}
@@ -271,7 +255,9 @@ class RoundLoop:
         for d in sorted(self.ctx.fleet):
             if d not in acc and d in self.last_eval:
                 from_round[d], acc[d] = self.last_eval[d]
-        measured_by = "final-evaluation" if not from_round else ("last-round" if not measured else "mixed")
+        measured_by = (
+            "final-evaluation" if not from_round else ("last-round" if not measured else "mixed")
+        )
         return {
             "mean_accuracy": mean(acc.values()) if acc else None,
             "tier_accuracy": self._by_tier(acc),
@@ -296,11 +282,14 @@ class RoundLoop:
             payloads = {}
             if getattr(self.server, "secagg", None) is None:
                 payloads = {
-                    d: Payload({}, {UNCHANGED: round}) if self._holds_downlink.get(d) == round else self.server.downlink(round, d)
+                    d: Payload({}, {UNCHANGED: round})
+                    if self._holds_downlink.get(d) == round
+                    else self.server.downlink(round, d)
                     for d in selected
                 }
             for d in selected:
-                self._holds_downlink.pop(d, None)  # it trains now: its model is no longer the downlink's
+                # it trains now: its model is no longer the downlink's
+                self._holds_downlink.pop(d, None)
             if payloads or not selected:
                 ex = self.exchange("train", round, payloads, expect="update")
                 if timing is not None:  # who finished in time on the simulated clock
@@ -318,7 +307,8 @@ class RoundLoop:
             raise AllDevicesFailed(round, {d: ex.failed.get(d, "no reply") for d in selected})
         t1 = time.perf_counter()
         uplinks, clipped = bound_uplinks(
-            round, fresh, self.ctx.fleet, self.settings.weight_ratio, self.server.count_arrays, self.ctx.settings.visits
+            round, fresh, self.ctx.fleet, self.settings.weight_ratio, self.server.count_arrays,
+            self.ctx.settings.visits
         )
         server_metrics = self.server.aggregate(round, uplinks)
         t2 = time.perf_counter()
@@ -330,27 +320,33 @@ class RoundLoop:
             "completed": sorted(ex.replies),
             "failed": ex.failed,
             "rejected": ex.rejected,
-            "clipped": clipped,  # device-supplied weights above the bound: {device: {field: [claimed, used]}}
+            # device-supplied weights above the bound: {device: {field: [claimed, used]}}
+            "clipped": clipped,
             "bytes_down": ex.bytes_down,
             "bytes_up": ex.bytes_up,
             "bytes_down_total": sum(ex.bytes_down.values()),
             "bytes_up_total": sum(ex.bytes_up.values()),
             "downlinks_not_resent": sorted(d for d, p in payloads.items() if UNCHANGED in p.meta),
             "train_loss": {d: m["train_loss"] for d, m in metas.items() if "train_loss" in m},
-            "train_seconds": {d: m["train_seconds"] for d, m in metas.items() if "train_seconds" in m},
+            "train_seconds": {d: m["train_seconds"] for d, m in metas.items()
+                              if "train_seconds" in m},
             # everything else a device reported about its local work (e.g. FedVTC's ce, l_e, l_dm)
             "device_metrics": {
-                d: {k: float(v) for k, v in m.items() if k not in _RECORDED_APART and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                d: {k: float(v) for k, v in m.items()
+                    if k not in _RECORDED_APART and isinstance(v, (int, float))
+                    and not isinstance(v, bool)}
                 for d, m in metas.items()
             },
-            "reply_seconds": {d: ex.seconds[d] for d in ex.replies},  # sent → reply, local work included
+            # sent → reply, local work included
+            "reply_seconds": {d: ex.seconds[d] for d in ex.replies},
             "collect_seconds": t1 - t0,
             "aggregate_seconds": t2 - t1,
             "server": server_metrics,
             **self.server.round_report(),  # e.g. the privacy ledger: ε per device so far
         }
         if buffered is not None:
-            record["buffered"] = buffered  # simulated clock, staleness per update, updates in flight
+            # simulated clock, staleness per update, updates in flight
+            record["buffered"] = buffered
         elif timing is not None:
             record["clock"] = timing  # start, end, each device's seconds, who dropped and why
         if self.clock is not None:
@@ -360,7 +356,12 @@ class RoundLoop:
         # Closing rounds train nothing: never evaluated.
         training = round < self.settings.rounds
         stands_for_final = round == self.total_rounds - 1 and not self.ctx.finish_trains
-        if training and not stands_for_final and self.settings.eval_every > 0 and (round + 1) % self.settings.eval_every == 0:
+        if (
+            training
+            and not stands_for_final
+            and self.settings.eval_every > 0
+            and (round + 1) % self.settings.eval_every == 0
+        ):
             record["eval"] = self.evaluate(round + 1, self.settings.eval_split, with_downlink=True)
             for d, a in record["eval"]["client_accuracy"].items():
                 self.last_eval[d] = (round + 1, a)
@@ -399,20 +400,30 @@ class RoundLoop:
         self.ctx.round = end
         finished = self._finish(end, self.settings.timeout)
         self._finished = True
-        final_timeout = self.settings.final_timeout if self.settings.final_timeout is not None else self.settings.timeout
+        final_timeout = (
+            self.settings.final_timeout
+            if self.settings.final_timeout is not None
+            else self.settings.timeout
+        )
         asked = self.reachable(sorted(self.ctx.fleet), end)
-        self.on_event("final_evaluation", {"devices": len(asked), "deadline": final_timeout, "samples": self.settings.final_samples})
+        self.on_event("final_evaluation",
+                      {"devices": len(asked), "deadline": final_timeout,
+                       "samples": self.settings.final_samples})
         t1 = time.perf_counter()
-        measured = self.evaluate(end, "test", with_downlink=False, stage="final", timeout=final_timeout,
+        measured = self.evaluate(end, "test", with_downlink=False, stage="final",
+                                 timeout=final_timeout,
                                  max_samples=self.settings.final_samples)
         final = self.standing_result(measured["client_accuracy"])
-        final.update(split="test", eval_failed=measured["eval_failed"], final_answered=len(measured["client_accuracy"]),
+        final.update(split="test", eval_failed=measured["eval_failed"],
+                     final_answered=len(measured["client_accuracy"]),
                      final_evaluation_seconds=time.perf_counter() - t1)
-        self.on_event("final_evaluation_done", {"answered": len(measured["client_accuracy"]), "devices": len(asked),
-                                                "failed": sorted(measured["eval_failed"])})
+        self.on_event("final_evaluation_done",
+                      {"answered": len(measured["client_accuracy"]), "devices": len(asked),
+                       "failed": sorted(measured["eval_failed"])})
         final["finish_failed"] = finished.failed
         final["finish_bytes_down"] = sum(finished.bytes_down.values())
-        final["rounds_completed"] = min(self.rounds_completed, self.settings.rounds)  # training rounds (closing ones apart)
+        # training rounds (closing ones apart)
+        final["rounds_completed"] = min(self.rounds_completed, self.settings.rounds)
         final["interrupted"] = False
         final["wall_seconds"] = time.perf_counter() - t0
         return final
@@ -423,26 +434,38 @@ class RoundLoop:
         payloads = {}
         for d in self.reachable(sorted(self.ctx.fleet), end):
             p = self.server.downlink(end, d)
-            payloads[d] = Payload(p.arrays, {**p.meta, SEND_MODEL: True}) if self.collect_models is not None else p
+            payloads[d] = (
+                Payload(p.arrays, {**p.meta, SEND_MODEL: True})
+                if self.collect_models is not None
+                else p
+            )
         finished = self.exchange("finish", end, payloads, expect="done", timeout=timeout)
         for d, reply in finished.replies.items():
             if reply.payload.arrays:
-                self.final_models[d] = {k[len(MODEL_PREFIX):]: v for k, v in reply.payload.arrays.items()}
+                self.final_models[d] = {
+                    k[len(MODEL_PREFIX) :]: v for k, v in reply.payload.arrays.items()
+                }
         return finished
 
     def _interrupted(self, t0: float) -> dict[str, Any]:
         done = self.rounds_completed
-        log.warning("interrupted after %d of %d rounds; writing what they produced (Ctrl-C again exits at once)", done, self.total_rounds)
+        log.warning(
+            "interrupted after %d of %d rounds; writing what they produced (Ctrl-C again exits "
+            "at once)", done, self.total_rounds)
         final = self.standing_result({})
-        final.update(split=None, eval_failed={}, final_answered=0, finish_failed={}, finish_bytes_down=0)
+        final.update(split=None, eval_failed={}, final_answered=0, finish_failed={},
+                     finish_bytes_down=0)
         if self.settings.finish_on_interrupt and done > 0 and not self._finished:
-            # the run ends with the rounds completed: devices take the final downlink (and send their models)
+            # the run ends with the rounds completed: devices take the final downlink (and send
+            # their models)
             self.ctx.round = done
             if isinstance(self.buffered, LiveRounds):
                 self.buffered.close(self)
             finished = self._finish(done, self.settings.interrupt_timeout)
-            final.update(finish_failed=finished.failed, finish_bytes_down=sum(finished.bytes_down.values()))
-        final.update(rounds_completed=min(done, self.settings.rounds), interrupted=True, wall_seconds=time.perf_counter() - t0)
+            final.update(finish_failed=finished.failed,
+                         finish_bytes_down=sum(finished.bytes_down.values()))
+        final.update(rounds_completed=min(done, self.settings.rounds), interrupted=True,
+                     wall_seconds=time.perf_counter() - t0)
         return final
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -464,7 +487,11 @@ class RoundLoop:
             return 0
         progress = json.loads((d / "progress.json").read_text())
         # "completed_round" (the index from 0 of the last round) is what earlier versions wrote
-        done = int(progress["rounds_completed"]) if "rounds_completed" in progress else int(progress["completed_round"]) + 1
+        done = (
+            int(progress["rounds_completed"])
+            if "rounds_completed" in progress
+            else int(progress["completed_round"]) + 1
+        )
         self.server.load_state_dict(safetensors.numpy.load_file(d / "server.safetensors"))
         log.info("resuming after round %d from %s", done, d)
         return done

@@ -43,7 +43,8 @@ class Method:
         return self.algorithm.name
 
     def options_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self.options), **self.privacy.as_options(), **self.secagg.as_options()}
+        return {**dataclasses.asdict(self.options), **self.privacy.as_options(),
+                **self.secagg.as_options()}
 
     @property
     def release(self) -> Release | None:
@@ -57,7 +58,8 @@ class Method:
         return total_rounds(rounds, self.needs.closing_rounds)
 
 
-def resolve_method(name: str, raw_options: dict[str, Any], public_share: float | None = None) -> Method:
+def resolve_method(name: str, raw_options: dict[str, Any],
+                   public_share: float | None = None) -> Method:
     """The method ``name`` with ``raw_options`` parsed and its needs declared; ``public_share``
     (the run's ``public_fraction`` setting) overrides the share the method declares."""
     from edgefl.algorithms import get_algorithm
@@ -72,12 +74,14 @@ def configure(explicit: dict[str, Any]) -> tuple[RunConfig, Method]:
     from edgefl.algorithms import get_algorithm
     from edgefl.config import RunConfig, resolve_config
 
-    algorithm = get_algorithm(explicit.get("algorithm", RunConfig.model_fields["algorithm"].default))
+    algorithm = get_algorithm(explicit.get("algorithm",
+                                           RunConfig.model_fields["algorithm"].default))
     cfg = resolve_config(explicit, dict(algorithm.defaults))
     return cfg, _method(algorithm, cfg.options, cfg.public_fraction)
 
 
-def _method(algorithm: Algorithm, raw_options: dict[str, Any], public_share: float | None) -> Method:
+def _method(algorithm: Algorithm, raw_options: dict[str, Any],
+            public_share: float | None) -> Method:
     name = algorithm.name
     own, privacy = split_privacy_options(raw_options)
     own, secagg = split_secagg_options(own)
@@ -85,7 +89,9 @@ def _method(algorithm: Algorithm, raw_options: dict[str, Any], public_share: flo
     needs = algorithm.needs_for(options)
     if public_share is not None and public_share != needs.public_share:
         if needs.devices_hold_public and public_share <= 0:
-            raise ConfigError(f"{name} with these options has devices hold the public pool: public_fraction must be > 0")
+            raise ConfigError(
+                f"{name} with these options has devices hold the public pool: public_fraction "
+                "must be > 0")
         needs = dataclasses.replace(needs, public_share=public_share)
     method = Method(algorithm, options, needs, privacy, secagg)
     if secagg.on:

@@ -39,7 +39,8 @@ def _ray():
 class RayPool:
     """A wire transport over ``workers`` Ray actors holding ``ids``' devices (one CPU each)."""
 
-    def __init__(self, cfg: RunConfig, ids: Sequence[str], workers: int, *, address: str | None = None,
+    def __init__(self, cfg: RunConfig, ids: Sequence[str], workers: int, *,
+                 address: str | None = None,
                  threads: int = 1, costs: Mapping[str, float] | None = None):
         ray = _ray()
         from edgefl.runtime.parallel import DeviceGroup, device_groups
@@ -50,7 +51,11 @@ class RayPool:
         workers = len(groups)
         self._started = not ray.is_initialized()
         if self._started:
-            kwargs = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
+            kwargs = (
+                {"address": address}
+                if address
+                else {"num_cpus": workers, "include_dashboard": False}
+            )
             ray.init(**kwargs, log_to_driver=False, configure_logging=False)
         self.threads = threads
         actor = ray.remote(num_cpus=1)(DeviceGroup)
@@ -63,7 +68,8 @@ class RayPool:
             self.samples: dict[str, int] = {}
             for part in ray.get([a.samples.remote() for a in self._actors]):
                 self.samples.update(part)
-        except Exception as e:  # ray.exceptions.RayActorError and friends: a worker that cannot build its devices
+        # ray.exceptions.RayActorError and friends: a worker that cannot build its devices
+        except Exception as e:
             self.close()
             raise EdgeflError(f"a Ray worker could not build its devices: {e}") from None
 
@@ -71,7 +77,8 @@ class RayPool:
     def workers(self) -> int:
         return len(self._actors)
 
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None = None, accept: Accept) -> dict[str, Delivery]:
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None = None,
+                accept: Accept) -> dict[str, Delivery]:
         ray = _ray()
         out: dict[str, Delivery] = {}
         pending, sent = {}, {}
@@ -93,9 +100,14 @@ class RayPool:
             try:
                 reply, error = ray.get(ref)
             except Exception as e:  # the actor died (its node went away, out of memory)
-                out[device_id] = Delivery(device_id, None, f"Ray worker failed: {type(e).__name__}", seconds)
+                out[device_id] = Delivery(device_id, None, f"Ray worker failed: {type(e).__name__}",
+                                          seconds)
                 continue
-            out[device_id] = Delivery(device_id, None, error, seconds) if error is not None else answered(device_id, reply, seconds, accept)
+            out[device_id] = (
+                Delivery(device_id, None, error, seconds)
+                if error is not None
+                else answered(device_id, reply, seconds, accept)
+            )
         for device_id in pending.values():
             out[device_id] = Delivery(device_id, None, "timeout")
         return out

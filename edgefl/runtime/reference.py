@@ -22,9 +22,17 @@ log = logging.getLogger(__name__)
 
 #: How the server combines what devices send: Local sends nothing, so these never change it (the
 #: reference runs at their defaults).
-_SERVER_SIDE = {"server_opt", "server_opt_lr", "server_opt_betas", "server_opt_eps", "aggregation", "buffer"}
+_SERVER_SIDE = {"server_opt", "server_opt_lr", "server_opt_betas", "server_opt_eps", "aggregation",
+                "buffer"}
 #: Settings that do not change what a device learns alone.
-_NOT_PART_OF_THE_RUN = {"out_dir", "run_name", "threads", "options", "algorithm", "timeout"} | _SERVER_SIDE
+_NOT_PART_OF_THE_RUN = {
+    "out_dir",
+    "run_name",
+    "threads",
+    "options",
+    "algorithm",
+    "timeout",
+} | _SERVER_SIDE
 
 
 def reference_key(cfg: RunConfig) -> str:
@@ -45,14 +53,21 @@ def local_reference(cfg: RunConfig, method: str, cache_dir: Path | None = None) 
     log.warning("computing the %s reference for this fleet (once; cached in %s)", method, cache_dir)
     with tempfile.TemporaryDirectory(prefix="edgefl-reference-") as tmp:
         defaults = {k: RunConfig.model_fields[k].default for k in _SERVER_SIDE}
-        reference_cfg = cfg.model_copy(update={"algorithm": method, "options": {}, "out_dir": tmp, "run_name": "reference", **defaults})
+        reference_cfg = cfg.model_copy(update={"algorithm": method, "options": {}, "out_dir": tmp,
+                                               "run_name": "reference", **defaults})
         summary = simulate(reference_cfg, plots=False)
         rounds = read_rounds(Path(tmp) / "reference")
     per_round = [
-        {"round": r["round"], "mean_accuracy": r["eval"]["mean_accuracy"], "tier_accuracy": r["eval"]["tier_accuracy"]}
-        for r in rounds if "eval" in r
+        {
+            "round": r["round"],
+            "mean_accuracy": r["eval"]["mean_accuracy"],
+            "tier_accuracy": r["eval"]["tier_accuracy"],
+        }
+        for r in rounds
+        if "eval" in r
     ]
-    per_round.append({"round": cfg.rounds, "mean_accuracy": summary["mean_accuracy"], "tier_accuracy": summary["tier_accuracy"]})
+    per_round.append({"round": cfg.rounds, "mean_accuracy": summary["mean_accuracy"],
+                      "tier_accuracy": summary["tier_accuracy"]})
     reference = {
         "algorithm": method,
         "key": key,

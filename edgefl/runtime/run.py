@@ -31,8 +31,9 @@ from edgefl.errors import RunInterrupted
 from edgefl.report import RunRecorder
 from edgefl.report.recorder import finish_run, result_text, run_summary
 from edgefl.runtime.claims import label_summary
+from edgefl.runtime.exchange import LoopSettings
 from edgefl.runtime.interrupt import second_interrupt_exits
-from edgefl.runtime.loop import LoopSettings, RoundLoop
+from edgefl.runtime.loop import RoundLoop
 
 if TYPE_CHECKING:
     from edgefl.algorithms import ServerContext, ServerHalf
@@ -92,7 +93,8 @@ class RunLifecycle:
         self.ending = Ending()
         self._loop: RoundLoop | None = None
 
-    def loop(self, server: ServerHalf, ctx: ServerContext, transport: Transport, settings: LoopSettings,
+    def loop(self, server: ServerHalf, ctx: ServerContext, transport: Transport,
+             settings: LoopSettings,
              **hooks: Any) -> RoundLoop:
         """The run's round loop (``hooks``: RoundLoop's keyword arguments but ``on_round``)."""
         self._loop = RoundLoop(server, ctx, transport, settings, on_round=self._record, **hooks)
@@ -135,11 +137,13 @@ class RunLifecycle:
             extra = self.ending.save_models(final)
             tiers = {d: r.spec.tier for d, r in loop.ctx.fleet.items()}
             summary = run_summary(self.cfg, final, self.rounds, tiers, **extra,
-                                  wall_seconds=time.perf_counter() - self.started, run_dir=self.run_dir)
+                                  wall_seconds=time.perf_counter() - self.started,
+                                  run_dir=self.run_dir)
             finish_run(self.recorder, label_summary(summary), plots=self.plots)
             self.ending.ended(final, summary)
         if interrupted:
-            raise RunInterrupted(f"{result_text(summary)}; the record is in {self.run_dir}", summary)
+            raise RunInterrupted(f"{result_text(summary)}; the record is in {self.run_dir}",
+                                 summary)
         if on_done:
             on_done(loop.server)
         return summary

@@ -52,10 +52,13 @@ def evaluation_split(spec: DataSpec, train: ArrayDataset) -> tuple[ArrayDataset,
     from edgefl.data import carve_public, load_dataset
 
     if not spec.validation_samples:
-        return train, subsample(load_dataset(spec.dataset, "test", spec.data_dir), spec.test_samples, spec.seed + 1)
+        return train, subsample(
+            load_dataset(spec.dataset, "test", spec.data_dir), spec.test_samples, spec.seed + 1)
     if spec.validation_samples >= len(train):
-        raise ConfigError(f"validation_samples={spec.validation_samples} leaves no training data of {len(train)}")
-    val_idx, rest = carve_public(train.y.numpy(), spec.validation_samples / len(train), seed=spec.seed + 7)
+        raise ConfigError(
+            f"validation_samples={spec.validation_samples} leaves no training data of {len(train)}")
+    val_idx, rest = carve_public(
+        train.y.numpy(), spec.validation_samples / len(train), seed=spec.seed + 7)
     return train.subset(rest), train.subset(val_idx)
 
 
@@ -65,7 +68,8 @@ def load_run_data(spec: DataSpec, public_share: float) -> RunData:
     from edgefl.data import carve_public, load_dataset, partition
 
     public_share = public_share if spec.public is None else spec.public
-    train = subsample(load_dataset(spec.dataset, "train", spec.data_dir), spec.train_samples, spec.seed)
+    train = subsample(load_dataset(spec.dataset, "train", spec.data_dir), spec.train_samples,
+                      spec.seed)
     train, test = evaluation_split(spec, train)
     quick = subsample(test, spec.eval_samples, spec.seed + 2)
     evals = {"quick": quick, "test": test}

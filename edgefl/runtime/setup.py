@@ -82,10 +82,14 @@ def fleet_specs(
     """Tiers from ``device_tiers`` (a fleet file's tier policy), else round-robin over devices
     (device i gets tier i mod #tiers)."""
     tiers = run_tiers(cfg)
-    return {d: model_spec(cfg, device_tiers[d] if device_tiers else tiers[i % len(tiers)], info) for i, d in enumerate(ids)}
+    return {
+        d: model_spec(cfg, device_tiers[d] if device_tiers else tiers[i % len(tiers)], info)
+        for i, d in enumerate(ids)
+    }
 
 
-def profiled_tiers(cfg: RunConfig, fleet, info: DatasetInfo, shard_sizes: dict[str, int]) -> dict[str, str]:
+def profiled_tiers(cfg: RunConfig, fleet, info: DatasetInfo,
+                   shard_sizes: dict[str, int]) -> dict[str, str]:
     """Each device's tier by the profiling module's tier policy (``--fleet``)."""
     from edgefl.profiling import fleet_tiers
 
@@ -93,7 +97,8 @@ def profiled_tiers(cfg: RunConfig, fleet, info: DatasetInfo, shard_sizes: dict[s
     samples = {d: train_settings(cfg).visits(n) for d, n in shard_sizes.items()}
     optimizer = "adam" if cfg.optimizer == "adam" else "sgd-momentum" if cfg.momentum else "sgd"
     return fleet_tiers(
-        fleet, model_spec(cfg, tiers[0], info), tiers, batch_size=cfg.batch_size, samples_per_round=samples, optimizer=optimizer
+        fleet, model_spec(cfg, tiers[0], info), tiers, batch_size=cfg.batch_size,
+        samples_per_round=samples, optimizer=optimizer
     )
 
 
@@ -120,7 +125,8 @@ def build_device(
     if method.needs.devices_hold_public:
         if data.public is None:
             raise ConfigError(
-                f"{method.name} with these options needs the public pool on the device: give --data a shard of a partitioned dataset"
+                f"{method.name} with these options needs the public pool on the device: give "
+                "--data a shard of a partitioned dataset"
             )
         public = data.public
     ctx = DeviceContext(
@@ -131,8 +137,10 @@ def build_device(
     if method.privacy.on_device:  # local DP: the device protects its uplink itself
         from edgefl.privacy.seam import PrivateDevice
 
-        half = PrivateDevice(half, method.privacy, method.release, method.total_rounds(rounds), repeatable=method.repeatable_noise)
-    elif method.privacy.trains_privately:  # DP-SGD: the device trains with per-sample clipping and noise
+        half = PrivateDevice(half, method.privacy, method.release, method.total_rounds(rounds),
+                             repeatable=method.repeatable_noise)
+    # DP-SGD: the device trains with per-sample clipping and noise
+    elif method.privacy.trains_privately:
         from edgefl.privacy.dpsgd import SgdDevice
 
         half = SgdDevice(half, method.privacy, method.release, method.total_rounds(rounds))
@@ -147,7 +155,8 @@ def build_server(method: Method, ctx: ServerContext) -> ServerHalf:
     if method.privacy.on:
         from edgefl.privacy.seam import PrivateServer
 
-        server = PrivateServer(server, method.privacy, method.release, method.total_rounds(ctx.rounds), repeatable=method.repeatable_noise)
+        server = PrivateServer(server, method.privacy, method.release,
+                               method.total_rounds(ctx.rounds), repeatable=method.repeatable_noise)
     if method.secagg.on:
         server = SecAggServer(server, method.secagg, central_dp=method.privacy.mode == "central")
     return server
@@ -163,7 +172,8 @@ def server_public(cfg: RunConfig, method: Method) -> ArrayDataset | None:
 
 
 def server_context(
-    cfg: RunConfig, method: Method, num_classes: int, fleet: dict[str, DeviceRecord], public: ArrayDataset | None,
+    cfg: RunConfig, method: Method, num_classes: int, fleet: dict[str, DeviceRecord],
+    public: ArrayDataset | None,
     *, settings: TrainSettings | None = None,
 ) -> ServerContext:
     from edgefl.algorithms import ServerContext
@@ -175,7 +185,8 @@ def server_context(
         rounds=cfg.rounds,
         seed=cfg.seed,
         fraction=cfg.fraction,
-        min_fit=cfg.min_fit or 1,  # the start threshold (min_devices) is the server's, not the round's
+        # the start threshold (min_devices) is the server's, not the round's
+        min_fit=cfg.min_fit or 1,
         public=public,
         closing_rounds=method.needs.closing_rounds,
         finish_trains=method.needs.finish_trains,
@@ -189,19 +200,24 @@ def server_optimizer(cfg: RunConfig, method: Method) -> ServerOptSettings:
     from edgefl.algorithms import ServerOptSettings
 
     settings = ServerOptSettings(
-        cfg.server_opt, cfg.server_opt_lr, cfg.server_opt_betas[0], cfg.server_opt_betas[1], cfg.server_opt_eps
+        cfg.server_opt, cfg.server_opt_lr, cfg.server_opt_betas[0], cfg.server_opt_betas[1],
+        cfg.server_opt_eps
     )
     if not settings.averages_only and not method.needs.averages_weights:
         raise ConfigError(
-            f"--server-opt {cfg.server_opt}: {method.name} with these options averages no model weights, "
+            f"--server-opt {cfg.server_opt}: {method.name} with these options averages no model "
+            "weights, "
             "so there is nothing for a server optimizer to step (methods that do: "
             f"{', '.join(weight_methods())})"
         )
     if not settings.averages_only and method.privacy.mode == "central":
         # the server's noise is calibrated to the clipped average's sensitivity and added to the
         # model after the method's aggregation: after a server optimizer's step that bound is not it
-        raise ConfigError(f"--server-opt {cfg.server_opt} with --dp central is not supported: the noise is calibrated "
-                          "for the plain average; use --dp local, or --server-opt fedavg")
+        raise ConfigError(
+            f"--server-opt {cfg.server_opt} with --dp central is not supported: the noise is "
+            "calibrated "
+            "for the plain average; use --dp local, or --server-opt fedavg"
+        )
     return settings
 
 
@@ -243,7 +259,8 @@ class RunAssembly:
         return resolve_compute(self.cfg.train_device)
 
     def server_context(self, fleet: dict[str, DeviceRecord]) -> ServerContext:
-        return server_context(self.cfg, self.method, self.data.info.num_classes, fleet, self.data.public, settings=self.settings)
+        return server_context(self.cfg, self.method, self.data.info.num_classes, fleet,
+                              self.data.public, settings=self.settings)
 
 
 def check_aggregation(cfg: RunConfig, method: Method) -> None:
@@ -302,7 +319,9 @@ def plan_fleet(cfg: RunConfig, method: Method, data: RunData | None = None) -> F
 
     fleet_file = read_fleet(cfg.fleet_file)
     if len(fleet_file.ids) != cfg.clients:
-        raise ConfigError(f"fleet file {cfg.fleet_file} has {len(fleet_file.ids)} devices, but clients={cfg.clients}")
+        raise ConfigError(
+            f"fleet file {cfg.fleet_file} has {len(fleet_file.ids)} devices, but "
+            f"clients={cfg.clients}")
     if data is None:
         data = load_run_data(DataSpec.from_config(cfg), method.needs.public_share)
     sizes = {d: len(data.parts[i]) for i, d in enumerate(fleet_file.ids)}

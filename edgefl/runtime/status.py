@@ -1,24 +1,26 @@
 """The server's live view of its fleet, published as one retained JSON message.
 
     status = FleetStatus("lab", run_name="lab", algorithm="fedavg", rounds=50, deadline=120)
-    publisher = StatusPublisher(status, publish=transport.publish_fleet_status, run_dir=run_dir).start()
+    publisher = StatusPublisher(status, publish=transport.publish_fleet_status,
+                                run_dir=run_dir).start()
 
 The server feeds :class:`FleetStatus` from registrations, the round loop's exchanges (through
 :class:`ObservedTransport`, which wraps the server's transport) and the round records; every
 ``interval`` seconds :class:`StatusPublisher` publishes :meth:`FleetStatus.snapshot` retained on
 ``edgefl/<fleet>/server/fleet`` (devices cannot read it; the server and operator accounts can)
 and writes ``status.json`` in the run directory. ``edgefl fleet status`` and ``edgefl dashboard``
-read either.
+read either (:mod:`edgefl.runtime.status_read`).
 
 The run's ``phase`` (``server.phase``): ``waiting`` (for devices: ``registered`` of ``expected``
-ready), ``train``, ``evaluate`` (per round and the final one, ``final_evaluation`` true), ``finish``,
-then one of the terminal phases: ``finished`` (a clean end), ``interrupted`` (Ctrl-C: what the
-completed rounds produced is written) or ``stopped`` (the server went away mid-run: its Last Will
-on ``server/status``, folded in by :func:`merge_active`). Once known, ``server.result`` holds the
-run's result: ``{"mean_accuracy", "devices", "measured_by", "tier_accuracy", "from_last_round",
-"rounds_completed"}``; ``measured_by`` is ``final-evaluation`` (every device answered the final
-evaluation), ``last-round`` (none did: each device's last per-round evaluation stands in) or
-``mixed``. Rounds are numbered from 1 everywhere (``server.round``, ``last_round``, ``history``).
+ready), ``train``, ``evaluate`` (per round and the final one, ``final_evaluation`` true),
+``finish``, then one of the terminal phases: ``finished`` (a clean end), ``interrupted`` (Ctrl-C:
+what the completed rounds produced is written) or ``stopped`` (the server went away mid-run: its
+Last Will on ``server/status``, folded in by :func:`~edgefl.runtime.status_read.merge_active`).
+Once known, ``server.result`` holds the run's result: ``{"mean_accuracy", "devices",
+"measured_by", "tier_accuracy", "from_last_round", "rounds_completed"}``; ``measured_by`` is
+``final-evaluation`` (every device answered the final evaluation), ``last-round`` (none did: each
+device's last per-round evaluation stands in) or ``mixed``. Rounds are numbered from 1 everywhere
+(``server.round``, ``last_round``, ``history``).
 
 A device's state: ``training`` while a training request to it is open; ``late`` once an open
 request's deadline passed, after it missed its last request, or when its connection was lost
@@ -50,22 +52,29 @@ HISTORY = 200  # rounds of accuracy and bytes kept in the status message
 
 
 def profile_summary(profile: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: profile[k] for k in PROFILE_SUMMARY if k in profile and isinstance(profile[k], (str, int, float))}
+    return {
+        k: profile[k]
+        for k in PROFILE_SUMMARY
+        if k in profile and isinstance(profile[k], (str, int, float))
+    }
 
 
 class FleetStatus:
     """Thread-safe: registrations arrive on the network thread, exchanges on the loop's."""
 
-    def __init__(self, fleet: str, *, run_name: str = "", algorithm: str = "", rounds: int = 0, deadline: float | None = None,
+    def __init__(self, fleet: str, *, run_name: str = "", algorithm: str = "", rounds: int = 0,
+                 deadline: float | None = None,
                  gone_after_misses: int = 2, gone_after: float | None = None):
         self.lock = threading.Lock()
-        self.fleet, self.run_name, self.algorithm, self.rounds, self.deadline = fleet, run_name, algorithm, rounds, deadline
+        self.fleet, self.run_name, self.algorithm, self.rounds, self.deadline = (
+            fleet, run_name, algorithm, rounds, deadline)
         self.gone_after_misses = gone_after_misses
         self.gone_after = gone_after if gone_after is not None else (deadline or 60.0)
         self.offline_since: dict[str, float] = {}
         self.devices: dict[str, dict[str, Any]] = {}
         self.phase = "waiting"  # one of PHASES
-        self.round: int | None = None  # from 1: the round training, or the rounds an evaluation follows
+        # from 1: the round training, or the rounds an evaluation follows
+        self.round: int | None = None
         self.final_evaluation = False
         self.registered_count, self.expected = 0, 0  # ready devices, and how many the run waits for
         self.result: dict[str, Any] | None = None
@@ -76,7 +85,8 @@ class FleetStatus:
         self.connection: Callable[[str], str] = lambda device_id: "unknown"
         self.last_seen: Callable[[str], float | None] = lambda device_id: None
         self.history: list[dict[str, Any]] = []
-        self.privacy: dict[str, Any] | None = None  # a run with differential privacy: mode, budget, δ
+        # a run with differential privacy: mode, budget, δ
+        self.privacy: dict[str, Any] | None = None
         self.started_at = time.time()
         self.version = 0  # bumped on every change; the publisher skips unchanged snapshots
 
@@ -102,7 +112,8 @@ class FleetStatus:
                 self.registered_count, self.expected = registered, expected
                 self.version += 1
 
-    def exchange_started(self, kind: str, round: int, device_ids: list[str], timeout: float | None, final: bool = False) -> None:
+    def exchange_started(self, kind: str, round: int, device_ids: list[str], timeout: float | None,
+                         final: bool = False) -> None:
         """``round`` numbered from 1 (:func:`display_round`)."""
         with self.lock:
             self.phase = kind if kind in ("evaluate", "finish") else "train"
@@ -112,14 +123,16 @@ class FleetStatus:
             self.open = dict.fromkeys(device_ids, kind)
             self.version += 1
 
-    def exchange_done(self, kind: str, round: int, deliveries: Mapping[str, Delivery], sizes: Mapping[str, int]) -> None:
+    def exchange_done(self, kind: str, round: int, deliveries: Mapping[str, Delivery],
+                      sizes: Mapping[str, int]) -> None:
         with self.lock:
             for device_id, delivery in deliveries.items():
                 d = self._device(device_id)
                 d["bytes_down"] += sizes.get(device_id, 0)
                 d["rejected"] += len(delivery.rejected)  # invalid replies refused (issue 19)
                 if delivery.rejected:
-                    d["last_error"] = f"round {round} {kind}: refused an invalid reply ({str(delivery.rejected[0])[:200]})"
+                    d["last_error"] = (f"round {round} {kind}: refused an invalid reply "
+                                       f"({str(delivery.rejected[0])[:200]})")
                 if delivery.reply is not None:
                     d["bytes_up"] += len(delivery.reply)
                     d["misses"] = 0
@@ -162,16 +175,23 @@ class FleetStatus:
                 self.privacy = {k: privacy.get(k) for k in ("mode", "target_epsilon", "delta")}
             self.version += 1
 
-    def finished(self, final: Mapping[str, Any] | None = None, result: Mapping[str, Any] | None = None,
+    def finished(self, final: Mapping[str, Any] | None = None,
+                 result: Mapping[str, Any] | None = None,
                  phase: str = "finished") -> None:
         """The run is over (``phase``: ``finished`` or ``interrupted``); ``final`` is the final
         evaluation (None when the run ended before it), ``result`` the run's result."""
         if phase not in TERMINAL:
             raise ValueError(f"phase {phase!r} is not a terminal phase ({', '.join(TERMINAL)})")
         with self.lock:
-            self.phase, self.open, self.exchange_deadline, self.final_evaluation = phase, {}, None, False
+            self.phase, self.open, self.exchange_deadline, self.final_evaluation = (
+                phase,
+                {},
+                None,
+                False,
+            )
             if final:
-                self.history.append(_finite({"round": "final", "mean_accuracy": final.get("mean_accuracy"),
+                self.history.append(_finite({"round": "final",
+                                             "mean_accuracy": final.get("mean_accuracy"),
                                              "tier_accuracy": final.get("tier_accuracy", {})}))
             if result is not None:
                 self.result = _finite(dict(result))
@@ -201,17 +221,22 @@ class FleetStatus:
             devices = {}
             for device_id, d in sorted(self.devices.items()):
                 seen = self.last_seen(device_id)
-                devices[device_id] = {**d, "last_seen": seen, "state": self.state_of(device_id, d, now)}
+                devices[device_id] = {**d, "last_seen": seen,
+                                      "state": self.state_of(device_id, d, now)}
             last_eval = next((h for h in reversed(self.history) if h.get("tier_accuracy")), None)
             return {
                 "schema": 1,
                 "fleet": self.fleet,
                 "time": now,
                 "server": {
-                    "run": self.run_name, "algorithm": self.algorithm, "rounds": self.rounds, "phase": self.phase,
-                    "round": self.round, "deadline": self.exchange_deadline, "round_timeout": self.deadline,
-                    "started_at": self.started_at, "epoch": self.epoch, "final_evaluation": self.final_evaluation,
-                    "registered": self.registered_count, "expected": self.expected, "result": self.result,
+                    "run": self.run_name, "algorithm": self.algorithm, "rounds": self.rounds,
+                    "phase": self.phase,
+                    "round": self.round, "deadline": self.exchange_deadline,
+                    "round_timeout": self.deadline,
+                    "started_at": self.started_at, "epoch": self.epoch,
+                    "final_evaluation": self.final_evaluation,
+                    "registered": self.registered_count, "expected": self.expected,
+                    "result": self.result,
                     **({"privacy": dict(self.privacy)} if self.privacy else {}),
                 },
                 "devices": devices,
@@ -219,8 +244,11 @@ class FleetStatus:
                 "history": list(self.history),
                 # accuracies are the devices' claims (each on its own test data); bytes, states and
                 # times are what the server saw itself
-                "sources": {"device_reported": ["tier_accuracy", "history.mean_accuracy", "history.tier_accuracy"],
-                            "server_measured": ["devices", "server", "history.bytes_up", "history.bytes_down", "history.completed", "history.failed"]},
+                "sources": {"device_reported": ["tier_accuracy", "history.mean_accuracy",
+                                                "history.tier_accuracy"],
+                            "server_measured": ["devices", "server", "history.bytes_up",
+                                                "history.bytes_down", "history.completed",
+                                                "history.failed"]},
             }
 
 
@@ -274,12 +302,14 @@ class ObservedTransport:
     def __init__(self, inner: Transport, status: FleetStatus):
         self.inner, self.status = inner, status
 
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept) -> dict[str, Delivery]:
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None,
+                accept: Accept) -> dict[str, Delivery]:
         kind, rnd, final = "train", 0, False
         for data in messages.values():
             try:
                 r = peek(data)
-                kind, rnd, final = r.kind, display_round(r.kind, r.round), r.meta.get("split") == "test"
+                kind, rnd, final = (
+                    r.kind, display_round(r.kind, r.round), r.meta.get("split") == "test")
             except Exception:  # noqa: BLE001 - the transport reports what it cannot send
                 pass
             break
@@ -300,9 +330,11 @@ class StatusPublisher:
     changed, or every ``heartbeat`` seconds regardless (and at once on stop): an idle fleet costs
     the broker one message per heartbeat, not one per second."""
 
-    def __init__(self, status: FleetStatus, publish: Callable[[bytes], None] | None, run_dir: Path | None = None,
+    def __init__(self, status: FleetStatus, publish: Callable[[bytes], None] | None,
+                 run_dir: Path | None = None,
                  interval: float = 1.0, heartbeat: float = 10.0):
-        self.status, self.publish, self.run_dir, self.interval, self.heartbeat = status, publish, run_dir, interval, heartbeat
+        self.status, self.publish, self.run_dir, self.interval, self.heartbeat = (
+            status, publish, run_dir, interval, heartbeat)
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self.last: tuple[str, float] | None = None  # (content without its time, when published)
@@ -321,7 +353,12 @@ class StatusPublisher:
             snapshot = self.status.snapshot()
             content = json.dumps({k: v for k, v in snapshot.items() if k != "time"}, sort_keys=True)
             now = time.monotonic()
-            if not force and self.last is not None and self.last[0] == content and now - self.last[1] < self.heartbeat:
+            if (
+                not force
+                and self.last is not None
+                and self.last[0] == content
+                and now - self.last[1] < self.heartbeat
+            ):
                 return
             self.last = (content, now)
             data = json.dumps(snapshot, sort_keys=True).encode()
@@ -340,143 +377,3 @@ class StatusPublisher:
         if self.thread is not None:
             self.thread.join(5)
         self.publish_now()
-
-
-# --- reading it back ---------------------------------------------------------------------------
-
-
-def read_status_from_run(run_dir: Path) -> dict[str, Any]:
-    from edgefl.errors import ConfigError
-
-    path = Path(run_dir) / "status.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{run_dir} holds no status.json (written by `edgefl server start` while it runs)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read {path}: {e}") from None
-    if not isinstance(data, dict) or "devices" not in data:
-        raise ConfigError(f"{path} is not a fleet status")
-    return data
-
-
-class StatusFeed:
-    """A connection that keeps the latest fleet status of ``fleet`` (with the devices' reported
-    active models merged in); what ``edgefl fleet status`` and ``edgefl dashboard`` read.
-
-    Use an operator account (``edgefl broker add-device NAME --fleet FLEET --role operator``): a client's id is
-    its username on an edgefl Mosquitto, so reading with the server's own account would push the
-    server off the broker.
-    """
-
-    def __init__(self, address, fleet: str):
-        from edgefl.transport.mqtt import Topics
-
-        self.address, self.topics = address, Topics(fleet)
-        self.lock = threading.Lock()
-        self.fleet: dict[str, Any] | None = None
-        self.active: dict[str, dict[str, Any]] = {}
-        self.server: Any = None
-        self.refused: str | None = None
-        self.updated = threading.Event()
-        self.version = 0
-        self.client = None
-
-    def start(self) -> StatusFeed:
-        import uuid
-
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.enums import CallbackAPIVersion
-
-        from edgefl.errors import TransportError
-        from edgefl.transport.mqtt.connection import _configure, detect_protocol
-
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edgefl-status-{uuid.uuid4().hex[:8]}",
-                                  protocol=detect_protocol(self.address))
-        _configure(self.client, self.address)
-        self.client.on_connect, self.client.on_message = self._on_connect, self._on_message
-        self.client.reconnect_delay_set(1, 8)
-        try:
-            self.client.connect(self.address.host, self.address.port, keepalive=15)
-        except OSError as e:
-            raise TransportError(f"cannot reach the broker at {self.address}: {e}") from None
-        self.client.loop_start()
-        return self
-
-    def stop(self) -> None:
-        if self.client is not None:
-            self.client.loop_stop()
-            self.client.disconnect()
-
-    def _on_connect(self, client, userdata, flags, reason, properties):
-        if reason.is_failure:
-            self.refused = str(reason)
-            self.updated.set()
-            return
-        for t in (self.topics.fleet_status, self.topics.server_status, self.topics.device("+", "active")):
-            client.subscribe(t, qos=1)
-
-    def _on_message(self, client, userdata, msg):
-        try:
-            value = json.loads(msg.payload) if msg.payload else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            log.warning("ignoring a non-JSON status on %s", msg.topic)
-            return
-        where = self.topics.parse_device(msg.topic)
-        with self.lock:
-            if where is not None and isinstance(value, dict):
-                self.active[where[0]] = value
-            elif msg.topic == self.topics.server_status:
-                self.server = value
-            elif msg.topic == self.topics.fleet_status and isinstance(value, dict):
-                self.fleet = value
-            else:
-                return
-            self.version += 1
-        self.updated.set()
-
-    def latest(self) -> dict[str, Any] | None:
-        with self.lock:
-            if self.fleet is None and not self.active:
-                return None
-            base = json.loads(json.dumps(self.fleet)) if self.fleet is not None else {"fleet": self.topics.fleet, "devices": {}, "server": {}}
-            return merge_active(base, self.active, self.server)
-
-
-def read_status_from_broker(address, fleet: str, timeout: float = 5.0) -> dict[str, Any]:
-    """The server's retained fleet status, read once."""
-    from edgefl.errors import TransportError
-
-    feed = StatusFeed(address, fleet).start()
-    try:
-        end = time.monotonic() + timeout
-        while feed.fleet is None and feed.refused is None and time.monotonic() < end:
-            feed.updated.wait(0.1)
-            feed.updated.clear()
-        time.sleep(0.3)  # the devices' retained reports arrive right after
-    finally:
-        feed.stop()
-    if feed.refused is not None:
-        raise TransportError(f"the broker at {address} refused the connection: {feed.refused}")
-    if feed.fleet is None and not feed.active:
-        raise TransportError(f"no fleet status for fleet {fleet!r} on {address} within {timeout:g} s (is its server running?)")
-    return feed.latest()  # with no server running: the devices' model reports alone
-
-
-def merge_active(status: dict[str, Any], active: Mapping[str, Mapping[str, Any]], server: Any = None) -> dict[str, Any]:
-    """Fold the devices' reported model versions (and the server's liveness) into a snapshot."""
-    devices = status.setdefault("devices", {})
-    for device_id, report in active.items():
-        entry = devices.setdefault(device_id, {"state": "idle" if report.get("online", True) else "gone"})
-        entry["model_version"] = report.get("version")
-        entry["model_digest"] = report.get("digest")
-        if report.get("error"):
-            entry["model_error"] = report["error"]
-    if isinstance(server, dict):
-        s = status.setdefault("server", {})
-        s["connection"] = server.get("state")
-        same_run = not s.get("epoch") or not server.get("epoch") or s.get("epoch") == server.get("epoch")
-        if server.get("state") == "offline" and same_run and s.get("phase") not in TERMINAL:
-            # the server left mid-run (its Last Will says "stopped"), or its last status got lost
-            s["phase"] = server.get("phase") if server.get("phase") in TERMINAL else "stopped"
-    return status
