@@ -18,4 +18,6 @@ def test_every_declared_cell_of_a_committed_benchmark_is_in_its_cache(name):
     bench = importlib.import_module(f"benchmarks.{name}").make(False)
     files = {p.name.split("-")[0] for p in (ROOT / "benchmarks" / name / "cells").glob("*.json")}
     missing = [(c.method, c.setting, c.seed) for c in bench.all_cells() if c.key not in files]
-    assert not missing, f"cells whose key no committed file has (a new RunConfig setting?): {missing}"
+    assert not missing, (
+        f"cells whose key no committed file has (a new RunConfig setting?): {missing}"
+    )
