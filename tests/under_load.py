@@ -11,8 +11,9 @@ tests gets a fraction of a core), runs the README's `make test` (or, given a sel
 `--`, `python -m pytest -q -p no:cacheprovider <selection>`) `-n` times, stops the busy processes
 (each by its own id) and writes a JSON file: per run the exit status, passed/failed counts, the
 failed test ids, the wall time, the speed factor the suite's `scaled` measured, and the load
-average before and after; plus the machine and the commit. It exits 1 if any run failed. Tests that pass here wait for events or scale their deadlines with the
-measured speed factor (tests/conftest.py); a test that fails only here depends on machine load.
+average before and after; plus the machine and the commit. It exits 1 if any run failed. Tests that
+pass here wait for events or scale their deadlines with the measured speed factor
+(tests/conftest.py); a test that fails only here depends on machine load.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def cpu_model() -> str:
 
 
 def start_hogs(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL) for _ in range(n)]
+    return [
+        subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL) for _ in range(n)
+    ]
 
 
 def stop_hogs(hogs: list[subprocess.Popen]) -> None:
@@ -62,7 +65,12 @@ def counts(output: str) -> dict[str, int]:
     summary = r"\b(passed|failed|errors?|no tests ran)\b.* in [0-9.]+s"
     lines = [x for x in output.splitlines() if re.search(summary, x)]
     tail = lines[-1] if lines else ""
-    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", tail)}
+    return {
+        word: int(n)
+        for n, word in re.findall(
+            r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", tail
+        )
+    }
 
 
 def command(selection: list[str]) -> list[str]:
@@ -77,7 +85,9 @@ def one_run(selection: list[str], log: Path) -> dict:
     t0 = time.monotonic()
     cmd = command(selection)
     with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        rc = subprocess.run(
+            cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False
+        ).returncode
     wall = time.monotonic() - t0
     out = log.read_text(errors="replace")
     speed = re.search(r"speed factor ([0-9.]+), at most ([0-9.]+)", out)
@@ -97,21 +107,44 @@ def one_run(selection: list[str], log: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--runs", type=int, default=3, help="how many times to run the selection (default 3)")
-    parser.add_argument("--hogs", type=int, default=4, help="CPU-bound background processes (default 4)")
+    parser.add_argument(
+        "-n", "--runs", type=int, default=3, help="how many times to run the selection (default 3)"
+    )
+    parser.add_argument(
+        "--hogs", type=int, default=4, help="CPU-bound background processes (default 4)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "under-load" / "results.json",
                         help="the results file (JSON; default tests/under-load/results.json)")
-    parser.add_argument("selection", nargs="*", default=[],
-                        help="pytest arguments after -- (default: none, the suite as `make test` runs it)")
+    parser.add_argument(
+        "selection",
+        nargs="*",
+        default=[],
+        help="pytest arguments after -- (default: none, the suite as `make test` runs it)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.hogs < 0:
         parser.error("--runs must be >= 1 and --hogs >= 0")
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"under-load-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     result = {
-        "command": " ".join([Path(sys.executable).name, "tests/under_load.py", "-n", str(args.runs), "--hogs", str(args.hogs),
-                             *(["--", *args.selection] if args.selection else [])]),
+        "command": " ".join(
+            [
+                Path(sys.executable).name,
+                "tests/under_load.py",
+                "-n",
+                str(args.runs),
+                "--hogs",
+                str(args.hogs),
+                *(["--", *args.selection] if args.selection else []),
+            ]
+        ),
         "runs_command": " ".join(command(args.selection)),
         "selection": args.selection,
         "hogs": args.hogs,
@@ -132,17 +165,26 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.runs):
             run = one_run(args.selection, logs / f"run-{i + 1}.log")
             result["runs"].append(run)
-            args.out.write_text(json.dumps(result, indent=2) + "\n")  # so far (a stopped series keeps its runs)
-            print(f"run {i + 1}/{args.runs}: {'passed' if run['passed'] else 'FAILED'} {run['counts']} in {run['wall_seconds']} s "
-                  f"(load {run['load_before'][0]} -> {run['load_after'][0]}, speed factor up to {run['speed_factor_max']})"
-                  + (f" failed: {', '.join(run['failed'])}" if run["failed"] else ""), flush=True)
+            # so far (a stopped series keeps its runs)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+            print(
+                f"run {i + 1}/{args.runs}: {'passed' if run['passed'] else 'FAILED'} "
+                f"{run['counts']} in {run['wall_seconds']} s "
+                f"(load {run['load_before'][0]} -> {run['load_after'][0]}, speed factor up to "
+                f"{run['speed_factor_max']})"
+                + (f" failed: {', '.join(run['failed'])}" if run["failed"] else ""),
+                flush=True,
+            )
     finally:
         stop_hogs(hogs)
     result["load_after_hogs"] = [round(x, 2) for x in os.getloadavg()]
     result["all_passed"] = all(r["passed"] for r in result["runs"])
     result["total_seconds"] = round(sum(r["wall_seconds"] for r in result["runs"]), 1)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'all passed' if result['all_passed'] else 'SOME RUN FAILED'}: {args.out} (logs in {logs})")
+    print(
+        f"{'all passed' if result['all_passed'] else 'SOME RUN FAILED'}: {args.out} (logs in "
+        f"{logs})"
+    )
     return 0 if result["all_passed"] else 1
 
 

@@ -63,7 +63,8 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def device_groups(ids: Sequence[str], workers: int, costs: Mapping[str, float] | None = None) -> list[list[str]]:
+def device_groups(ids: Sequence[str], workers: int,
+                  costs: Mapping[str, float] | None = None) -> list[list[str]]:
     """``ids`` shared out over ``workers`` (at most one group per device). Without ``costs``:
     round-robin. With them (a device's expected work per round): longest first, each onto the group
     with the least work so far (ties: the lower group), every group in ``ids``' order."""
@@ -118,8 +119,15 @@ class DeviceGroup:
         self.run = assemble(self.cfg)
         evals = {"quick": self.run.data.evals["quick"], "test": self.run.data.evals["test"]}
         cache: dict = {}  # identical models (e.g. after averaging) are evaluated once per group
-        self.agents = {d: DeviceAgent(self.run.device_half(d), eval_sets=evals, algorithm=self.cfg.algorithm, eval_cache=cache)
-                       for d in ids}
+        self.agents = {
+            d: DeviceAgent(
+                self.run.device_half(d),
+                eval_sets=evals,
+                algorithm=self.cfg.algorithm,
+                eval_cache=cache,
+            )
+            for d in ids
+        }
 
     def samples(self) -> dict[str, int]:
         return {d: len(a.half.ctx.train_data) for d, a in self.agents.items()}
@@ -136,7 +144,10 @@ class DeviceGroup:
         """Each device's final model file (``edgefl export`` reads it), as bytes."""
         from edgefl.models.files import model_file_bytes
 
-        return {d: model_file_bytes(a.half.model, spec=self.run.specs[d], dataset=self.cfg.dataset) for d, a in self.agents.items()}
+        return {
+            d: model_file_bytes(a.half.model, spec=self.run.specs[d], dataset=self.cfg.dataset)
+            for d, a in self.agents.items()
+        }
 
 
 def write_models(run_dir: str | Path, files: Mapping[str, bytes]) -> None:
@@ -299,7 +310,8 @@ class WorkerPool:
     def workers(self) -> int:
         return len(self._conns)
 
-    def request(self, messages: Mapping[str, bytes], *, timeout: float | None = None, accept: Accept) -> dict[str, Delivery]:
+    def request(self, messages: Mapping[str, bytes], *, timeout: float | None = None,
+                accept: Accept) -> dict[str, Delivery]:
         self._seq += 1
         seq = self._seq
         out: dict[str, Delivery] = {}
@@ -316,7 +328,8 @@ class WorkerPool:
             while queues.get(k):
                 device_id = queues[k].popleft()
                 try:
-                    _send(self._conns[k], {"op": "request", "seq": seq, "device": device_id}, messages[device_id])
+                    _send(self._conns[k], {"op": "request", "seq": seq, "device": device_id},
+                          messages[device_id])
                 except (OSError, ValueError) as e:  # a dead worker: its devices fail
                     out[device_id] = Delivery(device_id, None, f"worker process is gone: {e}")
                     continue
@@ -339,7 +352,8 @@ class WorkerPool:
                 except (EOFError, OSError):
                     code = self._procs[k].exitcode
                     for device_id in [busy.pop(k)] + list(queues.pop(k, ())):
-                        out[device_id] = Delivery(device_id, None, f"worker process exited (code {code})")
+                        out[device_id] = Delivery(device_id, None,
+                                                  f"worker process exited (code {code})")
                     continue
                 if control.get("seq") != seq:  # the answer to a request that timed out earlier
                     continue
@@ -361,7 +375,8 @@ class WorkerPool:
             _send(conn, {"op": "save"})
         for k, conn in enumerate(self._conns):
             try:
-                while (message := _recv(conn))[0]["op"] == "reply":  # a late answer to a timed-out request
+                # a late answer to a timed-out request
+                while (message := _recv(conn))[0]["op"] == "reply":
                     pass
             except (EOFError, OSError):
                 raise EdgeflError(f"worker {k} exited before sending its devices' models") from None
