@@ -172,6 +172,16 @@ def _quiet_logs(caplog):
     caplog.set_level(logging.WARNING)
 
 
+#: Options that shrink a method's extra local or server work to test size (the method's code
+#: paths stay the same: fewer synthetic samples, fewer fine-tuning epochs, fewer distillation
+#: steps), for tests whose assertions do not depend on that work's size.
+SMALL_WORK = {
+    "fedvtc": {"synthetic_samples": "20", "finetune_epochs": "1"},
+    "hierarchyfl": {"distill_steps": "2"},
+    "velo": {"cvae_epochs": "2"},
+}
+
+
 def tiny_config(tmp_path, **overrides):
     """A run on the synthetic dataset that takes a second or two."""
     from edgefl.algorithms import get_algorithm

@@ -12,12 +12,12 @@ from edgefl.algorithms.base import ServerContext, ServerHalf, TrainSettings
 from edgefl.algorithms.fedprox import proximal_term
 from edgefl.errors import ConfigError, UnknownNameError
 from edgefl.runtime.simulation import simulate
-from tests.conftest import tiny_config
+from tests.conftest import SMALL_WORK, tiny_config
 
 
 @pytest.mark.parametrize("name", algorithm_names())
 def test_every_algorithm_runs_two_rounds_in_memory(tmp_path, name):
-    cfg = tiny_config(tmp_path, algorithm=name)
+    cfg = tiny_config(tmp_path, algorithm=name, options=SMALL_WORK.get(name, {}))
     summary = simulate(cfg)
     algo = get_algorithm(name)
     expected_rounds = 2 + algo.needs_for(algo.parse_options(cfg.options)).closing_rounds

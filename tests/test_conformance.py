@@ -53,20 +53,10 @@ from edgefl.runtime.simulation import simulate
 from edgefl.transport import InMemoryTransport
 from edgefl.transport.broker import EmbeddedBroker
 from edgefl.wire import Envelope, Payload, decode, encode
-from tests.conftest import scaled, tiny_config
+from tests.conftest import SMALL_WORK, scaled, tiny_config
 
 METHODS = algorithm_names()
 TOLERANCE = 1e-6
-
-
-#: Options that shrink a method's extra local or server work to test size (the method's code
-#: paths stay the same: fewer synthetic samples, fewer fine-tuning epochs, fewer distillation
-#: steps).
-SMALL_WORK = {
-    "fedvtc": {"synthetic_samples": "20", "finetune_epochs": "1"},
-    "hierarchyfl": {"distill_steps": "2"},
-    "velo": {"cvae_epochs": "2"},
-}
 
 
 def conformance_config(tmp_path: Path, name: str, options: dict | None = None, **overrides):
