@@ -98,7 +98,13 @@ def speed_factor(max_age: float = 60.0) -> float:
         share = max(1.0, wall / cpu)
         slowness = max(1.0, cpu / REFERENCE_CPU_SECONDS)
         factor = min(20.0, share * slowness)  # (20: a bound, so that a hang still ends)
-        _speed.update(at=time.monotonic(), factor=factor, wall=wall, cpu=cpu, top=max(factor, _speed.get("top", 1.0)))
+        _speed.update(
+            at=time.monotonic(),
+            factor=factor,
+            wall=wall,
+            cpu=cpu,
+            top=max(factor, _speed.get("top", 1.0)),
+        )
     return _speed["factor"]
 
 
@@ -163,8 +169,10 @@ def pytest_terminal_summary(terminalreporter):
         m["top"] = max(m["top"], m["workers_top"])
     if "factor" in m:  # (not when EDGEFL_TEST_SPEED sets it)
         terminalreporter.write_line(
-            f"speed factor {m['factor']:.2f}, at most {m['top']:.2f} in this run (last workload {m['wall']:.3f} s wall, "
-            f"{m['cpu']:.3f} s CPU; load {os.getloadavg()[0]:.1f})")
+            f"speed factor {m['factor']:.2f}, at most {m['top']:.2f} in this run (last workload "
+            f"{m['wall']:.3f} s wall, "
+            f"{m['cpu']:.3f} s CPU; load {os.getloadavg()[0]:.1f})"
+        )
 
 
 @pytest.fixture(autouse=True)
