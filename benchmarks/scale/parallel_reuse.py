@@ -1,6 +1,7 @@
 """Worker processes reused: sequential against 2 workers, alternating, the workers started once.
 
     nice -n 10 python -m benchmarks.scale.parallel_reuse [--repetitions 3] [--no-one-thread]
+    nice -n 10 python -m benchmarks.scale.parallel_reuse --one-thread-baseline
 
 The workload is the fedavg CNN one of ``parallel.py`` at 10 devices and 2 rounds (FedAvg on CNN
 tier 2, Adam, 12,000 Fashion-MNIST images, Dir(0.5)): short enough that starting the workers
@@ -46,6 +47,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, default=Path("runs/bench-parallel-reuse"))
     p.add_argument("--no-one-thread", action="store_true",
                    help="leave out the one-thread sequential variant (a shorter run)")
+    p.add_argument("--one-thread-baseline", action="store_true",
+                   help="the one-thread sequential run as the baseline, the default-threads one "
+                   "left out (writes parallel_reuse_one_thread.json/.md)")
     args = p.parse_args(argv)
     w = args.workers
     timing = Timing("Parallel simulation with reused workers: the fedavg CNN workload", HERE,
@@ -60,10 +64,14 @@ def main(argv: list[str] | None = None) -> dict:
                                                         threads=1)),
         f"{w} workers, reused": lambda: sample(run_once(WORKLOAD, w, args.out, "reused")),
     }
+    baseline = "sequential"
     if args.no_one_thread:
         del variants["sequential, 1 thread"]
+    if args.one_thread_baseline:
+        del variants["sequential"]
+        baseline = "sequential, 1 thread"
     timing.alternate("fedavg CNN, 10 devices, 2 rounds", variants, args.repetitions,
-                     baseline="sequential", on_sample=lambda s: print(s, flush=True))
+                     baseline=baseline, on_sample=lambda s: print(s, flush=True))
     reused = parallel.idle_pids() == pids
     timing.results["workers_reused"] = reused
     samples = timing.results["groups"]["fedavg CNN, 10 devices, 2 rounds"]["samples"]
@@ -81,7 +89,8 @@ def main(argv: list[str] | None = None) -> dict:
         "run's device phase; against the default-threads baseline the bound is therefore "
         "2 × (default-threads time ÷ one-thread time), which the machine's other load moves too.",
     ]
-    return timing.write(notes=notes, name="parallel_reuse")
+    name = "parallel_reuse_one_thread" if args.one_thread_baseline else "parallel_reuse"
+    return timing.write(notes=notes, name=name)
 
 
 if __name__ == "__main__":
