@@ -12,8 +12,9 @@ import pytest
 from edgefl.errors import ConfigError
 from edgefl.profiling import read_fleet
 from edgefl.profiling.fleet import Availability, Conditions, Link
-from edgefl.runtime.clock import FleetClock, Timeline
+from edgefl.runtime.clock import UPDATE_META_BYTES, FleetClock, Timeline, update_bytes
 from edgefl.runtime.exchange import Exchange
+from edgefl.wire import Envelope, Payload
 from tests.conftest import tiny_config
 
 
@@ -30,10 +31,13 @@ def three_devices(deadline=None) -> FleetClock:
 
 
 def exchange(devices, down=1_000_000, up=500_000) -> Exchange:
+    """Replies whose update costs ``up`` bytes on the simulated link (its arrays and the fixed
+    header); the counted size is off by the few bytes a measured training time's digits add."""
     ex = Exchange()
     for d in devices:
-        ex.replies[d] = object()  # the clock reads who answered and the bytes, not the reply
-        ex.bytes_down[d], ex.bytes_up[d] = down, up
+        arrays = {"w": np.zeros(up - UPDATE_META_BYTES, np.uint8)}
+        ex.replies[d] = Envelope("update", 0, d, payload=Payload(arrays))
+        ex.bytes_down[d], ex.bytes_up[d] = down, up + 7
     return ex
 
 
@@ -55,6 +59,14 @@ def test_a_synchronous_round_on_three_devices_by_hand():
     selected, timing = clock.select(["a", "b", "c"])
     assert selected == ["a", "b"] and timing == {"start": pytest.approx(6.2), "offline": ["c"]}
     assert clock.next_online("c", 6.2) == pytest.approx(53.0)
+
+
+def test_an_update_costs_its_arrays_not_the_digits_of_its_measured_time():
+    fast = Envelope("update", 0, "a", payload=Payload({"w": np.zeros(100, np.float32)},
+                                                       {"train_seconds": 0.09123456789012345}))
+    slow = Envelope("update", 0, "a", payload=Payload({"w": np.zeros(100, np.float32)},
+                                                       {"train_seconds": 0.1}))
+    assert update_bytes(fast) == update_bytes(slow) == 400 + UPDATE_META_BYTES
 
 
 def test_the_deadline_ends_a_round_and_fails_who_missed_it():

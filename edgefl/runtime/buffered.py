@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgefl.runtime.clock import update_bytes
 from edgefl.wire import Envelope, Payload
 
 if TYPE_CHECKING:
@@ -140,7 +141,8 @@ class BufferedRounds:
         for d, reply in ex.replies.items():
             at, kind = self.clock + local_work(loop.ctx, d), "update"
             if self.fleet is not None:
-                at, arrives = self.fleet.flight(d, self.clock, ex.bytes_down[d], ex.bytes_up[d])
+                up = update_bytes(reply)  # not the counted size: the clock repeats
+                at, arrives = self.fleet.flight(d, self.clock, ex.bytes_down[d], up)
                 kind = "update" if arrives else "lost"
             self._push(at, d, round, kind, payloads[d], reply, ex.bytes_up[d], ex.seconds[d])
 
