@@ -279,7 +279,7 @@ class FedProtoDevice(DeviceHalf):
         for c, v in unpack_prototypes(
             payload.arrays, self.ctx.num_classes, self.protos.shape[1]
         ).items():
-            self.protos[c] = torch.as_tensor(
+            self.protos[c] = torch.tensor(
                 np.asarray(v), dtype=torch.float32, device=self.device
             )
             self.known[c] = True

@@ -82,7 +82,7 @@ class FedVTCDevice(DeviceHalf):
         for c, v in unpack_prototypes(
             payload.arrays, self.ctx.num_classes, self.layout.dim
         ).items():
-            self.protos[c] = torch.as_tensor(np.asarray(v), dtype=torch.float32, device=self.device)
+            self.protos[c] = torch.tensor(np.asarray(v), dtype=torch.float32, device=self.device)
             self.known[c] = True
         if SIGMA in payload.arrays:
             sigma = np.asarray(payload.arrays[SIGMA], np.float32)
