@@ -22,6 +22,24 @@ Broker = Annotated[
         "--broker", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."
     ),
 ]
+#: Secure aggregation, the same on `simulate` and `server start`.
+SecAgg = Annotated[
+    bool,
+    typer.Option(
+        "--secagg",
+        help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of "
+        "the updates (-o secagg=on); docs/privacy.md.",
+    ),
+]
+SecAggNeighbours = Annotated[
+    str,
+    typer.Option(
+        "--secagg-neighbours",
+        help="With --secagg: each device's neighbours in the round's graph (SecAgg+): auto (the "
+        "full graph under 50 devices, else k = O(log n)), full, or an even k "
+        "(-o secagg_neighbours=K); docs/privacy.md.",
+    ),
+]
 Fleet = Annotated[
     str,
     typer.Option("--fleet", envvar="EDGEFL_FLEET", help="Fleet name (topics edgefl/<fleet>/...)."),

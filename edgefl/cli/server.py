@@ -14,6 +14,8 @@ from edgefl.cli.common import (
     Aggregation,
     Buffer,
     Connection,
+    SecAgg,
+    SecAggNeighbours,
     ServerOpt,
     ServerOptBetas,
     ServerOptEps,
@@ -40,19 +42,8 @@ def start(
     option: list[str] = typer.Option(
         None, "--option", "-o", help="Algorithm option key=value (repeatable)."
     ),
-    secagg: bool = typer.Option(
-        False,
-        "--secagg",
-        help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of "
-        "the updates (-o secagg=on); docs/privacy.md.",
-    ),
-    secagg_neighbours: str = typer.Option(
-        None,
-        "--secagg-neighbours",
-        help="With --secagg: each device's neighbours in the round's graph (SecAgg+): auto (the "
-        "full graph under 50 devices, else k = O(log n)), full, or an even k "
-        "(-o secagg_neighbours=K); docs/privacy.md.",
-    ),
+    secagg: SecAgg = False,
+    secagg_neighbours: SecAggNeighbours = None,
     rounds: int = typer.Option(None, help="Training rounds."),
     min_devices: int = typer.Option(
         None, help="Ready devices to wait for before the first round (start threshold only)."

@@ -15,6 +15,8 @@ from edgefl.cli.common import (
     MODEL_HELP,
     Aggregation,
     Buffer,
+    SecAgg,
+    SecAggNeighbours,
     ServerOpt,
     ServerOptBetas,
     ServerOptEps,
@@ -197,19 +199,8 @@ def simulate(
         help="With --dp: noise std / sensitivity (default: the least that keeps the budget over "
         "all rounds).",
     ),
-    secagg: bool = typer.Option(
-        False,
-        "--secagg",
-        help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of "
-        "the updates (-o secagg=on); docs/privacy.md.",
-    ),
-    secagg_neighbours: str = typer.Option(
-        None,
-        "--secagg-neighbours",
-        help="With --secagg: each device's neighbours in the round's graph (SecAgg+): auto (the "
-        "full graph under 50 devices, else k = O(log n)), full, or an even k "
-        "(-o secagg_neighbours=K); docs/privacy.md.",
-    ),
+    secagg: SecAgg = False,
+    secagg_neighbours: SecAggNeighbours = None,
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
     flags = {
