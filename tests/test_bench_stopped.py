@@ -11,22 +11,9 @@ from benchmarks.cells import ALL_FAILED, BUDGET_SPENT, Cell, run_cell, stopped_s
 from benchmarks.runner import Claim, evaluate_claim
 from edgefl.errors import AllDevicesFailed
 from edgefl.privacy.accountant import calibrate_noise
+from tests.test_bench_runner import tiny_cell
 
-TINY = {
-    "algorithm": "fedavg",
-    "dataset": "synthetic",
-    "clients": 2,
-    "rounds": 3,
-    "train_samples": 200,
-    "test_samples": 100,
-    "eval_samples": 50,
-    "steps": 2,
-    "batch_size": 16,
-    "model": "cnn",
-    "tiers": ("1",),
-    "width": 0.25,
-    "min_size": 5,
-}
+TINY = {**tiny_cell(0).config, "rounds": 3}  # the runner tests' tiny cell, one round longer
 #: central DP whose noise (std 1000 · 1e6 / 2 per weight) makes every device's next loss non-finite
 DIVERGES = {"dp": "central", "dp_target_epsilon": "8", "dp_noise_multiplier": "1000",
             "dp_clip": "1e6"}
