@@ -58,6 +58,9 @@ class Cache:
         record = json.loads(path.read_text())
         if record.get("extras_from") != self.record_extras:
             return None
+        # computed from another version of a file the configuration names (a fleet file)
+        if not provenance.inputs_match(cell.config, record):
+            return None
         # the same configuration run for another label (a sweep value that is also a grid cell)
         return {**record, "method": cell.method, "setting": cell.setting, "role": cell.role}
 
@@ -116,6 +119,13 @@ def run_cells(
             waiting[cell.key] = [cell]
     log(f"{len(cells)} cells: {len(records)} cached, {len(todo)} to run on {workers} worker(s)")
     version = provenance.code_version(cache.record_extras)
+    changed_inputs = sorted({str(p) for c in todo for p in provenance.input_files(c.config)
+                             if provenance.uncommitted(p)})
+    if changed_inputs and not cache.draft:
+        raise DirtyCode(
+            f"{len(todo)} cells would run from files that differ from the commit: "
+            f"{', '.join(changed_inputs)}. Commit them first, or ask for a draft (--draft)"
+        )
     if todo and provenance.is_dirty(version) and not cache.draft:
         raise DirtyCode(
             f"{len(todo)} cells would run from code at {version}: the edgefl package or the "

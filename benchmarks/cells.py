@@ -227,6 +227,7 @@ def run_cell(
             code=provenance.code_version(record_extras),
             code_hash=provenance.code_hash(record_extras),
             draft=draft,
+            **({"inputs": inputs} if (inputs := provenance.input_digests(cfg_dict)) else {}),
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **predictions(cfg, Path(tmp) / "run"),
         )

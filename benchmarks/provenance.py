@@ -7,6 +7,9 @@
 - :func:`code_version`: the commit the cells run at, ``+dirty`` when the files the hash covers
   differ from that commit; the runner refuses to run a cell from dirty code unless asked for a
   draft (``--draft``).
+- :func:`input_digests`: the files a cell's configuration names (a fleet file) are inputs as much
+  as the code is: a record keeps their digests, and the cache reuses or reports a record only while
+  they match the files now (a record from before this existed: the files at the commit it ran at).
 - :func:`declaration`: a benchmark's settings are declared in its committed ``declared.json``
   (main settings and alternatives); the commit that last changed it is recorded, and a claim over
   cells produced at a commit that does not contain that declaration is marked.
@@ -124,3 +127,80 @@ def cell_provenance(record: dict, current_hash: str) -> str:
     if not record.get("code_hash"):
         return PRE_PROVENANCE
     return "current" if record["code_hash"] == current_hash else "other code"
+
+
+#: run settings that name a file the run reads (relative to the repository, where cells run)
+INPUT_FILE_SETTINGS = ("fleet_file",)
+
+
+def _input_path(value: str) -> Path:
+    return Path(value) if Path(value).is_absolute() else ROOT / value
+
+
+def input_files(config: dict) -> list[Path]:
+    """The files a cell's configuration names (:data:`INPUT_FILE_SETTINGS`)."""
+    return [_input_path(config[k]) for k in INPUT_FILE_SETTINGS if config.get(k)]
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def input_digests(config: dict) -> dict[str, str]:
+    """``{setting: sha256 (16 hex digits) of the file's bytes}`` for each file the configuration
+    names; a named file that does not exist is an error (the run would fail on it too)."""
+    out = {}
+    for key in INPUT_FILE_SETTINGS:
+        if config.get(key):
+            path = _input_path(config[key])
+            if not path.is_file():
+                raise FileNotFoundError(f"{key} {config[key]!r}: no such file ({path})")
+            out[key] = _digest(path.read_bytes())
+    return out
+
+
+@cache
+def _blob_at(commit: str, rel: str, root: str) -> bytes | None:
+    done = subprocess.run(["git", "-C", root, "show", f"{commit}:{rel}"], capture_output=True)
+    return done.stdout if done.returncode == 0 else None
+
+
+def input_digests_at(commit: str | None, config: dict, root: Path = ROOT) -> dict[str, str] | None:
+    """The digests :func:`input_digests` would have given at ``commit`` (a record made before
+    records kept them); None when that cannot be known (no commit, a dirty tree, a path outside
+    the repository, a file the commit lacks)."""
+    if not commit or is_dirty(commit):
+        return None
+    out = {}
+    for key in INPUT_FILE_SETTINGS:
+        if config.get(key):
+            path = Path(config[key]) if Path(config[key]).is_absolute() else root / config[key]
+            if not path.resolve().is_relative_to(Path(root).resolve()):
+                return None
+            rel = path.resolve().relative_to(Path(root).resolve()).as_posix()
+            blob = _blob_at(commit, rel, str(root))
+            if blob is None:
+                return None
+            out[key] = _digest(blob)
+    return out
+
+
+def inputs_match(config: dict, record: dict) -> bool:
+    """Whether a cached record was computed from the files the configuration names as they are
+    now (always, for a configuration that names none)."""
+    want = input_digests(config)
+    if not want:
+        return True
+    have = record.get("inputs")
+    if have is None:
+        have = input_digests_at(record.get("code"), config)
+    return have == want
+
+
+def uncommitted(path: Path) -> bool:
+    """Whether a file differs from the commit (modified or untracked) or lies outside the
+    repository, where no commit can say what it was."""
+    path = Path(path).resolve()
+    if not path.is_relative_to(ROOT):
+        return True
+    return bool(_git("status", "--porcelain", "--untracked-files=all", "--", str(path)))
