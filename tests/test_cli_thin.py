@@ -1,6 +1,6 @@
 """A thin CLI (issue #38): every function in edgefl/cli of cyclomatic complexity at most 10, no
 command module importing another (what they share is in cli/common.py), and the broker/TLS/fleet
-options declared once (cli/common.py's connection_options), the same on every command."""
+options declared once (cli/common.py's option_groups), the same on every command."""
 
 import ast
 import subprocess

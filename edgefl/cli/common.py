@@ -1,12 +1,14 @@
-"""What command modules share (so that no command module imports another): the broker, TLS and
-fleet options, defined once (:func:`connection_options`), and small parsing helpers."""
+"""What command modules share (so that no command module imports another): the options several
+commands take, declared once (the broker, TLS and fleet options, the run's shared options: option
+groups, :func:`option_groups`), and small parsing helpers."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import json
-from dataclasses import asdict, dataclass
+import typing
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -20,24 +22,6 @@ Broker = Annotated[
     str,
     typer.Option(
         "--broker", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."
-    ),
-]
-#: Secure aggregation, the same on `simulate` and `server start`.
-SecAgg = Annotated[
-    bool,
-    typer.Option(
-        "--secagg",
-        help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum of "
-        "the updates (-o secagg=on); docs/privacy.md.",
-    ),
-]
-SecAggNeighbours = Annotated[
-    str,
-    typer.Option(
-        "--secagg-neighbours",
-        help="With --secagg: each device's neighbours in the round's graph (SecAgg+): auto (the "
-        "full graph under 50 devices, else k = O(log n)), full, or an even k "
-        "(-o secagg_neighbours=K); docs/privacy.md.",
     ),
 ]
 Fleet = Annotated[
@@ -89,16 +73,16 @@ DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 
 @dataclass(frozen=True)
 class Connection:
-    """The broker, fleet and credentials a command was given (:func:`connection_options`)."""
+    """The broker, fleet and credentials a command was given (an option group)."""
 
-    broker: str = DEFAULT_BROKER
-    fleet: str = "default"
-    username: str | None = None
-    password: str | None = None
-    password_file: Path | None = None
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+    broker: Broker = DEFAULT_BROKER
+    fleet: Fleet = "default"
+    username: Username = None
+    password: Password = None
+    password_file: PasswordFile = None
+    ca_file: CaFile = None
+    cert_file: CertFile = None
+    key_file: KeyFile = None
 
     def address(self):
         """The :class:`~edgefl.transport.mqtt.BrokerAddress` (the password file read: exit 3 if
@@ -117,41 +101,35 @@ class Connection:
         return asdict(self)
 
 
-#: Each field of :class:`Connection`: its option (the aliases above).
-_CONNECTION_OPTIONS = {
-    "broker": Broker,
-    "fleet": Fleet,
-    "username": Username,
-    "password": Password,
-    "password_file": PasswordFile,
-    "ca_file": CaFile,
-    "cert_file": CertFile,
-    "key_file": KeyFile,
-}
-
-
-def connection_options(command):
-    """The broker/TLS/fleet options, declared once: ``command`` takes ``conn: Connection =
-    Connection()`` and Typer sees, in its place, ``--broker --fleet --username --password
-    --password-file --ca-file --cert-file --key-file`` (with their environment variables); the
-    command gets them as one :class:`Connection`."""
+def option_groups(command):
+    """Options declared once, in groups: each parameter of ``command`` whose default is an option
+    group (a dataclass whose fields are annotated with their Typer options, e.g. ``conn: Connection
+    = Connection()``) stands, to Typer, for the group's options in its place (``--broker --fleet
+    --username --password --password-file --ca-file --cert-file --key-file``, with their
+    environment variables); the command gets them back as one object of the group's class."""
     signature = inspect.signature(command, eval_str=True)
-    params = list(signature.parameters.values())
-    at = [p.name for p in params].index("conn")
-    defaults = Connection()
-    added = [
-        inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name), annotation=alias
-        )
-        for name, alias in _CONNECTION_OPTIONS.items()
-    ]
-    params = params[:at] + added + params[at + 1:]
+    params, found = [], {}
+    for param in signature.parameters.values():
+        if not is_dataclass(param.default):
+            params.append(param)
+            continue
+        group = type(param.default)
+        options = typing.get_type_hints(group, include_extras=True)
+        found[param.name] = (group, [f.name for f in fields(group)])
+        params += [
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=getattr(param.default, name),
+                annotation=options[name],
+            )
+            for name in found[param.name][1]
+        ]
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
 
     @functools.wraps(command)
     def run(**kwargs):
-        conn = Connection(**{name: kwargs.pop(name) for name in _CONNECTION_OPTIONS})
-        return command(conn=conn, **kwargs)
+        for name, (group, names) in found.items():
+            kwargs[name] = group(**{option: kwargs.pop(option) for option in names})
+        return command(**kwargs)
 
     run.__signature__ = signature.replace(parameters=params)
     run.__annotations__ = {p.name: p.annotation for p in params}
@@ -159,47 +137,107 @@ def connection_options(command):
     return run
 
 
-# --- the server optimizer (simulate and server start) ---------------------------------------------
-ServerOpt = Annotated[
-    str,
-    typer.Option(
-        "--server-opt",
-        help="Server optimizer over the averaged weights: fedavg (plain averaging), fedavgm, "
-        "fedadagrad, fedyogi or fedadam (Reddi et al. 2021).",
-    ),
-]
-ServerOptLr = Annotated[
-    float,
-    typer.Option(
-        "--server-opt-lr",
-        help="Server learning rate eta (default: the optimizer's, see docs/simulation.md).",
-    ),
-]
-ServerOptBetas = Annotated[
-    str,
-    typer.Option(
-        "--server-opt-betas", help="beta1,beta2 (default 0.9,0.99; FedAvgM's momentum is beta1)."
-    ),
-]
-ServerOptEps = Annotated[
-    float,
-    typer.Option("--server-opt-eps", help="tau, the adaptive optimizers' epsilon (default 1e-3)."),
-]
-Aggregation = Annotated[
-    str,
-    typer.Option(
-        "--aggregation",
-        help="sync (rounds) or async: aggregate every --buffer updates as they arrive, "
-        "staleness-weighted (FedBuff; in memory and over MQTT; docs/simulation.md).",
-    ),
-]
-Buffer = Annotated[
-    int,
-    typer.Option(
-        "--buffer",
-        help="With --aggregation async: updates per aggregation (default: min(10, clients)).",
-    ),
-]
+# --- the run's options that simulate and server start share (option groups) -------------------
+@dataclass(frozen=True)
+class LocalTraining:
+    """How each device trains in a round."""
+
+    epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = None
+    steps: Annotated[
+        int, typer.Option(help="Local minibatch steps per round (instead of epochs).")
+    ] = None
+    batch_size: Annotated[int, typer.Option(help="Local batch size.")] = None
+    optimizer: Annotated[str, typer.Option(help="sgd or adam.")] = None
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = None
+
+    def settings(self) -> dict:
+        """The run settings given (None: not given)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ServerAggregation:
+    """How the server aggregates the updates: its optimizer over the averaged weights, and when
+    (rounds, or every --buffer updates)."""
+
+    server_opt: Annotated[
+        str,
+        typer.Option(
+            "--server-opt",
+            help="Server optimizer over the averaged weights: fedavg (plain averaging), fedavgm, "
+            "fedadagrad, fedyogi or fedadam (Reddi et al. 2021).",
+        ),
+    ] = None
+    server_opt_lr: Annotated[
+        float,
+        typer.Option(
+            "--server-opt-lr",
+            help="Server learning rate eta (default: the optimizer's, see docs/simulation.md).",
+        ),
+    ] = None
+    server_opt_betas: Annotated[
+        str,
+        typer.Option(
+            "--server-opt-betas",
+            help="beta1,beta2 (default 0.9,0.99; FedAvgM's momentum is beta1).",
+        ),
+    ] = None
+    server_opt_eps: Annotated[
+        float,
+        typer.Option(
+            "--server-opt-eps", help="tau, the adaptive optimizers' epsilon (default 1e-3)."
+        ),
+    ] = None
+    aggregation: Annotated[
+        str,
+        typer.Option(
+            "--aggregation",
+            help="sync (rounds) or async: aggregate every --buffer updates as they arrive, "
+            "staleness-weighted (FedBuff; in memory and over MQTT; docs/simulation.md).",
+        ),
+    ] = None
+    buffer: Annotated[
+        int,
+        typer.Option(
+            "--buffer",
+            help="With --aggregation async: updates per aggregation (default: min(10, clients)).",
+        ),
+    ] = None
+
+    def settings(self) -> dict:
+        """The run settings given (None: not given); ``--server-opt-betas`` parsed."""
+        return asdict(self) | {"server_opt_betas": parse_betas(self.server_opt_betas)}
+
+
+@dataclass(frozen=True)
+class SecureAggregation:
+    """Secure aggregation (SecAgg+): two method options, as flags."""
+
+    secagg: Annotated[
+        bool,
+        typer.Option(
+            "--secagg",
+            help="Secure aggregation (SecAgg+; fedavg, fedprox): the server learns only the sum "
+            "of the updates (-o secagg=on); docs/privacy.md.",
+        ),
+    ] = False
+    secagg_neighbours: Annotated[
+        str,
+        typer.Option(
+            "--secagg-neighbours",
+            help="With --secagg: each device's neighbours in the round's graph (SecAgg+): auto "
+            "(the full graph under 50 devices, else k = O(log n)), full, or an even k "
+            "(-o secagg_neighbours=K); docs/privacy.md.",
+        ),
+    ] = None
+
+    def options(self) -> dict:
+        """The method's options given (None: not given)."""
+        return {
+            "secagg": "on" if self.secagg else None,
+            "secagg_neighbours": self.secagg_neighbours,
+        }
+
 
 # --- the registries' choices, for --help (edgefl.names: known without importing torch) --------
 ALGORITHM_HELP = f"Method: {listing(ALGORITHMS)}; default fedavg."

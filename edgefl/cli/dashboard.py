@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
-from edgefl.cli.common import Connection, connection_options
+from edgefl.cli.common import Connection, option_groups
 from edgefl.report.console import err
 
 
-@connection_options
+@option_groups
 def dashboard(
     conn: Connection = Connection(),
     run: Path = typer.Option(None, "--run", help="Follow RUN/status.json instead of the broker."),

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import typer
 
-from edgefl.cli.common import Connection, connection_options
+from edgefl.cli.common import Connection, option_groups
 from edgefl.report.console import err
 
 
-@connection_options
+@option_groups
 def deploy(
     run: Path = typer.Option(
         None,

@@ -11,7 +11,7 @@ import json
 import typer
 from rich.table import Table
 
-from edgefl.cli.common import Connection, connection_options, load_profile, serve_models
+from edgefl.cli.common import Connection, load_profile, option_groups, serve_models
 from edgefl.report.console import out
 
 app = typer.Typer(
@@ -44,7 +44,7 @@ def profile(
 
 
 @app.command("register")
-@connection_options
+@option_groups
 def register(
     device_id: str = typer.Option(
         ...,
@@ -92,7 +92,7 @@ def register(
 
 
 @app.command("agent")
-@connection_options
+@option_groups
 def agent(
     device_id: str = typer.Option(
         ..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (its MQTT username)."

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from edgefl.cli.common import Connection, connection_options
+from edgefl.cli.common import Connection, option_groups
 from edgefl.report.console import out
 
 app = typer.Typer(help="Look at a running fleet.", no_args_is_help=True)
@@ -161,7 +161,7 @@ def render(status: dict[str, Any]) -> None:
 
 
 @app.command("status")
-@connection_options
+@option_groups
 def status(
     conn: Connection = Connection(),
     run: Path = typer.Option(None, "--run", help="Read RUN/status.json instead of the broker."),

@@ -11,19 +11,13 @@ from edgefl.cli.common import (
     ALGORITHM_HELP,
     DATASET_HELP,
     MODEL_HELP,
-    Aggregation,
-    Buffer,
     Connection,
-    SecAgg,
-    SecAggNeighbours,
-    ServerOpt,
-    ServerOptBetas,
-    ServerOptEps,
-    ServerOptLr,
+    LocalTraining,
+    SecureAggregation,
+    ServerAggregation,
     check_run_names,
-    connection_options,
     interrupted,
-    parse_betas,
+    option_groups,
     read_password,
     resolve_run,
     run_settings,
@@ -35,15 +29,14 @@ app = typer.Typer(help="Run a fleet's server over MQTT.", no_args_is_help=True)
 
 
 @app.command("start")
-@connection_options
+@option_groups
 def start(
     conn: Connection = Connection(),
     algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
     option: list[str] = typer.Option(
         None, "--option", "-o", help="Algorithm option key=value (repeatable)."
     ),
-    secagg: SecAgg = False,
-    secagg_neighbours: SecAggNeighbours = None,
+    secure: SecureAggregation = SecureAggregation(),
     rounds: int = typer.Option(None, help="Training rounds."),
     min_devices: int = typer.Option(
         None, help="Ready devices to wait for before the first round (start threshold only)."
@@ -86,17 +79,8 @@ def start(
     tiers: str = typer.Option(None, help="Comma-separated tiers the policy may assign."),
     width: float = typer.Option(None, help="Channel width multiplier."),
     feature_dim: int = typer.Option(None, help="Common feature dimension."),
-    epochs: int = typer.Option(None, help="Local epochs per round."),
-    steps: int = typer.Option(None, help="Local steps per round (instead of epochs)."),
-    batch_size: int = typer.Option(None, help="Local batch size."),
-    optimizer: str = typer.Option(None, help="sgd or adam."),
-    lr: float = typer.Option(None, help="Learning rate."),
-    server_opt: ServerOpt = None,
-    server_opt_lr: ServerOptLr = None,
-    server_opt_betas: ServerOptBetas = None,
-    server_opt_eps: ServerOptEps = None,
-    aggregation: Aggregation = None,
-    buffer: Buffer = None,
+    training: LocalTraining = LocalTraining(),
+    aggregating: ServerAggregation = ServerAggregation(),
     eval_every: int = typer.Option(None, help="Evaluate every N rounds."),
     seed: int = typer.Option(None, help="Run seed (models, sampling; devices derive theirs)."),
     out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
@@ -136,15 +120,11 @@ def start(
         "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "min_fit": min_fit,
         "fraction": fraction, "dataset": dataset, "data_dir": data_dir,
         "train_samples": train_samples, "model": model,
-        "tiers": split_list(tiers), "width": width, "feature_dim": feature_dim, "epochs": epochs,
-        "steps": steps, "batch_size": batch_size, "optimizer": optimizer, "lr": lr,
-        "eval_every": eval_every, "server_opt": server_opt, "server_opt_lr": server_opt_lr,
-        "server_opt_betas": parse_betas(server_opt_betas), "server_opt_eps": server_opt_eps,
-        "seed": seed, "aggregation": aggregation, "buffer": buffer,
+        "tiers": split_list(tiers), "width": width, "feature_dim": feature_dim,
+        "eval_every": eval_every, "seed": seed,
         "out_dir": str(out) if out else None, "run_name": run_name,
-    }  # fmt: skip
-    secure = {"secagg": "on" if secagg else None, "secagg_neighbours": secagg_neighbours}
-    explicit = run_settings(config, flags, option, secure)
+    } | training.settings() | aggregating.settings()  # fmt: skip
+    explicit = run_settings(config, flags, option, secure.options())
     explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1,
                                        explicit.get("buffer") or 1))
     check_run_names(explicit)  # names and values, before torch is imported

@@ -13,17 +13,12 @@ from edgefl.cli.common import (
     ALGORITHM_HELP,
     DATASET_HELP,
     MODEL_HELP,
-    Aggregation,
-    Buffer,
-    SecAgg,
-    SecAggNeighbours,
-    ServerOpt,
-    ServerOptBetas,
-    ServerOptEps,
-    ServerOptLr,
+    LocalTraining,
+    SecureAggregation,
+    ServerAggregation,
     check_run_names,
     interrupted,
-    parse_betas,
+    option_groups,
     resolve_run,
     run_settings,
     split_list,
@@ -57,6 +52,7 @@ def _rounds(value: str | None) -> tuple[int, ...] | None:
         ) from None
 
 
+@option_groups
 def simulate(
     algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
     option: list[str] = typer.Option(
@@ -78,11 +74,7 @@ def simulate(
         None, help="Fewest devices a round trains (default: what --fraction implies)."
     ),
     rounds: int = typer.Option(None, help="Training rounds."),
-    epochs: int = typer.Option(None, help="Local epochs per round."),
-    steps: int = typer.Option(None, help="Local minibatch steps per round (instead of epochs)."),
-    batch_size: int = typer.Option(None, help="Local batch size."),
-    optimizer: str = typer.Option(None, help="sgd or adam."),
-    lr: float = typer.Option(None, help="Learning rate."),
+    training: LocalTraining = LocalTraining(),
     lr_decay_rounds: str = typer.Option(
         None,
         "--lr-decay-rounds",
@@ -105,12 +97,7 @@ def simulate(
     seed: int = typer.Option(None, help="Seed for partition, models and sampling."),
     train_samples: int = typer.Option(None, help="Subsample the training set for quick runs."),
     test_samples: int = typer.Option(None, help="Subsample the test set for the final evaluation."),
-    server_opt: ServerOpt = None,
-    server_opt_lr: ServerOptLr = None,
-    server_opt_betas: ServerOptBetas = None,
-    server_opt_eps: ServerOptEps = None,
-    aggregation: Aggregation = None,
-    buffer: Buffer = None,
+    aggregating: ServerAggregation = ServerAggregation(),
     eval_every: int = typer.Option(
         None, help="Evaluate every N rounds (on --eval-samples test samples)."
     ),
@@ -199,8 +186,7 @@ def simulate(
         help="With --dp: noise std / sensitivity (default: the least that keeps the budget over "
         "all rounds).",
     ),
-    secagg: SecAgg = False,
-    secagg_neighbours: SecAggNeighbours = None,
+    secure: SecureAggregation = SecureAggregation(),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
     flags = {
@@ -215,11 +201,6 @@ def simulate(
         "min_devices": min_devices,
         "min_fit": min_fit,
         "rounds": rounds,
-        "epochs": epochs,
-        "steps": steps,
-        "batch_size": batch_size,
-        "optimizer": optimizer,
-        "lr": lr,
         "lr_decay_rounds": _rounds(lr_decay_rounds),
         "model": model,
         "tiers": split_list(tiers),
@@ -230,18 +211,12 @@ def simulate(
         "train_samples": train_samples,
         "test_samples": test_samples,
         "eval_every": eval_every,
-        "server_opt": server_opt,
-        "server_opt_lr": server_opt_lr,
-        "server_opt_betas": parse_betas(server_opt_betas),
-        "server_opt_eps": server_opt_eps,
-        "aggregation": aggregation,
-        "buffer": buffer,
         "eval_samples": eval_samples,
         "out_dir": str(out) if out else None,
         "run_name": run_name,
         "threads": threads,
         "train_device": train_device,
-    }
+    } | training.settings() | aggregating.settings()
     privacy = {
         "dp": dp,
         "dp_target_epsilon": target_epsilon,
@@ -249,8 +224,7 @@ def simulate(
         "dp_clip": clip,
         "dp_noise_multiplier": noise_multiplier,
     }  # the dp options every method takes (docs/privacy.md)
-    secure = {"secagg": "on" if secagg else None, "secagg_neighbours": secagg_neighbours}
-    explicit = run_settings(config, flags, option, privacy | secure)
+    explicit = run_settings(config, flags, option, privacy | secure.options())
     _fleet_file_clients(explicit)
     check_run_names(explicit)  # names and values, before torch is imported
     if transport not in ("memory", "mqtt"):

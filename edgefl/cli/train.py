@@ -31,8 +31,8 @@ from edgefl.cli.common import (
     DATASET_HELP,
     Connection,
     connection_address,
-    connection_options,
     load_profile,
+    option_groups,
     serve_models,
 )
 from edgefl.errors import ConfigError
@@ -129,7 +129,7 @@ def _source(ctx: typer.Context, name: str) -> str:
     return {"COMMANDLINE": "option", "ENVIRONMENT": "env"}.get(kind, "default")
 
 
-@connection_options
+@option_groups
 def train(
     ctx: typer.Context,
     conn: Connection = Connection(),
