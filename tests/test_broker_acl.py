@@ -9,7 +9,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefl.errors import TransportError
-from edgefl.transport.broker import MosquittoBroker, add_user, mosquitto_binary
+from edgefl.transport.accounts import add_user
+from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
 from edgefl.transport.mqtt.connection import _PROTOCOL_CACHE
 from tests.conftest import scaled, wait_until

@@ -13,12 +13,8 @@ from pathlib import Path
 import pytest
 
 from edgefl.errors import ExitCode
-from edgefl.transport.broker import (
-    EmbeddedBroker,
-    MosquittoBroker,
-    free_port,
-    mosquitto_user,
-)
+from edgefl.transport.accounts import mosquitto_user
+from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, free_port
 from tests.commands import device_agent
 from tests.conftest import scaled
 from tests.needs import need_mosquitto

@@ -16,7 +16,8 @@ import pytest
 
 from edgefl.models import family_tiers
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
-from edgefl.transport.broker import MosquittoBroker, add_user
+from edgefl.transport.accounts import add_user
+from edgefl.transport.broker import MosquittoBroker
 from tests.commands import dashboard, run_ok, server_start, tiny_run
 from tests.conftest import scaled, tiny_config
 from tests.needs import need_mosquitto, need_playwright

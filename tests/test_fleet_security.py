@@ -17,7 +17,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefl.errors import ConfigError
-from edgefl.transport.broker import MosquittoBroker, acl_block, add_acl, add_user, mosquitto_binary
+from edgefl.transport.accounts import acl_block, add_acl, add_user
+from edgefl.transport.broker import MosquittoBroker, mosquitto_binary
 from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport
 from edgefl.transport.tls import FleetCA
 from edgefl.wire import Envelope, Payload, encode

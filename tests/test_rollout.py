@@ -21,7 +21,8 @@ from edgefl.rollout import (
     encode_command,
     rollback_command,
 )
-from edgefl.transport.broker import MosquittoBroker, add_user
+from edgefl.transport.accounts import add_user
+from edgefl.transport.broker import MosquittoBroker
 from tests.commands import device_agent
 from tests.conftest import scaled
 from tests.needs import need_mosquitto

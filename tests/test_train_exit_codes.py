@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE
-from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, add_user
+from edgefl.transport.accounts import add_user
+from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker
 from tests.commands import ONE_ROUND_TWO_TIERS, server_start
 from tests.needs import need_mosquitto
 

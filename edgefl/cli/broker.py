@@ -99,11 +99,11 @@ def add_device(
     """Create NAME's credentials (a password, or a certificate with --certs) and its fleet-scoped
     ACL block. Run as root, the files Mosquitto reads belong to the mosquitto user."""
     from edgefl.errors import ConfigError
-    from edgefl.transport.broker import add_acl, add_user, existing_account, persistence_dir
+    from edgefl.transport.accounts import add_acl, add_user, existing_account, persistence_dir
 
     role = "server" if server else role
     if certs is not None:
-        from edgefl.transport.broker import acl_block
+        from edgefl.transport.accounts import acl_block
         from edgefl.transport.tls import FleetCA
 
         acl_block(name, fleet, role=role)  # validates name, fleet and role first
@@ -142,7 +142,7 @@ def add_device(
 
 
 def _warn_unreachable(path: Path) -> None:
-    from edgefl.transport.broker import mosquitto_blocked_by
+    from edgefl.transport.accounts import mosquitto_blocked_by
 
     blocked = mosquitto_blocked_by(path)
     if blocked is not None:

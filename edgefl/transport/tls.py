@@ -196,8 +196,8 @@ class FleetCA:
     ) -> tuple[Path, Path]:
         """The broker's server certificate; clients check the host they dial against
         ``hosts``/``ips``. Its key goes to the ``mosquitto`` user when root issues it
-        (:func:`edgefl.transport.broker.for_mosquitto`)."""
-        from edgefl.transport.broker import for_mosquitto
+        (:func:`edgefl.transport.accounts.for_mosquitto`)."""
+        from edgefl.transport.accounts import for_mosquitto
 
         crt, key = self._issue(name, server=True, hosts=list(hosts), ips=list(ips))
         for_mosquitto(key)
