@@ -23,7 +23,6 @@ envelopes (a wire transport encodes them: :class:`~edgefl.transport.base.Encoded
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -31,10 +30,10 @@ from statistics import mean
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import safetensors.numpy
 
 from edgefl.algorithms.base import ServerContext, ServerHalf, total_rounds
 from edgefl.errors import AllDevicesFailed
+from edgefl.runtime import checkpoint
 from edgefl.runtime.buffered import BufferedRounds
 from edgefl.runtime.claims import bound_uplinks
 from edgefl.runtime.exchange import (
@@ -468,30 +467,17 @@ class RoundLoop:
                      wall_seconds=time.perf_counter() - t0)
         return final
 
-    # -- checkpoints ----------------------------------------------------------------------------
+    # -- checkpoints (runtime/checkpoint.py) -----------------------------------------------------
     def _checkpoint(self, round: int) -> None:
-        d = self.settings.checkpoint_dir
-        if d is None:
-            return
-        d.mkdir(parents=True, exist_ok=True)
-        arrays = {k: np.require(v, requirements="C") for k, v in self.server.state_dict().items()}
-        tmp = d / "server.safetensors.tmp"
-        safetensors.numpy.save_file(arrays, tmp, metadata={"rounds_completed": str(round + 1)})
-        tmp.replace(d / "server.safetensors")  # atomic: a crash never leaves half a checkpoint
-        (d / "progress.json").write_text(json.dumps({"rounds_completed": round + 1}))
+        if self.settings.checkpoint_dir is not None:
+            checkpoint.save(self.settings.checkpoint_dir, self.server.state_dict(), round + 1)
 
     def _resume(self) -> int:
         """Rounds already completed by an earlier server (its checkpoint); 0 without one."""
-        d = self.settings.checkpoint_dir
-        if d is None or not (d / "progress.json").exists():
+        found = checkpoint.load(self.settings.checkpoint_dir)
+        if found is None:
             return 0
-        progress = json.loads((d / "progress.json").read_text())
-        # "completed_round" (the index from 0 of the last round) is what earlier versions wrote
-        done = (
-            int(progress["rounds_completed"])
-            if "rounds_completed" in progress
-            else int(progress["completed_round"]) + 1
-        )
-        self.server.load_state_dict(safetensors.numpy.load_file(d / "server.safetensors"))
-        log.info("resuming after round %d from %s", done, d)
+        done, state = found
+        self.server.load_state_dict(state)
+        log.info("resuming after round %d from %s", done, self.settings.checkpoint_dir)
         return done

@@ -43,6 +43,7 @@ from edgefl.errors import (
     WireError,
 )
 from edgefl.models import ModelSpec
+from edgefl.runtime import checkpoint
 from edgefl.runtime.claims import DEFAULT_WEIGHT_RATIO
 from edgefl.runtime.derived import run_dir_for, run_tiers, train_settings
 from edgefl.runtime.ending import Availability, FinalProgress, ModelArrays, save_final_models
@@ -361,10 +362,7 @@ def serve(
             stop_when_all_fail=False,  # a real fleet can be all offline for a round
             weight_ratio=opts.max_weight_ratio,
         )
-        resuming = (
-            opts.checkpoint_dir is not None
-            and (Path(opts.checkpoint_dir) / "progress.json").exists()
-        )
+        resuming = checkpoint.exists(opts.checkpoint_dir)
         life = RunLifecycle(cfg, method, run_dir, on_round=on_round, keep_rounds=resuming,
                             started=t_start)
         loop = life.loop(
