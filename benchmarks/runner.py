@@ -38,9 +38,9 @@ every claim between the chosen methods in that setting.
 The runner is split by what its parts are: :mod:`benchmarks.cells` (one cell: its key, its run,
 its record), :mod:`benchmarks.cache` (the cache, the parallel run, provenance),
 :mod:`benchmarks.claims` (claims, sweeps, verdicts), :mod:`benchmarks.pages` and
-:mod:`benchmarks.figures` (results.md, the README index, the figures); this module holds the
-declaration (:class:`Benchmark`), results.json (:func:`build_results`), the reviewer's check and the
-command line, and re-exports the names the benchmarks import.
+:mod:`benchmarks.figures` (results.md, the README index, the figures), :mod:`benchmarks.check` (the
+reviewer's check); this module holds the declaration (:class:`Benchmark`), results.json
+(:func:`build_results`) and the command line, and re-exports the names the benchmarks import.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ from benchmarks.cells import (
     resolved_run,
     run_cell,
 )
+from benchmarks.check import check, reviewer_cells
 from benchmarks.claims import (
     COUNTED,
     KINDS,
@@ -291,75 +292,6 @@ def build_results(
         "sweeps": [evaluate_sweep(s, records) for s in bench.sweeps],
         "sweep_runs": sweep_runs,
     }
-
-
-def reviewer_cells(
-    bench: Benchmark, methods: Sequence[str], setting: str, seeds: Sequence[int]
-) -> list[Cell]:
-    """The reviewer's check: the grid cells of ``methods`` in ``setting``, each with ``seeds``
-    instead of the benchmark's (the same configuration otherwise)."""
-    grid = [c for c in bench.cells if c.setting == setting]
-    if not grid:
-        raise SystemExit(f"setting {setting!r} is not in {bench.name}'s grid; its settings: "
-                         + ", ".join(dict.fromkeys(c.setting for c in bench.cells)))
-    cells = []
-    for method in methods:
-        template = next((c for c in grid if c.method == method), None)
-        if template is None:
-            raise SystemExit(
-                f"method {method!r} has no cell in {setting}; there: "
-                + ", ".join(dict.fromkeys(c.method for c in grid))
-            )
-        cells += [Cell(method, setting, seed, template.config, template.role) for seed in seeds]
-    return cells
-
-
-def check(
-    bench: Benchmark,
-    methods: Sequence[str],
-    setting: str,
-    seeds: Sequence[int],
-    out: Path,
-    *,
-    workers: int,
-    draft: bool = False,
-) -> dict[str, Any]:
-    """Run the reviewer's cells into ``out`` (``out/cells``, temporary files under ``out/tmp``) and
-    evaluate every claim of the benchmark between the chosen methods in that setting over them
-    (collapse gates included; the bounds are not rerun). Writes ``out/check.json``; prints the
-    verdicts."""
-    cells = reviewer_cells(bench, methods, setting, seeds)
-    cache = Cache(out / "cells", bench.record_extras, draft=draft)
-    runs = run_cells(cells, cache, workers=workers, keep_server_metrics=bench.keep_server_metrics,
-                     tmp_root=out / "tmp", progress=True)
-    claims = [
-        c for c in bench.claims if c.setting == setting and set(c.parse()[::2]) <= set(methods)
-    ]
-    # the bounds are not rerun: only the collapse gate applies
-    gate = {"collapsed": gates.collapsed_runs(runs)}
-    verdicts = [evaluate_claim(c, runs, collapsed=gate["collapsed"]) for c in claims]
-    keys = ("method", "setting", "seed", "final_accuracy", "code", "stopped_at_round",
-            "stop_reason")
-    result = {"benchmark": bench.name, "setting": setting, "methods": list(methods),
-              "seeds": list(seeds), "code": provenance.code_version(bench.record_extras),
-              "code_hash": cache.code_hash, "gates": gate, "claims": verdicts,
-              "runs": [{k: r.get(k) for k in keys} for r in runs]}
-    (out / "check.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
-    for r in runs:
-        acc = r["final_accuracy"]
-        stop = (f" (stopped at round {r['stopped_at_round']}: {r['stop_reason']})"
-                if r.get("stopped_at_round") else "")
-        print(f"{r['method']:>20} seed {r['seed']}: "
-              + ("no accuracy" if acc is None else f"{100 * acc:.2f} %") + stop)
-    if not verdicts:
-        print(f"no claim of {bench.name} compares only {', '.join(methods)} in {setting}")
-    for c in verdicts:
-        print(
-            f"{c['verdict']:>15}: {c['statement']} [{c['setting']}] ({KINDS[c['kind']]}): "
-            f"{c['reason']}"
-        )
-    print(f"check: {out / 'check.json'}")
-    return result
 
 
 # -- entry point ----------------------------------------------------------------------------------
