@@ -115,6 +115,66 @@ def broker():
     b.stop()
 
 
+def mqtt_fleet(cfg, broker, fleet: str, monkeypatch, runtime=DeviceRuntime):
+    """The devices of ``cfg`` as DeviceRuntime threads (their local work serialised: torch's
+    generator is process-wide) and a function that serves the run and joins them."""
+    lock = threading.RLock()
+    build, handle = device_module.build_assigned, agent_module.DeviceAgent.handle_bytes
+
+    def locked_build(*a, **k):
+        with lock:
+            return build(*a, **k)
+
+    def locked_handle(self, data):
+        with lock:
+            return handle(self, data)
+
+    monkeypatch.setattr(device_module, "build_assigned", locked_build)
+    monkeypatch.setattr(agent_module.DeviceAgent, "handle_bytes", locked_handle)
+    run = assemble(cfg)
+    runtimes = [
+        runtime(
+            DeviceOptions(
+                broker=broker.url,
+                device_id=d,
+                fleet=fleet,
+                data=DataSpec.from_config(cfg, i).to_string(),
+                tier=run.specs[d].tier,
+                profile=dict(SIMULATED_PROFILE),
+                register_every=0.5,
+            )
+        )
+        for i, d in enumerate(run.ids)
+    ]
+
+    def serve_run(**kwargs):
+        threads = [
+            threading.Thread(target=r.run, kwargs={"stop_after": scaled(240)}, daemon=True)
+            for r in runtimes
+        ]
+        for t in threads:
+            t.start()
+        try:
+            return serve(
+                cfg.model_copy(update={"min_devices": len(run.ids)}),
+                ServeOptions(
+                    broker=broker.url,
+                    fleet=fleet,
+                    deadline=scaled(120),
+                    wait_for_devices=scaled(120),
+                ),
+                **kwargs,
+            )
+        finally:
+            for t in threads:
+                t.join(scaled(60))
+            assert not any(t.is_alive() for t in threads), (
+                "a device did not leave when the run was over"
+            )
+
+    return run, runtimes, serve_run
+
+
 def memory_run(cfg):
     """The in-memory run: (server state, {device: model arrays}, summary)."""
     box = {}
@@ -176,60 +236,16 @@ def test_memory_and_mqtt_runs_agree(tmp_path, broker, monkeypatch, name, family)
         cfg.model_copy(update={"run_name": "memory"})
     )
 
-    # one lock around whatever draws from torch's process-wide generator on the device side
-    lock = threading.RLock()
-    build, handle = device_module.build_assigned, agent_module.DeviceAgent.handle_bytes
-
-    def locked_build(*a, **k):
-        with lock:
-            return build(*a, **k)
-
-    def locked_handle(self, data):
-        with lock:
-            return handle(self, data)
-
-    monkeypatch.setattr(device_module, "build_assigned", locked_build)
-    monkeypatch.setattr(agent_module.DeviceAgent, "handle_bytes", locked_handle)
-
-    run = assemble(cfg)
-    fleet = f"conf-{name}"
-    runtimes = [
-        DeviceRuntime(
-            DeviceOptions(
-                broker=broker.url,
-                device_id=d,
-                fleet=fleet,
-                data=DataSpec.from_config(cfg, i).to_string(),
-                tier=run.specs[d].tier,
-                profile=dict(SIMULATED_PROFILE),
-                register_every=0.5,
-            )
-        )
-        for i, d in enumerate(run.ids)
-    ]
-    threads = [
-        threading.Thread(target=r.run, kwargs={"stop_after": scaled(240)}, daemon=True)
-        for r in runtimes
-    ]
+    # the devices as threads, their local work serialised (torch's generator is process-wide)
+    run, runtimes, serve_run = mqtt_fleet(
+        cfg.model_copy(update={"run_name": "mqtt"}), broker, f"conf-{name}", monkeypatch
+    )
     box: dict = {}
 
-    # Execute: the server in this thread, the three devices in theirs
-    for t in threads:
-        t.start()
-    try:
-        summary = serve(
-            cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
-            ServeOptions(
-                broker=broker.url, fleet=fleet, deadline=scaled(120), wait_for_devices=scaled(120)
-            ),
-            on_done=lambda s: box.__setitem__("state", s.state_dict()),
-        )
-    finally:
-        for t in threads:
-            t.join(scaled(60))
+    # Execute: the server in this thread, the three devices in theirs (each must leave at the end)
+    summary = serve_run(on_done=lambda s: box.__setitem__("state", s.state_dict()))
 
     # Assert: the same server state and device models
-    assert not any(t.is_alive() for t in threads), "a device did not leave when the run was over"
     assert_states_equal(box["state"], expected_state, "server state")
     for r in runtimes:
         assert_states_equal(

@@ -18,25 +18,18 @@ import dataclasses
 import json
 import logging
 import math
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgefl.algorithms import get_algorithm
-from edgefl.runtime import agent as agent_module
-from edgefl.runtime import device as device_module
-from edgefl.runtime.dataspec import DataSpec
-from edgefl.runtime.device import DeviceOptions, DeviceRuntime
-from edgefl.runtime.fleet import SIMULATED_PROFILE
-from edgefl.runtime.server import ServeOptions, serve
-from edgefl.runtime.setup import assemble
+from edgefl.runtime.device import DeviceRuntime
 from edgefl.runtime.simulation import simulate
 from edgefl.transport.broker import EmbeddedBroker
 from edgefl.wire import decode, encode
 from tests.conftest import scaled
-from tests.test_conformance import conformance_config
+from tests.test_conformance import conformance_config, mqtt_fleet
 
 
 def async_methods() -> list[str]:
@@ -108,66 +101,6 @@ def broker():
     b = EmbeddedBroker(port=0).start()
     yield b
     b.stop()
-
-
-def mqtt_fleet(cfg, broker, fleet: str, monkeypatch, runtime=DeviceRuntime):
-    """The devices of ``cfg`` as DeviceRuntime threads (their local work serialised: torch's
-    generator is process-wide) and a function that serves the run and joins them."""
-    lock = threading.RLock()
-    build, handle = device_module.build_assigned, agent_module.DeviceAgent.handle_bytes
-
-    def locked_build(*a, **k):
-        with lock:
-            return build(*a, **k)
-
-    def locked_handle(self, data):
-        with lock:
-            return handle(self, data)
-
-    monkeypatch.setattr(device_module, "build_assigned", locked_build)
-    monkeypatch.setattr(agent_module.DeviceAgent, "handle_bytes", locked_handle)
-    run = assemble(cfg)
-    runtimes = [
-        runtime(
-            DeviceOptions(
-                broker=broker.url,
-                device_id=d,
-                fleet=fleet,
-                data=DataSpec.from_config(cfg, i).to_string(),
-                tier=run.specs[d].tier,
-                profile=dict(SIMULATED_PROFILE),
-                register_every=0.5,
-            )
-        )
-        for i, d in enumerate(run.ids)
-    ]
-
-    def serve_run(**kwargs):
-        threads = [
-            threading.Thread(target=r.run, kwargs={"stop_after": scaled(240)}, daemon=True)
-            for r in runtimes
-        ]
-        for t in threads:
-            t.start()
-        try:
-            return serve(
-                cfg.model_copy(update={"min_devices": len(run.ids)}),
-                ServeOptions(
-                    broker=broker.url,
-                    fleet=fleet,
-                    deadline=scaled(120),
-                    wait_for_devices=scaled(120),
-                ),
-                **kwargs,
-            )
-        finally:
-            for t in threads:
-                t.join(scaled(60))
-            assert not any(t.is_alive() for t in threads), (
-                "a device did not leave when the run was over"
-            )
-
-    return run, runtimes, serve_run
 
 
 def finite_state(state: dict) -> bool:
