@@ -19,6 +19,7 @@ ALGORITHMS: dict[str, str] = {
     "fedproto": "fedproto",
     "fedprox": "fedprox",
     "fedprox-dw": "feddw",
+    "fedrep": "fedrep",
     "fedvtc": "fedvtc",
     "felo": "felo",
     "heterofl": "hierarchyfl",

@@ -6,6 +6,7 @@ from edgefl.algorithms import (  # noqa: F401  (registration)
     fedhenn,
     fedproto,
     fedprox,
+    fedrep,
     fedvtc,
     felo,
     hierarchyfl,
