@@ -1,0 +1,202 @@
+"""FedHeNN's k = 2 recipe, chosen for stability on a validation split (issue 37).
+
+In the committed k = 2 cells about 40–50 % of the devices sit at 0.50 on their 2-class local split
+(one class predicted), in Local and FedHeNN alike, under the benchmark's recipe: SGD lr 0.05,
+momentum 0.9, weight decay 1e-4, batch 32, ×0.1 at 40 % and 70 % of the rounds. This sweep runs
+Local and FedHeNN at k = 2 on the benchmark's profile (FedHeNN's five CNNs at width 0.25, ten
+devices of about 500 images, 40 rounds at half participation) with 1,000 of the 6,000 training
+images held out as the validation split (the test set is never read), over five seeds the
+benchmark does not use, for each candidate recipe:
+
+- **sgd 0.05 m0.9**: the benchmark's recipe until now;
+- **sgd 0.01 m0.9**: the CNN family's default (``edgefl.algorithms.fedavg.CNN_RECIPE``, chosen by
+  benchmarks/foundation/recipes.py for FedAvg and Local on the tier-2 CNN).
+
+Everything else (batch, weight decay, schedule) stays as the benchmark has it.
+
+The rule, fixed before the runs: a recipe is *stable* when none of its runs collapses (the
+runner's gate, :func:`benchmarks.gates.run_collapse`: accuracy within 5 points of chance, or a
+device predicting one class while it holds two or more, *measured* from each device's
+predictions); among the stable recipes the chosen one has the highest mean validation
+``local_accuracy`` (the paper's metric: each device's per-class accuracy weighted by its training
+label distribution), Local's and FedHeNN's means averaged.
+
+The cells run in the order that decides the rule soonest: the current recipe's Local at the first
+seed (where its collapse showed), then every cell of the other candidate, then the rest; once the
+rule is decided the remaining cells may be left unrun, and the page lists them.
+
+Run it at a clean commit with ``nice -n 5 python -m benchmarks.fedhenn.recipes --workers 2``
+(``--report-only`` rewrites recipes.json/recipes.md from the cached cells). Cells are cached in
+``recipes_cells/`` like a benchmark's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks import gates
+from benchmarks.cache import Cache, DirtyCode, run_cells
+from benchmarks.cells import Cell
+from benchmarks.common import decay_rounds, machine
+from benchmarks.fedhenn import HETERO, SETTINGS, profile
+from edgefl.report.recorder import json_safe
+
+HERE = Path(__file__).resolve().parent
+EXTRAS = "benchmarks.fedhenn:extras"
+SEEDS = (10, 11, 12, 13, 14)  # not the benchmark's seeds
+CURRENT = "sgd 0.05 m0.9"
+CANDIDATES = {
+    "sgd 0.01 m0.9": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9},
+    CURRENT: {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9},
+}
+METHODS = {"local": {}, "fedhenn": {"rad_size": "100"}}
+
+
+def cells() -> list[Cell]:
+    """Every cell, in the order that decides the rule soonest (the module's docstring)."""
+    base = {**profile(False), **SETTINGS["k2"], "validation_samples": 1000, "tiers": HETERO}
+    base["lr_decay_rounds"] = decay_rounds(base["rounds"])
+    every = [
+        Cell(
+            f"{method} {name}",
+            "k2",
+            seed,
+            {**base, **recipe, "algorithm": method, "options": options},
+            role="sweep",
+        )
+        for name, recipe in CANDIDATES.items()
+        for method, options in METHODS.items()
+        for seed in SEEDS
+    ]
+    first = [c for c in every if c.method == f"local {CURRENT}" and c.seed == SEEDS[0]]
+    others = [c for c in every if not c.method.endswith(CURRENT)]
+    return list(dict.fromkeys(first + others + every))
+
+
+def summarize(records: list[dict | None], every: list[Cell]) -> dict:
+    """Per recipe and method: validation local accuracy, collapsed runs and devices; each recipe's
+    status (stable, unstable, undecided) and the chosen one."""
+    done = {c: r for c, r in zip(every, records, strict=True) if r is not None}
+    rows, status, score = [], {}, {}
+    for name in CANDIDATES:
+        means, bad, complete = [], False, True
+        for method in METHODS:
+            planned = [c for c in every if c.method == f"{method} {name}"]
+            rs = [done[c] for c in planned if c in done]
+            complete = complete and len(rs) == len(planned)
+            why = {r["seed"]: w for r in rs if (w := gates.run_collapse(r))}
+            bad = bad or bool(why)
+            local = [r["local_accuracy"] for r in rs]
+            means.append(statistics.fmean(local) if local else None)
+            rows.append({
+                "recipe": name, "method": method, "planned": len(planned),
+                "seeds": [r["seed"] for r in rs], "local": local,
+                "devices": sum(len(r["client_local_accuracy"]) for r in rs),
+                "collapsed_devices": sum(len(gates.collapsed_devices(r)[0]) for r in rs),
+                "slope": [r.get("slope") for r in rs], "unstable": why,
+            })
+        status[name] = "unstable" if bad else "stable" if complete else "undecided"
+        score[name] = statistics.fmean(means) if None not in means else None
+    stable = [n for n in CANDIDATES if status[n] == "stable"]
+    best = max(stable, key=score.__getitem__) if stable else None
+    chosen = best if best and all(status[n] != "undecided" for n in CANDIDATES) else None
+    pairs = {}  # FedHeNN − Local per seed, at each recipe (validation local accuracy)
+    for name in CANDIDATES:
+        by = {(c.method, c.seed): done[c] for c in every if c in done and c.method.endswith(name)}
+        pairs[name] = {
+            s: by[(f"fedhenn {name}", s)]["local_accuracy"] - by[(f"local {name}", s)][
+                "local_accuracy"]
+            for s in SEEDS if (f"fedhenn {name}", s) in by and (f"local {name}", s) in by
+        }
+    return {"rows": rows, "status": status, "score": score, "chosen": chosen,
+            "chosen_recipe": CANDIDATES.get(chosen), "fedhenn_minus_local": pairs,
+            "not_run": [c.label for c in every if c not in done]}
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f}"
+
+
+def markdown(result: dict) -> str:
+    chosen = (f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})."
+              if result["chosen"] else "**Not decided yet.**")
+    lines = ["# FedHeNN's k = 2 recipe: a stability sweep on a validation split", "",
+             (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
+             "| recipe | method | runs | val. local acc % (mean ± sd) | per seed | devices "
+             "predicting one class | collapsed runs |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        why = "; ".join(f"seed {s}: {', '.join(w)}" for s, w in r["unstable"].items()) or "none"
+        xs = r["local"]
+        ms = f"{pct(statistics.fmean(xs))} ± {pct(statistics.stdev(xs) if len(xs) > 1 else 0)}"
+        per = ", ".join(f"s{s} {pct(x)}" for s, x in zip(r["seeds"], xs, strict=True))
+        lines.append(f"| {r['recipe']} | {r['method']} | {len(xs)} of {r['planned']} | "
+                     f"{ms if xs else '—'} | {per or '—'} | {r['collapsed_devices']} of "
+                     f"{r['devices']} | {why} |")
+    lines += ["", "| recipe | status | mean of Local's and FedHeNN's val. local acc % | "
+              "FedHeNN − Local per seed (points) |", "|---|---|---|---|"]
+    for n in CANDIDATES:
+        d = result["fedhenn_minus_local"][n]
+        diffs = ", ".join(f"s{s} {100 * x:+.2f}" for s, x in d.items()) or "—"
+        if len(d) > 1:
+            diffs += (f" (mean {100 * statistics.fmean(d.values()):+.2f} ± "
+                      f"{100 * statistics.stdev(d.values()):.2f})")
+        lines.append(f"| {n} | {result['status'][n]} | {pct(result['score'][n])} | {diffs} |")
+    if result["not_run"]:
+        lines += ["", f"Not run ({len(result['not_run'])} cells; the rule was decided without "
+                  "them, or the run is unfinished): "
+                  + ", ".join(f"`{x}`" for x in result["not_run"]) + "."]
+    m = result["machine"]
+    lines += ["", "## Provenance", "", "Cells by the commit they ran at: "
+              + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ".",
+              f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load "
+              f"(1/5/15 min) {m['before'].get('loadavg_1_5_15')} at the start "
+              f"({m['before'].get('date')}), {m['after'].get('loadavg_1_5_15')} at the end "
+              f"({m['after'].get('date')}); {sum(result['wall_seconds']) / 60:.0f} cell-minutes "
+              "(one torch thread per cell, on a machine shared with other work).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description="FedHeNN's k = 2 recipe: a stability sweep.")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--report-only", action="store_true", help="rewrite from cached cells")
+    p.add_argument("--draft", action="store_true", help="allow uncommitted code (marked)")
+    args = p.parse_args(argv)
+    cache = Cache(HERE / "recipes_cells", EXTRAS, draft=args.draft)
+    every = cells()
+    previous = HERE / "recipes.json"
+    old = json.loads(previous.read_text()) if previous.exists() else {}
+    before = old.get("machine", {}).get("before") or machine()
+    if args.report_only:
+        records = [cache.find(c) for c in every]
+    else:
+        try:
+            records = run_cells(every, cache, workers=max(1, args.workers),
+                                tmp_root=HERE / "recipes_tmp")
+        except DirtyCode as e:
+            raise SystemExit(str(e)) from None
+    done = [r for r in records if r is not None]
+    result = summarize(records, every)
+    commits: dict[str, int] = {}
+    for r in done:
+        commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
+    result.update(
+        command="nice -n 5 python -m benchmarks.fedhenn.recipes --workers 2",
+        machine={"before": before, "after": machine()}, commits=commits,
+        wall_seconds=[r["wall_seconds"] for r in done],
+        runs=[{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "slope",
+                                     "local_accuracy", "client_local_accuracy",
+                                     "client_predictions", "code", "code_hash", "config")}
+              for r in done],
+    )
+    previous.write_text(json.dumps(json_safe(result), indent=1) + "\n")
+    (HERE / "recipes.md").write_text(markdown(result))
+    print(f"chosen: {result['chosen']} {result['chosen_recipe']}; {HERE / 'recipes.md'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
