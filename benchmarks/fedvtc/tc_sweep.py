@@ -5,7 +5,7 @@ The grid ran tc_weight 0.001 with SGD lr 0.01, momentum 0.9 (the CNN family's re
 stability by ``benchmarks.foundation.recipes``), a value none of the earlier sweeps chose (they ran
 at momentum 0 or other lrs, one seed each). At Dir(1) FedVTC ended 10.4 ± 5.3 points below Local,
 7.2 of them the cost of L_tc's gradient on the model f_k (FedVTC − fedvtc-tc0 before the fine-tune,
-``previous/results.md``). This sweep runs FedVTC at the current tc_weight and at a tenth of it on
+``ten_devices/results.md``). This sweep runs FedVTC at the current tc_weight and at a tenth of it on
 the grid's fleet and recipe (``benchmarks.fedvtc.profile``), with 1,000 of 4,000 training images
 held out as the validation split (the test set is never read; 600 images per device remain, as in
 the grid), in Dir(0.1) (where runs collapsed) and Dir(1) (where FedVTC fell below Local), over five
