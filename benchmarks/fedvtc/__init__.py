@@ -336,9 +336,10 @@ def earlier_cost() -> list[str]:
     by = {(r["setting"], r["method"], r["seed"]): r for r in runs}
     lines = ["## Where the earlier grid lost to Local (ten devices, tc_weight 0.001)", "",
              "From [`ten_devices/results.json`](ten_devices/results.json) (three seeds), points, "
-             "mean over seeds: per tier (two devices each), FedVTC − Local and fedvtc-tc0 (f_k "
-             "trained without L_tc, ψ still learning in its own step) − Local after the "
-             "fine-tunes; and L_tc's cost to f_k, FedVTC − fedvtc-tc0 before both fine-tunes.", "",
+             "mean over seeds: per tier (two devices each), against Local: FedVTC, fedvtc-tc0 (f_k "
+             "trained without L_tc, ψ still learning in its own step), ψ every round (the VTC "
+             "aggregated every round) and FedProto, final accuracies; and L_tc's cost to f_k, "
+             "FedVTC − fedvtc-tc0 before both fine-tunes.", "",
              "| setting | compared | tier 1 | tier 2 | tier 3 | tier 4 | tier 5 | all devices |",
              "|---|---|---|---|---|---|---|---|"]
     for setting in dict.fromkeys(k[0] for k in by):
@@ -346,7 +347,8 @@ def earlier_cost() -> list[str]:
                        and (setting, "fedvtc-tc0", k[2]) in by and (setting, "local", k[2]) in by)
         if not seeds:
             continue
-        for a, b in (("fedvtc", "local"), ("fedvtc-tc0", "local")):
+        for a, b in (("fedvtc", "local"), ("fedvtc-tc0", "local"), ("fedvtc-psi-round", "local"),
+                     ("fedproto", "local")):
             cols = [statistics.fmean(100 * (by[(setting, a, sd)]["per_tier"][t]
                                             - by[(setting, b, sd)]["per_tier"][t])
                                      for sd in seeds) for t in HETERO]
