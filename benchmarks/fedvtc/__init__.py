@@ -28,7 +28,8 @@ SETTINGS = {"dir0.1": {"partition": "dirichlet", "alpha": 0.1},
 #: fedvtc-tc0 (f_k without L_tc, the diagnostic) ran in the earlier grid (ten_devices/results.md);
 #: they are left out here so that five seeds fit the ≤ 1 hour rerun
 METHODS = ("fedvtc", "fedvtc-le", "fedproto", "local")
-#: FedVTC's tc_weight in the grid: the value tc_sweep.md chose on the validation split
+#: FedVTC's tc_weight in the grid: the value tc_sweep.md chose on the validation split (the page
+#: says whether it did: :func:`tc_weight_origin`)
 TC_WEIGHT = "0.001"
 
 #: The row a reader must see: FedVTC against Local at Dir(1) (issue 37). What is measured about
@@ -365,6 +366,19 @@ def earlier_cost() -> list[str]:
     return lines
 
 
+def tc_weight_origin() -> str:
+    """Whether tc_sweep.md (as committed) chose :data:`TC_WEIGHT`, in words for the page."""
+    import json
+
+    path = Path(__file__).resolve().parent / "tc_sweep.json"
+    chosen = json.loads(path.read_text()).get("chosen") if path.exists() else None
+    if chosen == f"tc_weight={TC_WEIGHT}":
+        return "the value the stability sweep chose"
+    if chosen is None:
+        return "the earlier grid's value: the stability sweep has not decided yet"
+    return f"NOT the value the stability sweep chose ({chosen})"
+
+
 def tc_sweep_summary() -> list[str]:
     """tc_sweep.md's verdict and tables (validation split, seeds 10–14), as committed."""
     path = Path(__file__).resolve().parent / "tc_sweep.md"
@@ -574,8 +588,8 @@ momentum 0.9 for every method (the CNN family's recipe, chosen for stability in 
 run at the method's defaults (initial prototypes from each device's local class means and σ from \
 the spread of its features around them, the errata; the decoder options `proto_rc_weight` 10 and \
 `psi_bn` recalibrate from the earlier decoder sweep, `SWEEP.md`; the fine-tune at `finetune_lr` \
-0.001, `quick_defaults.md`) but **tc_weight {TC_WEIGHT}**, which the stability sweep on the \
-validation split chose ([`tc_sweep.md`](tc_sweep.md): five seeds, Dir(0.1) and Dir(1)). Methods: \
+0.001, `quick_defaults.md`) but **tc_weight {TC_WEIGHT}**, {tc_weight_origin()} \
+([`tc_sweep.md`](tc_sweep.md): five seeds, validation split). Methods: \
 **fedvtc** (R rounds, the one-shot ψ upload, then S synthetic samples and 𝒯 fine-tune epochs per \
 device), **fedvtc-le** (λ = 0: L_e only), **fedproto** (R rounds + 𝒯 extra rounds with every \
 device, the paper's baseline budget), **local** (every device alone for round(fraction·R) + 𝒯 \
