@@ -45,21 +45,101 @@ def pytest_collection_modifyitems(items):
 SPREAD = {"tests/test_conformance.py", "tests/test_models.py"}
 
 
+#: Seconds each test file took in a whole-suite run (setup, call and teardown of its tests),
+#: written by `pytest --write-durations tests/durations.json` (with the machine and its load).
+DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--write-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test file's seconds in this run to PATH (JSON; tests/durations.json "
+        "orders `--dist loadfile`)",
+    )
+
+
+def file_seconds(path: str = DURATIONS) -> dict[str, float]:
+    """The committed seconds per test file ({} when there is no such file)."""
+    import json
+
+    try:
+        with open(path) as f:
+            return json.load(f)["files"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` (`make test`), with each test of a SPREAD file a unit of its own.
-    (`--dist loadgroup` would say the same with marks, but pytest 9.2 drops its groups:
-    pytest-dev/pytest-xdist#1386.)"""
+    """`--dist loadfile` (`make test`), with each test of a SPREAD file a unit of its own, the
+    longest units first (by tests/durations.json; a file not in it counts as 1 s). pytest-xdist
+    itself hands out the files with the most tests first: a one-test file of 100 s started last
+    and the other worker waited for it. (`--dist loadgroup` would say the same with marks, but
+    pytest 9.2 drops its groups: pytest-dev/pytest-xdist#1386.)"""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    seconds = file_seconds()
+
     class FilesAndSpreadTests(LoadFileScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return nodeid if path in SPREAD else path
 
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is whole at the first assignment
+                self.ordered = True
+                self.workqueue = type(self.workqueue)(
+                    sorted(self.workqueue.items(), key=lambda unit: -self.expected(unit[0]))
+                )
+            super()._assign_work_unit(node)
+
+        def expected(self, scope: str) -> float:
+            path = scope.split("::", 1)[0]
+            tests = sum(1 for n in self.collection if n.startswith(path + "::"))
+            share = 1 / tests if scope != path and tests else 1.0  # one test of a SPREAD file
+            return seconds.get(path, 1.0) * share
+
     return FilesAndSpreadTests(config, log)
+
+
+_file_seconds: dict[str, float] = {}
+_run: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    """(the controller, under pytest-xdist) every test's setup, call and teardown, by file."""
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def _write_durations(config) -> None:
+    import json
+    import platform
+
+    out = config.getoption("--write-durations")
+    if not out or getattr(config, "workerinput", None) is not None:
+        return
+    record = {
+        "command": "python -m pytest " + " ".join(config.invocation_params.args),
+        "workers": config.getoption("numprocesses", None),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "wall_seconds": round(time.monotonic() - _run["started"], 1),
+        "load_before": [round(x, 2) for x in _run["load_before"]],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "files": {
+            k: round(v, 2) for k, v in sorted(_file_seconds.items(), key=lambda kv: -kv[1])
+        },
+    }
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
 
 
 # --- time under load -----------------------------------------------------------------------------
@@ -144,8 +224,14 @@ def speed() -> float:
     return _shared().speed_factor()
 
 
+def pytest_sessionstart(session):
+    _run["started"], _run["load_before"] = time.monotonic(), os.getloadavg()
+
+
 def pytest_sessionfinish(session):
-    """A pytest-xdist worker hands its highest speed factor to the controller."""
+    """A pytest-xdist worker hands its highest speed factor to the controller; the controller
+    (or a serial run) writes --write-durations."""
+    _write_durations(session.config)
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None and "top" in _shared()._speed:
         workeroutput["speed_factor_top"] = _shared()._speed["top"]
