@@ -80,14 +80,32 @@ def command(selection: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
 
 
-def one_run(selection: list[str], log: Path) -> dict:
+PROGRESS = re.compile(r"\[\s*(\d+)%\]\s*$")
+
+
+def one_run(selection: list[str], log: Path, name: str = "run") -> dict:
+    """One run of the selection, its output into ``log``; pytest's progress (the ``[ 15%]`` at
+    the end of its lines) printed as it comes, with the time so far."""
     load_before = os.getloadavg()
     t0 = time.monotonic()
     cmd = command(selection)
+    print(f"{name}: {' '.join(cmd)} (log: {log})", flush=True)
     with log.open("w") as f:
-        rc = subprocess.run(
-            cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False
-        ).returncode
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="replace",
+        )
+        for line in proc.stdout:
+            f.write(line)
+            f.flush()
+            done = PROGRESS.search(line)
+            if done:
+                print(
+                    f"{name}: {done.group(1)}% after {time.monotonic() - t0:.0f} s "
+                    f"(load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+        rc = proc.wait()
     wall = time.monotonic() - t0
     out = log.read_text(errors="replace")
     speed = re.search(r"speed factor ([0-9.]+), at most ([0-9.]+)", out)
@@ -163,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     hogs = start_hogs(args.hogs)
     try:
         for i in range(args.runs):
-            run = one_run(args.selection, logs / f"run-{i + 1}.log")
+            run = one_run(args.selection, logs / f"run-{i + 1}.log", f"run {i + 1}/{args.runs}")
             result["runs"].append(run)
             # so far (a stopped series keeps its runs)
             args.out.write_text(json.dumps(result, indent=2) + "\n")
