@@ -6,21 +6,34 @@ The declaration of :mod:`benchmarks.runner`: grid, bounds, sweep and claims. Run
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 from benchmarks.common import benchmark_profile, decay_rounds, device_class_counts, fleet_text
-from benchmarks.runner import Benchmark, Cell, Claim, Sweep, mean_sd
+from benchmarks.runner import Benchmark, Cell, Claim, mean_sd
 
 DEPTHS = ("10", "14", "18", "22", "26")
 SEEDS = (0, 1, 2)
-#: seeds per setting: the protocol's ≥ 5 where the split is pathological (Dir(0.1): a device holds
-#: one or two classes, and its tiers' accuracies spread 6–21 points over seeds), ≥ 3 elsewhere
-SETTING_SEEDS = {"dir0.1": (0, 1, 2, 3, 4)}
-SETTINGS = {
-    "dir0.5": {"partition": "dirichlet", "alpha": 0.5},
-    "iid": {"partition": "iid"},
-    "dir0.1": {"partition": "dirichlet", "alpha": 0.1},
-}
+#: the main heterogeneous setting (declared.json; with homo-dir0.5): the paper's non-IID split
+SETTINGS = {"dir0.5": {"partition": "dirichlet", "alpha": 0.5}}
+#: declared as alternatives and left out of the regenerated grid (issue 37: a benchmark
+#: regenerates in an hour on 2 cores): the paper's IID columns (Local-IID still runs: the gate's
+#: bound) and Dir(0.1), which the paper never runs; the earlier profile's cells of both are in
+#: previous/
+ALTERNATIVES = {"iid": {"partition": "iid"}, "dir0.1": {"partition": "dirichlet", "alpha": 0.1}}
+CLIENTS = 10
+#: training images per device, chosen by recipes.py (recipes.md) on a validation split
+PER_DEVICE = 1600
+#: what recipes.md measured (its numbers, quoted on the page)
+RECIPE_FINDING = (
+    "at 800 images per device Local-IID ends at 71–73 % on the validation split whatever the "
+    "schedule (seed 10, ten devices: 71.5 % with the ×0.1 steps and without) or the passes over "
+    "the data (one epoch per round instead of two: 72.35 ± 0.68 % over five seeds), its curve "
+    "flat after the first ×0.1 step: it has learnt what 800 images teach this model. With 1,600 "
+    "images per device at one epoch per round (the same sample visits) it ends at 76.86 ± 0.38 % "
+    "(lowest 76.42 %, no collapse, last-quarter slope −0.32): the data per device is the lever."
+)
 #: method label → (algorithm, options). "-ko": knowledge only, no weights at all (what a fleet of
 #: unique devices gets); the plain labels average weights among devices of one depth.
 HETERO = {
@@ -32,20 +45,21 @@ HETERO = {
     "velo-ko": ("velo", {"average_weights": "false"}),
 }
 HOMO = {"fedavg": ("fedavg", {}), "felo": ("felo", {}), "velo": ("velo", {})}
-ALPHAS = (0.5, 1.0, 2.0)
 
 
 def profile(quick: bool) -> dict:
     """The paper's fleet made CPU-sized: ResNet10/14/18/22/26 with the authors' 7×7/2 stem at
-    width 0.125 (64-d features), two devices per depth, every device every round, two local
-    epochs of Adam 1e-3 at batch 50 per round, ×0.1 at 40 % and 70 % of the rounds (the authors'
-    MultiStepLR, scaled to the run)."""
+    width 0.125 (64-d features), two devices per depth of :data:`PER_DEVICE` images, every device
+    every round, one local epoch of Adam 1e-3 at batch 50 per round, ×0.1 at 40 % and 70 % of
+    the rounds (the authors' MultiStepLR, scaled to the run). ``quick``: the same fleet of ten
+    devices (two per depth, so that weights still average within a depth) on 300 images each,
+    6 rounds."""
     base = benchmark_profile(quick, {
-        "clients": 10,
+        "clients": CLIENTS,
         "fraction": 1.0,
         "rounds": 12,
-        "epochs": 2,
-        "train_samples": 8000,
+        "epochs": 1,
+        "train_samples": PER_DEVICE * CLIENTS,
         "eval_every": 1,
         "model": "resnet",
         "model_options": {"stem": "imagenet"},
@@ -53,14 +67,14 @@ def profile(quick: bool) -> dict:
         "optimizer": "adam",
         "lr": 1e-3,
         "batch_size": 50,
-    })
+    }, {"clients": CLIENTS, "train_samples": 300 * CLIENTS, "rounds": 6, "eval_every": 1})
     base["lr_decay_rounds"] = decay_rounds(base["rounds"])
     return base
 
 
 def make(quick: bool = False) -> Benchmark:
     base = profile(quick)
-    settings = {"dir0.5": SETTINGS["dir0.5"]} if quick else SETTINGS
+    settings = {**SETTINGS, **ALTERNATIVES}
 
     def cell(
         method,
@@ -75,7 +89,7 @@ def make(quick: bool = False) -> Benchmark:
     ):
         config = {
             **base,
-            **settings.get(setting, SETTINGS.get(setting, {})),
+            **settings.get(setting, {}),
             "algorithm": algorithm,
             "options": dict(options),
             "tiers": tiers,
@@ -84,8 +98,8 @@ def make(quick: bool = False) -> Benchmark:
         return Cell(method, setting_name or setting, seed, config, role)
 
     cells = []
-    for setting in settings:  # most important setting first: an interrupted run keeps it
-        for seed in SETTING_SEEDS.get(setting, SEEDS):
+    for setting in SETTINGS:
+        for seed in SEEDS:
             for method, (algorithm, options) in HETERO.items():
                 cells.append(cell(method, algorithm, options, setting, seed))
     for seed in SEEDS:
@@ -105,40 +119,11 @@ def make(quick: bool = False) -> Benchmark:
     # the upper bound: one ResNet18 on the union of the devices' data, the same sample visits
     centralized = [cell("centralized", "local", {}, "iid", 0, tiers=("18",), role="bound",
                         extra={"clients": 1}, setting_name="centralized")]
-    local_iid = [c for c in cells if c.method == "local" and c.setting == "iid"]
+    local_iid = [cell("local", "local", {}, "iid", seed, role="bound") for seed in SEEDS]
 
-    # α (the weight of the distillation terms) is the paper's open choice: the code's 0.5 or tuned?
-    sweep_seeds = (0,) if quick else (0, 1)
-    # the α sweep ran (and stays cached) before the lr decay: 12 rounds at a constant lr
-    validation = {"validation_samples": 200 if quick else 1000, "lr_decay_rounds": ()}
-    sweeps = [
-        Sweep(
-            parameter=f"{algorithm}.alpha",
-            grid=ALPHAS,
-            cells={
-                a: [
-                    cell(
-                        algorithm,
-                        algorithm,
-                        {"alpha": str(a)},
-                        "dir0.5",
-                        s,
-                        role="sweep",
-                        extra=validation,
-                        setting_name="sweep-dir0.5",
-                    )
-                    for s in sweep_seeds
-                ]
-                for a in ALPHAS
-            },
-            note="Dir(0.5), validation split carved from the training data.",
-            default=0.5,
-        )
-        for algorithm in ("fedhe", "felo")
-    ]
     claims = []
     # the paper's CIFAR-10 numbers (ALGORITHMS.md): its non-IID is Dir(0.5)
-    for setting in settings:
+    for setting in SETTINGS:
         num = {"iid": "IID", "dir0.5": "non-IID"}.get(setting)
         claims += [
             Claim(
@@ -229,16 +214,31 @@ def make(quick: bool = False) -> Benchmark:
         title="Felo / Velo on Fashion-MNIST (Chan & Ngai)",
         description=f"""
 Fleet: the paper's ResNet10/14/18/22/26 with the authors' 7×7/2 stem, **width 0.125** (64-d
-features) on 28×28 Fashion-MNIST; {grid}; every device every round; two local epochs of Adam 1e-3
+features) on 28×28 Fashion-MNIST; {grid}; every device every round; one local epoch of Adam 1e-3
 at batch 50 per round (the method's defaults), ×0.1 at rounds {base["lr_decay_rounds"][0] + 1} and \
-{base["lr_decay_rounds"][1] + 1} (the authors'
-MultiStepLR at 40 % and 70 %, so the last quarter, where convergence is read, comes after both; \
-the α sweep ran without it); α, warm-up (CE only for ⌈5 %⌉ of rounds) and the CVAE as the method's
-defaults. Accuracy: mean over devices of each device's model on the test images (the paper's
-metric) ({base["test_samples"]:,} test images). Settings: Dir(0.5), IID, Dir(0.1); seeds \
-{list(SEEDS)}, {list(SETTING_SEEDS["dir0.1"])} at Dir(0.1) (the protocol's ≥ 5 for a pathological \
-split; a seed changes the partition,
-the initialisation and the sampling).
+{base["lr_decay_rounds"][1] + 1} (the authors' MultiStepLR at 40 % and 70 %, so the last quarter,
+where convergence is read, comes after both); α = 0.5 (the authors' code), warm-up (CE only for
+⌈5 %⌉ of rounds) and the CVAE as the method's defaults. Accuracy: mean over devices of each
+device's model on the test images (the paper's metric) ({base["test_samples"]:,} test images).
+Main settings: Dir(0.5) (the paper's non-IID, the headline of its heterogeneous and extreme
+tables) and homo-Dir(0.5) (its homogeneous table's non-IID column); seeds {list(SEEDS)} (a seed
+changes the partition, the initialisation and the sampling). Bounds: centralized (one ResNet18
+on the union of the devices' data, the same sample visits) and Local on IID shards (seeds
+{list(SEEDS)}).
+
+What changed from the paper, and why: the models are 1/8 of the paper's width and the data is
+Fashion-MNIST on ten devices, to run on 2 cores; CIFAR-10's 20 clients held 2,500 images each and
+trained 10 minibatches of 50 per participation. The profile before issue 37 gave each device 800
+images for 12 rounds × 2 epochs, and its Local-IID ended at 72.1 %, under the protocol's 75 %.
+[`recipes.md`](recipes.md) measures why, on a validation split, one lever at a time over five
+seeds: {RECIPE_FINDING} The profile therefore gives each device {PER_DEVICE:,} images for one epoch
+per round: the same sample visits per round as before, twice the data. To regenerate in about an
+hour on 2 cores (issue 37) the grid keeps the paper's non-IID settings as main and declares two
+alternatives, not run here: the IID setting (the paper's IID columns; only its Local runs, for the
+gate) and Dir(0.1) (not in the paper). α is the authors' code value, not swept again: the earlier
+profile's sweep over {{0.5, 1, 2}} (2 seeds, validation split) kept 0.5 for FedHe and Felo alike.
+The earlier profile's cells of every setting, and its α sweep, are in
+[`previous/`](previous/README.md).
 
 Two paths are measured apart: **felo / velo** average weights among the devices of one depth
 (the paper's step 5) besides the knowledge; **felo-ko / velo-ko** exchange knowledge only (no
@@ -248,7 +248,7 @@ envelopes per device and round (evaluation downlinks included).
 """,
         cells=cells,
         claims=claims,
-        sweeps=sweeps,
+        sweeps=[],
         bounds={"centralized": centralized, "local_iid": local_iid},
         keep_server_metrics=(
             "cvae_fit",
@@ -307,7 +307,7 @@ def diagnostics(results: dict) -> str:
             spread = f"{statistics.fmean(spreads):.2f}" if spreads else "—"
             lines.append(f"| {setting} | {velo} − {felo} | " + ", ".join(f"{d:+.2f}" for d in diffs)
                          + f" | {statistics.fmean(diffs):+.2f} | {fit} | {real} | {spread} |")
-    lines += ["", *knowledge_only(runs)]
+    lines += ["", *knowledge_only(runs), "", *against_previous(results)]
     lines += [
         "",
         "## Traffic per device and round",
@@ -411,4 +411,55 @@ def knowledge_only(runs: list[dict]) -> list[str]:
         "|---|---|---|---|---|",
         *rows,
         *reading,
+    ]
+
+
+#: the earlier profile's results (800 images per device, 12 rounds × 2 epochs; issue 37)
+PREVIOUS = Path(__file__).resolve().parent / "previous" / "results.json"
+
+
+def signs(claim: dict) -> str:
+    return " ".join("+" if s > 0 else "−" if s < 0 else "0" for s in claim["signs"])
+
+
+def against_previous(results: dict) -> list[str]:
+    """Each claim's mean paired difference here against the earlier profile's cells
+    (``previous/results.json``): whether the sign survives the change of profile."""
+    if not PREVIOUS.exists():
+        return []
+    old = json.loads(PREVIOUS.read_text())
+    before = {(c["id"], c["kind"]): c for c in old["claims"]}
+    rows, kept = [], {"paper": [0, 0], "implied": [0, 0]}
+    clear = [0, 0]  # of the claims whose earlier difference was beyond 2 sd, every seed agreeing
+    for c in results["claims"]:
+        o = before.get((c["id"], c["kind"]))
+        if c["kind"] not in kept or o is None or c["mean_diff"] is None:
+            continue
+        same = (c["mean_diff"] > 0) == (o["mean_diff"] > 0)
+        kept[c["kind"]][0] += same
+        kept[c["kind"]][1] += 1
+        if abs(o["mean_diff"]) > 2 * o["sd"] and len({x > 0 for x in o["signs"]}) == 1:
+            clear[0] += same
+            clear[1] += 1
+        rows.append(f"| `{c['statement']}` | {c['setting']} | {c['kind']} | "
+                    f"{100 * o['mean_diff']:+.2f} ± {100 * o['sd']:.2f} ({signs(o)}) | "
+                    f"{100 * c['mean_diff']:+.2f} ± {100 * c['sd']:.2f} ({signs(c)}) | "
+                    f"{'yes' if same else '**no**'} | {c['verdict']} |")
+    bounds = ", ".join(f"{k} {100 * old['bounds'][k]:.1f} % → {100 * v:.1f} %"
+                       for k, v in results["bounds"].items() if old["bounds"].get(k) is not None)
+    return [
+        "## Against the earlier profile (the sign of every claim)",
+        "",
+        "The cells committed before this profile (`previous/`: 800 images per device, 12 rounds "
+        "× 2 local epochs, the same models and seeds, half the data; their Local-IID failed the "
+        "gate) "
+        "against this run, claim by claim: the mean paired difference ± sd (points) and the "
+        "sign per seed. Bounds: " + bounds + ". Signs kept: "
+        + "; ".join(f"{k} {a} of {n}" for k, (a, n) in kept.items() if n)
+        + f"; of those whose earlier difference was beyond 2 sd with every seed agreeing, "
+        f"{clear[0]} of {clear[1]} (the others' earlier sign was within the noise).",
+        "",
+        "| claim | setting | kind | earlier profile | this run | sign kept | verdict here |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
     ]
