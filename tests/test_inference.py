@@ -284,3 +284,31 @@ def test_a_run_exports_on_a_machine_without_its_dataset(tmp_path, monkeypatch, c
         capsys,
     )
     assert code == 3 and "batch statistics" in err
+
+
+@pytest.mark.slow  # two worker processes import torch
+def test_exporting_in_parallel_writes_the_same_files_and_reports(tmp_path, monkeypatch, capsys):
+    """Models exported by two worker processes at once are byte for byte those exported one after
+    another in this process, with the same checks and reports (int8 calibration included)."""
+    _simulate(tmp_path, "r", "-a", "fedavg", "--clients", "3", monkeypatch=monkeypatch,
+              capsys=capsys)
+    reports = {}
+    for workers in ("1", "2"):
+        out = tmp_path / f"onnx-{workers}"
+        reports[workers] = json.loads(
+            _cli_ok(["export", "--run", str(tmp_path / "r"), "--all", "--out", str(out),
+                     "--quantize", "int8", "--calibration-samples", "32", "--workers", workers,
+                     "--json"], monkeypatch, capsys))
+    one, two = tmp_path / "onnx-1", tmp_path / "onnx-2"
+    names = sorted(p.name for p in one.iterdir())
+    assert names == sorted(p.name for p in two.iterdir()) and len(names) == 6
+    for name in names:
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+
+    def without_paths(r):
+        return {k: v for k, v in r.items() if k != "path"} | {
+            "int8": {k: v for k, v in r["int8"].items() if k != "path"}}
+
+    assert [r["device_id"] for r in reports["2"]] == ["d00", "d01", "d02"]
+    assert [without_paths(r) for r in reports["1"]] == [without_paths(r) for r in reports["2"]]
+    assert all("accuracy" in r["int8"] for r in reports["2"])

@@ -50,6 +50,12 @@ def export(
         1e-4, "--tolerance", help="Parity tolerance, relative to max(1, max |logit|)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON on stdout."),
+    workers: int = typer.Option(
+        None,
+        "--workers",
+        help="Processes exporting models of a --run at once (default: one per core, from 4 "
+        "models each; 1: none).",
+    ),
 ) -> None:
     """Export trained models to ONNX (checked, parity-verified against PyTorch), optionally int8."""
     from edgefl.export.run import export_checkpoint, export_run
@@ -74,6 +80,7 @@ def export(
                 all_devices=all_devices,
                 data_dir=data_dir,
                 on_progress=feedback.progress_hook,
+                workers=workers,
                 **options,
             )
     else:

@@ -12,11 +12,17 @@ and measure its accuracy on the same test samples (before/after).
 Output naming: one model and `out` ending in ".onnx" → that file; otherwise `out` is a
 directory holding <device_id>.onnx (and <device_id>.int8.onnx). `tier` exports one model per
 tier: that of the first device (by id) holding the tier.
+
+Several models are exported by ``workers`` processes at once (default: one per core, at most one
+per ``MODELS_PER_WORKER`` models), each with its share of the cores' threads and the same checks;
+a model's files and report do not depend on how many worked beside it.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +46,9 @@ from edgefl.models import EdgeModel
 log = logging.getLogger(__name__)
 
 QUANTIZE_CHOICES = ("int8",)
+#: an export worker costs a process start (torch's import: seconds): by default one is started
+#: per core, and for at least this many models each
+MODELS_PER_WORKER = 4
 PARITY_SAMPLES = 56  # 56 = 8 batches of 7, 56 of 1
 
 
@@ -80,10 +89,15 @@ class _Data:
     the ONNX model is checked against PyTorch on seeded random images of the model's input shape,
     the accuracy is not measured, and int8 (which calibrates on training images) is refused."""
 
-    def __init__(self, dataset: str, data_dir: str | None, seed: int):
+    def __init__(self, dataset: str, data_dir: str | None, seed: int, missing: str | None = None):
         from edgefl.data import dataset_info, load_dataset
 
-        self.seed, self.missing = seed, None
+        self.dataset, self.data_dir, self.seed, self.missing = dataset, data_dir, seed, missing
+        if missing is not None:  # known absent (an export worker of a machine without it)
+            self.test = self.train = None
+            self.info = dataset_info(dataset)
+            self.class_names = list(self.info.class_names)
+            return
         try:
             self.test = load_dataset(dataset, "test", data_dir)
             self.train = load_dataset(dataset, "train", data_dir)
@@ -187,11 +201,14 @@ def export_run(
     all_devices: bool = False,
     data_dir: str | None = None,
     on_progress: Callable[..., None] | None = None,
+    workers: int | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
-    """Export the chosen devices' models of a run; `options` go to `export_one`.
-    ``on_progress("export", None, done, total, names=[device])`` before each model and at the
-    end."""
+    """Export the chosen devices' models of a run; `options` go to `export_one`. ``workers``
+    processes export at once (None: one per core, at most one per ``MODELS_PER_WORKER`` models;
+    1: in this process).
+    ``on_progress("export", None, done, total, names=[device])`` as each model starts (in this
+    process) or is done (in workers), and at the end."""
     config, tiers = run_devices(run_dir)
     ids = choose_devices(tiers, device=device, tier=tier, all_devices=all_devices)
     skipped = []
@@ -210,21 +227,33 @@ def export_run(
     data = _Data(
         config.get("dataset", ""), data_dir or config.get("data_dir"), int(config.get("seed", 0))
     )
-    results = []
-    for i, (device_id, path) in enumerate(zip(ids, _out_paths(Path(out), ids), strict=True)):
-        if on_progress is not None:
-            on_progress("export", None, i, len(ids), names=[device_id])
-        model = load_device_model(run_dir, device_id)
-        meta = {
-            "edgefl.device_id": device_id,
-            "edgefl.run": Path(run_dir).resolve().name,
-            "edgefl.algorithm": str(config.get("algorithm", "")),
-            "edgefl.dataset": str(config.get("dataset", "")),
-        }
-        log.info("exporting %s (%s) to %s", device_id, model.spec.name, path)
-        results.append(
-            {"device_id": device_id, **export_one(model, path, data, metadata=meta, **options)}
+    tasks = [
+        (
+            str(run_dir),
+            device_id,
+            path,
+            {
+                "edgefl.device_id": device_id,
+                "edgefl.run": Path(run_dir).resolve().name,
+                "edgefl.algorithm": str(config.get("algorithm", "")),
+                "edgefl.dataset": str(config.get("dataset", "")),
+            },
+            options,
         )
+        for device_id, path in zip(ids, _out_paths(Path(out), ids), strict=True)
+    ]
+    cores = os.cpu_count() or 1
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be positive, got {workers}")
+    workers = min(len(tasks), workers or min(cores, len(tasks) // MODELS_PER_WORKER)) or 1
+    if workers == 1:
+        results = []
+        for i, task in enumerate(tasks):
+            if on_progress is not None:
+                on_progress("export", None, i, len(ids), names=[task[1]])
+            results.append(_export_task(*task, data=data))
+    else:
+        results = _export_parallel(tasks, data, workers, max(1, cores // workers), on_progress)
     if on_progress is not None:
         on_progress("export", None, len(ids), len(ids))
     results += [
@@ -236,6 +265,57 @@ def export_run(
         for d in skipped
     ]
     return results
+
+
+def _export_task(
+    run_dir: str,
+    device_id: str,
+    path: Path,
+    meta: dict[str, str],
+    options: dict[str, Any],
+    data: _Data | None = None,
+) -> dict[str, Any]:
+    """One device's export (in this process, or in an export worker with its own data)."""
+    data = data if data is not None else _WORKER["data"]
+    model = load_device_model(run_dir, device_id)
+    log.info("exporting %s (%s) to %s", device_id, model.spec.name, path)
+    return {"device_id": device_id, **export_one(model, path, data, metadata=meta, **options)}
+
+
+#: an export worker's state: the dataset's samples, loaded once per worker
+_WORKER: dict[str, _Data] = {}
+
+
+def _worker_start(dataset: str, data_dir: str | None, seed: int, missing: str | None,
+                  threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.WARNING)
+    _WORKER["data"] = _Data(dataset, data_dir, seed, missing=missing)
+
+
+def _export_parallel(tasks: list[tuple], data: _Data, workers: int, threads: int,
+                     on_progress: Callable[..., None] | None) -> list[dict[str, Any]]:
+    """``tasks`` exported by ``workers`` fresh processes (spawned: this one has torch's thread
+    pools running, which a fork would copy half-made), results in the order of ``tasks``."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    results: list[dict[str, Any] | None] = [None] * len(tasks)
+    init = (data.dataset, data.data_dir, data.seed, data.missing, threads)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_start, initargs=init) as pool:
+        futures = {pool.submit(_export_task, *task): i for i, task in enumerate(tasks)}
+        try:
+            for done, future in enumerate(as_completed(futures), 1):
+                i = futures[future]
+                results[i] = future.result()
+                if on_progress is not None and done < len(tasks):
+                    on_progress("export", None, done, len(tasks), names=[tasks[i][1]])
+        except BaseException:  # the first failure (or Ctrl-C) ends the export: no more models
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return [r for r in results if r is not None]
 
 
 def export_checkpoint(
