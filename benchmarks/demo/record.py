@@ -33,7 +33,7 @@ def group_labels(run: Path) -> dict[str, dict]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--run", type=Path, default=ROOT / "runs" / "demo")
     p.add_argument(
@@ -45,13 +45,16 @@ def main() -> None:
         default="",
         help="what is known of this machine's speed (a measured comparison)",
     )
-    args = p.parse_args()
+    p.add_argument("--floor-ratio", type=float, default=None,
+                   help="the wall time ÷ the training floor, measured beside it (ratio.py)")
+    args = p.parse_args(argv)
     summary = json.loads((args.run / "summary.json").read_text())
     local = summary.get("local_reference") or {}
     results = {
         "command": "make demo",
         "code": code_version(),
         "wall_seconds": args.seconds,
+        "wall_over_floor": args.floor_ratio,
         "machine_after": machine(),
         "load_before": args.load_before,
         "machine_note": args.machine_note,
@@ -105,6 +108,9 @@ def main() -> None:
     cfg = json.loads((args.run / "config.json").read_text())
     decay = ", ".join(str(r + 1) for r in cfg.get("lr_decay_rounds") or ()) or "never"
     options = ", ".join(f"{k}={v}" for k, v in (cfg.get("options") or {}).items()) or "none"
+    floor = "" if args.floor_ratio is None else (
+        f"; **{args.floor_ratio:.2f}×** its training floor measured beside it ([ratio.md]"
+        f"(ratio.md); target ≤ 1.2: **{'met' if args.floor_ratio <= 1.2 else 'not met'}**)")
     text = f"""# `make demo`: measured
 
 Velo over MQTT (embedded broker, {results['devices']} device processes, ResNet10/14/18/22/26 at \
@@ -125,7 +131,7 @@ from `runs/demo`.
   → the federation adds **{results['gain_points']:+.2f} points**
 - whole `make demo` (training, Local reference from the cache, export, int8, ONNX Runtime):
   **{args.seconds:.0f} s** on {m['cores']} cores; load average before {args.load_before or '?'}, \
-after {m['loadavg_1_5_15']}
+after {m['loadavg_1_5_15']}{floor}
 - failed devices per round: {results['failed_per_round']}
 - code: `{results['code']}`
 - issue 14's targets: whole demo within 4 minutes: \
