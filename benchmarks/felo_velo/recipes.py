@@ -43,7 +43,7 @@ whatever their remaining seeds give (their mean cannot reach :data:`TARGET` even
 seeds left): :func:`summarize`. The remaining cells are the levers' diagnosis and run after the
 decision, at a lower priority than the benchmark.
 
-Run it at a clean commit with ``nice -n 10 python -m benchmarks.felo_velo.recipes --workers 2``
+Run it at a clean commit with ``nice -n 5 python -m benchmarks.felo_velo.recipes --workers 2``
 (``--report-only`` rewrites recipes.json/recipes.md from the cached cells, run or not). Cells are
 cached in ``recipes_cells/``.
 """
@@ -106,6 +106,19 @@ COST = {"current": 1.0, "no decay": 1.0, "1 epoch": 0.5, "1600/dev": 1.0, "width
 
 #: the order that decides the rule soonest (the module's docstring)
 ORDER = ("1600/dev", "1 epoch", "current", "no decay", "width 0.25")
+
+
+#: where the cells' commits are, and how the sweep ran
+PROVENANCE_NOTE = (
+    "`5977066` is `3483e96` (on main) plus `tests/test_bench_felo_recipes.py` alone, committed in "
+    "the sweep's worktree while it ran and then rebased onto main as `bb0a1f0`: the `edgefl` "
+    "package its ten cells ran is `3483e96`'s (code hash `2aa6237ce6cde829`). The first six "
+    "cells (`1fa3547`, `0be8e26`, both on main; code hash `aecd986790e33b2d`) ran before "
+    "refactors of `edgefl`'s CLI, broker and checkpoint modules landed. The sweep ran at "
+    "`nice -n 5` from 22:10 UTC (load 24–30 on the 2 cores), was stopped at 22:31 once decided "
+    "(its remaining cells, the diagnosis, unrun), and this page was written with "
+    "`--report-only`."
+)
 
 
 def cells() -> list[Cell]:
@@ -190,7 +203,8 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines += ["", "## Provenance", "",
               "Cells by the commit they ran at: "
-              + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ".",
+              + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ". "
+              + PROVENANCE_NOTE,
               f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load "
               f"(1/5/15 min) {m['before'].get('loadavg_1_5_15')} at the start "
               f"({m['before'].get('date')}), {m['after'].get('loadavg_1_5_15')} at the end "
@@ -224,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
         commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
     after = (previous["machine"]["after"] if args.report_only and previous.get("machine")
              else machine())
-    result.update(command="nice -n 10 python -m benchmarks.felo_velo.recipes --workers 2",
+    result.update(command="nice -n 5 python -m benchmarks.felo_velo.recipes --workers 2",
                   machine={"before": before, "after": after}, commits=commits,
                   runs=[{k: r.get(k) for k in ("method", "seed", "final_accuracy", "per_round",
                                                "slope", "wall_seconds", "code", "config")}
