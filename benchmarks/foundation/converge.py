@@ -78,6 +78,18 @@ PROFILES = {
 }
 
 
+#: how the committed cells were run (the run was stopped: its report was written with
+#: --report-only, so the load above is the report's)
+RUN_NOTE = (
+    "The run started at 3d93314 on 2026-11-26 21:56:40 UTC at load 9.32 / 5.39 / 3.46 (`uptime`), "
+    "two workers at nice 5, the machine shared with other engineers' runs (load 17–28 while it "
+    "ran; a cell took 3–6 minutes instead of about one). It was stopped once server_opt's 18 "
+    "cells had finished, the foundation cells unrun, so that server_opt's benchmark could run "
+    "before the session's deadline; the report was then written with `--report-only` (the load "
+    "and dates above are the report's)."
+)
+
+
 def cells() -> list[Cell]:
     out = []
     for name, (base, settings, candidates) in PROFILES.items():
@@ -160,7 +172,7 @@ def markdown(result: dict) -> str:
         f" Machine: {m['before'].get('cores')} cores, load (1/5/15 min) "
         f"{m['before'].get('loadavg_1_5_15')} at the start ({m['before'].get('date')}), "
         f"{m['after'].get('loadavg_1_5_15')} at the end ({m['after'].get('date')}); "
-        f"{sum(result['wall_seconds']) / 60:.0f} cell-minutes in all.", ""]
+        f"{sum(result['wall_seconds']) / 60:.0f} cell-minutes in all.", "", RUN_NOTE, ""]
     return "\n".join(lines)
 
 
