@@ -40,7 +40,7 @@ from benchmarks import gates
 from benchmarks.cache import Cache, DirtyCode, run_cells
 from benchmarks.cells import Cell
 from benchmarks.common import decay_rounds, machine
-from benchmarks.fedvtc import SETTINGS, grid_options, local_config, profile
+from benchmarks.fedvtc import SETTINGS, grid_options, local_config, profile, synthetic
 from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
@@ -72,7 +72,11 @@ def cells(quick: bool = False) -> list[Cell]:
 
 
 def before_finetune(record: dict) -> float | None:
+    """FedVTC: the evaluation after round R (before the fine-tune); Local: after as many epochs as
+    a FedVTC device's real-data ones (its last 𝒯 epochs stand for the fine-tune)."""
     rounds = record["config"]["rounds"]
+    if record["method"] == "local":
+        rounds -= synthetic(record["config"]["train_samples"] < 4000)[1]
     return next((p.get("accuracy") for p in record["per_round"] if p["round"] == rounds), None)
 
 
@@ -99,7 +103,7 @@ def summarize(records: list[dict | None], every: list[Cell]) -> dict:
             rows.append({
                 "method": name, "setting": setting, "planned": len(planned),
                 "seeds": [r["seed"] for r in rs], "final": finals,
-                "before": before if name != "local" else [],
+                "before": before,
                 "minus_local": diffs, "unstable": why,
                 "devices": [r.get("client_accuracy", {}) for r in rs],
             })
@@ -138,7 +142,8 @@ def markdown(result: dict) -> str:
         chosen += " No candidate is stable: chosen by the fewest unstable runs, then Dir(1)."
     lines = ["# FedVTC's tc_weight: a stability sweep on a validation split", "",
              (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
-             "| method | setting | runs | final val. acc % | before the fine-tune % | "
+             "| method | setting | runs | final val. acc % | before the fine-tune (Local: after "
+             "the same real-data epochs) % | "
              "− Local (paired, points) | unstable runs |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         why = "; ".join(f"seed {s}: {', '.join(w)}" for s, w in r["unstable"].items()) or "none"
@@ -195,7 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
     commits: dict[str, int] = {}
     for r in done:
         commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
-    after = (previous["machine"]["after"] if args.report_only and previous.get("machine")
+    after = (previous["machine"]["after"] if args.report_only
+             and previous.get("machine", {}).get("after")
              else machine())
     result.update(
         command="nice -n 5 python -m benchmarks.fedvtc.tc_sweep --workers 2"
