@@ -10,7 +10,11 @@ benchmark does not use, for each candidate recipe:
 
 - **sgd 0.05 m0.9**: the benchmark's recipe until now;
 - **sgd 0.01 m0.9**: the CNN family's default (``edgefl.algorithms.fedavg.CNN_RECIPE``, chosen by
-  benchmarks/foundation/recipes.py for FedAvg and Local on the tier-2 CNN).
+  benchmarks/foundation/recipes.py for FedAvg and Local on the tier-2 CNN);
+- **adam 1e-3**: added after the first two candidates' Local runs had all collapsed somewhere (lr
+  0.05: seed 10, two devices; lr 0.01: seed 14, the tier-5 device holding pullover and shirt, its
+  training loss at ln 2 for 20 epochs), because one device at a time (``collapse.py --stuck``)
+  every such device learned at Adam lr 1e-3; the rule below unchanged.
 
 Everything else (batch, weight decay, schedule) stays as the benchmark has it.
 
@@ -51,6 +55,7 @@ CURRENT = "sgd 0.05 m0.9"
 CANDIDATES = {
     "sgd 0.01 m0.9": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9},
     CURRENT: {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9},
+    "adam 1e-3": {"optimizer": "adam", "lr": 0.001},
 }
 METHODS = {"local": {}, "fedhenn": {"rad_size": "100"}}
 
@@ -103,16 +108,23 @@ def summarize(records: list[dict | None], every: list[Cell]) -> dict:
     stable = [n for n in CANDIDATES if status[n] == "stable"]
     best = max(stable, key=score.__getitem__) if stable else None
     chosen = best if best and all(status[n] != "undecided" for n in CANDIDATES) else None
-    pairs = {}  # FedHeNN − Local per seed, at each recipe (validation local accuracy)
+    pairs, devices = {}, {}  # FedHeNN − Local per seed and per device, at each recipe
     for name in CANDIDATES:
         by = {(c.method, c.seed): done[c] for c in every if c in done and c.method.endswith(name)}
-        pairs[name] = {
-            s: by[(f"fedhenn {name}", s)]["local_accuracy"] - by[(f"local {name}", s)][
-                "local_accuracy"]
-            for s in SEEDS if (f"fedhenn {name}", s) in by and (f"local {name}", s) in by
-        }
+        both = [(by[(f"fedhenn {name}", s)], by[(f"local {name}", s)]) for s in SEEDS
+                if (f"fedhenn {name}", s) in by and (f"local {name}", s) in by]
+        pairs[name] = {f["seed"]: f["local_accuracy"] - lo["local_accuracy"] for f, lo in both}
+        every_, kept = [], []  # every device; the devices predicting two classes in both runs
+        for f, lo in both:
+            fallen = set(gates.collapsed_devices(f)[0]) | set(gates.collapsed_devices(lo)[0])
+            for d, acc in f["client_local_accuracy"].items():
+                every_.append(acc - lo["client_local_accuracy"][d])
+                if d not in fallen:
+                    kept.append(every_[-1])
+        devices[name] = {"every": every_, "kept": kept}
     return {"rows": rows, "status": status, "score": score, "chosen": chosen,
             "chosen_recipe": CANDIDATES.get(chosen), "fedhenn_minus_local": pairs,
+            "fedhenn_minus_local_devices": devices,
             "not_run": [c.label for c in every if c not in done]}
 
 
@@ -122,7 +134,8 @@ def pct(x: float | None) -> str:
 
 def markdown(result: dict) -> str:
     chosen = (f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})."
-              if result["chosen"] else "**Not decided yet.**")
+              if result["chosen"] else "**Not decided yet.**"
+              if "undecided" in result["status"].values() else "**No candidate is stable.**")
     lines = ["# FedHeNN's k = 2 recipe: a stability sweep on a validation split", "",
              (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
              "| recipe | method | runs | val. local acc % (mean ± sd) | per seed | devices "
@@ -130,10 +143,11 @@ def markdown(result: dict) -> str:
     for r in result["rows"]:
         why = "; ".join(f"seed {s}: {', '.join(w)}" for s, w in r["unstable"].items()) or "none"
         xs = r["local"]
-        ms = f"{pct(statistics.fmean(xs))} ± {pct(statistics.stdev(xs) if len(xs) > 1 else 0)}"
+        ms = (f"{pct(statistics.fmean(xs))} ± {pct(statistics.stdev(xs) if len(xs) > 1 else 0)}"
+              if xs else "—")
         per = ", ".join(f"s{s} {pct(x)}" for s, x in zip(r["seeds"], xs, strict=True))
         lines.append(f"| {r['recipe']} | {r['method']} | {len(xs)} of {r['planned']} | "
-                     f"{ms if xs else '—'} | {per or '—'} | {r['collapsed_devices']} of "
+                     f"{ms} | {per or '—'} | {r['collapsed_devices']} of "
                      f"{r['devices']} | {why} |")
     lines += ["", "| recipe | status | mean of Local's and FedHeNN's val. local acc % | "
               "FedHeNN − Local per seed (points) |", "|---|---|---|---|"]
@@ -144,6 +158,15 @@ def markdown(result: dict) -> str:
             diffs += (f" (mean {100 * statistics.fmean(d.values()):+.2f} ± "
                       f"{100 * statistics.stdev(d.values()):.2f})")
         lines.append(f"| {n} | {result['status'][n]} | {pct(result['score'][n])} | {diffs} |")
+    lines += ["", "FedHeNN − Local per device (paired by seed and device; validation local "
+              "accuracy, points): over every device, and over the devices that predict two "
+              "classes in both runs.", "", "| recipe | every device | neither collapsed |",
+              "|---|---|---|"]
+    for n, d in result["fedhenn_minus_local_devices"].items():
+        cols = [f"{len(xs)} devices, {100 * statistics.fmean(xs):+.2f} ± "
+                f"{100 * statistics.stdev(xs):.2f}" if len(xs) > 1 else "—"
+                for xs in (d["every"], d["kept"])]
+        lines.append(f"| {n} | {cols[0]} | {cols[1]} |")
     if result["not_run"]:
         lines += ["", f"Not run ({len(result['not_run'])} cells; the rule was decided without "
                   "them, or the run is unfinished): "
@@ -151,9 +174,11 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines += ["", "## Provenance", "", "Cells by the commit they ran at: "
               + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ".",
-              f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load "
-              f"(1/5/15 min) {m['before'].get('loadavg_1_5_15')} at the start "
-              f"({m['before'].get('date')}), {m['after'].get('loadavg_1_5_15')} at the end "
+              f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, "
+              + (f"started {m['before']['started']}" if "started" in m["before"] else
+                 f"load (1/5/15 min) {m['before'].get('loadavg_1_5_15')} at the start "
+                 f"({m['before'].get('date')})")
+              + f", {m['after'].get('loadavg_1_5_15')} at the end "
               f"({m['after'].get('date')}); {sum(result['wall_seconds']) / 60:.0f} cell-minutes "
               "(one torch thread per cell, on a machine shared with other work).", ""]
     return "\n".join(lines)
@@ -164,12 +189,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--report-only", action="store_true", help="rewrite from cached cells")
     p.add_argument("--draft", action="store_true", help="allow uncommitted code (marked)")
+    p.add_argument("--started", help="with --report-only and no recipes.json: when the run "
+                   "started and the load then, as the page should say it")
     args = p.parse_args(argv)
     cache = Cache(HERE / "recipes_cells", EXTRAS, draft=args.draft)
     every = cells()
     previous = HERE / "recipes.json"
     old = json.loads(previous.read_text()) if previous.exists() else {}
     before = old.get("machine", {}).get("before") or machine()
+    if args.started:
+        before = {"cores": before.get("cores"), "started": args.started}
     if args.report_only:
         records = [cache.find(c) for c in every]
     else:
