@@ -63,6 +63,28 @@ def flags(**settings) -> list[str]:
     return out
 
 
+def fleet_devices(cfg, url, fleet: str, folder: Path, extra=None, **options) -> dict:
+    """The devices of run ``cfg`` (d00, d01, …) as ``edgefl train`` processes of ``fleet``, by
+    :func:`edgefl.runtime.fleet.device_command`: each with its shard of the run's data, the run's
+    tiers in turn, the simulated profile, its broker URL ``url(device_id)``, ``options`` (delay,
+    verbose …) and the flags ``extra(device_id)``; their logs ``folder/<device id>.log``."""
+    import json
+
+    from edgefl.models import family_tiers
+    from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
+
+    profile = folder / "profile.json"
+    profile.write_text(json.dumps(SIMULATED_PROFILE))
+    tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+    devices = {}
+    for i in range(cfg.clients):
+        d = f"d{i:02d}"
+        command = device_command(url(d), fleet, d, data_spec_for(cfg, i),
+                                 tier=tiers[i % len(tiers)], profile_file=profile, **options)
+        devices[d] = start_device(command + (extra(d) if extra else []), folder / f"{d}.log")
+    return devices
+
+
 def dashboard(*source: str):
     """``edgefl dashboard`` of ``source`` (``--run DIR``, or ``--broker URL --fleet NAME``) on a
     free port behind the web password ``s3cret``, its stderr a text pipe whose first line names
@@ -71,6 +93,49 @@ def dashboard(*source: str):
 
     command = [*EDGEFL, "dashboard", *source, "--port", "0", "--web-password", "s3cret"]
     return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+
+def dashboard_url(dash) -> str:
+    """The page's address, from the first line of :func:`dashboard`'s process (which must say
+    it)."""
+    import re
+
+    line = dash.stderr.readline()
+    match = re.search(r"http://127\.0\.0\.1:\d+/", line)
+    assert match, f"the dashboard did not start: {line}"
+    return match.group(0)
+
+
+def dashboard_page(browser, **context):
+    """A new page of ``browser`` logged in to :func:`dashboard` (its web password), with the
+    browser context's ``context`` options."""
+    login = {"username": "ops", "password": "s3cret"}
+    return browser.new_context(http_credentials=login, **context).new_page()
+
+
+def stop(*procs, grace: float = 20) -> None:
+    """End the processes a test started that still run: SIGTERM, and SIGKILL after ``grace``
+    seconds (scaled by the machine's speed)."""
+    import subprocess
+
+    from tests.conftest import scaled
+
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(scaled(grace))
+            except subprocess.TimeoutExpired:  # (not the test's subject: what failed before is)
+                proc.kill()
+                proc.wait(10)
+
+
+def kill(*procs) -> None:
+    """SIGKILL the processes a test started that still run (devices nobody waits for)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def run_ok(*args: str, timeout: float = 300):

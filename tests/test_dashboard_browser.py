@@ -10,7 +10,6 @@ The browser part FAILS (never skips) when chromium or Playwright is missing: CI 
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +21,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.broker import MosquittoBroker, free_port
-from tests.commands import dashboard, server_start, tiny_run
+from tests.commands import (
+    dashboard,
+    dashboard_page,
+    dashboard_url,
+    kill,
+    server_start,
+    stop,
+    tiny_run,
+)
 from tests.conftest import scaled, tiny_config
 from tests.needs import need_mosquitto, need_playwright
 from tests.test_fleet_live import launch_browser, page_wait
@@ -88,21 +95,17 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
     # until a device is killed, none of these may exit (the page would wait for what cannot come)
     running = {"the server": (server, tmp_path / "server.log"), "the dashboard": (dash, None)}
     try:
-        match = re.search(r"http://127\.0\.0\.1:\d+/", dash.stderr.readline())
-        assert match, "the dashboard did not start"
+        page_url = dashboard_url(dash)
         with sync_playwright() as p:
             browser = launch_browser(p)
             try:
-                page = browser.new_context(
-                    http_credentials={"username": "ops", "password": "s3cret"},
-                    viewport={"width": 1280, "height": 860},
-                ).new_page()
+                page = dashboard_page(browser, viewport={"width": 1280, "height": 860})
                 page.on(
                     "console",
                     lambda m: problems.append(m.text) if m.type in ("error", "warning") else None,
                 )
                 page.on("pageerror", lambda e: problems.append(str(e)))
-                page.goto(match.group(0))
+                page.goto(page_url)
 
                 def shot(name):
                     shots[name] = tmp_path / f"dashboard-{name}.png"
@@ -157,18 +160,8 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
                 browser.close()
         assert server.wait(scaled(120)) == 0, (tmp_path / "server.log").read_text()[-3000:]
     finally:
-        for proc in (dash, server):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(scaled(20))
-                except subprocess.TimeoutExpired:  # (not this test's subject: what failed above is)
-                    proc.kill()
-                    proc.wait(10)
-        for proc in devices.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        stop(dash, server)
+        kill(*devices.values())
         broker.stop()
     assert problems == []  # no CSP violation, no script error
     assert (

@@ -6,7 +6,6 @@ The browser part FAILS (never skips) when chromium or Playwright is missing: CI 
 """
 
 import json
-import re
 import signal
 import subprocess
 import time
@@ -15,10 +14,19 @@ from pathlib import Path
 import pytest
 
 from edgefl.models import family_tiers
-from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 from edgefl.transport.accounts import add_user
 from edgefl.transport.broker import MosquittoBroker
-from tests.commands import dashboard, run_ok, server_start, tiny_run
+from tests.commands import (
+    dashboard,
+    dashboard_page,
+    dashboard_url,
+    fleet_devices,
+    kill,
+    run_ok,
+    server_start,
+    stop,
+    tiny_run,
+)
 from tests.conftest import scaled, tiny_config
 from tests.needs import need_mosquitto, need_playwright
 
@@ -94,25 +102,8 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
         return f"mqtt://{name}:{pw[name]}@127.0.0.1:{broker.port}"
 
     cfg = tiny_config(tmp_path, algorithm="fedavg", clients=3)
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps(SIMULATED_PROFILE))
+    devices = fleet_devices(cfg, url, FLEET, tmp_path, delay=0.5, verbose=True)
     tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
-    devices = {
-        f"d{i:02d}": start_device(
-            device_command(
-                url(f"d{i:02d}"),
-                FLEET,
-                f"d{i:02d}",
-                data_spec_for(cfg, i),
-                tier=tiers[i % len(tiers)],
-                profile_file=profile,
-                delay=0.5,
-                verbose=True,
-            ),
-            tmp_path / f"d{i:02d}.log",
-        )
-        for i in range(3)
-    }
     # the server as an operator runs it; a generous deadline, a short grace for lost connections
     # (both stretched by the measured speed factor: the page must see d02 "late" before it turns
     # "gone")
@@ -129,10 +120,7 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
     dash = dashboard("--broker", url("ops"), "--fleet", FLEET)
     seen_states = []
     try:
-        line = dash.stderr.readline()
-        match = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert match, f"the dashboard did not start: {line}"
-        page_url = match.group(0)
+        page_url = dashboard_url(dash)
 
         running = {"the server": (server, tmp_path / "server.log"), "the dashboard": (dash, None),
                    **{d: (devices[d], tmp_path / f"{d}.log") for d in ("d00", "d01")}}
@@ -144,9 +132,7 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
                     http_credentials={"username": "x", "password": "wrong"}
                 )
                 assert denied.new_page().goto(page_url).status == 401
-                page = browser.new_context(
-                    http_credentials={"username": "ops", "password": "s3cret"}
-                ).new_page()
+                page = dashboard_page(browser)
                 page.goto(page_url)
                 # Execute and Assert: the devices appear, the round advances without a reload
                 page_wait(lambda ms: page.wait_for_selector("tr[data-device=d02]", timeout=ms),
@@ -195,16 +181,7 @@ def test_fleet_status_and_dashboard_show_a_live_fleet(tmp_path):
         assert from_run["devices"]["d00"]["last_round"] >= first_round
         assert rows == 3
     finally:
-        for proc in (dash, server):
-            proc.terminate()
-            try:
-                proc.wait(scaled(20))
-            except subprocess.TimeoutExpired:  # (not this test's subject: what failed above is)
-                proc.kill()
-                proc.wait(10)
-        for proc in devices.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        stop(dash, server)
+        kill(*devices.values())
         broker.stop()
     assert seen_states == ["late", "gone"]

@@ -15,7 +15,7 @@ import pytest
 
 from edgefl.rollout import ModelStore
 from edgefl.transport.broker import MosquittoBroker
-from tests.commands import device_agent, run_ok, server_start, tiny_run
+from tests.commands import device_agent, run_ok, server_start, stop, tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
 from tests.test_server_device import finish, need_mosquitto, profile_file, spawn  # noqa: F401
 
@@ -123,17 +123,8 @@ def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
         ]
         assert summary["models_missing"] == ["d02"]
         exported = json.loads(
-            cli(
-                "export",
-                "--run",
-                str(run),
-                "--all",
-                "--out",
-                str(run / "onnx"),
-                "--test-samples",
-                "0",
-                "--json",
-            ).stdout
+            cli("export", "--run", str(run), "--all", "--out", str(run / "onnx"),
+                "--test-samples", "0", "--json").stdout
         )
         assert [r["device_id"] for r in exported if "path" in r] == ["d00", "d01"]
         assert [r["device_id"] for r in exported if r.get("skipped")] == ["d02"]
@@ -145,20 +136,8 @@ def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
             )
             for d in stores
         ]
-        deployed = cli(
-            "deploy",
-            "--run",
-            str(run),
-            "--version",
-            "v1",
-            "--wait",
-            str(scaled(120)),
-            "--json",
-            "--broker",
-            broker.url,
-            "--fleet",
-            fleet,
-        )
+        deployed = cli("deploy", "--run", str(run), "--version", "v1", "--wait", str(scaled(120)),
+                       "--json", "--broker", broker.url, "--fleet", fleet)
         reports = json.loads(deployed.stdout)
         assert {d: r["version"] for d, r in reports.items()} == {"d00": "v1", "d01": "v1"}
         assert "skipping d02" in deployed.stderr
@@ -168,13 +147,7 @@ def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
                 == (run / "onnx" / f"{d}.onnx").read_bytes()
             )
     finally:
-        for p in [*procs, *agents]:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop(*procs, *agents)
         broker.stop()
 
 

@@ -362,9 +362,8 @@ def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, t
     import sys
     from pathlib import Path
 
-    from edgefl.models import family_tiers
-    from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
     from edgefl.runtime.server import ServeOptions, serve
+    from tests.commands import fleet_devices
     from tests.conftest import tiny_config
     from tests.test_rollout import tiny_onnx
 
@@ -378,25 +377,10 @@ def test_a_three_device_fleet_trains_over_mutual_tls_and_the_acl(fleet_broker, t
     cfg = tiny_config(
         tmp_path, algorithm="fedavg", rounds=2, clients=3, fraction=1.0, min_devices=3
     )
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps(SIMULATED_PROFILE))
-    tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
-    procs = [
-        start_device(
-            device_command(
-                url(f"d{i:02d}"),
-                FLEET,
-                f"d{i:02d}",
-                data_spec_for(cfg, i),
-                tier=tiers[i % len(tiers)],
-                profile_file=profile,
-                verbose=True,
-            )
-            + ["--models-dir", str(tmp_path / f"models-d{i:02d}")],
-            tmp_path / f"d{i:02d}.log",
-        )
-        for i in range(3)
-    ]
+    procs = list(fleet_devices(
+        cfg, url, FLEET, tmp_path, lambda d: ["--models-dir", str(tmp_path / f"models-{d}")],
+        verbose=True,
+    ).values())
     (tmp_path / "m.onnx").write_bytes(tiny_onnx(5))
     try:
         # Execute: the run, then a rollout from the operator's account over TLS

@@ -24,6 +24,7 @@ import pytest
 from edgefl.rollout import ModelStore
 from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for
 from edgefl.transport.broker import free_port, mosquitto_binary, wait_for_port
+from tests.commands import stop
 from tests.conftest import scaled, tiny_config
 from tests.needs import need_mosquitto
 
@@ -259,18 +260,8 @@ def _journey(ops: Path) -> None:
         )
         # 6. export the models the devices sent back
         exported = json.loads(
-            edgefl(
-                "export",
-                "--run",
-                str(run),
-                "--all",
-                "--out",
-                str(run / "onnx"),
-                "--test-samples",
-                "200",
-                "--json",
-                cwd=ops,
-            ).stdout
+            edgefl("export", "--run", str(run), "--all", "--out", str(run / "onnx"),
+                   "--test-samples", "200", "--json", cwd=ops).stdout
         )
         assert [r["device_id"] for r in exported if "path" in r] == ["pi-01", "pi-02"]
         assert all(r["accuracy"] > 0.3 for r in exported if "path" in r)
@@ -285,49 +276,19 @@ def _journey(ops: Path) -> None:
             for d in DEVICES
         ]
         first = json.loads(
-            edgefl(
-                "deploy",
-                "--run",
-                str(run),
-                "--version",
-                "v1",
-                "--wait",
-                "120",
-                "--json",
-                *tls("ops"),
-                cwd=ops,
-            ).stdout
+            edgefl("deploy", "--run", str(run), "--version", "v1", "--wait", "120", "--json",
+                   *tls("ops"), cwd=ops).stdout
         )
         assert {d: r["version"] for d, r in first.items()} == {"pi-01": "v1", "pi-02": "v1"}
         everyone = sum((["--device", d] for d in DEVICES), [])
         second = json.loads(
-            edgefl(
-                "deploy",
-                "--model",
-                str(run / "onnx" / "pi-01.onnx"),
-                *everyone,
-                "--version",
-                "v2",
-                "--wait",
-                "120",
-                "--json",
-                *tls("ops"),
-                cwd=ops,
-            ).stdout
+            edgefl("deploy", "--model", str(run / "onnx" / "pi-01.onnx"), *everyone,
+                   "--version", "v2", "--wait", "120", "--json", *tls("ops"), cwd=ops).stdout
         )
         assert {d: r["version"] for d, r in second.items()} == dict.fromkeys(DEVICES, "v2")
         back = json.loads(
-            edgefl(
-                "deploy",
-                "--rollback",
-                "--device",
-                "pi-02",
-                "--wait",
-                "120",
-                "--json",
-                *tls("ops"),
-                cwd=ops,
-            ).stdout
+            edgefl("deploy", "--rollback", "--device", "pi-02", "--wait", "120", "--json",
+                   *tls("ops"), cwd=ops).stdout
         )
         assert back["pi-02"]["version"] == "v1"
         assert (
@@ -350,12 +311,6 @@ def _journey(ops: Path) -> None:
         assert scored["samples"] == 30 and scored["accuracy"] > 0.3
         assert set(scored["class_map"]) == set(CLASSES.values())
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop(*procs)
         broker.terminate()
         broker.wait(10)

@@ -27,7 +27,7 @@ from edgefl.privacy.mechanisms import (
 from edgefl.privacy.seam import PrivacyBudgetSpent, PrivateServer
 from edgefl.runtime.setup import resolve_method
 from edgefl.wire import Payload
-from tests.commands import dashboard, flags
+from tests.commands import dashboard, dashboard_page, dashboard_url, flags
 from tests.conftest import tiny_config
 
 #: Relative tolerance of an empirical standard deviation over n ≥ 200 000 draws: its relative
@@ -473,7 +473,6 @@ def test_local_dp_over_mqtt_releases_what_it_releases_in_memory(tmp_path):
 def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
     # Prepare: a run directory whose status holds one private round; the dashboard following it
     import json
-    import re
 
     from edgefl.runtime.status import FleetStatus
     from tests.test_fleet_live import launch_browser
@@ -500,15 +499,12 @@ def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
     (tmp_path / "status.json").write_text(json.dumps(s.snapshot()))
     dash = dashboard("--run", str(tmp_path))
     try:
-        match = re.search(r"http://127\.0\.0\.1:\d+/", dash.stderr.readline())
-        assert match, "the dashboard did not start"
+        page_url = dashboard_url(dash)
         with sync_playwright() as p:
             browser = launch_browser(p)
             try:
-                page = browser.new_context(
-                    http_credentials={"username": "ops", "password": "s3cret"}
-                ).new_page()
-                page.goto(match.group(0))
+                page = dashboard_page(browser)
+                page.goto(page_url)
                 # Execute: wait for the status to be drawn
                 page.wait_for_selector("#privacy >> text=/ε spent/", timeout=60_000)
                 text = page.text_content("#privacy")

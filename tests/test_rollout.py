@@ -217,17 +217,8 @@ def test_deploy_to_three_devices_rollback_and_a_corrupt_model_over_mosquitto(tmp
     try:
         # Execute and Assert: the run's models on all three devices
         first = json.loads(
-            cli(
-                "deploy",
-                "--run",
-                str(run),
-                "--version",
-                "v1",
-                "--wait",
-                str(scaled(90)),
-                "--json",
-                *ops,
-            ).stdout
+            cli("deploy", "--run", str(run), "--version", "v1", "--wait", str(scaled(90)), "--json",
+                *ops).stdout
         )
         assert {d: r["version"] for d, r in first.items()} == dict.fromkeys(devices, "v1")
         for i, d in enumerate(devices):
@@ -235,18 +226,9 @@ def test_deploy_to_three_devices_rollback_and_a_corrupt_model_over_mosquitto(tmp
         # a second version from one file, then d01 back to the first
         (tmp_path / "v2.onnx").write_bytes(tiny_onnx(20))
         second = json.loads(
-            cli(
-                "deploy",
-                "--model",
-                str(tmp_path / "v2.onnx"),
+            cli("deploy", "--model", str(tmp_path / "v2.onnx"),
                 *sum((["--device", d] for d in devices), []),
-                "--version",
-                "v2",
-                "--wait",
-                str(scaled(60)),
-                "--json",
-                *ops,
-            ).stdout
+                "--version", "v2", "--wait", str(scaled(60)), "--json", *ops).stdout
         )
         assert {d: r["version"] for d, r in second.items()} == dict.fromkeys(devices, "v2")
         back = json.loads(
