@@ -244,6 +244,27 @@ ALGORITHM_HELP = f"Method: {listing(ALGORITHMS)}; default fedavg."
 MODEL_HELP = f"Model family: {listing(MODEL_FAMILIES)} (default: the method's)."
 DATASET_HELP = f"Dataset: {listing(d for d in DATASETS if d != 'imagefolder')}, or imagefolder:DIR."
 
+# --- options several commands take, each the same on all of them ----------------------------------
+Algorithm = Annotated[str, typer.Option("--algorithm", "-a", help=ALGORITHM_HELP)]
+MethodOptions = Annotated[
+    list[str], typer.Option("--option", "-o", help="Algorithm option key=value (repeatable).")
+]
+Rounds = Annotated[int, typer.Option(help="Training rounds.")]
+MinFit = Annotated[
+    int, typer.Option(help="Fewest devices a round trains (default: what --fraction implies).")
+]
+DataDir = Annotated[str, typer.Option("--data-dir", help="Directory holding the dataset files.")]
+ModelFamily = Annotated[str, typer.Option(help=MODEL_HELP)]
+RunsDir = Annotated[Path, typer.Option("--out", help="Output directory for runs (default ./runs).")]
+DeviceId = Annotated[
+    str,
+    typer.Option(
+        "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."
+    ),
+]
+MaxBytes = Annotated[int, typer.Option(help="Largest message accepted or sent.")]
+MAX_BYTES = 256 * 1024 * 1024
+
 
 def interrupted(e, as_json: bool) -> None:
     """Ctrl-C ended a run after its record was written (RunInterrupted): say what it holds, exit

@@ -11,7 +11,7 @@ import json
 import typer
 from rich.table import Table
 
-from edgefl.cli.common import Connection, load_profile, option_groups, serve_models
+from edgefl.cli.common import Connection, DeviceId, load_profile, option_groups, serve_models
 from edgefl.report.console import out
 
 app = typer.Typer(
@@ -46,12 +46,7 @@ def profile(
 @app.command("register")
 @option_groups
 def register(
-    device_id: str = typer.Option(
-        ...,
-        "--device-id",
-        envvar="EDGEFL_DEVICE_ID",
-        help="This device's id (also its MQTT username).",
-    ),
+    device_id: DeviceId,
     conn: Connection = Connection(),
     tier: str = typer.Option(
         None, help="Ask for this tier instead of the server's profile-based choice."
@@ -94,9 +89,7 @@ def register(
 @app.command("agent")
 @option_groups
 def agent(
-    device_id: str = typer.Option(
-        ..., "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (its MQTT username)."
-    ),
+    device_id: DeviceId,
     conn: Connection = Connection(),
     models_dir: str = typer.Option(
         None,

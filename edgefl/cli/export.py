@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from edgefl.cli.common import DATASET_HELP
+from edgefl.cli.common import DATASET_HELP, DataDir
 from edgefl.errors import ConfigError
 from edgefl.report.console import Feedback, err
 
@@ -30,7 +30,7 @@ def export(
         "--dataset",
         help="Dataset of a --checkpoint when its metadata names none. " + DATASET_HELP,
     ),
-    data_dir: str = typer.Option(None, "--data-dir", help="Directory holding the dataset files."),
+    data_dir: DataDir = None,
     opset: int = typer.Option(17, "--opset", help="ONNX opset."),
     quantize: str = typer.Option(None, "--quantize", help="Also write a static int8 model (int8)."),
     int8_format: str = typer.Option(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from edgefl.cli.common import DATASET_HELP
+from edgefl.cli.common import DATASET_HELP, DataDir
 from edgefl.errors import ConfigError
 from edgefl.report.console import err
 
@@ -36,7 +36,7 @@ def infer(
         None, "--dataset", help="Measure accuracy on this dataset instead. " + DATASET_HELP
     ),
     split: str = typer.Option("test", "--split", help="Split of --dataset."),
-    data_dir: str = typer.Option(None, "--data-dir", help="Directory holding the dataset files."),
+    data_dir: DataDir = None,
     limit: int = typer.Option(None, "--limit", help="Use only the first N samples of --dataset."),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per ONNX Runtime call."),
     threads: int = typer.Option(

@@ -8,11 +8,18 @@ from pathlib import Path
 import typer
 
 from edgefl.cli.common import (
-    ALGORITHM_HELP,
     DATASET_HELP,
-    MODEL_HELP,
+    MAX_BYTES,
+    Algorithm,
     Connection,
+    DataDir,
     LocalTraining,
+    MaxBytes,
+    MethodOptions,
+    MinFit,
+    ModelFamily,
+    Rounds,
+    RunsDir,
     SecureAggregation,
     ServerAggregation,
     check_run_names,
@@ -32,18 +39,14 @@ app = typer.Typer(help="Run a fleet's server over MQTT.", no_args_is_help=True)
 @option_groups
 def start(
     conn: Connection = Connection(),
-    algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
-    option: list[str] = typer.Option(
-        None, "--option", "-o", help="Algorithm option key=value (repeatable)."
-    ),
+    algorithm: Algorithm = None,
+    option: MethodOptions = None,
     secure: SecureAggregation = SecureAggregation(),
-    rounds: int = typer.Option(None, help="Training rounds."),
+    rounds: Rounds = None,
     min_devices: int = typer.Option(
         None, help="Ready devices to wait for before the first round (start threshold only)."
     ),
-    min_fit: int = typer.Option(
-        None, help="Fewest devices a round trains (default: what --fraction implies)."
-    ),
+    min_fit: MinFit = None,
     fraction: float = typer.Option(None, help="Share of devices sampled each round."),
     deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
     final_deadline: float = typer.Option(
@@ -71,11 +74,11 @@ def start(
     dataset: str = typer.Option(
         None, help="The task's dataset (input shape, classes; public share). " + DATASET_HELP
     ),
-    data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
+    data_dir: DataDir = None,
     train_samples: int = typer.Option(
         None, help="Training-set subsample the devices' shards come from."
     ),
-    model: str = typer.Option(None, help=MODEL_HELP),
+    model: ModelFamily = None,
     tiers: str = typer.Option(None, help="Comma-separated tiers the policy may assign."),
     width: float = typer.Option(None, help="Channel width multiplier."),
     feature_dim: int = typer.Option(None, help="Common feature dimension."),
@@ -83,7 +86,7 @@ def start(
     aggregating: ServerAggregation = ServerAggregation(),
     eval_every: int = typer.Option(None, help="Evaluate every N rounds."),
     seed: int = typer.Option(None, help="Run seed (models, sampling; devices derive theirs)."),
-    out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
+    out: RunsDir = None,
     run_name: str = typer.Option(
         None, help="Run directory name (keep it fixed to resume into it)."
     ),
@@ -97,7 +100,7 @@ def start(
         help="Seconds to wait for an unreachable broker before exiting with code 4 (default: "
         "forever, retried after 1, 2, 4 … 30 s).",
     ),
-    max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
+    max_bytes: MaxBytes = MAX_BYTES,
     metrics_port: int = typer.Option(
         None,
         "--metrics-port",
@@ -136,24 +139,13 @@ def start(
     cfg, method = resolve_run(explicit)
     total = method.total_rounds(cfg.rounds)  # dp options included
     opts = ServeOptions(
-        broker=conn.broker,
-        fleet=conn.fleet,
-        deadline=deadline,
-        checkpoint_dir=checkpoint_dir,
-        wait_for_devices=wait,
-        max_bytes=max_bytes,
-        username=conn.username,
-        password=password,
-        ca_file=conn.ca_file,
-        cert_file=conn.cert_file,
-        key_file=conn.key_file,
-        gone_after=gone_after,
-        max_weight_ratio=max_weight_ratio,
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-        final_deadline=final_deadline,
-        test_samples=test_samples,
-    )
+        broker=conn.broker, fleet=conn.fleet, username=conn.username, password=password,
+        ca_file=conn.ca_file, cert_file=conn.cert_file, key_file=conn.key_file,
+        deadline=deadline, final_deadline=final_deadline, wait_for_devices=wait,
+        checkpoint_dir=checkpoint_dir, max_bytes=max_bytes, gone_after=gone_after,
+        max_weight_ratio=max_weight_ratio, test_samples=test_samples,
+        metrics_port=metrics_port, metrics_host=metrics_host,
+    )  # fmt: skip
     feedback = Feedback(err, rounds=total, quiet=as_json)
     _say_metrics(feedback, metrics_host, metrics_port)
     from edgefl.errors import RunInterrupted

@@ -5,15 +5,22 @@ from __future__ import annotations
 import json
 import runpy
 import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from edgefl.cli.common import (
-    ALGORITHM_HELP,
     DATASET_HELP,
-    MODEL_HELP,
+    Algorithm,
+    DataDir,
     LocalTraining,
+    MethodOptions,
+    MinFit,
+    ModelFamily,
+    Rounds,
+    RunsDir,
     SecureAggregation,
     ServerAggregation,
     check_run_names,
@@ -52,14 +59,72 @@ def _rounds(value: str | None) -> tuple[int, ...] | None:
         ) from None
 
 
+@dataclass(frozen=True)
+class DifferentialPrivacy:
+    """The dp options every method takes (docs/privacy.md), as flags."""
+
+    dp: Annotated[str, typer.Option(
+        help="Differential privacy: local (devices noise their uplinks), central (the server "
+        "noises the average of clipped updates) or sgd (devices train with DP-SGD, Opacus); "
+        "docs/privacy.md.",
+    )] = None
+    target_epsilon: Annotated[float, typer.Option(
+        help="With --dp: each device's privacy budget ε; a device that spent it trains no more.",
+    )] = None
+    delta: Annotated[
+        float, typer.Option(help="With --dp: δ of the (ε, δ) guarantee (default 1e-5).")
+    ] = None
+    clip: Annotated[float, typer.Option(
+        help="With --dp: the clip bound C (an update's L2 norm; a sample's statistics vector's; "
+        "under sgd a sample's gradient's). Default 1.",
+    )] = None
+    noise_multiplier: Annotated[float, typer.Option(
+        help="With --dp: noise std / sensitivity (default: the least that keeps the budget over "
+        "all rounds).",
+    )] = None
+
+    def options(self) -> dict:
+        """The method's options given (None: not given)."""
+        return {"dp": self.dp} | {f"dp_{k}": v for k, v in asdict(self).items() if k != "dp"}
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where the devices' local work runs: worker processes or Ray actors, torch threads, the
+    device (cpu, cuda)."""
+
+    workers: Annotated[int, typer.Option(
+        "--workers", "-w",
+        help="In memory: train the devices in this many worker processes (0: one per core); "
+        "results match the sequential run's.",
+    )] = 1
+    threads: Annotated[int, typer.Option(
+        help="Torch threads per process (with --workers: per worker; default: the cores shared "
+        "out).",
+    )] = None
+    train_device: Annotated[str, typer.Option(
+        help="Where the devices train: cpu (default), cuda, cuda:N, or auto (CUDA when torch sees "
+        "a GPU).",
+    )] = None
+    backend: Annotated[str, typer.Option(
+        help="In memory: processes (this machine) or ray (Ray actors; --workers of them).",
+    )] = "processes"
+    ray_address: Annotated[str, typer.Option(
+        help="With --backend ray: join this Ray cluster (e.g. 10.0.0.5:6379) instead of starting "
+        "one.",
+    )] = None
+
+    def settings(self) -> dict:
+        """The run settings given (None: not given)."""
+        return {"threads": self.threads, "train_device": self.train_device}
+
+
 @option_groups
 def simulate(
-    algorithm: str = typer.Option(None, "--algorithm", "-a", help=ALGORITHM_HELP),
-    option: list[str] = typer.Option(
-        None, "--option", "-o", help="Algorithm option key=value (repeatable)."
-    ),
+    algorithm: Algorithm = None,
+    option: MethodOptions = None,
     dataset: str = typer.Option(None, help=DATASET_HELP),
-    data_dir: str = typer.Option(None, help="Directory holding the dataset files."),
+    data_dir: DataDir = None,
     partition: str = typer.Option(None, help="iid, dirichlet or shards."),
     alpha: float = typer.Option(None, help="Dirichlet concentration (> 0)."),
     classes_per_client: int = typer.Option(
@@ -70,10 +135,8 @@ def simulate(
     min_devices: int = typer.Option(
         None, help="Devices that must be ready before the first round (start threshold)."
     ),
-    min_fit: int = typer.Option(
-        None, help="Fewest devices a round trains (default: what --fraction implies)."
-    ),
-    rounds: int = typer.Option(None, help="Training rounds."),
+    min_fit: MinFit = None,
+    rounds: Rounds = None,
     training: LocalTraining = LocalTraining(),
     lr_decay_rounds: str = typer.Option(
         None,
@@ -81,7 +144,7 @@ def simulate(
         help="Comma-separated rounds (from 0) at which the lr is multiplied by 0.1 (a "
         "MultiStepLR; 'none' for no decay).",
     ),
-    model: str = typer.Option(None, help=MODEL_HELP),
+    model: ModelFamily = None,
     tiers: str = typer.Option(
         None, help="Comma-separated tiers of the family, assigned round-robin to devices."
     ),
@@ -104,7 +167,7 @@ def simulate(
     eval_samples: int = typer.Option(
         None, help="Test samples for the per-round evaluation (the final one uses --test-samples)."
     ),
-    out: Path = typer.Option(None, "--out", help="Output directory for runs (default ./runs)."),
+    out: RunsDir = None,
     run_name: str = typer.Option(
         None, help="Name of the run directory (default: timestamp-algorithm-dataset-seed)."
     ),
@@ -119,34 +182,7 @@ def simulate(
     transport: str = typer.Option(
         "memory", help="memory, or mqtt: a broker, this process as server, one process per device."
     ),
-    workers: int = typer.Option(
-        1,
-        "--workers",
-        "-w",
-        help="In memory: train the devices in this many worker processes (0: one per core); "
-        "results match the sequential run's.",
-    ),
-    threads: int = typer.Option(
-        None,
-        help="Torch threads per process (with --workers: per worker; default: the cores shared "
-        "out).",
-    ),
-    train_device: str = typer.Option(
-        None,
-        "--train-device",
-        help="Where the devices train: cpu (default), cuda, cuda:N, or auto (CUDA when torch sees "
-        "a GPU).",
-    ),
-    backend: str = typer.Option(
-        "processes",
-        help="In memory: processes (this machine) or ray (Ray actors; --workers of them).",
-    ),
-    ray_address: str = typer.Option(
-        None,
-        "--ray-address",
-        help="With --backend ray: join this Ray cluster (e.g. 10.0.0.5:6379) instead of starting "
-        "one.",
-    ),
+    execution: Execution = Execution(),
     broker: str = typer.Option(
         None, help="With --transport mqtt: use this broker URL (default: start the embedded one)."
     ),
@@ -159,33 +195,7 @@ def simulate(
     reference_cache: Path = typer.Option(
         None, "--reference-cache", help="Directory caching reference runs by configuration."
     ),
-    dp: str = typer.Option(
-        None,
-        "--dp",
-        help="Differential privacy: local (devices noise their uplinks), central (the server "
-        "noises the average of clipped updates) or sgd (devices train with DP-SGD, Opacus); "
-        "docs/privacy.md.",
-    ),
-    target_epsilon: float = typer.Option(
-        None,
-        "--target-epsilon",
-        help="With --dp: each device's privacy budget ε; a device that spent it trains no more.",
-    ),
-    delta: float = typer.Option(
-        None, "--delta", help="With --dp: δ of the (ε, δ) guarantee (default 1e-5)."
-    ),
-    clip: float = typer.Option(
-        None,
-        "--clip",
-        help="With --dp: the clip bound C (an update's L2 norm; a sample's statistics vector's; "
-        "under sgd a sample's gradient's). Default 1.",
-    ),
-    noise_multiplier: float = typer.Option(
-        None,
-        "--noise-multiplier",
-        help="With --dp: noise std / sensitivity (default: the least that keeps the budget over "
-        "all rounds).",
-    ),
+    privacy: DifferentialPrivacy = DifferentialPrivacy(),
     secure: SecureAggregation = SecureAggregation(),
 ) -> None:
     """Run a whole federated fleet on this machine with the in-memory transport."""
@@ -214,29 +224,20 @@ def simulate(
         "eval_samples": eval_samples,
         "out_dir": str(out) if out else None,
         "run_name": run_name,
-        "threads": threads,
-        "train_device": train_device,
-    } | training.settings() | aggregating.settings()
-    privacy = {
-        "dp": dp,
-        "dp_target_epsilon": target_epsilon,
-        "dp_delta": delta,
-        "dp_clip": clip,
-        "dp_noise_multiplier": noise_multiplier,
-    }  # the dp options every method takes (docs/privacy.md)
-    explicit = run_settings(config, flags, option, privacy | secure.options())
+    } | training.settings() | aggregating.settings() | execution.settings()
+    explicit = run_settings(config, flags, option, privacy.options() | secure.options())
     _fleet_file_clients(explicit)
     check_run_names(explicit)  # names and values, before torch is imported
     if transport not in ("memory", "mqtt"):
         raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
-    if workers < 0:
-        raise ConfigError(f"--workers must be >= 0 (got {workers})")
+    if execution.workers < 0:
+        raise ConfigError(f"--workers must be >= 0 (got {execution.workers})")
 
     cfg, method = resolve_run(explicit)
     _check_names(cfg)
     feedback = Feedback(err, rounds=method.total_rounds(cfg.rounds), quiet=quiet)
     if not quiet:
-        err.print(_headline(cfg, transport, workers), highlight=False)
+        err.print(_headline(cfg, transport, execution.workers), highlight=False)
     from edgefl.errors import RunInterrupted
 
     try:
@@ -247,9 +248,7 @@ def simulate(
                 transport,
                 feedback,
                 broker=broker,
-                workers=workers,
-                backend=backend,
-                ray_address=ray_address,
+                execution=execution,
             )
             if compare_local:
                 _attach_local(cfg, summary, feedback, reference_cache)
@@ -294,9 +293,7 @@ def _run(
     feedback: Feedback,
     *,
     broker,
-    workers: int,
-    backend: str,
-    ray_address,
+    execution: Execution,
 ) -> dict:
     """The run, in memory or over MQTT, with one line per round."""
     total = method.total_rounds(cfg.rounds)
@@ -328,9 +325,9 @@ def _run(
     return run_simulation(
         cfg,
         on_round=on_round,
-        workers=workers or default_workers(),
-        backend=backend,
-        ray_address=ray_address,
+        workers=execution.workers or default_workers(),
+        backend=execution.backend,
+        ray_address=execution.ray_address,
         on_progress=feedback.progress_hook,
         on_event=on_event,
         method=method,

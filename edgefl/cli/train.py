@@ -29,7 +29,10 @@ import typer
 
 from edgefl.cli.common import (
     DATASET_HELP,
+    MAX_BYTES,
     Connection,
+    DeviceId,
+    MaxBytes,
     connection_address,
     load_profile,
     option_groups,
@@ -133,12 +136,7 @@ def _source(ctx: typer.Context, name: str) -> str:
 def train(
     ctx: typer.Context,
     conn: Connection = Connection(),
-    device_id: str = typer.Option(
-        None,
-        "--device-id",
-        envvar="EDGEFL_DEVICE_ID",
-        help="This device's id (also its MQTT username).",
-    ),
+    device_id: DeviceId = None,
     data: str = typer.Option(
         None,
         help="DATASET[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]. "
@@ -170,7 +168,7 @@ def train(
     delay: float = typer.Option(
         0.0, help="Extra seconds per training round (emulate a slow device)."
     ),
-    max_bytes: int = typer.Option(256 * 1024 * 1024, help="Largest message accepted or sent."),
+    max_bytes: MaxBytes = MAX_BYTES,
     threads: int = typer.Option(None, help="Torch CPU threads."),
     train_device: str = typer.Option(
         None,
