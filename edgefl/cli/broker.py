@@ -44,10 +44,10 @@ def ca(
         "default", envvar="EDGEFL_FLEET", help="Fleet name (in the CA's name)."
     ),
     host: list[str] = typer.Option(
-        None, "--host", help="Broker host name devices dial (repeatable; default localhost)."
+        None, help="Broker host name devices dial (repeatable; default localhost)."
     ),
     ip: list[str] = typer.Option(
-        None, "--ip", help="Broker IP address devices dial (repeatable; default 127.0.0.1)."
+        None, help="Broker IP address devices dial (repeatable; default 127.0.0.1)."
     ),
 ) -> None:
     """Create the fleet CA and the broker's certificate (keys written 0600, never printed; run as

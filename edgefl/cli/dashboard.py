@@ -13,18 +13,16 @@ from edgefl.report.console import err
 @option_groups
 def dashboard(
     conn: Connection = Connection(),
-    run: Path = typer.Option(None, "--run", help="Follow RUN/status.json instead of the broker."),
+    run: Path = typer.Option(None, help="Follow RUN/status.json instead of the broker."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8080, help="Port (0: a free one)."),
     web_password: str = typer.Option(
         None,
-        "--web-password",
         envvar="EDGEFL_DASHBOARD_PASSWORD",
         help="Require this password (HTTP basic authentication, any user name).",
     ),
     reference: Path = typer.Option(
         None,
-        "--reference",
         help="Draw this finished run's accuracy (its Local reference if it has one) "
         "as a dashed line; with --run, that run's Local reference is drawn by default.",
     ),

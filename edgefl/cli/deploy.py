@@ -16,20 +16,19 @@ from edgefl.report.console import err
 def deploy(
     run: Path = typer.Option(
         None,
-        "--run",
         help="Deploy each device of this run its exported model (RUN/onnx by default).",
     ),
     onnx_dir: Path = typer.Option(
-        None, "--onnx-dir", help="Where `edgefl export --run RUN --all` wrote the models."
+        None, help="Where `edgefl export --run RUN --all` wrote the models."
     ),
-    model: Path = typer.Option(None, "--model", help="Deploy this ONNX file (with --device)."),
-    device: list[str] = typer.Option(None, "--device", help="Only this device (repeatable)."),
-    tier: str = typer.Option(None, "--tier", help="Only the run's devices of this tier."),
+    model: Path = typer.Option(None, help="Deploy this ONNX file (with --device)."),
+    device: list[str] = typer.Option(None, help="Only this device (repeatable)."),
+    tier: str = typer.Option(None, help="Only the run's devices of this tier."),
     fmt: str = typer.Option(
         "auto", "--format", help="fp32, int8, or auto (int8 on CPU-only ARM devices when exported)."
     ),
     version: str = typer.Option(
-        None, "--version", help="Version name (default: the run or file name and the time)."
+        None, help="Version name (default: the run or file name and the time)."
     ),
     rollback: bool = typer.Option(
         False, "--rollback", help="Return the devices to their previous version."

@@ -23,9 +23,7 @@ app = typer.Typer(
 def profile(
     as_json: bool = typer.Option(False, "--json", help="Print the profile as one JSON object."),
     quick: bool = typer.Option(False, "--quick", help="A shorter compute benchmark (about 0.5 s)."),
-    name: str = typer.Option(
-        None, "--name", help="Name recorded in the profile (default: host name)."
-    ),
+    name: str = typer.Option(None, help="Name recorded in the profile (default: host name)."),
 ) -> None:
     """Detect this device (CPU, RAM, board, accelerator) and measure its training throughput."""
     from edgefl.profiling import profile_device

@@ -13,41 +13,37 @@ from edgefl.report.console import Feedback, err
 
 
 def export(
-    out: Path = typer.Option(..., "--out", help="Output .onnx file (one model) or directory."),
-    run: Path = typer.Option(None, "--run", help="Run directory written by a simulation."),
-    device: str = typer.Option(None, "--device", help="Export this device's model."),
+    out: Path = typer.Option(..., help="Output .onnx file (one model) or directory."),
+    run: Path = typer.Option(None, help="Run directory written by a simulation."),
+    device: str = typer.Option(None, help="Export this device's model."),
     tier: str = typer.Option(
-        None, "--tier", help="Export one model of this tier (the first device holding it)."
+        None, help="Export one model of this tier (the first device holding it)."
     ),
     all_devices: bool = typer.Option(False, "--all", help="Export every device's model."),
     checkpoint: Path = typer.Option(
         None,
-        "--checkpoint",
         help="A model file (.safetensors with edgefl spec metadata) instead of --run.",
     ),
     dataset: str = typer.Option(
         None,
-        "--dataset",
         help="Dataset of a --checkpoint when its metadata names none. " + DATASET_HELP,
     ),
     data_dir: DataDir = None,
-    opset: int = typer.Option(17, "--opset", help="ONNX opset."),
-    quantize: str = typer.Option(None, "--quantize", help="Also write a static int8 model (int8)."),
+    opset: int = typer.Option(17, help="ONNX opset."),
+    quantize: str = typer.Option(None, help="Also write a static int8 model (int8)."),
     int8_format: str = typer.Option(
         "qdq",
-        "--int8-format",
         help="qdq (for TensorRT/CUDA and CPU) or qoperator (smaller, CPU only).",
     ),
     calibration_samples: int = typer.Option(
         256,
-        "--calibration-samples",
         help="Training samples for int8 calibration (and static BatchNorm).",
     ),
     test_samples: int = typer.Option(
-        None, "--test-samples", help="Test samples for the accuracy report (default all; 0 skips)."
+        None, help="Test samples for the accuracy report (default all; 0 skips)."
     ),
     tolerance: float = typer.Option(
-        1e-4, "--tolerance", help="Parity tolerance, relative to max(1, max |logit|)."
+        1e-4, help="Parity tolerance, relative to max(1, max |logit|)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON on stdout."),
     workers: int = typer.Option(

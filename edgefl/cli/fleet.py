@@ -164,7 +164,7 @@ def render(status: dict[str, Any]) -> None:
 @option_groups
 def status(
     conn: Connection = Connection(),
-    run: Path = typer.Option(None, "--run", help="Read RUN/status.json instead of the broker."),
+    run: Path = typer.Option(None, help="Read RUN/status.json instead of the broker."),
     timeout: float = typer.Option(5.0, help="Seconds to wait for the retained status."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:

@@ -28,23 +28,19 @@ def infer(
     ),
     models_dir: str = typer.Option(
         None,
-        "--models-dir",
         envvar="EDGEFL_MODELS_DIR",
         help="Where `edgefl deploy` installs models (without --model).",
     ),
     dataset: str = typer.Option(
-        None, "--dataset", help="Measure accuracy on this dataset instead. " + DATASET_HELP
+        None, help="Measure accuracy on this dataset instead. " + DATASET_HELP
     ),
-    split: str = typer.Option("test", "--split", help="Split of --dataset."),
+    split: str = typer.Option("test", help="Split of --dataset."),
     data_dir: DataDir = None,
-    limit: int = typer.Option(None, "--limit", help="Use only the first N samples of --dataset."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Images per ONNX Runtime call."),
-    threads: int = typer.Option(
-        None, "--threads", help="ONNX Runtime intra-op threads (default: its own)."
-    ),
+    limit: int = typer.Option(None, help="Use only the first N samples of --dataset."),
+    batch_size: int = typer.Option(64, help="Images per ONNX Runtime call."),
+    threads: int = typer.Option(None, help="ONNX Runtime intra-op threads (default: its own)."),
     provider: list[str] = typer.Option(
         None,
-        "--provider",
         help="Execution provider (cpu, cuda, tensorrt; repeatable). Default: the best available.",
     ),
     resize: bool = typer.Option(
@@ -52,7 +48,6 @@ def infer(
     ),
     class_map: list[str] = typer.Option(
         None,
-        "--class-map",
         help="FOLDER=CLASS: score a data class as this model class (repeatable). Default: by "
         "name, case and punctuation aside (a folder t-shirt-top is the class T-shirt/top).",
     ),

@@ -90,25 +90,23 @@ def start(
     run_name: str = typer.Option(
         None, help="Run directory name (keep it fixed to resume into it)."
     ),
-    config: Path = typer.Option(None, "--config", help="TOML file with run settings."),
+    config: Path = typer.Option(None, help="TOML file with run settings."),
     wait: float = typer.Option(
         None, help="Give up if min-devices are not ready after this many seconds."
     ),
     broker_wait: float = typer.Option(
         None,
-        "--broker-wait",
         help="Seconds to wait for an unreachable broker before exiting with code 4 (default: "
         "forever, retried after 1, 2, 4 … 30 s).",
     ),
     max_bytes: MaxBytes = MAX_BYTES,
     metrics_port: int = typer.Option(
         None,
-        "--metrics-port",
         envvar="EDGEFL_METRICS_PORT",
         help="Serve Prometheus metrics of the fleet on this port (/metrics).",
     ),
     metrics_host: str = typer.Option(
-        "127.0.0.1", "--metrics-host", help="Address the metrics listen on (loopback by default)."
+        "127.0.0.1", help="Address the metrics listen on (loopback by default)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
 ) -> None:

@@ -140,7 +140,6 @@ def simulate(
     training: LocalTraining = LocalTraining(),
     lr_decay_rounds: str = typer.Option(
         None,
-        "--lr-decay-rounds",
         help="Comma-separated rounds (from 0) at which the lr is multiplied by 0.1 (a "
         "MultiStepLR; 'none' for no decay).",
     ),
@@ -150,7 +149,6 @@ def simulate(
     ),
     fleet_file: Path = typer.Option(
         None,
-        "--fleet-file",
         help="Fleet file (devices/*.yaml): device profiles; each device's tier by the tier policy.",
     ),
     width: float = typer.Option(None, help="Channel width multiplier (CPU-sized runs: 0.25)."),
@@ -171,7 +169,7 @@ def simulate(
     run_name: str = typer.Option(
         None, help="Name of the run directory (default: timestamp-algorithm-dataset-seed)."
     ),
-    config: Path = typer.Option(None, "--config", help="TOML file with any of these settings."),
+    config: Path = typer.Option(None, help="TOML file with any of these settings."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
     quiet: bool = typer.Option(
         False,
@@ -193,7 +191,7 @@ def simulate(
         "--reference-cache.",
     ),
     reference_cache: Path = typer.Option(
-        None, "--reference-cache", help="Directory caching reference runs by configuration."
+        None, help="Directory caching reference runs by configuration."
     ),
     privacy: DifferentialPrivacy = DifferentialPrivacy(),
     secure: SecureAggregation = SecureAggregation(),

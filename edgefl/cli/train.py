@@ -150,13 +150,11 @@ def train(
     ),
     config: Path = typer.Option(
         None,
-        "--config",
         envvar="EDGEFL_CONFIG",
         help="TOML file of settings (options and environment variables win over it).",
     ),
     wait: float = typer.Option(
         None,
-        "--wait",
         help="Seconds to wait for an unreachable broker before exiting with code 4 (default: "
         "forever).",
     ),
@@ -172,7 +170,6 @@ def train(
     threads: int = typer.Option(None, help="Torch CPU threads."),
     train_device: str = typer.Option(
         None,
-        "--train-device",
         help="Where local training runs: auto (a CUDA GPU when this torch build sees one, else "
         "the CPU), cpu, cuda or cuda:N. Default: auto.",
     ),
@@ -184,7 +181,6 @@ def train(
     ),
     models_dir: str = typer.Option(
         None,
-        "--models-dir",
         help="When the run is over, stay as the model agent (edgefl device agent) with this store.",
     ),
 ) -> None:
