@@ -71,6 +71,17 @@ IID is the lower bound). Seeds {list(seeds["dir0.1"])} for Dir(0.1) (a pathologi
 {list(seeds["iid"])} for IID (a seed changes the partition, the initialisation and the sampling).
 Centralized: one model on all the devices' training images for the same number of epochs (the
 same sample visits), seeds {list(BOUND_SEEDS[:1] if quick else BOUND_SEEDS)}.
+
+**Known gaps of this run (issue 37).** The IID rows are not comparable: FedAvg-IID's last-quarter
+slope is 0.53 points per 10 % of rounds (≥ 0.5), and on the validation split of
+[recipes.md](recipes.md) FedAvg at Dir(0.1) with this recipe ends at slope 0.60: with a constant
+lr the 30 rounds are too short. On server_opt's profile (the same CNN family, width 0.25), one ×0.1
+step at 70 % of the rounds brought every setting under 0.5 on a validation split
+([converge.md](converge.md)); the same check on this profile is declared there but has not run, so
+this benchmark's declaration and cells are unchanged. The centralized bound (86.93 %) is below the
+issue's ≥ 90 % target: on the validation split it ends at 87.08 ± 0.90 % with a drop of at most 0.9
+points from its peak and a slope of 0.18, at its ceiling for 6,000 images; more than 90 % would
+take more training data than this profile's hour allows (not measured here).
 """,
         cells=cells,
         claims=[
