@@ -306,6 +306,12 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
         "`benchmarks/runner.py` from the runs in `results.json`. " + VOCABULARY,
         "",
     ]
+    if results.get("missing"):
+        lines += [f"**Incomplete: {len(results['missing'])} cells of the declared grid did not "
+                  "run** (the run was stopped before its end); everything below is over the "
+                  "cells that finished, and a claim short of its seeds reads \"not comparable\". "
+                  "Missing: " + ", ".join(f"`{x}`" for x in results["missing"])
+                  + ". `--missing-only` runs them.", ""]
     lines += gates_section(results)
     lines += ["## The paper's claims and the controls", ""] + claims_table(counted) + [""]
     if uncounted_main:
@@ -437,6 +443,8 @@ def write_readme_index(root: Path = BENCHMARKS) -> Path:
         gate = data.get("gates") or {}
         fails = len(gate.get("failures", []))
         state = "sanity gates FAIL: " + "; ".join(gate["failures"]) if fails else "bounds pass"
+        if data.get("missing"):
+            state = f"incomplete run ({len(data['missing'])} cells missing); {state}"
         collapsed = len(gate.get("collapsed", {}))
         head.append(
             f"- **{data.get('paper') or data.get('title', d.name)}** "

@@ -49,7 +49,7 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +323,12 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
         help="run only the cells no code has a cached record of; report every cell from the "
         "cache as --report-only does (cells of other commits are listed so on the page)",
     )
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="with cells not cached (a run stopped before its end), report the cells that "
+        "finished; the page lists the missing ones",
+    )
     p.add_argument("--out", type=Path, help="results directory (default: the benchmark's folder)")
     p.add_argument(
         "--draft",
@@ -397,15 +403,24 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
             raise SystemExit(str(e)) from None
         records = {c: (cache.find if args.missing_only else cache.get)(c) for c in every}
     missing = [c for c, r in records.items() if r is None]
-    if missing:
+    if missing and not args.partial:
         print(
             f"{len(missing)} cells are not cached yet (e.g. {missing[0].label}); results not "
-            "written"
+            "written (--partial reports the rest)"
         )
         return {}
+    if missing:  # the cells that finished; a sweep with a cell missing is left out
+        bench = replace(
+            bench,
+            cells=[c for c in bench.cells if records[c] is not None],
+            bounds={k: [c for c in v if records[c] is not None] for k, v in bench.bounds.items()},
+            sweeps=[s for s in bench.sweeps if all(records[c] is not None
+                                                   for v in s.grid for c in s.cells[v])],
+        )
     results = build_results(
         bench, records, before, machine(), command, bench_dir=BENCHMARKS / bench.name
     )
+    results["missing"] = [c.label for c in missing]
     if args.report_only and (out / "results.json").exists():
         # a report rewritten from cached cells: the machine is that of the run that made them
         previous = json.loads((out / "results.json").read_text())

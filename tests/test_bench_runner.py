@@ -807,3 +807,23 @@ def test_device_class_counts_read_each_devices_shard_past_the_public_carve_out()
         assert sum(c > 0 for c in per_class) == 2
     # (with 8 shards for 10 classes the partition uses 8 of them: at most the 360 images left)
     assert 0 < sum(sum(c) for _, c in counts.values()) <= 400 - 40
+
+
+@pytest.mark.slow
+def test_partial_reports_the_cells_that_finished_and_lists_the_missing(tmp_path):
+    cells = [tiny_cell(s, method=m, algorithm=m) for s in range(3) for m in ("fedavg", "local")]
+    bench = runner.Benchmark("t", "T", "tiny", cells,
+                             claims=[Claim("c", "fedavg > local", "synthetic")])
+    # seed 2 never ran
+    run_cells(cells[:4], Cache(tmp_path / "cells", draft=True), workers=1, log=lambda m: None)
+    args = ["--out", str(tmp_path), "--report-only", "--draft"]
+    assert runner.main(lambda quick: bench, args) == {}  # without --partial: nothing written
+    assert not (tmp_path / "results.json").exists()
+    results = runner.main(lambda quick: bench, [*args, "--partial"])
+    assert results["missing"] == [c.label for c in cells[4:]]
+    assert [r["seed"] for r in results["runs"]] == [0, 0, 1, 1]
+    claim = results["claims"][0]
+    assert claim["seeds"] == [0, 1] and claim["verdict"] == "not comparable"
+    page = (tmp_path / "results.md").read_text()
+    assert "**Incomplete: 2 cells of the declared grid did not run**" in page
+    assert "`grid:synthetic:fedavg:s2`" in page
