@@ -100,6 +100,24 @@ class Availability:
             return True
         return self.status_at.get(device_id, 0.0) < self.registered_at.get(device_id, 0.0)
 
+    def wait_for_any(self, devices: list[str], timeout: float, poll: float = 0.1) -> bool:
+        """Before a round: when every one of ``devices`` is offline, wait for the first to come
+        back (as the fleet clock's round waits), at most ``timeout`` seconds; a round of nobody
+        would end at once, and the next, until the run's rounds are spent. Whether one is
+        available."""
+        if not devices or any(self(d) for d in devices):
+            return True
+        log.warning("every device is offline (its Last Will): waiting up to %g s for one to "
+                    "come back before the round", timeout)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            time.sleep(poll)
+            back = [d for d in devices if self(d)]
+            if back:
+                log.info("%s is back: the round starts", ", ".join(back))
+                return True
+        return False
+
 
 class FinalProgress:
     """While the final evaluation runs: a line every ``every`` seconds (devices answered, time

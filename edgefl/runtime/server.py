@@ -370,7 +370,10 @@ def serve(
             ctx,
             Encoded(ObservedTransport(transport, status), limits),
             settings,
-            before_round=lambda r: registry.apply(ctx.fleet),
+            before_round=lambda r: (
+                registry.apply(ctx.fleet),
+                available.wait_for_any(sorted(ctx.fleet), opts.deadline),
+            ),
             on_progress=on_progress,
             available=available,
             collect_models=None

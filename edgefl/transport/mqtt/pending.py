@@ -52,6 +52,17 @@ class _Pending:
     value: object = None
     rejected: list[str] = field(default_factory=list)
     nonce: str = ""  # the request's, which its reply echoes
+    # when (monotonic) the device's status turned "offline" while the request waited for its
+    # reply (0.0: it did not): the request fails at once, and no later reply is taken
+    gone: float = 0.0
+
+
+def gone_reason(p: _Pending) -> str:
+    """Why a request whose device went offline (status "offline": its Last Will) failed."""
+    return (
+        f"device went offline {p.gone - p.sent:.1f} s after the request was sent "
+        "(its Last Will), before it replied"
+    )
 
 
 class OpenRequests:
@@ -104,13 +115,17 @@ class OpenRequests:
         self, devices: list[str], deadline: float | None, enough: Callable[[int], bool]
     ) -> None:
         """Re-send the unacknowledged requests of ``devices`` (with back-off) and acknowledge
-        replies that wait for it, until none of ``devices`` waits, ``enough(answered)`` or the
-        deadline."""
+        replies that wait for it, until none of ``devices`` waits (a device that went offline
+        does not), ``enough(answered)`` (answered: replied or gone) or the deadline."""
         while True:
             resend, acks = [], []
             with self.lock:
                 waiting = [
-                    d for d in devices if d in self.pending and self.pending[d].reply is None
+                    d
+                    for d in devices
+                    if d in self.pending
+                    and self.pending[d].reply is None
+                    and not self.pending[d].gone
                 ]
                 answered = sum(1 for d in devices if d in self.pending) - len(waiting)
                 now = time.monotonic()
@@ -175,10 +190,16 @@ class OpenRequests:
     ) -> dict[str, Delivery]:
         """Wait until one of ``device_ids``' open requests is answered (or ``timeout`` passes);
         return up to ``most`` answered ones, earliest first, each closed and its reply
-        acknowledged. Empty when none was answered in time (or none of them is open)."""
+        acknowledged; a request whose device went offline counts as answered, failed (its
+        Delivery's ``error`` says so). Empty when none was answered in time (or none of them is
+        open)."""
         devices = list(device_ids)
+
+        def over(p: _Pending) -> bool:
+            return p.reply is not None or bool(p.gone)
+
         with self.lock:
-            if not any(d in self.pending and self.pending[d].reply is not None for d in devices):
+            if not any(d in self.pending and over(self.pending[d]) for d in devices):
                 self.outstanding = 1  # woken by the first reply
             self.wake_at = time.monotonic()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -187,12 +208,17 @@ class OpenRequests:
         acks = []
         with self.lock:
             done = sorted(
-                (self.pending[d].replied_at, d)
+                (self.pending[d].replied_at or self.pending[d].gone, d)
                 for d in devices
-                if d in self.pending and self.pending[d].reply is not None
+                if d in self.pending and over(self.pending[d])
             )
             for _, d in done[: max(most, 0)]:
                 p = self.pending.pop(d)
+                if p.reply is None:
+                    out[d] = Delivery(
+                        d, None, gone_reason(p), p.gone - p.sent, rejected=tuple(p.rejected)
+                    )
+                    continue
                 out[d] = Delivery(
                     d, p.reply, None, p.replied_at - p.sent, p.value, tuple(p.rejected)
                 )

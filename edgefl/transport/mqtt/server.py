@@ -22,7 +22,7 @@ from edgefl.transport.chunks import (
     ChunkSettings,
 )
 from edgefl.transport.mqtt.connection import BrokerAddress, Endpoint
-from edgefl.transport.mqtt.pending import OpenRequests, _Pending
+from edgefl.transport.mqtt.pending import OpenRequests, _Pending, gone_reason
 from edgefl.transport.mqtt.reliable import ack_envelope
 from edgefl.transport.mqtt.topics import Topics
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
@@ -162,6 +162,10 @@ class MqttServerTransport(OpenRequests, Endpoint):
                 if p is not None and p.reply is not None:
                     out[device_id] = Delivery(
                         device_id, p.reply, None, p.replied_at - p.sent, p.value, rejected
+                    )
+                elif p is not None and p.gone:
+                    out[device_id] = Delivery(
+                        device_id, None, gone_reason(p), p.gone - p.sent, rejected=rejected
                     )
                 else:
                     state = self.status.get(device_id, "unknown")
@@ -307,6 +311,13 @@ class MqttServerTransport(OpenRequests, Endpoint):
             with self.lock:
                 self.status[device_id] = state
                 self.status_at[device_id] = time.time()
+                p = self.pending.get(device_id)
+                if state == "offline" and p is not None and p.reply is None and not p.gone:
+                    # its connection is gone (its Last Will) while it owes a reply: the request
+                    # fails now, not at the deadline
+                    p.gone = time.monotonic()
+                    self.outstanding -= 1
+                    self.lock.notify_all()
             return
         try:
             r = peek(data, self.limits)
@@ -344,7 +355,10 @@ class MqttServerTransport(OpenRequests, Endpoint):
             duplicate = r.message_id in self.seen_replies
             p = self.pending.get(device_id)
             answers = (
-                p is not None and p.reply is None and r.kind in (REPLY_KINDS.get(p.kind), "error")
+                p is not None
+                and p.reply is None
+                and not p.gone  # failed when its device went offline: a later reply is not used
+                and r.kind in (REPLY_KINDS.get(p.kind), "error")
             )
             # a reply naming another round than its open request's is checked, and refused, when
             # it claims that request (its nonce) or a later round (in an asynchronous run the
@@ -390,7 +404,7 @@ class MqttServerTransport(OpenRequests, Endpoint):
             self._ack_reply(r)  # its sender may stop re-sending it: it will never be accepted
             return
         with self.lock:
-            if self.pending.get(device_id) is p and p.reply is None:
+            if self.pending.get(device_id) is p and p.reply is None and not p.gone:
                 self._first_ack(p)  # a reply acknowledges its request
                 p.reply, p.replied_at, p.acked, p.reply_routing, p.value = (
                     bytes(data),

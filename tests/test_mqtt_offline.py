@@ -1,0 +1,156 @@
+"""A device that loses its connection while it owes a reply (its Last Will: status "offline")
+fails its request at once, on a real Mosquitto: the round ends with the others instead of
+waiting for its deadline, and a reply it sends once back is not used; a round whose devices
+are all offline waits for the first to come back."""
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from edgefl.runtime.ending import Availability
+from edgefl.transport.broker import MosquittoBroker
+from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerTransport
+from edgefl.wire import Envelope, Payload, decode, encode
+from tests.conftest import scaled, wait_until
+
+DEADLINE = 120.0  # the round's deadline: far beyond what either test waits for
+
+
+@pytest.fixture(scope="module")
+def mosquitto(tmp_path_factory):
+    broker = MosquittoBroker(port=0, workdir=tmp_path_factory.mktemp("mosquitto")).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+class Device:
+    """A device endpoint served by a thread: answers "update" to "train". A ``dropper`` loses its
+    connection (the socket shut, no DISCONNECT: the broker publishes its Last Will) as soon as a
+    request arrives, and replies once it is connected again; ``before_reply`` runs before any
+    reply."""
+
+    def __init__(self, url, fleet, device_id, *, dropper=False, before_reply=None):
+        self.ep = MqttDeviceEndpoint(BrokerAddress.parse(url), fleet, device_id, retry_after=0.3)
+        self.dropper, self.before_reply = dropper, before_reply
+        self.dropped = threading.Event()
+        self.replied = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def start(self):
+        self.ep.start()
+        self.thread.start()
+        return self
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                kind, routing, data = self.ep.inbox.get(timeout=0.1)
+            except Exception:
+                self.ep.retry_unacked()
+                continue
+            if kind != "request":
+                continue
+            env = decode(data)
+            if self.dropper and not self.dropped.is_set():
+                self.ep.connected.clear()
+                self.ep.client.socket().shutdown(socket.SHUT_RDWR)  # Wi-Fi gone
+                self.dropped.set()
+                wait_until(self.ep.connected.is_set, "the device reconnecting", timeout=60)
+            if self.before_reply is not None:
+                self.before_reply()
+            reply = env.reply(
+                "update", Payload({"w/x": env.payload.arrays["w/x"] + 1}, {"num_samples": 1})
+            )
+            self.ep.reply(routing, encode(reply))
+            self.replied.set()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.ep.stop()
+
+
+def _train(fleet, device_id, rnd):
+    return encode(
+        Envelope("train", rnd, device_id, fleet=fleet, payload=Payload({"w/x": np.ones(4, "f4")}))
+    )
+
+
+def test_a_device_that_goes_offline_mid_round_fails_at_once_and_its_late_reply_is_not_used(
+    mosquitto,
+):
+    fleet = "off1"
+    server = MqttServerTransport(
+        BrokerAddress.parse(mosquitto.url), fleet, retry_after=scaled(0.5)
+    ).start()
+
+    # the steady device replies only once the dropper's reply (sent after it came back) has
+    # reached the server: the exchange is still open then, and that reply must not be taken
+    def late_reply_seen():
+        wait_until(lambda: "dropper:update:0" in server.stats.dropped, "the late reply", 60)
+
+    steady = Device(mosquitto.url, fleet, "steady", before_reply=late_reply_seen).start()
+    dropper = Device(mosquitto.url, fleet, "dropper", dropper=True).start()
+    try:
+        t0 = time.monotonic()
+        out = server.request(
+            {d: _train(fleet, d, 0) for d in ("steady", "dropper")},
+            timeout=scaled(DEADLINE),
+            accept=lambda device_id, data: decode(data),
+        )
+        took = time.monotonic() - t0
+    finally:
+        steady.close()
+        dropper.close()
+        server.close()
+    assert dropper.dropped.is_set() and dropper.replied.is_set()
+    assert out["dropper"].reply is None
+    assert "device went offline" in out["dropper"].error
+    assert "Last Will" in out["dropper"].error
+    assert decode(out["steady"].reply).payload.arrays["w/x"].tolist() == [2.0] * 4
+    # the round ended with the steady device, not at the deadline the dropper would have held it to
+    assert took < scaled(DEADLINE) / 2
+
+
+def test_an_open_request_whose_device_goes_offline_arrives_failed(mosquitto):
+    # asynchronous aggregation keeps requests open across calls: arrivals() returns it failed
+    fleet = "off2"
+    server = MqttServerTransport(
+        BrokerAddress.parse(mosquitto.url), fleet, retry_after=scaled(0.5)
+    ).start()
+    dropper = Device(mosquitto.url, fleet, "dropper", dropper=True).start()
+    try:
+        assert server.submit({"dropper": _train(fleet, "dropper", 3)}, accept=None) == {}
+        got = server.arrivals(["dropper"], most=1, timeout=scaled(DEADLINE))
+        wait_until(dropper.replied.is_set, "the reply after reconnecting", 60)
+        wait_until(lambda: "dropper:update:3" in server.stats.dropped, "the late reply", 60)
+        still_open = "dropper" in server.pending
+    finally:
+        dropper.close()
+        server.close()
+    assert list(got) == ["dropper"] and got["dropper"].reply is None
+    assert "device went offline" in got["dropper"].error
+    assert not still_open  # closed when it failed: the reply after it was not used
+
+
+def test_a_round_of_nobody_waits_for_the_first_device_to_come_back():
+    # every device offline by its Last Will: the round waits for one (as the fleet clock does)
+    # instead of running empty; with nobody back by the deadline it goes on
+    status = {"a": "offline", "b": "offline"}
+    available = Availability(status, dict.fromkeys(status, time.time()))
+    assert available.wait_for_any(["a", "b"], timeout=0.05) is False
+    got = {}
+    waiter = threading.Thread(
+        target=lambda: got.update(back=available.wait_for_any(["a", "b"], scaled(DEADLINE)))
+    )
+    waiter.start()
+    status["b"] = "online"  # its client reconnected: "online" on its status topic
+    waiter.join(scaled(DEADLINE))
+    assert got == {"back": True}
+    assert available.wait_for_any(["a", "b"], timeout=0.0) is True  # someone is online: no wait
