@@ -154,3 +154,41 @@ def test_a_round_of_nobody_waits_for_the_first_device_to_come_back():
     waiter.join(scaled(DEADLINE))
     assert got == {"back": True}
     assert available.wait_for_any(["a", "b"], timeout=0.0) is True  # someone is online: no wait
+
+
+def test_a_reply_is_not_re_sent_while_its_last_copy_has_not_left_the_device(mosquitto):
+    # a slow uplink, or a connection that is down: paho still holds the copy and will deliver
+    # it; a re-sent copy would only queue behind it (on a 0.1 Mbit/s link, 9 s per 114 kB)
+    from edgefl.wire.validate import peek
+
+    fleet = "off3"
+    request = peek(_train(fleet, "d", 0))
+    reply = encode(
+        decode(_train(fleet, "d", 0)).reply("update", Payload({}, {"num_samples": 1}))
+    )
+    ep = MqttDeviceEndpoint(BrokerAddress.parse(mosquitto.url), fleet, "d", retry_after=0.05)
+    sent = []
+    publish = ep.client.publish
+
+    def counting(topic, data, **kw):
+        if topic.endswith("/up"):
+            sent.append(topic)
+        return publish(topic, data, **kw)
+
+    ep.client.publish = counting
+    ep.start()
+    try:
+        ep.client.loop_stop()  # paho's network thread holds: nothing leaves the device
+        ep.reply(request, reply)
+        (u,) = ep.unacked.values()
+        wait_until(lambda: time.monotonic() > u.next_retry, "the re-send to fall due", 60)
+        ep.retry_unacked()
+        held = (len(sent), u.sending.is_published())
+        ep.client.loop_start()  # the copy leaves; the broker has it, nobody acknowledges it
+        wait_until(u.sending.is_published, "the broker's PUBACK", 60)
+        wait_until(lambda: time.monotonic() > u.next_retry, "the re-send to fall due", 60)
+        ep.retry_unacked()
+    finally:
+        ep.stop(graceful=False)
+    assert held == (1, False)  # still in paho: not re-sent
+    assert len(sent) == 2  # with the broker and unacknowledged: re-sent

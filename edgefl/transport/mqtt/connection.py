@@ -378,7 +378,11 @@ class Endpoint:
         finally:
             self.client.loop_stop()
 
-    def publish(self, topic: str, data: bytes, *, retain: bool = False, qos: int = 1) -> None:
+    def publish(
+        self, topic: str, data: bytes, *, retain: bool = False, qos: int = 1
+    ) -> mqtt.MQTTMessageInfo | None:
+        """Publish ``data`` (in chunks above the threshold: then None is returned, else paho's
+        MQTTMessageInfo, whose ``is_published()`` says when the broker has it)."""
         if len(data) > self.limits.max_bytes:
             raise WireError(
                 f"refusing to publish {len(data)} bytes: the limit is {self.limits.max_bytes}"
@@ -399,6 +403,7 @@ class Endpoint:
             log.warning(
                 "%s: publishing to %s failed: %s", self.client_id, topic, mqtt.error_string(info.rc)
             )
+        return info
 
     def _on_connect(self, client, userdata, flags, reason, properties):
         if reason.is_failure:

@@ -10,6 +10,9 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
 
 from edgefl.errors import WireError
 from edgefl.transport.chunks import (
@@ -32,6 +35,18 @@ class _Unacked:
     retry_every: float
     attempts: int = 0
     request: tuple[str, int] = ("", -1)  # (kind, round) of the request it answers
+    # paho's record of its last copy (None: in chunks): while that copy has not left (a slow
+    # uplink, or queued while the connection is down), another would only queue behind it
+    sending: Any = None
+
+
+def _leaving(info: Any) -> bool:
+    """Whether a published copy is still queued or in flight in paho (not yet with the broker)."""
+    return (
+        info is not None
+        and info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN)
+        and not info.is_published()
+    )
 
 
 class MqttDeviceEndpoint(Endpoint):
@@ -218,7 +233,10 @@ class MqttDeviceEndpoint(Endpoint):
             self.unacked[reply_id] = _Unacked(
                 topic, data, time.monotonic() + first, first, request=(request.kind, request.round)
             )
-        self.publish(topic, data)
+        info = self.publish(topic, data)
+        with self.lock:
+            if reply_id in self.unacked:
+                self.unacked[reply_id].sending = info
 
     def send(self, leaf: str, data: bytes) -> None:
         self.publish(self.topics.device(self.device_id, leaf), data)
@@ -238,6 +256,9 @@ class MqttDeviceEndpoint(Endpoint):
                 if now >= u.next_retry and self.chunker.active(u.topic, bytes.fromhex(key)):
                     # in chunks: re-sent by their progress, not by this clock
                     u.next_retry = now + u.retry_every
+                elif now >= u.next_retry and _leaving(u.sending):
+                    # its last copy is still on its way out: paho delivers it (on reconnecting too)
+                    u.next_retry = now + u.retry_every
                 elif now >= u.next_retry:
                     due.append((key, u))
             for key, u in due:
@@ -255,4 +276,4 @@ class MqttDeviceEndpoint(Endpoint):
         for key, u in due:
             if key in self.unacked:
                 log.info("device %s: no acknowledgement for a reply; re-sending", self.device_id)
-                self.publish(u.topic, u.data)
+                u.sending = self.publish(u.topic, u.data)
