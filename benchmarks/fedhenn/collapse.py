@@ -10,6 +10,11 @@ the two-class prior: one class predicted), and the share of its own training ima
 its most predicted class (≥ 0.95: one class). Writes ``collapse.md``:
 ``python -m benchmarks.fedhenn.collapse``.
 
+Tiers 3–5 train with dropout, which draws from torch's global generator: a device's run depends on
+the devices trained before it in the same process, so each row is one draw (the same device can
+collapse in one table and not in the other at lr 0.05, which is itself how unstable that recipe
+is).
+
 ``--stuck``: the devices that predicted one class at a recipe of the sweep (here, in the sweep's
 cells or in collapse.md), each trained alone the same way at the sweep's recipes and at Adam lr
 1e-3 (the schedule and weight decay unchanged), a candidate for the next sweep; writes
@@ -87,7 +92,8 @@ def main(argv: list[str] | None = None) -> str:
     if args.stuck:
         recipes = {**CANDIDATES, "adam 1e-3": ADAM}
         runs = {seed: fleet(seed) for seed in dict.fromkeys(s for s, _ in STUCK)}
-        lines += [(__doc__ or "").split("``--stuck``: ", 1)[1].split(" writes")[0] + ".", ""]
+        what = (__doc__ or "").split("``--stuck``: ", 1)[1].split("; writes")[0]
+        lines += [what[0].upper() + what[1:] + ".", ""]
         lines += HEADER + [row(runs[s], s, runs[s].ids.index(d), name, recipe)
                            for name, recipe in recipes.items() for s, d in STUCK]
         out = HERE / "collapse_stuck.md"
