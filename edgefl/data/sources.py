@@ -88,30 +88,14 @@ FASHION_MNIST = DatasetInfo(
     "fashion-mnist", 10, (1, 28, 28), (0.2860,), (0.3530,), idx.FASHION_MNIST_CLASSES
 )
 MNIST = DatasetInfo("mnist", 10, (1, 28, 28), (0.1307,), (0.3081,), idx.MNIST_CLASSES)
-CIFAR10 = DatasetInfo(
-    "cifar10",
-    10,
-    (3, 32, 32),
-    (0.4914, 0.4822, 0.4465),
-    (0.2470, 0.2435, 0.2616),
-    cifar.CIFAR10_CLASSES,
-)
-CIFAR100 = DatasetInfo(
-    "cifar100",
-    100,
-    (3, 32, 32),
-    (0.5071, 0.4865, 0.4409),
-    (0.2673, 0.2564, 0.2762),
-    cifar.CIFAR100_CLASSES,
-)
-CINIC10 = DatasetInfo(  # statistics published with the dataset (BayesWatch/cinic-10)
-    "cinic10",
-    10,
-    (3, 32, 32),
-    (0.4789, 0.4723, 0.4305),
-    (0.2421, 0.2383, 0.2587),
-    cifar.CIFAR10_CLASSES,
-)
+# name, classes, input shape, per-channel mean and std, class names
+CIFAR10 = DatasetInfo("cifar10", 10, (3, 32, 32), (0.4914, 0.4822, 0.4465),
+                      (0.2470, 0.2435, 0.2616), cifar.CIFAR10_CLASSES)
+CIFAR100 = DatasetInfo("cifar100", 100, (3, 32, 32), (0.5071, 0.4865, 0.4409),
+                       (0.2673, 0.2564, 0.2762), cifar.CIFAR100_CLASSES)
+# statistics published with the dataset (BayesWatch/cinic-10)
+CINIC10 = DatasetInfo("cinic10", 10, (3, 32, 32), (0.4789, 0.4723, 0.4305),
+                      (0.2421, 0.2383, 0.2587), cifar.CIFAR10_CLASSES)
 
 _IDX_RAW_SUBDIR = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST"}  # torchvision's layout
 _CIFAR_FILES = {"cifar10": cifar.CIFAR10_FILES, "cifar100": cifar.CIFAR100_FILES}
