@@ -169,15 +169,8 @@ def test_devices_get_the_pool_only_when_the_method_says_they_hold_it(tmp_path):
 
 def test_the_start_threshold_is_not_the_per_round_minimum(tmp_path):
     # Prepare: 6 devices, all needed to start; half of them trained per round
-    cfg = tiny_config(
-        tmp_path,
-        algorithm="fedavg",
-        clients=6,
-        min_devices=6,
-        fraction=0.5,
-        rounds=1,
-        train_samples=360,
-    )
+    cfg = tiny_config(tmp_path, algorithm="fedavg", clients=6, min_devices=6, fraction=0.5,
+                      rounds=1, train_samples=360)
     # Execute
     simulate(cfg)
     # Assert: the round trained what --fraction implies, not --min-devices

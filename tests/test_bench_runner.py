@@ -207,14 +207,8 @@ def test_the_cache_key_covers_resolved_defaults_and_options():
 def full_run(cell, acc, **extra):
     """A record as run_cell makes it, by hand (for report tests that run nothing)."""
     return {
-        "method": cell.method,
-        "setting": cell.setting,
-        "seed": cell.seed,
-        "role": cell.role,
-        "key": cell.key,
-        "final_accuracy": acc,
-        "per_tier": {"1": acc},
-        "client_accuracy": {},
+        "method": cell.method, "setting": cell.setting, "seed": cell.seed, "role": cell.role,
+        "key": cell.key, "final_accuracy": acc, "per_tier": {"1": acc}, "client_accuracy": {},
         "slope": 0.1,
         "per_round": [{"round": 1, "accuracy": acc / 2}, {"round": 2, "accuracy": acc}],
         "bytes_up_per_device_round": 10.0,

@@ -24,14 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _edgefl(cwd: Path, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "edgefl.cli.main", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr, done.stderr
     return done.stdout

@@ -104,13 +104,8 @@ def test_what_cannot_run_asynchronously_is_refused(tmp_path):
         assemble(tiny_config(tmp_path, algorithm="fedproto", aggregation="async"))
     # the ledger counts synchronous rounds
     with pytest.raises(ConfigError, match="with --dp central is not supported"):
-        assemble(
-            tiny_config(
-                tmp_path,
-                aggregation="async",
-                options={"dp": "central", "dp_noise_multiplier": "1.0"},
-            )
-        )
+        options = {"dp": "central", "dp_noise_multiplier": "1.0"}
+        assemble(tiny_config(tmp_path, aggregation="async", options=options))
     with pytest.raises(ConfigError, match="leave --workers at 1"):
         simulate(tiny_config(tmp_path, aggregation="async"), workers=2)
     # over MQTT too, before any broker is reached

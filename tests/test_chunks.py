@@ -48,15 +48,8 @@ class Clock:
 
 
 def settings(**kw):
-    base = dict(
-        threshold=64,
-        chunk_size=100,
-        window=4,
-        max_inflight_bytes=10_000,
-        stall_after=1.0,
-        assumed_rate=1e6,
-        max_chunk_size=1000,
-    )
+    base = dict(threshold=64, chunk_size=100, window=4, max_inflight_bytes=10_000,
+                stall_after=1.0, assumed_rate=1e6, max_chunk_size=1000)
     return ChunkSettings(**{**base, **kw})
 
 
@@ -101,6 +94,15 @@ class Link:
             self.clock.t += step
             self.sender.poll()
         raise AssertionError("the transfer did not finish")
+
+
+def add_all(r: Reassembler, sender: str, chunks) -> bytes | None:
+    """Give ``r`` each of ``chunks`` from ``sender``: the message the last one completed (None:
+    none did)."""
+    message = None
+    for c in chunks:
+        message, _ = r.add(sender, c)
+    return message
 
 
 def payload(n):
@@ -241,17 +243,19 @@ def test_memory_is_taken_as_bytes_arrive_and_a_real_message_is_kept():
     finally:
         tracemalloc.stop()
     assert peak < 64 * 1024 and r.held["b"] == 1000 + PIECE_OVERHEAD
-    message = None
-    for c in real[1:]:
-        message, _ = r.add("a", c)
-    assert message == data
+    assert add_all(r, "a", real[1:]) == data
+
+
+def budgeted(partial_bytes: int, sender_bytes: int) -> Reassembler:
+    """A reassembler of 1000-byte chunks that holds at most ``partial_bytes`` of unfinished
+    messages, ``sender_bytes`` of them from any one sender."""
+    s = settings(chunk_size=1000, max_chunk_size=1000, max_partial_bytes=partial_bytes,
+                 max_sender_bytes=sender_bytes)
+    return Reassembler(s, max_bytes=MAX)
 
 
 def test_a_sender_over_its_share_is_refused_while_others_keep_their_room():
-    s = settings(
-        chunk_size=1000, max_chunk_size=1000, max_partial_bytes=10_000, max_sender_bytes=4_000
-    )
-    r = Reassembler(s, max_bytes=MAX)
+    r = budgeted(10_000, 4_000)
     hog = split(payload(9_000), b"\3" * 16, 1000)
     for c in hog[:3]:
         r.add("hog", c)
@@ -259,25 +263,18 @@ def test_a_sender_over_its_share_is_refused_while_others_keep_their_room():
         r.add("hog", hog[3])
     assert r.stats.over_share == 1 and r.held["hog"] == 3 * (1000 + PIECE_OVERHEAD)
     data = payload(3_000)
-    message = None
-    for c in split(data, MID, 1000):
-        message, _ = r.add("honest", c)
-    assert message == data
+    assert add_all(r, "honest", split(data, MID, 1000)) == data
 
 
 def test_a_full_budget_is_shared_the_largest_holder_gives_way():
-    s = settings(
-        chunk_size=1000, max_chunk_size=1000, max_partial_bytes=7_000, max_sender_bytes=7_000
-    )
-    r = Reassembler(s, max_bytes=MAX)
+    r = budgeted(7_000, 7_000)
     hogs = [split(payload(8_000), bytes([k]) * 16, 1000) for k in range(2)]
     for chunks in hogs:  # two partials of 2 chunks each: 4,512 bytes held
         for c in chunks[:2]:
             r.add("hog", c)
     data = payload(3_000)
-    message = None
-    for c in split(data, MID, 1000):  # needs 3,384 more: the hog's oldest partial is evicted
-        message, _ = r.add("honest", c)
+    # needs 3,384 more: the hog's oldest partial is evicted
+    message = add_all(r, "honest", split(data, MID, 1000))
     assert message == data and r.stats.evicted == 1 and len(r.partial["hog"]) == 1
     # a sender holding more than the others may not evict them to grow further
     r.add("small", split(payload(2_000), b"\7" * 16, 1000)[0])
@@ -346,10 +343,7 @@ def test_an_inconsistent_chunk_is_refused_and_never_displaces_the_real_message()
         bad = bytearray(chunks[1])
         bad[-1] ^= 1
         r.add("a", bytes(bad))
-    message = None
-    for c in chunks[1:]:
-        message, _ = r.add("a", c)
-    assert message == data and r.stats.rejected == 2
+    assert add_all(r, "a", chunks[1:]) == data and r.stats.rejected == 2
 
 
 def test_a_whole_message_that_fails_its_checksum_is_refused_and_its_sender_told():
@@ -378,10 +372,7 @@ def test_each_sender_holds_a_bounded_number_of_partial_messages_and_others_are_u
         and r.stats.evicted == 3
         and r.partial_bytes == 3 * (100 + PIECE_OVERHEAD)
     )
-    message = None
-    for c in other[1:]:
-        message, _ = r.add("b", c)
-    assert message is not None
+    assert add_all(r, "b", other[1:]) is not None
     assert r.drop_idle(-1) == 2 and r.partial_bytes == 0
 
 

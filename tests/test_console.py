@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -155,24 +156,35 @@ def test_a_console_that_is_not_a_terminal_never_wraps(monkeypatch):
     assert not console.is_terminal and console.soft_wrap and console.width >= 200
 
 
-@pytest.mark.slow
-def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
-    from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
+@pytest.fixture
+def broker_url():
+    """A Mosquitto broker of the test's own (stopped after it): its URL."""
     from edgefl.transport.broker import MosquittoBroker
-    from tests.commands import server_start, tiny_run
-    from tests.conftest import tiny_config
 
     need_mosquitto()
-    # Prepare: a broker, a server waiting for 2 devices, and one device
     broker = MosquittoBroker(port=0).start()
-    url = f"mqtt://127.0.0.1:{broker.port}"
-    server = subprocess.Popen(
-        server_start(url, "fb", "--rounds", "1", "--min-devices", "2",
-                     *tiny_run(tmp_path / "runs", "wait", steps=2)),
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
+    yield f"mqtt://127.0.0.1:{broker.port}"
+    broker.stop()
+
+
+def tiny_server(url: str, fleet: str, run: Path, *flags: str, **streams) -> subprocess.Popen:
+    """``edgefl server start`` of ``fleet``: a tiny synthetic run (2 steps a round) into ``run``,
+    with ``flags``; its output streams as ``streams`` say, as text."""
+    from tests.commands import server_start, tiny_run
+
+    command = server_start(url, fleet, *flags, *tiny_run(run.parent, run.name, steps=2))
+    return subprocess.Popen(command, text=True, **streams)
+
+
+@pytest.mark.slow
+def test_server_start_says_which_devices_registered_while_it_waits(tmp_path, broker_url):
+    from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
+    from tests.conftest import tiny_config
+
+    # Prepare: a broker, a server waiting for 2 devices, and one device
+    url = broker_url
+    server = tiny_server(url, "fb", tmp_path / "runs" / "wait", "--rounds", "1",
+                         "--min-devices", "2", stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     cfg = tiny_config(tmp_path, clients=2)
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
@@ -192,7 +204,6 @@ def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
         server.terminate()
         server.wait(30)
         device.wait(30)
-        broker.stop()
     # Assert: before any device, then with the device's name
     waiting = [line for line in lines if line.startswith("waiting for devices")]
     assert waiting[0] == "waiting for devices: 0 of 2 registered", lines
@@ -200,64 +211,24 @@ def test_server_start_says_which_devices_registered_while_it_waits(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_on_a_terminal_draws_a_bar_of_the_rounds(tmp_path):
+def test_train_on_a_terminal_draws_a_bar_of_the_rounds(tmp_path, broker_url):
     from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for
-    from edgefl.transport.broker import MosquittoBroker
     from tests.conftest import tiny_config
 
-    need_mosquitto()
     # Prepare: a broker and a 2-round server for one device; the device's stdout is a terminal
-    broker = MosquittoBroker(port=0).start()
-    url = f"mqtt://127.0.0.1:{broker.port}"
-    server = subprocess.Popen(
-        edgefl(
-            "server",
-            "start",
-            "--broker",
-            url,
-            "--fleet",
-            "tty",
-            "--rounds",
-            "2",
-            "--min-devices",
-            "1",
-            "--dataset",
-            "synthetic",
-            "--train-samples",
-            "600",
-            "--width",
-            "0.25",
-            "--steps",
-            "2",
-            "--out",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "tty",
-            "--json",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    url = broker_url
+    server = tiny_server(url, "tty", tmp_path / "runs" / "tty", "--rounds", "2",
+                         "--min-devices", "1", "--json",
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
     term = Terminal()
     try:
         # Execute
+        data = data_spec_for(tiny_config(tmp_path, clients=1), 0).to_string()
         device = subprocess.Popen(
-            edgefl(
-                "train",
-                "--broker",
-                url,
-                "--fleet",
-                "tty",
-                "--device-id",
-                "pi-01",
-                "--profile",
-                str(profile),
-                "--data",
-                data_spec_for(tiny_config(tmp_path, clients=1), 0).to_string(),
-            ),
+            edgefl("train", "--broker", url, "--fleet", "tty", "--device-id", "pi-01",
+                   "--profile", str(profile), "--data", data),
             stdout=term.slave,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
@@ -271,7 +242,6 @@ def test_train_on_a_terminal_draws_a_bar_of_the_rounds(tmp_path):
                 proc.terminate()
                 proc.wait(20)
         term.close()
-        broker.stop()
     # Assert: the device's lines, and a bar of the rounds it trained (rich's glyphs and its count)
     text = term.text()
     assert summary["rounds"] == 2

@@ -10,18 +10,9 @@ from edgefl.runtime.dataspec import DataSpec
 
 
 def test_text_round_trips():
-    spec = DataSpec(
-        "synthetic",
-        shard=(2, 5),
-        partition="dirichlet",
-        alpha=0.3,
-        classes_per_client=3,
-        seed=7,
-        train_samples=600,
-        public=0.1,
-        data_dir="/data",
-        validation_samples=50,
-    )
+    spec = DataSpec("synthetic", shard=(2, 5), partition="dirichlet", alpha=0.3,
+                    classes_per_client=3, seed=7, train_samples=600, public=0.1,
+                    data_dir="/data", validation_samples=50)
     assert DataSpec.parse(spec.to_string()) == spec
     assert DataSpec.parse("imagefolder:/srv/pics:shard=0/2,k=4") == DataSpec(
         "imagefolder:/srv/pics", shard=(0, 2), classes_per_client=4

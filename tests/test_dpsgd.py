@@ -24,6 +24,7 @@ from edgefl.privacy.seam import PrivacyBudgetSpent
 from edgefl.privacy.trainer import PenalizedLoss
 from edgefl.runtime.setup import resolve_method
 from tests.conftest import tiny_config
+from tests.test_privacy import budgeted_run
 
 DELTA = 1e-5
 
@@ -156,7 +157,6 @@ def test_a_run_with_dp_sgd_reports_epsilon_and_drops_devices_that_spent_their_bu
     # Prepare: 4 rounds of 3 steps, a noise multiplier whose budget pays for 2 rounds of every
     # device
     from edgefl.runtime.setup import assemble
-    from edgefl.runtime.simulation import simulate
 
     z = 1.2
     cfg = tiny_config(
@@ -172,14 +172,8 @@ def test_a_run_with_dp_sgd_reports_epsilon_and_drops_devices_that_spent_their_bu
     }
     target = max(e[1] for e in spent.values()) * 1.0001
     assert target < min(e[2] for e in spent.values())  # 2 rounds fit every device, 3 none
-    cfg = tiny_config(
-        tmp_path,
-        rounds=4,
-        options={"dp": "sgd", "dp_target_epsilon": str(target), "dp_noise_multiplier": str(z)},
-    )
-    rounds = []
     # Execute
-    summary = simulate(cfg, on_round=rounds.append, plots=False)
+    summary, rounds = budgeted_run(tmp_path, "sgd", z, target)
     # Assert: every device trains in rounds 0 and 1, none after; ε per device per round is the
     # accountant's, on the server's ledger and in the device's report alike
     assert [len(r["selected"]) for r in rounds] == [3, 3, 0, 0]

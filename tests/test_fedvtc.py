@@ -104,14 +104,20 @@ def test_distribution_matching_runs_the_devices_own_extractor_on_generated_sampl
     assert float(terms.pull) == pytest.approx(float(pull), rel=1e-5)
 
 
+def _seeded_device(options: dict):
+    """A device of ``options`` built after torch.manual_seed(0), with fixed random prototypes."""
+    torch.manual_seed(0)
+    device = _device(options=options)
+    device.protos = torch.randn(10, 980, generator=torch.Generator().manual_seed(1))
+    return device
+
+
 def test_align_weight_reweights_only_the_pull_of_z_onto_the_prototypes():
     # Prepare: one batch, the same device state and random streams for three option sets
     x, y = load_dataset("synthetic", "train").images(np.arange(8)), torch.arange(8) % 4
 
     def step_loss(**options):
-        torch.manual_seed(0)
-        device = _device(options=options)
-        device.protos = torch.randn(10, 980, generator=torch.Generator().manual_seed(1))
+        device = _seeded_device(options)
         opt = torch.optim.SGD(device.model.parameters(), lr=0.0)  # measure the loss, move nothing
         loss, _, z = device.step_model(x, y, opt, torch.Generator().manual_seed(2))
         return float(loss), float(class_mean_sum(0.5 * ((z - device.protos[y]) ** 2).sum(1), y))
@@ -130,9 +136,7 @@ def test_proto_rc_weight_adds_the_decoding_of_the_prototypes_to_the_decoders_ste
     x, y = load_dataset("synthetic", "train").images(np.arange(8)), torch.arange(8) % 4
 
     def vtc_grad(**options):
-        torch.manual_seed(0)
-        device = _device(options=options)
-        device.protos = torch.randn(10, 980, generator=torch.Generator().manual_seed(1))
+        device = _seeded_device(options)
         z = device.model.features(x).detach()
         opt = torch.optim.SGD([*device.psi.parameters(), device.log_sigma], lr=0.0)
         device.step_vtc(x, y, z, opt, torch.Generator().manual_seed(2))

@@ -101,15 +101,8 @@ def test_a_lying_device_neither_poisons_the_model_nor_the_measured_results(
 ):
     need_mosquitto()
     cfg = tiny_config(
-        tmp_path,
-        algorithm="fedavg",
-        rounds=3,
-        clients=4,
-        threads=1,
-        fraction=1.0,
-        eval_every=1,
-        steps=6,
-        options={"aggregator": "median"},
+        tmp_path, algorithm="fedavg", rounds=3, clients=4, threads=1, fraction=1.0,
+        eval_every=1, steps=6, options={"aggregator": "median"},
     ).model_copy(update={"min_devices": 4})
     clean = []
     simulation.simulate(

@@ -208,6 +208,22 @@ def _accept(device_id, data):
     return decode(data)
 
 
+def _train_each(server, fleet, devices, rnd, value=1.0):
+    """A training request of round ``rnd`` to each of ``devices``; their deliveries."""
+    messages = {d: _train(fleet, d, rnd, value) for d in devices}
+    return server.request(messages, timeout=scaled(10), accept=_accept)
+
+
+def _quick_and_slow(url, fleet, names, slow_ack_delay):
+    """Two echo devices that hold their retries back: the first replies at once (its ack held past
+    the reply), the second works 0.6 s (scaled) and acknowledges after ``slow_ack_delay``."""
+    quick = EchoDevice(url, fleet, names[0], retry_after=30.0, ack_delay=scaled(5.0)).start()
+    slow = EchoDevice(
+        url, fleet, names[1], work=scaled(0.6), retry_after=30.0, ack_delay=slow_ack_delay
+    ).start()
+    return quick, slow
+
+
 def _train(fleet, device_id, rnd, value):
     return encode(
         Envelope(
@@ -254,16 +270,9 @@ def test_a_quick_reply_stands_for_the_ack_and_slow_work_is_acknowledged_first(am
         BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(0.3)
     ).start()
     # quick: its reply surely goes out before the (long) ack delay; slow: works past the delay
-    quick = EchoDevice(amqtt.url, fleet, "quick", retry_after=30.0, ack_delay=scaled(5.0)).start()
-    slow = EchoDevice(
-        amqtt.url, fleet, "slow", work=scaled(0.6), retry_after=30.0, ack_delay=0.05
-    ).start()
+    quick, slow = _quick_and_slow(amqtt.url, fleet, ("quick", "slow"), slow_ack_delay=0.05)
     try:
-        out = server.request(
-            {d: _train(fleet, d, 0, 1.0) for d in ("quick", "slow")},
-            timeout=scaled(10),
-            accept=_accept,
-        )
+        out = _train_each(server, fleet, ("quick", "slow"), 0)
     finally:
         quick.close()
         slow.close()
@@ -288,16 +297,9 @@ def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exc
         publish(topic, data, **kw)
 
     server.publish = recording
-    fast = EchoDevice(amqtt.url, fleet, "fast", retry_after=30.0, ack_delay=scaled(5.0)).start()
-    slow = EchoDevice(
-        amqtt.url, fleet, "slow", work=scaled(0.6), retry_after=30.0, ack_delay=0.01
-    ).start()
+    fast, slow = _quick_and_slow(amqtt.url, fleet, ("fast", "slow"), slow_ack_delay=0.01)
     try:
-        out = server.request(
-            {d: _train(fleet, d, 7, 1.0) for d in ("fast", "slow")},
-            timeout=scaled(10),
-            accept=_accept,
-        )
+        out = _train_each(server, fleet, ("fast", "slow"), 7)
         # the closing broadcast arrives: nothing is left unacknowledged on either device
         wait_until(
             lambda: not fast.ep.unacked and not slow.ep.unacked,
@@ -445,18 +447,14 @@ def test_a_fleet_that_acknowledges_slowly_is_not_re_sent_to_once_its_wait_is_kno
     device.start()
     try:
         opened_first = time.monotonic()
-        first = server.request(
-            {"slow": _train(fleet, "slow", 0, 1.0)}, timeout=scaled(10), accept=_accept
-        )
+        first = _train_each(server, fleet, ["slow"], 0)
         first_sent = list(sent_at)
         retries_first = server.take_stats().retries.get("slow", 0)
         learned = server.ack_wait
         wait_until(lambda: len(downlinks) >= 1 + retries_first, "the device to take every copy")
         del sent_at[:]
         opened_second = time.monotonic()
-        second = server.request(
-            {"slow": _train(fleet, "slow", 1, 2.0)}, timeout=scaled(10), accept=_accept
-        )
+        second = _train_each(server, fleet, ["slow"], 1, 2.0)
         second_sent = list(sent_at)
         retries_second = server.take_stats().retries.get("slow", 0)
     finally:

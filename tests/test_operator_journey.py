@@ -35,13 +35,8 @@ CLASSES = {1: "Trouser", 7: "Sneaker", 8: "Bag"}
 
 
 def edgefl(*args, cwd, timeout=300, ok=True):
-    done = subprocess.run(
-        [sys.executable, "-m", "edgefl.cli.main", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    done = subprocess.run([sys.executable, "-m", "edgefl.cli.main", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
     if ok:
         assert done.returncode == 0, f"edgefl {' '.join(args)}: {done.stderr[-3000:]}"
     return done

@@ -61,26 +61,12 @@ def test_the_noise_on_class_sums_and_counts_has_the_calibrated_std():
     counts = np.full(10, 1e6)
     z, clip = 0.8, 2.5
     # Execute: 50 000 draws of the counts (one call's 10 are too few to measure a std)
-    out = private_class_stats(
-        sums,
-        counts,
-        stats,
-        clip,
-        z,
-        np.random.default_rng(11),
-        {"feat": np.float64, "count": np.float64},
-    )
+    dtypes = {"feat": np.float64, "count": np.float64}
+    out = private_class_stats(sums, counts, stats, clip, z, np.random.default_rng(11), dtypes)
     count_noise = np.concatenate(
         [
-            private_class_stats(
-                {"feat": np.zeros((10, 1))},
-                counts,
-                stats,
-                clip,
-                z,
-                np.random.default_rng(s),
-                {"count": np.float64},
-            )["count"]
+            private_class_stats({"feat": np.zeros((10, 1))}, counts, stats, clip, z,
+                                np.random.default_rng(s), {"count": np.float64})["count"]
             - 1e6
             for s in range(5000)
         ]
@@ -118,15 +104,8 @@ def test_noisy_class_means_are_projected_onto_the_clip_ball_never_farther_from_t
     counts = np.bincount(labels, minlength=4).astype(np.float64)
     true = np.concatenate([sums["logit"], sums["feat"]], 1) / counts[:, None]
     # Execute
-    out = private_class_stats(
-        sums,
-        counts,
-        stats,
-        clip,
-        z,
-        np.random.default_rng(0),
-        {"logit": np.float64, "feat": np.float64},
-    )
+    dtypes = {"logit": np.float64, "feat": np.float64}
+    out = private_class_stats(sums, counts, stats, clip, z, np.random.default_rng(0), dtypes)
     # Assert: every reported mean (both blocks together) within the ball, and no closer to the
     # truth without the projection (the same noise, drawn again from the same seed)
     released = np.concatenate([out["logit"], out["feat"]], 1)
@@ -305,20 +284,23 @@ def test_a_device_refuses_to_train_once_its_budget_is_spent(tmp_path):
         half.fit(1)
 
 
-def test_a_run_drops_the_devices_that_spent_their_budget(tmp_path):
-    # Prepare: 4 rounds, a budget that pays for 2 of them
+def budgeted_run(tmp_path, mode: str, z: float, target: float) -> tuple[dict, list[dict]]:
+    """A 4-round run of ``tiny_config`` with ``--dp mode``, noise multiplier ``z`` and each device's
+    budget ``target``: its summary and its round records."""
     from edgefl.runtime.simulation import simulate
 
+    budget = {"dp_target_epsilon": str(target), "dp_noise_multiplier": str(z)}
+    rounds = []
+    cfg = tiny_config(tmp_path, rounds=4, options={"dp": mode, **budget})
+    return simulate(cfg, on_round=rounds.append, plots=False), rounds
+
+
+def test_a_run_drops_the_devices_that_spent_their_budget(tmp_path):
+    # Prepare: 4 rounds, a budget that pays for 2 of them
     z = 3.0
     target = epsilon_of(z, 2, 1e-5) * 1.0001
-    cfg = tiny_config(
-        tmp_path,
-        rounds=4,
-        options={"dp": "local", "dp_target_epsilon": str(target), "dp_noise_multiplier": str(z)},
-    )
-    rounds = []
     # Execute
-    summary = simulate(cfg, on_round=rounds.append, plots=False)
+    summary, rounds = budgeted_run(tmp_path, "local", z, target)
     # Assert: every device trains in rounds 0 and 1, none after; ε never exceeds the target
     assert [len(r["selected"]) for r in rounds] == [3, 3, 0, 0]
     assert all(not r["failed"] for r in rounds)
@@ -399,28 +381,34 @@ def test_adaptive_clipping_moves_the_clip_toward_the_update_norms():
     assert 0.02 < server.clip < 0.3  # from 1.0 toward the median norm, 0.055
 
 
-def test_fleet_status_shows_the_epsilon_each_device_has_spent(capsys):
-    # Prepare: a fleet status fed one round record of a private run
-    import json
+#: A round record of a private run (local DP, budget 8): d00 has spent ε 3.25, d01 nothing.
+PRIVATE_ROUND = {
+    "round": 0,
+    "completed": ["d00"],
+    "privacy": {"mode": "local", "target_epsilon": 8.0, "delta": 1e-5,
+                "epsilon": {"d00": 3.25, "d01": 0.0}},
+}
 
-    from edgefl.cli.fleet import render
+
+def private_fleet_status():
+    """The fleet status of Felo's devices d00 and d01, registered, before any round."""
     from edgefl.runtime.status import FleetStatus
 
     s = FleetStatus("lab", run_name="r", algorithm="felo", rounds=3)
     for d in ("d00", "d01"):
         s.registered(d, "10", "resnet10", {})
-    record = {
-        "round": 0,
-        "completed": ["d00"],
-        "privacy": {
-            "mode": "local",
-            "target_epsilon": 8.0,
-            "delta": 1e-5,
-            "epsilon": {"d00": 3.25, "d01": 0.0},
-        },
-    }
+    return s
+
+
+def test_fleet_status_shows_the_epsilon_each_device_has_spent(capsys):
+    # Prepare: a fleet status fed one round record of a private run
+    import json
+
+    from edgefl.cli.fleet import render
+
+    s = private_fleet_status()
     # Execute
-    s.round_recorded(record)
+    s.round_recorded(PRIVATE_ROUND)
     snapshot = json.loads(json.dumps(s.snapshot()))
     render(snapshot)
     # Assert: ε per device in the snapshot and on the screen, with the budget
@@ -474,28 +462,14 @@ def test_the_dashboard_shows_the_epsilon_each_device_has_spent(tmp_path):
     # Prepare: a run directory whose status holds one private round; the dashboard following it
     import json
 
-    from edgefl.runtime.status import FleetStatus
     from tests.test_fleet_live import launch_browser
 
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as e:
         pytest.fail(f"playwright is not installed (it is in the [dev] extra): {e}")
-    s = FleetStatus("lab", run_name="r", algorithm="felo", rounds=3)
-    for d in ("d00", "d01"):
-        s.registered(d, "10", "resnet10", {})
-    s.round_recorded(
-        {
-            "round": 0,
-            "completed": ["d00"],
-            "privacy": {
-                "mode": "local",
-                "target_epsilon": 8.0,
-                "delta": 1e-5,
-                "epsilon": {"d00": 3.25, "d01": 0.0},
-            },
-        }
-    )
+    s = private_fleet_status()
+    s.round_recorded(PRIVATE_ROUND)
     (tmp_path / "status.json").write_text(json.dumps(s.snapshot()))
     dash = dashboard("--run", str(tmp_path))
     try:

@@ -90,6 +90,13 @@ def finish(procs, timeout=60):
     return codes
 
 
+def assert_same_state(got: dict, expected: dict) -> None:
+    """The server state over MQTT is the in-memory run's, array by array."""
+    assert set(got) == set(expected) and expected
+    for k in expected:
+        np.testing.assert_allclose(got[k], expected[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
 def serve_in_thread(cfg, opts):
     box = {}
 
@@ -210,16 +217,8 @@ def test_mqtt_run_matches_the_in_memory_simulation(
         launcher = DeviceLauncher(device_entry) if chunked else None
         assert launcher is None or launcher.launch == "fork"
         procs = [
-            spawn(
-                broker.url,
-                fleet,
-                cfg,
-                i,
-                tmp_path,
-                profile_file,
-                tier=tiers[i % len(tiers)],
-                launcher=launcher,
-            )
+            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)],
+                  launcher=launcher)
             for i in range(3)
         ]
         t.join(scaled(300))
@@ -230,10 +229,7 @@ def test_mqtt_run_matches_the_in_memory_simulation(
     # Assert
     assert "error" not in box, box.get("error")
     assert codes == [0, 0, 0]  # devices left by themselves when the run was over
-    got = box["state"]
-    assert set(got) == set(expected) and expected
-    for k in expected:
-        np.testing.assert_allclose(got[k], expected[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert_same_state(box["state"], expected)
     assert box["summary"]["client_accuracy"] == pytest.approx(reference["client_accuracy"])
     rounds = [
         json.loads(line)
