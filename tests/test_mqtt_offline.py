@@ -13,6 +13,7 @@ import pytest
 from edgefl.runtime.ending import Availability
 from edgefl.transport.broker import MosquittoBroker
 from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerTransport
+from edgefl.transport.mqtt.device import _leaving
 from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import scaled, wait_until
 
@@ -188,7 +189,21 @@ def test_a_reply_is_not_re_sent_while_its_last_copy_has_not_left_the_device(mosq
         wait_until(u.sending.is_published, "the broker's PUBACK", 60)
         wait_until(lambda: time.monotonic() > u.next_retry, "the re-send to fall due", 60)
         ep.retry_unacked()
+        resent = len(sent)
+        # published while the connection is down: paho queues it (NO_CONN) and sends it once
+        # connected again; meanwhile it is not re-sent, and asking paho about it does not fail
+        ep.client.disconnect()
+        ep.client.loop_stop()
+        ep.reply(peek(_train(fleet, "d", 1)), reply)
+        down = next(u for u in ep.unacked.values() if u.request[1] == 1)
+        wait_until(lambda: time.monotonic() > down.next_retry, "the re-send to fall due", 60)
+        ep.retry_unacked()
+        queued = len(sent)
+        ep.client.reconnect()
+        ep.client.loop_start()
+        wait_until(lambda: not _leaving(down.sending), "the queued copy to reach the broker", 60)
     finally:
         ep.stop(graceful=False)
     assert held == (1, False)  # still in paho: not re-sent
-    assert len(sent) == 2  # with the broker and unacknowledged: re-sent
+    assert resent == 2  # with the broker and unacknowledged: re-sent
+    assert queued == 3  # the reply published while disconnected: once, not re-sent

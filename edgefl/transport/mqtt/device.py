@@ -42,11 +42,14 @@ class _Unacked:
 
 def _leaving(info: Any) -> bool:
     """Whether a published copy is still queued or in flight in paho (not yet with the broker)."""
-    return (
-        info is not None
-        and info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN)
-        and not info.is_published()
-    )
+    if info is None or info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+        return False
+    try:
+        return not info.is_published()
+    except RuntimeError:
+        # published while the connection was down (NO_CONN): paho keeps it and sends it once
+        # connected again, but is_published() refuses to say for it
+        return not info._published
 
 
 class MqttDeviceEndpoint(Endpoint):
