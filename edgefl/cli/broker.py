@@ -98,47 +98,47 @@ def add_device(
 ) -> None:
     """Create NAME's credentials (a password, or a certificate with --certs) and its fleet-scoped
     ACL block. Run as root, the files Mosquitto reads belong to the mosquitto user."""
-    from edgefl.errors import ConfigError
-    from edgefl.transport.accounts import add_acl, add_user, existing_account, persistence_dir
+    from edgefl.transport.accounts import add_user, persistence_dir
 
     role = "server" if server else role
     if certs is not None:
-        from edgefl.transport.accounts import acl_block
-        from edgefl.transport.tls import FleetCA
-
-        acl_block(name, fleet, role=role)  # validates name, fleet and role first
-        authority = FleetCA.load(certs)
-        crt_path, key_path = Path(certs) / f"{name}.crt", Path(certs) / f"{name}.key"
-        found = existing_account(None, acl_file, name) + [str(p) for p in (key_path,) if p.exists()]
-        if found and not force:
-            raise ConfigError(
-                f"{name} already has an account ({', '.join(found)}); --force issues a new "
-                "certificate and key and replaces its ACL block"
-            )
-        if force:
-            crt_path.unlink(missing_ok=True)
-            key_path.unlink(missing_ok=True)
-        crt, key = authority.issue_client(name)
-        add_acl(acl_file, name, fleet, role=role, replace=force)
-        persistence_dir(acl_file.parent / "data")
-        err.print(
-            f"added {role} {name} of fleet {fleet} to {acl_file}; certificate {crt} (key {key}); "
-            "reload mosquitto (SIGHUP)",
-            soft_wrap=True,
+        where = _add_certificate(name, fleet, role, certs, acl_file, force)
+    else:
+        secret = add_user(
+            password_file, acl_file, name, password, fleet=fleet, role=role, replace=force
         )
-        _warn_unreachable(acl_file)
-        return
-    secret = add_user(
-        password_file, acl_file, name, password, fleet=fleet, role=role, replace=force
-    )
+        where = f"{password_file} and {acl_file}"
     persistence_dir(acl_file.parent / "data")
-    err.print(
-        f"added {role} {name} of fleet {fleet} to {password_file} and {acl_file}; reload "
-        "mosquitto (SIGHUP)",
-        soft_wrap=True,
-    )
+    err.print(f"added {role} {name} of fleet {fleet} to {where}; reload mosquitto (SIGHUP)",
+              soft_wrap=True)
     _warn_unreachable(acl_file)
-    typer.echo(secret)
+    if certs is None:
+        typer.echo(secret)
+
+
+def _add_certificate(name: str, fleet: str, role: str, certs: Path, acl_file: Path,
+                     force: bool) -> str:
+    """Issue NAME a client certificate from the fleet CA in ``certs`` and add its ACL block: what
+    was written, as add-device says it."""
+    from edgefl.errors import ConfigError
+    from edgefl.transport.accounts import acl_block, add_acl, existing_account
+    from edgefl.transport.tls import FleetCA
+
+    acl_block(name, fleet, role=role)  # validates name, fleet and role first
+    authority = FleetCA.load(certs)
+    crt_path, key_path = Path(certs) / f"{name}.crt", Path(certs) / f"{name}.key"
+    found = existing_account(None, acl_file, name) + [str(p) for p in (key_path,) if p.exists()]
+    if found and not force:
+        raise ConfigError(
+            f"{name} already has an account ({', '.join(found)}); --force issues a new "
+            "certificate and key and replaces its ACL block"
+        )
+    if force:
+        crt_path.unlink(missing_ok=True)
+        key_path.unlink(missing_ok=True)
+    crt, key = authority.issue_client(name)
+    add_acl(acl_file, name, fleet, role=role, replace=force)
+    return f"{acl_file}; certificate {crt} (key {key})"
 
 
 def _warn_unreachable(path: Path) -> None:
