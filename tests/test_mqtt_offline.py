@@ -16,6 +16,7 @@ from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerT
 from edgefl.transport.mqtt.device import _leaving
 from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import scaled, wait_until
+from tests.test_mqtt_transport import EchoDevice
 
 DEADLINE = 120.0  # the round's deadline: far beyond what either test waits for
 
@@ -29,52 +30,21 @@ def mosquitto(tmp_path_factory):
         broker.stop()
 
 
-class Device:
-    """A device endpoint served by a thread: answers "update" to "train". A ``dropper`` loses its
-    connection (the socket shut, no DISCONNECT: the broker publishes its Last Will) as soon as a
-    request arrives, and replies once it is connected again; ``before_reply`` runs before any
-    reply."""
+def dropper(url, fleet, device_id):
+    """A device that loses its connection (the socket shut, no DISCONNECT: the broker publishes
+    its Last Will) when its first request arrives, and replies once connected again."""
+    dropped = threading.Event()
 
-    def __init__(self, url, fleet, device_id, *, dropper=False, before_reply=None):
-        self.ep = MqttDeviceEndpoint(BrokerAddress.parse(url), fleet, device_id, retry_after=0.3)
-        self.dropper, self.before_reply = dropper, before_reply
-        self.dropped = threading.Event()
-        self.replied = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
+    def drop():
+        if not dropped.is_set():
+            device.ep.connected.clear()
+            device.ep.client.socket().shutdown(socket.SHUT_RDWR)  # Wi-Fi gone
+            dropped.set()
+            wait_until(device.ep.connected.is_set, "the device reconnecting", timeout=60)
 
-    def start(self):
-        self.ep.start()
-        self.thread.start()
-        return self
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                kind, routing, data = self.ep.inbox.get(timeout=0.1)
-            except Exception:
-                self.ep.retry_unacked()
-                continue
-            if kind != "request":
-                continue
-            env = decode(data)
-            if self.dropper and not self.dropped.is_set():
-                self.ep.connected.clear()
-                self.ep.client.socket().shutdown(socket.SHUT_RDWR)  # Wi-Fi gone
-                self.dropped.set()
-                wait_until(self.ep.connected.is_set, "the device reconnecting", timeout=60)
-            if self.before_reply is not None:
-                self.before_reply()
-            reply = env.reply(
-                "update", Payload({"w/x": env.payload.arrays["w/x"] + 1}, {"num_samples": 1})
-            )
-            self.ep.reply(routing, encode(reply))
-            self.replied.set()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(5)
-        self.ep.stop()
+    device = EchoDevice(url, fleet, device_id, before_reply=drop)
+    device.dropped = dropped
+    return device
 
 
 def _train(fleet, device_id, rnd):
@@ -96,8 +66,8 @@ def test_a_device_that_goes_offline_mid_round_fails_at_once_and_its_late_reply_i
     def late_reply_seen():
         wait_until(lambda: "dropper:update:0" in server.stats.dropped, "the late reply", 60)
 
-    steady = Device(mosquitto.url, fleet, "steady", before_reply=late_reply_seen).start()
-    dropper = Device(mosquitto.url, fleet, "dropper", dropper=True).start()
+    steady = EchoDevice(mosquitto.url, fleet, "steady", before_reply=late_reply_seen).start()
+    dropping = dropper(mosquitto.url, fleet, "dropper").start()
     try:
         t0 = time.monotonic()
         out = server.request(
@@ -108,9 +78,9 @@ def test_a_device_that_goes_offline_mid_round_fails_at_once_and_its_late_reply_i
         took = time.monotonic() - t0
     finally:
         steady.close()
-        dropper.close()
+        dropping.close()
         server.close()
-    assert dropper.dropped.is_set() and dropper.replied.is_set()
+    assert dropping.dropped.is_set() and dropping.trained == 1
     assert out["dropper"].reply is None
     assert "device went offline" in out["dropper"].error
     assert "Last Will" in out["dropper"].error
@@ -125,15 +95,14 @@ def test_an_open_request_whose_device_goes_offline_arrives_failed(mosquitto):
     server = MqttServerTransport(
         BrokerAddress.parse(mosquitto.url), fleet, retry_after=scaled(0.5)
     ).start()
-    dropper = Device(mosquitto.url, fleet, "dropper", dropper=True).start()
+    dropping = dropper(mosquitto.url, fleet, "dropper").start()
     try:
         assert server.submit({"dropper": _train(fleet, "dropper", 3)}, accept=None) == {}
         got = server.arrivals(["dropper"], most=1, timeout=scaled(DEADLINE))
-        wait_until(dropper.replied.is_set, "the reply after reconnecting", 60)
         wait_until(lambda: "dropper:update:3" in server.stats.dropped, "the late reply", 60)
         still_open = "dropper" in server.pending
     finally:
-        dropper.close()
+        dropping.close()
         server.close()
     assert list(got) == ["dropper"] and got["dropper"].reply is None
     assert "device went offline" in got["dropper"].error
