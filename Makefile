@@ -45,7 +45,8 @@ demo: venv data
 	@echo "took $$(( $$(date +%s) - $$(cat $(DEMO)/started-at) )) s on $$(nproc) cores; load average now: $$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # The suite in parallel (pytest-xdist): one worker per core, at most 4 (tests start processes of
-# their own). A file's tests stay in one worker, except those tests/conftest.py lets spread (SPREAD).
+# their own). A file's tests stay in one worker, except those tests/conftest.py lets spread (SPREAD);
+# the longest files go first (their seconds in tests/durations.json: `pytest --write-durations`).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: venv data
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
