@@ -63,6 +63,15 @@ def flags(**settings) -> list[str]:
     return out
 
 
+def simulated_tier(cfg, index: int) -> str:
+    """The tier of device ``index`` of run ``cfg`` as the simulator gives it: the run's tiers (its
+    model family's by default) in turn."""
+    from edgefl.models import family_tiers
+
+    tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
+    return tiers[index % len(tiers)]
+
+
 def fleet_devices(cfg, url, fleet: str, folder: Path, extra=None, **options) -> dict:
     """The devices of run ``cfg`` (d00, d01, …) as ``edgefl train`` processes of ``fleet``, by
     :func:`edgefl.runtime.fleet.device_command`: each with its shard of the run's data, the run's
@@ -70,17 +79,15 @@ def fleet_devices(cfg, url, fleet: str, folder: Path, extra=None, **options) -> 
     verbose …) and the flags ``extra(device_id)``; their logs ``folder/<device id>.log``."""
     import json
 
-    from edgefl.models import family_tiers
     from edgefl.runtime.fleet import SIMULATED_PROFILE, data_spec_for, device_command, start_device
 
     profile = folder / "profile.json"
     profile.write_text(json.dumps(SIMULATED_PROFILE))
-    tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
     devices = {}
     for i in range(cfg.clients):
         d = f"d{i:02d}"
         command = device_command(url(d), fleet, d, data_spec_for(cfg, i),
-                                 tier=tiers[i % len(tiers)], profile_file=profile, **options)
+                                 tier=simulated_tier(cfg, i), profile_file=profile, **options)
         devices[d] = start_device(command + (extra(d) if extra else []), folder / f"{d}.log")
     return devices
 

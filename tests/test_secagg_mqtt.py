@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from edgefl.models import family_tiers
 from edgefl.runtime import simulation
 from edgefl.runtime.server import ServeOptions
 from edgefl.transport.broker import MosquittoBroker
+from tests.commands import simulated_tier
 from tests.conftest import scaled, tiny_config
 from tests.test_server_device import (  # noqa: F401
     assert_same_state,
@@ -52,13 +52,11 @@ def test_fedavg_with_secagg_over_mosquitto_matches_the_in_memory_run(
             cfg.model_copy(update={"min_devices": 4, "run_name": "mqtt"}),
             ServeOptions(broker=broker.url, fleet="secagg", deadline=scaled(60)),
         )
-        tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
         procs = [
-            spawn(broker.url, "secagg", cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)])
+            spawn(broker.url, "secagg", cfg, i, tmp_path, profile_file, tier=simulated_tier(cfg, i))
             for i in range(4)
         ]
-        t.join(scaled(300))
-        codes = finish(procs)
+        codes = finish(procs, server=t)
     finally:
         broker.stop()
 

@@ -22,7 +22,6 @@ import safetensors.numpy
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefl.cli.simulate import device_entry
-from edgefl.models import family_tiers
 from edgefl.runtime import simulation
 from edgefl.runtime.fleet import (
     SIMULATED_PROFILE,
@@ -36,7 +35,7 @@ from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker
 from edgefl.transport.mqtt import Topics
 from edgefl.wire import Envelope, Payload, encode
 from edgefl.wire.validate import peek
-from tests.commands import tiny_run
+from tests.commands import simulated_tier, tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
 from tests.needs import need_mosquitto  # noqa: F401 - for the modules that import it from here
 
@@ -79,7 +78,11 @@ def spawn(
     return start_device(cmd, tmp_path / f"{device_id}{suffix}.log")
 
 
-def finish(procs, timeout=60):
+def finish(procs, timeout=60, server=None):
+    """The exit codes of the device processes ``procs`` ("hung": killed after ``timeout`` s), once
+    the ``server`` thread (serve_in_thread's) has ended the run."""
+    if server is not None:
+        server.join(scaled(300))
     codes = []
     for p in procs:
         try:
@@ -210,19 +213,17 @@ def test_mqtt_run_matches_the_in_memory_simulation(
             cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
             ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60)),
         )
-        # the simulator's tier of each device (as `simulate --transport mqtt` gives them)
-        tiers = list(cfg.tiers) if cfg.tiers else family_tiers(cfg.model)
         # the chunked case's devices are forked from the fork server `simulate --transport mqtt`
         # uses (they must see the chunk settings set here, after that server may have started)
         launcher = DeviceLauncher(device_entry) if chunked else None
         assert launcher is None or launcher.launch == "fork"
         procs = [
-            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=tiers[i % len(tiers)],
+            # each device the tier `simulate --transport mqtt` gives it
+            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=simulated_tier(cfg, i),
                   launcher=launcher)
             for i in range(3)
         ]
-        t.join(scaled(300))
-        codes = finish(procs)
+        codes = finish(procs, server=t)
     finally:
         broker.stop()
 
@@ -530,8 +531,7 @@ def test_malformed_messages_are_rejected_with_reasons_and_the_server_keeps_servi
             encode(Envelope("register", 0, "mallory", fleet=fleet, payload=Payload({}, good))),
             qos=1,
         )
-        t.join(scaled(300))
-        codes = finish(procs)
+        codes = finish(procs, server=t)
     finally:
         m.loop_stop()
         broker.stop()
