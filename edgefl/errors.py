@@ -54,6 +54,17 @@ class ConfigError(EdgeflError, ValueError):
     exit_code = ExitCode.CONFIG
 
 
+def check_fields(data, known, required, what: str) -> None:
+    """A record rebuilt from a mapping (a JSON file, a message): a ConfigError naming every field of
+    ``data`` that is not ``known``, else every ``required`` one it lacks (``what``: the record)."""
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown {what} fields: {', '.join(unknown)}")
+    missing = sorted(set(required) - set(data))
+    if missing:
+        raise ConfigError(f"{what} is missing fields: {', '.join(missing)}")
+
+
 class UnknownNameError(EdgeflError, KeyError):
     """A name was looked up in a registry that does not hold it."""
 

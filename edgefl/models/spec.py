@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from edgefl.errors import ConfigError
+from edgefl.errors import ConfigError, check_fields
 
 HEADS = ("linear", "feddw", "mlp")
 
@@ -129,13 +129,7 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelSpec:
         """Rebuild a spec from `to_dict` output (also after a JSON round trip)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown model spec fields: {', '.join(unknown)}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.name in _REQUIRED)
-        if missing:
-            raise ConfigError(f"model spec is missing fields: {', '.join(missing)}")
+        check_fields(data, (f.name for f in fields(cls)), _REQUIRED, "model spec")
         return cls(**dict(data))
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from edgefl.errors import ConfigError
+from edgefl.errors import ConfigError, check_fields
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,6 @@ class DeviceProfile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeviceProfile:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown device profile fields: {', '.join(unknown)}")
-        missing = sorted(
-            n
-            for n in ("name", "arch", "cpu_model", "cores", "ram_total_mb", "ram_available_mb")
-            if n not in data
-        )
-        if missing:
-            raise ConfigError(f"device profile is missing fields: {', '.join(missing)}")
+        required = ("name", "arch", "cpu_model", "cores", "ram_total_mb", "ram_available_mb")
+        check_fields(data, (f.name for f in fields(cls)), required, "device profile")
         return cls(**data)
