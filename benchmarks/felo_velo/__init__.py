@@ -25,6 +25,9 @@ ALTERNATIVES = {"iid": {"partition": "iid"}, "dir0.1": {"partition": "dirichlet"
 CLIENTS = 10
 #: training images per device, chosen by recipes.py (recipes.md) on a validation split
 PER_DEVICE = 1600
+#: what this regeneration cost, measured (issue 37), and the quick profile's run (quick/)
+MEASURED = (Path(__file__).resolve().parent / "MEASURED.md").read_text().strip() \
+    if (Path(__file__).resolve().parent / "MEASURED.md").exists() else ""
 #: what recipes.md measured (its numbers, quoted on the page)
 RECIPE_FINDING = (
     "at 800 images per device Local-IID ends at 71–73 % on the validation split whatever the "
@@ -242,6 +245,8 @@ gate) and Dir(0.1) (not in the paper). α is the authors' code value, not swept 
 profile's sweep over {{0.5, 1, 2}} (2 seeds, validation split) kept 0.5 for FedHe and Felo alike.
 The earlier profile's cells of every setting, and its α sweep, are in
 [`previous/`](previous/README.md).
+
+{MEASURED}
 
 Two paths are measured apart: **felo / velo** average weights among the devices of one depth
 (the paper's step 5) besides the knowledge; **felo-ko / velo-ko** exchange knowledge only (no
