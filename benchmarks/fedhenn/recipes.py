@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--report-only", action="store_true", help="rewrite from cached cells")
     p.add_argument("--draft", action="store_true", help="allow uncommitted code (marked)")
+    p.add_argument("--candidates", help="run only these candidates' cells (comma-separated "
+                   "names; the report still reads every cached cell)")
     p.add_argument("--started", help="with --report-only and no recipes.json: when the run "
                    "started and the load then, as the page should say it")
     args = p.parse_args(argv)
@@ -203,8 +205,10 @@ def main(argv: list[str] | None = None) -> dict:
         records = [cache.find(c) for c in every]
     else:
         try:
-            records = run_cells(every, cache, workers=max(1, args.workers),
-                                tmp_root=HERE / "recipes_tmp")
+            chosen = set(args.candidates.split(",")) if args.candidates else set(CANDIDATES)
+            todo = [c for c in every if c.method.split(" ", 1)[1] in chosen]
+            run_cells(todo, cache, workers=max(1, args.workers), tmp_root=HERE / "recipes_tmp")
+            records = [cache.find(c) for c in every]
         except DirtyCode as e:
             raise SystemExit(str(e)) from None
     done = [r for r in records if r is not None]
