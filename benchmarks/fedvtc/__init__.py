@@ -30,7 +30,7 @@ SETTINGS = {"dir0.1": {"partition": "dirichlet", "alpha": 0.1},
 METHODS = ("fedvtc", "fedvtc-le", "fedproto", "local")
 #: FedVTC's tc_weight in the grid: the value tc_sweep.md chose on the validation split (the page
 #: says whether it did: :func:`tc_weight_origin`)
-TC_WEIGHT = "0.001"
+TC_WEIGHT = "0.0001"
 
 #: The row a reader must see: FedVTC against Local at Dir(1) (issue 37). What is measured about
 #: it is on the page ("FedVTC against Local") and in tc_sweep.md (L_tc's weight on f_k).
