@@ -79,13 +79,43 @@ def reading(runs: list[dict]) -> list[str]:
         "real ones.", ""]
 
 
+def sweep_terms() -> list[str]:
+    """The same question on the five-device fleet at both tc_weights, from tc_sweep.json
+    (validation split): FedVTC − Local = the fine-tune (after − before) + FedVTC before its
+    fine-tune − Local after the same real-data epochs + Local's last 𝒯 epochs (negated)."""
+    path = HERE.parent / "tc_sweep.json"
+    if not path.exists():
+        return []
+    rows = {(r["method"], r["setting"]): r for r in json.loads(path.read_text())["rows"]}
+    lines = ["## The five-device fleet on the validation split (tc_sweep.json)", "",
+             "Points, mean ± sd over the seeds run (paired by seed): FedVTC − Local = the "
+             "fine-tune + (FedVTC before its fine-tune − Local after the same 12 real-data "
+             "epochs) + (Local after 12 epochs − Local after 17).", "",
+             "| tc_weight | setting | seeds | FedVTC − Local | fine-tune | federated training "
+             "vs Local's | Local's last 5 epochs (negated) |", "|---|---|---|---|---|---|---|"]
+    for (method, setting), r in rows.items():
+        lo = rows.get(("local", setting))
+        if method == "local" or not lo or not r["seeds"]:
+            continue
+        at = {s: i for i, s in enumerate(lo["seeds"])}
+        seeds = [s for s in r["seeds"] if s in at]
+        terms = [[r["final"][i] - r["before"][i], r["before"][i] - lo["before"][at[s]],
+                  lo["before"][at[s]] - lo["final"][at[s]]]
+                 for i, s in enumerate(r["seeds"]) if s in at]
+        cols = [[sum(t) for t in terms], *zip(*terms, strict=True)]
+        lines.append(f"| {method.split('=')[1]} | {setting} | {len(seeds)} | " + " | ".join(
+            f"{100 * statistics.fmean(c):+.2f} ± "
+            f"{100 * (statistics.stdev(c) if len(c) > 1 else 0.0):.2f}" for c in cols) + " |")
+    return lines
+
+
 def main() -> None:
     runs = json.loads((HERE.parent / "ten_devices" / "results.json").read_text())["runs"]
     text = "\n".join([
         "# FedVTC against Local: where the points go (earlier ten-device grid)", "",
         (__doc__ or "").split("\n\n", 2)[1].replace("\n", " "), "",
         "Points (final accuracy on 1,000 test images, mean over devices):", "",
-        *decompose(runs), "", *earlier_cost()[2:], "", *reading(runs),
+        *decompose(runs), "", *earlier_cost()[2:], "", *reading(runs), *sweep_terms(), "",
         "Command: `python -m benchmarks.fedvtc.investigations.gap_to_local`.", ""])
     (HERE / "gap_to_local.md").write_text(text)
     print(text)
