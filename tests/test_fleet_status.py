@@ -75,6 +75,20 @@ def test_a_lost_connection_is_late_then_gone_after_the_grace(monkeypatch):
     assert states(s)["d01"] == "idle"
 
 
+def test_a_device_without_a_connection_when_the_run_is_over_is_gone_at_once(monkeypatch):
+    import edgefl.runtime.status as status_module
+
+    now = [1000.0]
+    monkeypatch.setattr(status_module.time, "time", lambda: now[0])
+    s = fleet(gone_after=4.0)
+    s.connection = lambda d: "offline" if d == "d01" else "online"
+    assert states(s)["d01"] == "late"  # within the grace while the run goes on
+    # Execute: the run ends within the grace (a dropped device no longer holds its round)
+    s.finished()
+    # Assert: the last status says what it is: nothing will wait for it to come back
+    assert states(s) == {"d00": "idle", "d01": "gone"}
+
+
 def test_accuracy_per_tier_history_and_the_run_directory_copy(tmp_path):
     s = fleet()
     s.round_recorded(

@@ -25,7 +25,8 @@ device's last per-round evaluation stands in) or ``mixed``. Rounds are numbered 
 A device's state: ``training`` while a training request to it is open; ``late`` once an open
 request's deadline passed, after it missed its last request, or when its connection was lost
 (its Last Will) less than ``gone_after`` seconds ago (devices reconnect by themselves); ``gone``
-after two missed requests in a row or ``gone_after`` seconds without a connection; else ``idle``.
+after two missed requests in a row, ``gone_after`` seconds without a connection, or without one
+when the run is over; else ``idle``.
 """
 
 from __future__ import annotations
@@ -202,7 +203,9 @@ class FleetStatus:
         kind = self.open.get(device_id)
         if self.connection(device_id) == "offline":
             since = self.offline_since.setdefault(device_id, now)
-            return "gone" if now - since >= self.gone_after else "late"
+            # once the run is over nothing waits for it to come back: no grace
+            over = self.phase in TERMINAL
+            return "gone" if over or now - since >= self.gone_after else "late"
         self.offline_since.pop(device_id, None)
         if d["misses"] >= self.gone_after_misses:
             return "gone"
