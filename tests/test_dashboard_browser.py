@@ -67,8 +67,10 @@ def test_the_dashboard_shows_a_run_from_waiting_to_finished(tmp_path):
             # charts have to say
             "--algorithm", "velo", "--option", "cvae_interval=2", "--model", "cnn",
             "--tiers", "2,4", "--feature-dim", "64", "--eval-every", "2",
-            "--rounds", "6", "--min-devices", "3", "--fraction", "1",
-            "--deadline", str(scaled(20)), "--gone-after", str(scaled(4)),
+            # rounds enough that the run outlasts the grace after d02 is killed: a dropped device
+            # no longer holds its round, and the metrics are read while the server runs
+            "--rounds", "10", "--min-devices", "3", "--fraction", "1",
+            "--deadline", str(scaled(20)), "--gone-after", str(scaled(2)),
             *tiny_run(tmp_path / "runs", "shots", steps=10), "--metrics-port", str(metrics_port),
         ),
         stdout=subprocess.DEVNULL,
