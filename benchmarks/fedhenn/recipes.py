@@ -41,8 +41,8 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks import gates
-from benchmarks.cache import Cache, DirtyCode, run_cells
+from benchmarks import gates, sweep
+from benchmarks.cache import Cache
 from benchmarks.cells import Cell
 from benchmarks.common import decay_rounds, machine
 from benchmarks.fedhenn import HETERO, SETTINGS, profile
@@ -197,25 +197,16 @@ def main(argv: list[str] | None = None) -> dict:
     cache = Cache(HERE / "recipes_cells", EXTRAS, draft=args.draft)
     every = cells()
     previous = HERE / "recipes.json"
-    old = json.loads(previous.read_text()) if previous.exists() else {}
-    before = old.get("machine", {}).get("before") or machine()
+    before = sweep.machine_before(previous)
     if args.started:
         before = {"cores": before.get("cores"), "started": args.started}
-    if args.report_only:
-        records = [cache.find(c) for c in every]
-    else:
-        try:
-            chosen = set(args.candidates.split(",")) if args.candidates else set(CANDIDATES)
-            todo = [c for c in every if c.method.split(" ", 1)[1] in chosen]
-            run_cells(todo, cache, workers=max(1, args.workers), tmp_root=HERE / "recipes_tmp")
-            records = [cache.find(c) for c in every]
-        except DirtyCode as e:
-            raise SystemExit(str(e)) from None
+    chosen = set(args.candidates.split(",")) if args.candidates else set(CANDIDATES)
+    records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
+                            tmp_root=HERE / "recipes_tmp",
+                            run=[c for c in every if c.method.split(" ", 1)[1] in chosen])
     done = [r for r in records if r is not None]
     result = summarize(records, every)
-    commits: dict[str, int] = {}
-    for r in done:
-        commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
+    commits = sweep.commits(done)
     result.update(
         command="nice -n 5 python -m benchmarks.fedhenn.recipes --workers 2",
         machine={"before": before, "after": machine()}, commits=commits,

@@ -55,10 +55,9 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks import gates
-from benchmarks.cache import Cache, DirtyCode, run_cells
+from benchmarks import gates, sweep
+from benchmarks.cache import Cache
 from benchmarks.cells import Cell
-from benchmarks.common import machine
 from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
@@ -221,23 +220,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     cache = Cache(HERE / "recipes_cells", draft=args.draft)
     every = cells()
-    previous = (json.loads((HERE / "recipes.json").read_text())
-                if (HERE / "recipes.json").exists() else {})
-    before = previous.get("machine", {}).get("before") or machine()
-    if args.report_only:
-        records = [cache.find(c) for c in every]
-    else:
-        try:
-            records = run_cells(every, cache, workers=max(1, args.workers), tmp_root=HERE / "tmp")
-        except DirtyCode as e:
-            raise SystemExit(str(e)) from None
+    before = sweep.machine_before(HERE / "recipes.json")
+    records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
+                            tmp_root=HERE / "tmp")
     done = [r for r in records if r is not None]
     result = summarize(records, every)
-    commits: dict[str, int] = {}
-    for r in done:
-        commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
-    after = (previous["machine"]["after"] if args.report_only and previous.get("machine")
-             else machine())
+    commits = sweep.commits(done)
+    after = sweep.machine_after(HERE / "recipes.json", args.report_only)
     result.update(command="nice -n 5 python -m benchmarks.felo_velo.recipes --workers 2",
                   machine={"before": before, "after": after}, commits=commits,
                   runs=[{k: r.get(k) for k in ("method", "seed", "final_accuracy", "per_round",

@@ -35,9 +35,9 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.cache import Cache, DirtyCode, run_cells
+from benchmarks import sweep
+from benchmarks.cache import Cache
 from benchmarks.cells import Cell
-from benchmarks.common import machine
 from benchmarks.foundation import RECIPE
 from benchmarks.foundation.recipes import peak, unstable
 from edgefl.report.recorder import json_safe
@@ -185,23 +185,13 @@ def main(argv: list[str] | None = None) -> dict:
     cache = Cache(HERE / "converge_cells", draft=args.draft)
     every = cells()
     prev_path = HERE / "converge.json"
-    previous = json.loads(prev_path.read_text()) if prev_path.exists() else {}
-    before = previous.get("machine", {}).get("before") or machine()
-    if args.report_only:
-        records = [cache.find(c) for c in every]
-    else:
-        try:
-            tmp = Path.cwd() / "runs" / "converge-tmp"
-            records = run_cells(every, cache, workers=max(1, args.workers), tmp_root=tmp)
-        except DirtyCode as e:
-            raise SystemExit(str(e)) from None
+    before = sweep.machine_before(prev_path)
+    records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
+                            tmp_root=Path.cwd() / "runs" / "converge-tmp")
     done = [r for r in records if r is not None]
     result = summarize(records, every)
-    commits: dict[str, int] = {}
-    for r in done:
-        commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
-    after = previous["machine"]["after"] if args.report_only and previous.get("machine") \
-        else machine()
+    commits = sweep.commits(done)
+    after = sweep.machine_after(prev_path, args.report_only)
     result.update(command="nice -n 5 python -m benchmarks.foundation.converge --workers 2",
                   machine={"before": before, "after": after}, commits=commits,
                   wall_seconds=[r["wall_seconds"] for r in done],

@@ -40,10 +40,9 @@ import os
 import statistics
 from pathlib import Path
 
-from benchmarks import gates
-from benchmarks.cache import Cache, DirtyCode, run_cells
+from benchmarks import gates, sweep
+from benchmarks.cache import Cache
 from benchmarks.cells import Cell
-from benchmarks.common import machine
 from benchmarks.foundation import profile
 from edgefl.report.recorder import json_safe
 
@@ -246,25 +245,13 @@ def main(argv: list[str] | None = None) -> dict:
     out = (Path.cwd() / "runs" / "bench-quick" / "recipes") if args.quick else HERE
     cache = Cache(out / "recipes_cells", draft=args.draft)
     every = cells(args.quick)
-    previous = (
-        json.loads((out / "recipes.json").read_text()) if (out / "recipes.json").exists() else {}
-    )
-    before = previous.get("machine", {}).get("before") or machine()
-    if args.report_only:
-        records = [cache.find(c) for c in every]
-    else:
-        try:
-            records = run_cells(every, cache, workers=max(1, args.workers), tmp_root=out / "tmp")
-        except DirtyCode as e:
-            raise SystemExit(str(e)) from None
+    before = sweep.machine_before(out / "recipes.json")
+    records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
+                            tmp_root=out / "tmp")
     done = [r for r in records if r is not None]
     result = summarize(records, every)
-    commits: dict[str, int] = {}
-    for r in done:
-        commits[r.get("code", "unknown")] = commits.get(r.get("code", "unknown"), 0) + 1
-    after = (
-        previous["machine"]["after"] if args.report_only and previous.get("machine") else machine()
-    )
+    commits = sweep.commits(done)
+    after = sweep.machine_after(out / "recipes.json", args.report_only)
     result.update(
         command="nice -n 10 python -m benchmarks.foundation.recipes"
         + (" --quick" if args.quick else ""),
