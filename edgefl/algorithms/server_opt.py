@@ -43,8 +43,8 @@ DEFAULT_LR: dict[str, float] = {
     "fedavg": 1.0,
     "fedavgm": 1.0,
     "fedadagrad": 0.0316,
-    "fedyogi": 0.01,
-    "fedadam": 0.01,
+    "fedyogi": 0.0316,
+    "fedadam": 0.0316,
 }
 PREFIX = "opt|"
 
