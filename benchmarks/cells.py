@@ -26,6 +26,10 @@ from typing import Any
 
 from benchmarks import provenance
 
+# run settings added to RunConfig after cells were cached (the demo's Local reference is keyed the
+# same way)
+from edgefl.config import ADDED_SETTINGS  # noqa: F401  (re-exported by benchmarks.runner)
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = Path(__file__).resolve().parent
 #: Bumped when a cell's record format changes (part of every cache key).
@@ -117,38 +121,20 @@ for _method in ("felo", "velo"):
     ADDED_OPTIONS[_method]["server_feature_ce"] = 0.0
 
 
-#: Run settings added to RunConfig after cells were cached, each with the value that reproduces the
-#: computation from before it existed: keyed only when a cell resolves to another value (as
-#: ADDED_OPTIONS). Entries are never removed.
-ADDED_SETTINGS: dict[str, Any] = {
-    # the server optimizer (issue 39): plain averaging
-    "server_opt": "fedavg",
-    "server_opt_lr": None,
-    "server_opt_betas": [0.9, 0.99],
-    "server_opt_eps": 1e-3,
-    # asynchronous buffered aggregation (issue 39): rounds
-    "aggregation": "sync",
-    "buffer": None,
-    # the devices' training device (--train-device): the CPU
-    "train_device": "cpu",
-}
-
-
 def resolved_run(cell: Cell) -> dict[str, Any]:
     """The run configuration ``simulate`` will use (output and thread settings aside), with the
     method's options resolved."""
     blob = json.dumps(cell.full_config(), sort_keys=True, default=list)
     if blob not in _RESOLVED:
         from edgefl.algorithms import get_algorithm
-        from edgefl.config import resolve_config
+        from edgefl.config import resolve_config, run_key_dump
         from edgefl.runtime.setup import resolve_method
 
         algorithm = get_algorithm(cell.config.get("algorithm", "fedavg"))
         cfg = resolve_config(cell.full_config(), dict(algorithm.defaults))
         # the dp options too, when set
         options = resolve_method(cfg.algorithm, cfg.options).options_dict()
-        run = cfg.model_dump(mode="json", exclude={"out_dir", "run_name", "threads", "options"})
-        run = {k: v for k, v in run.items() if not (k in ADDED_SETTINGS and v == ADDED_SETTINGS[k])}
+        run = run_key_dump(cfg, {"out_dir", "run_name", "threads", "options"})
         added = ADDED_OPTIONS.get(cfg.algorithm, {})
         run["options"] = {k: v for k, v in options.items() if not (k in added and v == added[k])}
         _RESOLVED[blob] = run

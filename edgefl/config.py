@@ -186,6 +186,32 @@ class RunConfig(BaseModel):
         return self
 
 
+#: Run settings added to RunConfig after results keyed by a configuration were stored (benchmark
+#: cells, the demo's cached Local reference), each with the value that reproduces the computation
+#: from before it existed. :func:`run_key_dump` leaves a setting out while it has that value, so
+#: adding a setting that is off by default re-keys nothing; another value, or a later default that
+#: differs, is keyed. A fact about the settings' history: entries are never removed.
+ADDED_SETTINGS: dict[str, Any] = {
+    # the server optimizer (issue 39): plain averaging
+    "server_opt": "fedavg",
+    "server_opt_lr": None,
+    "server_opt_betas": [0.9, 0.99],
+    "server_opt_eps": 1e-3,
+    # asynchronous buffered aggregation (issue 39): rounds
+    "aggregation": "sync",
+    "buffer": None,
+    # the devices' training device (--train-device): the CPU
+    "train_device": "cpu",
+}
+
+
+def run_key_dump(cfg: RunConfig, exclude: set[str]) -> dict[str, Any]:
+    """``cfg`` as JSON-ready values for a key over stored results: ``exclude`` left out, and every
+    :data:`ADDED_SETTINGS` entry left out while it has its neutral value."""
+    run = cfg.model_dump(mode="json", exclude=exclude)
+    return {k: v for k, v in run.items() if not (k in ADDED_SETTINGS and v == ADDED_SETTINGS[k])}
+
+
 def _errors(e: ValidationError) -> str:
     parts = []
     for err in e.errors():

@@ -96,3 +96,25 @@ def test_the_local_reference_ignores_how_the_server_combines_updates():
     assert reference_key(base) != reference_key(
         RunConfig(algorithm="fedavg", epochs=base.epochs + 1)
     )
+
+
+def test_the_committed_demo_references_are_found_under_the_current_settings():
+    """A setting added to RunConfig re-keys the cached Local reference unless it is registered
+    in ADDED_SETTINGS with its neutral value: every fresh `make demo` would then train Local again
+    (train_device did that, unnoticed, until this test)."""
+    import json
+    from pathlib import Path
+
+    from edgefl.config import ADDED_SETTINGS, RunConfig
+    from edgefl.runtime.reference import reference_key
+
+    demo = Path(__file__).resolve().parents[1] / "benchmarks" / "demo"
+    files = sorted(demo.glob("local-*.json"))
+    assert files, "the demo's Local reference is committed"
+    for path in files:
+        stored = json.loads(path.read_text())
+        cfg = RunConfig(**stored["config"])
+        assert reference_key(cfg) == stored["key"] == path.stem.removeprefix("local-")
+        # a neutral added setting is left out of the key; another value is keyed
+        assert reference_key(cfg.model_copy(update={"train_device": "cuda"})) != stored["key"]
+    assert set(ADDED_SETTINGS) <= set(RunConfig.model_fields)

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edgefl.config import RunConfig
+from edgefl.config import RunConfig, run_key_dump
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ _NOT_PART_OF_THE_RUN = {
 
 
 def reference_key(cfg: RunConfig) -> str:
-    run = cfg.model_dump(mode="json", exclude=_NOT_PART_OF_THE_RUN)
+    run = run_key_dump(cfg, _NOT_PART_OF_THE_RUN)
     return hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -75,7 +75,7 @@ def local_reference(cfg: RunConfig, method: str, cache_dir: Path | None = None) 
         "tier_accuracy": summary["tier_accuracy"],
         "client_accuracy": summary["client_accuracy"],
         "accuracy_per_round": per_round,
-        "config": cfg.model_dump(mode="json", exclude=_NOT_PART_OF_THE_RUN),
+        "config": run_key_dump(cfg, _NOT_PART_OF_THE_RUN),
     }
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
