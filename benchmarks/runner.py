@@ -37,10 +37,11 @@ every claim between the chosen methods in that setting.
 
 The runner is split by what its parts are: :mod:`benchmarks.cells` (one cell: its key, its run,
 its record), :mod:`benchmarks.cache` (the cache, the parallel run, provenance),
-:mod:`benchmarks.claims` (claims, sweeps, verdicts), :mod:`benchmarks.pages` and
-:mod:`benchmarks.figures` (results.md, the README index, the figures), :mod:`benchmarks.check` (the
-reviewer's check); this module holds the declaration (:class:`Benchmark`), results.json
-(:func:`build_results`) and the command line, and re-exports the names the benchmarks import.
+:mod:`benchmarks.claims` (claims, sweeps, verdicts), :mod:`benchmarks.pages`,
+:mod:`benchmarks.index` and :mod:`benchmarks.figures` (results.md, the README index, the figures),
+:mod:`benchmarks.check` (the reviewer's check); this module holds the declaration
+(:class:`Benchmark`), results.json (:func:`build_results`) and the command line, and re-exports
+the names the benchmarks import.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ from benchmarks.claims import (
 )
 from benchmarks.common import machine
 from benchmarks.figures import band_panel, plot_results
-from benchmarks.pages import pct, results_markdown, runs_table, write_readme_index
+from benchmarks.index import write_readme_index
+from benchmarks.pages import pct, results_markdown, runs_table
 from edgefl.report.recorder import json_safe
 
 __all__ = [

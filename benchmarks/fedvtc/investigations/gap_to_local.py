@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.fedvtc import earlier_cost
+from benchmarks.fedvtc.page import earlier_cost
 
 HERE = Path(__file__).resolve().parent
 NAMES = ("fine-tune", "L_tc on f_k", "rest vs FedProto", "FedProto at R − final",
