@@ -36,7 +36,6 @@ Run it at a clean commit with ``nice -n 5 python -m benchmarks.fedhenn.recipes -
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -46,7 +45,6 @@ from benchmarks.cache import Cache
 from benchmarks.cells import Cell
 from benchmarks.common import decay_rounds, machine
 from benchmarks.fedhenn import HETERO, SETTINGS, profile
-from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
 EXTRAS = "benchmarks.fedhenn:extras"
@@ -171,24 +169,13 @@ def markdown(result: dict) -> str:
         lines += ["", f"Not run ({len(result['not_run'])} cells; the rule was decided without "
                   "them, or the run is unfinished): "
                   + ", ".join(f"`{x}`" for x in result["not_run"]) + "."]
-    m = result["machine"]
-    lines += ["", "## Provenance", "", "Cells by the commit they ran at: "
-              + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ".",
-              f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, "
-              + (f"started {m['before']['started']}" if "started" in m["before"] else
-                 f"load (1/5/15 min) {m['before'].get('loadavg_1_5_15')} at the start "
-                 f"({m['before'].get('date')})")
-              + f", {m['after'].get('loadavg_1_5_15')} at the end "
-              f"({m['after'].get('date')}); {sum(result['wall_seconds']) / 60:.0f} cell-minutes "
-              "(one torch thread per cell, on a machine shared with other work).", ""]
+    lines += sweep.provenance(result, f"{sweep.cell_minutes(result)} (one torch thread per cell, "
+                              "on a machine shared with other work).")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description="FedHeNN's k = 2 recipe: a stability sweep.")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--report-only", action="store_true", help="rewrite from cached cells")
-    p.add_argument("--draft", action="store_true", help="allow uncommitted code (marked)")
+    p = sweep.parser("FedHeNN's k = 2 recipe: a stability sweep.")
     p.add_argument("--candidates", help="run only these candidates' cells (comma-separated "
                    "names; the report still reads every cached cell)")
     p.add_argument("--started", help="with --report-only and no recipes.json: when the run "
@@ -204,20 +191,13 @@ def main(argv: list[str] | None = None) -> dict:
     records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
                             tmp_root=HERE / "recipes_tmp",
                             run=[c for c in every if c.method.split(" ", 1)[1] in chosen])
-    done = [r for r in records if r is not None]
-    result = summarize(records, every)
-    commits = sweep.commits(done)
-    result.update(
-        command="nice -n 5 python -m benchmarks.fedhenn.recipes --workers 2",
-        machine={"before": before, "after": machine()}, commits=commits,
-        wall_seconds=[r["wall_seconds"] for r in done],
-        runs=[{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "slope",
-                                     "local_accuracy", "client_local_accuracy",
-                                     "client_predictions", "code", "code_hash", "config")}
-              for r in done],
-    )
-    previous.write_text(json.dumps(json_safe(result), indent=1) + "\n")
-    (HERE / "recipes.md").write_text(markdown(result))
+    result = sweep.finish(
+        summarize(records, every), [r for r in records if r is not None],
+        command="nice -n 5 python -m benchmarks.fedhenn.recipes --workers 2", before=before,
+        after=machine(),
+        keys=("method", "setting", "seed", "final_accuracy", "slope", "local_accuracy",
+              "client_local_accuracy", "client_predictions", "code", "code_hash", "config"))
+    sweep.write(HERE, "recipes", result, markdown)
     print(f"chosen: {result['chosen']} {result['chosen_recipe']}; {HERE / 'recipes.md'}")
     return result
 

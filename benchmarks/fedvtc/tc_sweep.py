@@ -31,19 +31,20 @@ uncommitted code, marked). Cells are cached in ``tc_sweep_cells/``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from pathlib import Path
 
 from benchmarks import gates, sweep
-from benchmarks.cache import Cache
 from benchmarks.cells import Cell
 from benchmarks.common import decay_rounds
 from benchmarks.fedvtc import SETTINGS, grid_options, local_config, profile, synthetic
-from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
+#: the command the results record
+COMMAND = "nice -n 5 python -m benchmarks.fedvtc.tc_sweep --workers 2"
+#: what the results keep of each run
+RUN_KEYS = ("method", "setting", "seed", "final_accuracy", "per_round", "client_accuracy", "code",
+            "code_hash", "config")
 SEEDS = (10, 11, 12, 13, 14)  # not the grid's seeds (0–4)
 CURRENT = "0.001"  # the method's default tc_weight, which the grid ran
 CANDIDATES = ("0.001", "0.0001")
@@ -163,48 +164,15 @@ def markdown(result: dict) -> str:
                          + " ".join(f"{100 * acc[d]:.1f}" for d in sorted(acc)))
     if result["not_run"]:
         lines += ["", "Not run: " + ", ".join(f"`{x}`" for x in result["not_run"]) + "."]
-    m = result["machine"]
-    lines += ["", "## Provenance", "",
-              "Cells by the commit they ran at: "
-              + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ".",
-              f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load "
-              f"(1/5/15 min) {m['before'].get('loadavg_1_5_15')} at the start "
-              f"({m['before'].get('date')}), {m['after'].get('loadavg_1_5_15')} at the end "
-              f"({m['after'].get('date')}); {sum(result['wall_seconds']) / 60:.0f} cell-minutes "
-              "in all (one torch thread per cell, two at a time on a shared machine).", ""]
+    lines += sweep.provenance(result, f"{sweep.cell_minutes(result)} in all (one torch thread "
+                              "per cell, two at a time on a shared machine).")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description="FedVTC's tc_weight: a stability sweep (issue 37).")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--report-only", action="store_true", help="rewrite from cached cells")
-    p.add_argument("--draft", action="store_true", help="allow uncommitted code (marked)")
-    p.add_argument("--quick", action="store_true", help="one seed, small, into runs/")
-    args = p.parse_args(argv)
-    out = (Path.cwd() / "runs" / "bench-quick" / "tc_sweep") if args.quick else HERE
-    cache = Cache(out / "tc_sweep_cells", draft=args.draft)
-    every = cells(args.quick)
-    before = sweep.machine_before(out / "tc_sweep.json")
-    records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
-                            tmp_root=out / "tmp")
-    done = [r for r in records if r is not None]
-    result = summarize(records, every)
-    commits = sweep.commits(done)
-    after = sweep.machine_after(out / "tc_sweep.json", args.report_only)
-    result.update(
-        command="nice -n 5 python -m benchmarks.fedvtc.tc_sweep --workers 2"
-        + (" --quick" if args.quick else ""),
-        machine={"before": before, "after": after}, commits=commits,
-        wall_seconds=[r["wall_seconds"] for r in done],
-        runs=[{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy", "per_round",
-                                     "client_accuracy", "code", "code_hash", "config")}
-              for r in done])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tc_sweep.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
-    (out / "tc_sweep.md").write_text(markdown(result))
-    print(f"chosen: {result['chosen']}; results: {out / 'tc_sweep.md'}")
-    return result
+    return sweep.main(argv, "FedVTC's tc_weight: a stability sweep (issue 37).", HERE, "tc_sweep",
+                      cells, summarize, markdown, command=COMMAND, keys=RUN_KEYS,
+                      quick="one seed, small, into runs/")
 
 
 if __name__ == "__main__":

@@ -50,17 +50,19 @@ cached in ``recipes_cells/``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 from benchmarks import gates, sweep
-from benchmarks.cache import Cache
 from benchmarks.cells import Cell
-from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
+#: the command the results record
+COMMAND = "nice -n 5 python -m benchmarks.felo_velo.recipes --workers 2"
+#: what the results keep of each run
+RUN_KEYS = ("method", "seed", "final_accuracy", "per_round", "slope", "wall_seconds", "code",
+            "config")
 SEEDS = (10, 11, 12, 13, 14)  # not the benchmark's seeds (0–4)
 TARGET = 0.76
 VALIDATION = 1000
@@ -199,43 +201,15 @@ def markdown(result: dict) -> str:
     lines += [f"- {name}: " + (", ".join(f"s{s} {pct(f)}" for s, f in
                                           zip(r["seeds"], r["final"], strict=True)) or "not run")
               for name, r in result["rows"].items()]
-    m = result["machine"]
-    lines += ["", "## Provenance", "",
-              "Cells by the commit they ran at: "
-              + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items()) + ". "
-              + PROVENANCE_NOTE,
-              f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load "
-              f"(1/5/15 min) {m['before'].get('loadavg_1_5_15')} at the start "
-              f"({m['before'].get('date')}), {m['after'].get('loadavg_1_5_15')} at the end "
-              f"({m['after'].get('date')}); one torch thread per cell, two cells at a time on a "
-              "machine shared with other work, so wall times are rough.", ""]
+    lines += sweep.provenance(result, "one torch thread per cell, two cells at a time on a "
+                              "machine shared with other work, so wall times are rough.",
+                              PROVENANCE_NOTE)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description="Felo/Velo's Local-IID recipe sweep (issue 37).")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--report-only", action="store_true", help="rewrite from cached cells")
-    p.add_argument("--draft", action="store_true", help="allow uncommitted code (marked)")
-    args = p.parse_args(argv)
-    cache = Cache(HERE / "recipes_cells", draft=args.draft)
-    every = cells()
-    before = sweep.machine_before(HERE / "recipes.json")
-    records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
-                            tmp_root=HERE / "tmp")
-    done = [r for r in records if r is not None]
-    result = summarize(records, every)
-    commits = sweep.commits(done)
-    after = sweep.machine_after(HERE / "recipes.json", args.report_only)
-    result.update(command="nice -n 5 python -m benchmarks.felo_velo.recipes --workers 2",
-                  machine={"before": before, "after": after}, commits=commits,
-                  runs=[{k: r.get(k) for k in ("method", "seed", "final_accuracy", "per_round",
-                                               "slope", "wall_seconds", "code", "config")}
-                        for r in done])
-    (HERE / "recipes.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
-    (HERE / "recipes.md").write_text(markdown(result))
-    print(f"chosen: {result['chosen']}; results: {HERE / 'recipes.md'}")
-    return result
+    return sweep.main(argv, "Felo/Velo's Local-IID recipe sweep (issue 37).", HERE, "recipes",
+                      cells, summarize, markdown, command=COMMAND, keys=RUN_KEYS, wall=False)
 
 
 if __name__ == "__main__":

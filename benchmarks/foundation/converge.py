@@ -30,19 +30,21 @@ Run it at a clean commit with ``nice -n 5 python -m benchmarks.foundation.conver
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 from benchmarks import sweep
-from benchmarks.cache import Cache
 from benchmarks.cells import Cell
 from benchmarks.foundation import RECIPE
 from benchmarks.foundation.recipes import peak, unstable
-from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
+#: the command the results record
+COMMAND = "nice -n 5 python -m benchmarks.foundation.converge --workers 2"
+#: what the results keep of each run
+RUN_KEYS = ("method", "setting", "seed", "final_accuracy", "per_round", "slope", "code",
+            "code_hash")
 SEEDS = (10, 11, 12)
 ROUNDS = 30
 STEP70 = {"lr_decay_rounds": (round(0.7 * ROUNDS),)}
@@ -166,42 +168,16 @@ def markdown(result: dict) -> str:
     for label, v in result["verdicts"].items():
         lines.append(f"| {label} | {v['status']} | {pct(v['score'])} | "
                      f"{'; '.join(v['why']) or '—'} |")
-    m = result["machine"]
-    lines += ["", "## Provenance", "", "Cells by the commit they ran at: " + ", ".join(
-        f"`{c}` ({n})" for c, n in result["commits"].items()) + f". Command: `{result['command']}`."
-        f" Machine: {m['before'].get('cores')} cores, load (1/5/15 min) "
-        f"{m['before'].get('loadavg_1_5_15')} at the start ({m['before'].get('date')}), "
-        f"{m['after'].get('loadavg_1_5_15')} at the end ({m['after'].get('date')}); "
-        f"{sum(result['wall_seconds']) / 60:.0f} cell-minutes in all.", "", RUN_NOTE, ""]
+    lines += ["", "## Provenance", "",
+              f"{sweep.commits_text(result)}. {sweep.machine_text(result)}; "
+              f"{sweep.cell_minutes(result)} in all.", "", RUN_NOTE, ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description="Run length / lr schedule check (issue 37).")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--report-only", action="store_true", help="rewrite from cached cells")
-    p.add_argument("--draft", action="store_true", help="allow uncommitted code (marked)")
-    args = p.parse_args(argv)
-    cache = Cache(HERE / "converge_cells", draft=args.draft)
-    every = cells()
-    prev_path = HERE / "converge.json"
-    before = sweep.machine_before(prev_path)
-    records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
-                            tmp_root=Path.cwd() / "runs" / "converge-tmp")
-    done = [r for r in records if r is not None]
-    result = summarize(records, every)
-    commits = sweep.commits(done)
-    after = sweep.machine_after(prev_path, args.report_only)
-    result.update(command="nice -n 5 python -m benchmarks.foundation.converge --workers 2",
-                  machine={"before": before, "after": after}, commits=commits,
-                  wall_seconds=[r["wall_seconds"] for r in done],
-                  runs=[{k: r.get(k) for k in ("method", "setting", "seed", "final_accuracy",
-                                               "per_round", "slope", "code", "code_hash")}
-                        for r in done])
-    prev_path.write_text(json.dumps(json_safe(result), indent=1) + "\n")
-    (HERE / "converge.md").write_text(markdown(result))
-    print(f"chosen: {result['chosen']}; results: {HERE / 'converge.md'}")
-    return result
+    return sweep.main(argv, "Run length / lr schedule check (issue 37).", HERE, "converge", cells,
+                      summarize, markdown, command=COMMAND, keys=RUN_KEYS,
+                      tmp_root=Path.cwd() / "runs" / "converge-tmp")
 
 
 if __name__ == "__main__":

@@ -34,19 +34,21 @@ benchmark's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 from pathlib import Path
 
 from benchmarks import gates, sweep
-from benchmarks.cache import Cache
 from benchmarks.cells import Cell
 from benchmarks.foundation import profile
-from edgefl.report.recorder import json_safe
 
 HERE = Path(__file__).resolve().parent
+#: the command the results record
+COMMAND = "nice -n 10 python -m benchmarks.foundation.recipes"
+#: what the results keep of each run
+RUN_KEYS = ("method", "setting", "seed", "final_accuracy", "per_round", "slope", "code",
+            "code_hash", "config")
 SEEDS = (10, 11, 12, 13, 14)  # not foundation's seeds (0–4)
 #: name → the recipe's settings; the current default last (it ran before; here on the validation
 #: split)
@@ -202,85 +204,21 @@ def markdown(result: dict) -> str:
             for s, f, p in zip(r["seeds"], r["final"], r["peak"], strict=True)
         )
         lines.append(f"- {r['recipe']}, {r['setting']}: {runs or 'not run'}")
-    m = result["machine"]
-    lines += [
-        "",
-        "## Provenance",
-        "",
-        "Cells by the commit they ran at: "
-        + ", ".join(f"`{c}` ({n})" for c, n in result["commits"].items())
-        + ". "
-        + PROVENANCE_NOTE,
-        f"Command: `{result['command']}`. Machine: {m['before'].get('cores')} cores, load (1/5/15 "
-        "min) "
-        f"{m['before'].get('loadavg_1_5_15')} at the start ({m['before'].get('date')}), "
-        f"{m['after'].get('loadavg_1_5_15')} at the end ({m['after'].get('date')}); "
-        f"{sum(result['wall_seconds']) / 60:.0f} cell-minutes in all (one torch thread per cell; "
-        "two cells "
-        "at a time on a machine shared with other work, so wall times are rough).",
-        "",
-    ]
+    lines += sweep.provenance(
+        result,
+        f"{sweep.cell_minutes(result)} in all (one torch thread per cell; two cells at a time on a "
+        "machine shared with other work, so wall times are rough).",
+        PROVENANCE_NOTE,
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(
-        description="The CNN family's default recipe: a stability sweep (issue 37)."
+    return sweep.main(
+        argv, "The CNN family's default recipe: a stability sweep (issue 37).", HERE, "recipes",
+        cells, summarize, markdown, command=COMMAND, keys=RUN_KEYS, workers=os.cpu_count() or 1,
+        quick="one seed, the quick profile, into runs/bench-quick/recipes",
     )
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument(
-        "--report-only",
-        action="store_true",
-        help="rewrite the results from cached cells; run nothing",
-    )
-    p.add_argument(
-        "--draft", action="store_true", help="allow running from uncommitted code (marked)"
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="one seed, the quick profile, into runs/bench-quick/recipes",
-    )
-    args = p.parse_args(argv)
-    out = (Path.cwd() / "runs" / "bench-quick" / "recipes") if args.quick else HERE
-    cache = Cache(out / "recipes_cells", draft=args.draft)
-    every = cells(args.quick)
-    before = sweep.machine_before(out / "recipes.json")
-    records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
-                            tmp_root=out / "tmp")
-    done = [r for r in records if r is not None]
-    result = summarize(records, every)
-    commits = sweep.commits(done)
-    after = sweep.machine_after(out / "recipes.json", args.report_only)
-    result.update(
-        command="nice -n 10 python -m benchmarks.foundation.recipes"
-        + (" --quick" if args.quick else ""),
-        machine={"before": before, "after": after},
-        commits=commits,
-        wall_seconds=[r["wall_seconds"] for r in done],
-        runs=[
-            {
-                k: r.get(k)
-                for k in (
-                    "method",
-                    "setting",
-                    "seed",
-                    "final_accuracy",
-                    "per_round",
-                    "slope",
-                    "code",
-                    "code_hash",
-                    "config",
-                )
-            }
-            for r in done
-        ],
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recipes.json").write_text(json.dumps(json_safe(result), indent=1) + "\n")
-    (out / "recipes.md").write_text(markdown(result))
-    print(f"chosen: {result['chosen']} {result['chosen_recipe']}; results: {out / 'recipes.md'}")
-    return result
 
 
 if __name__ == "__main__":
