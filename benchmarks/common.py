@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
@@ -56,6 +57,34 @@ def device_class_counts(config: dict) -> dict[str, tuple[str, list[int]]]:
 def write_json(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def write_results(stem: Path, results: dict, page: Callable[[dict], list[str]]) -> dict:
+    """``<stem>.json`` (the results) and ``<stem>.md`` (the lines ``page`` makes of them);
+    returns the results."""
+    write_json(stem.with_suffix(".json"), results)
+    stem.with_suffix(".md").write_text("\n".join(page(results)) + "\n")
+    return results
+
+
+def measure_models(stem: Path, page: Callable[[dict], list[str]], info: dict,
+                   rows: Iterable[dict]) -> dict:
+    """The machine, ``info`` and every row of ``rows`` (each measured as it is drawn, and
+    printed), then the load after them, written by :func:`write_results`."""
+    results = {"machine": machine(), **info, "models": []}
+    for row in rows:
+        print(row, flush=True)
+        results["models"].append(row)
+    results["machine_after"] = machine()["loadavg_1_5_15"]
+    return write_results(stem, results, page)
+
+
+def measured_on(results: dict, threads: str) -> str:
+    """How a :func:`measure_models` result was measured, for its page: "`<command>` on n cores,
+    ``threads``, <date>; load average before …, after …"."""
+    m = results["machine"]
+    return (f"`{results['command'].strip()}` on {m['cores']} cores, {threads}, {m['date']}; load "
+            f"average before {m['loadavg_1_5_15']}, after {results['machine_after']}")
 
 
 class MemoryWatch:

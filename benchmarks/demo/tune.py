@@ -21,17 +21,13 @@ import os
 import statistics
 from pathlib import Path
 
+from benchmarks.demo import FLEET
 from benchmarks.runner import Cache, Cell, run_cells
 
 HERE = Path(__file__).resolve().parent / "tune"
 
 BASE = {
-    "algorithm": "velo",
-    "dataset": "fashion-mnist",
-    "clients": 20,
-    "rounds": 12,
-    "partition": "dirichlet",
-    "alpha": 0.5,
+    **FLEET,
     "test_samples": 2000,
     "eval_samples": 2000,
     "eval_every": 12,

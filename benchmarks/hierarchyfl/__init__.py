@@ -261,13 +261,13 @@ def make(quick: bool = False) -> Benchmark:
             ),
         ]
 
-        def recheck(parameter, grid, options, note, default):
+        def recheck(option, grid, note, default):
             """The same question at the main setting (600 public images, 32 rounds with the decay),
-            each value varied from the method's defaults: do they still hold?"""
+            each value of ``option`` varied from the method's defaults: do they still hold?"""
             return sweep(
-                parameter + " (recheck at 600 public images)",
+                f"hierarchyfl.{option} (recheck at 600 public images)",
                 grid,
-                options,
+                lambda v: {option: str(v)},
                 note
                 + "; Dir(0.1) with the paper-sized public set, the other values at the defaults",
                 default,
@@ -276,27 +276,9 @@ def make(quick: bool = False) -> Benchmark:
             )
 
         sweeps += [
-            recheck(
-                "hierarchyfl.beta",
-                BETAS,
-                lambda v: {"beta": str(v)},
-                "weight of the feature terms",
-                1.0,
-            ),
-            recheck(
-                "hierarchyfl.temperature",
-                TEMPERATURES,
-                lambda v: {"temperature": str(v)},
-                "T of the logit distillation",
-                1.0,
-            ),
-            recheck(
-                "hierarchyfl.server_lr",
-                SERVER_LRS,
-                lambda v: {"server_lr": str(v)},
-                "the server step's lr (no momentum)",
-                0.05,
-            ),
+            recheck("beta", BETAS, "weight of the feature terms", 1.0),
+            recheck("temperature", TEMPERATURES, "T of the logit distillation", 1.0),
+            recheck("server_lr", SERVER_LRS, "the server step's lr (no momentum)", 0.05),
         ]
     # Both readings of the paper's public set are main settings, side by side and both counted
     # (issue 37): 600 images (1 % of Fashion-MNIST's 60,000, the paper's absolute size) and 60

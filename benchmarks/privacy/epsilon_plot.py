@@ -68,21 +68,10 @@ def main() -> Path:
         for x, text in notes:
             ax.annotate(text, (x, 22), fontsize=7, rotation=90, va="bottom", ha="center")
     bounds = results["bounds"]
-    ax.axhline(
-        100 * bounds["centralized"],
-        ls=":",
-        c="k",
-        lw=1,
-        label=f"centralized bound {100 * bounds['centralized']:.1f} %",
-    )
-    ax.axhline(
-        100 * bounds["local_iid"],
-        ls="-.",
-        c="grey",
-        lw=1,
-        label=f"Local-IID bound {100 * bounds['local_iid']:.1f} %",
-    )
-    ax.axhline(100 * local, ls="--", c="grey", lw=1, label=f"Local (no uplink) {100 * local:.1f} %")
+    for y, ls, c, name in ((bounds["centralized"], ":", "k", "centralized bound"),
+                           (bounds["local_iid"], "-.", "grey", "Local-IID bound"),
+                           (local, "--", "grey", "Local (no uplink)")):
+        ax.axhline(100 * y, ls=ls, c=c, lw=1, label=f"{name} {100 * y:.1f} %")
     ax.set_xticks(range(len(BUDGETS)), [f"ε = {b}" for b in BUDGETS])
     ax.set_xlabel("privacy budget per device (δ = 1e-5)")
     ax.set_ylabel("final test accuracy (%)")

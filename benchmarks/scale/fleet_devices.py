@@ -18,14 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import torch
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 import benchmarks.overhead.echo  # noqa: F401  (registers bench-echo)
 from edgefl.runtime.device import DeviceOptions, DeviceRuntime
-from edgefl.transport.mqtt import SESSION_EXPIRY_SECONDS
 
 log = logging.getLogger("fleet_devices")
 
@@ -37,18 +33,7 @@ KEEPALIVE = 900
 
 def connect(rt: DeviceRuntime) -> None:
     ep = rt.endpoint
-    if ep.protocol == mqtt.MQTTv5:
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = SESSION_EXPIRY_SECONDS
-        ep.client.connect(
-            ep.address.host,
-            ep.address.port,
-            keepalive=KEEPALIVE,
-            clean_start=False,
-            properties=props,
-        )
-    else:
-        ep.client.connect(ep.address.host, ep.address.port, keepalive=KEEPALIVE)
+    ep.client.connect(ep.address.host, ep.address.port, **ep.connect_options(KEEPALIVE))
 
 
 def serve_inbox(rt: DeviceRuntime) -> bool:

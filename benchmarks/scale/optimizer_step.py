@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import machine, write_json
+from benchmarks.common import measure_models, measured_on
 from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
@@ -136,21 +136,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    results = {"machine": machine(), "torch_threads": 1, "torch": torch.__version__,
-               "command": command_line("benchmarks.scale.optimizer_step", argv), "models": []}
-    for name, (family, tier, settings) in MODELS.items():
-        row = measure(name, family, tier, settings, args.repeats, args.steps)
-        print(row, flush=True)
-        results["models"].append(row)
-    results["machine_after"] = machine()["loadavg_1_5_15"]
-    write_json(HERE / "optimizer_step.json", results)
-    m = results["machine"]
+    info = {"torch_threads": 1, "torch": torch.__version__,
+            "command": command_line("benchmarks.scale.optimizer_step", argv)}
+    return measure_models(HERE / "optimizer_step", page, info, (
+        measure(name, family, tier, settings, args.repeats, args.steps)
+        for name, (family, tier, settings) in MODELS.items()))
+
+
+def page(results: dict) -> list[str]:
     lines = [
         "# A training step: the per-parameter optimizer loop against the fused kernel",
         "",
-        f"`{results['command'].strip()}` on {m['cores']} cores, one torch thread, torch "
-        f"{results['torch']}, {m['date']}; "
-        f"load average before {m['loadavg_1_5_15']}, after {results['machine_after']}. One step: "
+        measured_on(results, f"one torch thread, torch {results['torch']}") + ". One step: "
         "zero_grad, forward, "
         "cross-entropy, backward, optimizer step, on 28×28 one-channel inputs. The loop is "
         "PyTorch's default on CPU "
@@ -178,8 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{r['loop_update_ms_median']:.2f} → "
             f"{r['fused_update_ms_median']:.2f} | {r['one_step_max_weight_difference']:.1e} |"
         )
-    (HERE / "optimizer_step.md").write_text("\n".join(lines) + "\n")
-    return results
+    return lines
 
 
 if __name__ == "__main__":

@@ -34,18 +34,14 @@ import time
 from pathlib import Path
 
 from benchmarks.common import machine, write_json
+from benchmarks.demo import FLEET
 from benchmarks.runner import code_version
 from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
 
 DEMO = {
-    "algorithm": "velo",
-    "dataset": "fashion-mnist",
-    "clients": 20,
-    "rounds": 12,
-    "partition": "dirichlet",
-    "alpha": 0.5,
+    **FLEET,
     "lr": 0.003,
     "lr_decay_rounds": (9,),
     "train_samples": 18000,

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import machine, write_json
+from benchmarks.common import measure_models, measured_on
 from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
@@ -138,21 +138,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = {"machine": machine(), "torch_threads": torch.get_num_threads(),
-               "command": command_line("benchmarks.scale.training_loop", argv), "models": []}
-    for name, settings in MODELS.items():
-        row = measure(name, settings, args.repeats)
-        print(row, flush=True)
-        results["models"].append(row)
-    results["machine_after"] = machine()["loadavg_1_5_15"]
-    write_json(HERE / "training_loop.json", results)
-    m = results["machine"]
+    info = {"torch_threads": torch.get_num_threads(),
+            "command": command_line("benchmarks.scale.training_loop", argv)}
+    rows = (measure(name, settings, args.repeats) for name, settings in MODELS.items())
+    return measure_models(HERE / "training_loop", page, info, rows)
+
+
+def page(results: dict) -> list[str]:
     lines = [
         "# The training loop against a bare PyTorch loop",
         "",
-        f"`{results['command']}` on {m['cores']} cores, torch threads {results['torch_threads']}, "
-        f"{m['date']}; "
-        f"load average before {m['loadavg_1_5_15']}, after {results['machine_after']}. One FedAvg "
+        measured_on(results, f"torch threads {results['torch_threads']}") + ". One FedAvg "
         "round (one epoch "
         "of 6,000 Fashion-MNIST images, batch 32, SGD) through edgefl's device path (request "
         "decoded and checked, "
@@ -168,8 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{row['bare_images_per_s']:.0f} | "
             f"**{row['ratio']:.3f}** | {'met' if row['ratio'] >= 0.9 else 'not met'} |"
         )
-    (HERE / "training_loop.md").write_text("\n".join(lines) + "\n")
-    return results
+    return lines
 
 
 if __name__ == "__main__":

@@ -348,18 +348,17 @@ class Endpoint:
         """Whether a message the broker kept (retained, delivered on subscribing) is read at all."""
         return True
 
+    def connect_options(self, keepalive: int) -> dict:
+        """paho's ``connect`` arguments besides the address: under MQTT 5 the session outlives a
+        dropped connection (no clean start, :data:`SESSION_EXPIRY_SECONDS`)."""
+        if self.protocol != mqtt.MQTTv5:
+            return {"keepalive": keepalive}
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = SESSION_EXPIRY_SECONDS
+        return {"keepalive": keepalive, "clean_start": False, "properties": props}
+
     def start(self, wait: float | None = 30.0) -> Endpoint:
-        props = None
-        if self.protocol == mqtt.MQTTv5:
-            props = Properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = SESSION_EXPIRY_SECONDS
-        self.client.connect_async(
-            self.address.host,
-            self.address.port,
-            keepalive=15,
-            clean_start=False if props is not None else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
-            properties=props,
-        )
+        self.client.connect_async(self.address.host, self.address.port, **self.connect_options(15))
         self.client.loop_start()
         if wait and not self.connected.wait(wait):
             reason = self.refused or "no answer"
