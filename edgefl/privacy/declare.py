@@ -24,7 +24,7 @@ count local steps, a function of the round and of the public dataset size.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -202,22 +202,39 @@ class PrivacySettings:
         return out
 
 
+def split_options(
+    raw: Mapping[str, object], keys: Mapping[str, str], parse: Callable[[str, str, object], object]
+) -> tuple[dict[str, object], dict[str, object]]:
+    """(the options not in ``keys``, {setting: ``parse(key, setting, value)``} for each option of
+    ``keys`` given); a parse that answers None leaves the setting at its default. The privacy and
+    the secure-aggregation options are read this way out of a method's options."""
+    own = {k: v for k, v in raw.items() if k not in keys}
+    values = {name: parse(key, name, raw[key]) for key, name in keys.items() if key in raw}
+    return own, {name: v for name, v in values.items() if v is not None}
+
+
+def text(value: object) -> str:
+    """An option's value as it is compared: stripped, lower case."""
+    return str(value).strip().lower()
+
+
+def number(key: str, value: object) -> float:
+    """An option's value as a number (``inf`` included), or a :class:`ConfigError` naming it."""
+    try:
+        return float(text(value))
+    except ValueError:
+        raise ConfigError(f"option {key}={value!r} is not a number") from None
+
+
+def _privacy_value(key: str, name: str, value: object) -> object:
+    if name == "mode":
+        return text(value)
+    if name == "noise_multiplier" and text(value) in ("", "none"):
+        return None
+    return number(key, value)
+
+
 def split_privacy_options(raw: Mapping[str, object]) -> tuple[dict[str, object], PrivacySettings]:
     """(the method's own options, the privacy settings) from a method's raw options."""
-    own = {k: v for k, v in raw.items() if k not in OPTION_KEYS}
-    values: dict[str, object] = {}
-    for key, name in OPTION_KEYS.items():
-        if key not in raw:
-            continue
-        value = raw[key]
-        if name == "mode":
-            values[name] = str(value).strip().lower()
-            continue
-        text = str(value).strip().lower()
-        if name == "noise_multiplier" and text in ("", "none"):
-            continue
-        try:
-            values[name] = math.inf if text in ("inf", "infinity") else float(text)
-        except ValueError:
-            raise ConfigError(f"option {key}={value!r} is not a number") from None
+    own, values = split_options(raw, OPTION_KEYS, _privacy_value)
     return own, PrivacySettings(**values)

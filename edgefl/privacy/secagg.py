@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgefl.errors import ConfigError
+from edgefl.privacy.declare import number, split_options, text
 from edgefl.privacy.secagg_crypto import (
     KEY_BYTES,
     RING_BITS,
@@ -133,26 +134,17 @@ class SecAggSettings:
         }
 
 
+def _secagg_value(key: str, name: str, value: object) -> object:
+    if name == "on":
+        if text(value) not in ("on", "off", "true", "false", "1", "0"):
+            raise ConfigError(f"option secagg={value!r}: choose on or off")
+        return text(value) in ("on", "true", "1")
+    return text(value) if name == "neighbours" else number(key, value)
+
+
 def split_secagg_options(raw: Mapping[str, object]) -> tuple[dict[str, object], SecAggSettings]:
     """(the other options, the secure-aggregation settings) from a method's raw options."""
-    own = {k: v for k, v in raw.items() if k not in OPTION_KEYS}
-    values: dict[str, object] = {}
-    for key, name in OPTION_KEYS.items():
-        if key not in raw:
-            continue
-        text = str(raw[key]).strip().lower()
-        if name == "on":
-            if text not in ("on", "off", "true", "false", "1", "0"):
-                raise ConfigError(f"option secagg={raw[key]!r}: choose on or off")
-            values[name] = text in ("on", "true", "1")
-            continue
-        if name == "neighbours":
-            values[name] = text
-            continue
-        try:
-            values[name] = float(text)
-        except ValueError:
-            raise ConfigError(f"option {key}={raw[key]!r} is not a number") from None
+    own, values = split_options(raw, OPTION_KEYS, _secagg_value)
     return own, SecAggSettings(**values)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from edgefl.errors import WireError
 from edgefl.wire import Envelope, Limits, decode, encode
@@ -55,26 +55,26 @@ def answered(device_id: str, reply: Any, seconds: float, accept: Accept) -> Deli
     return Delivery(device_id, reply, None, seconds, value)
 
 
-class Transport(Protocol):
+#: What a transport carries: envelopes (:data:`Transport`) or their bytes (:data:`WireTransport`).
+Message = TypeVar("Message", Envelope, bytes)
+
+
+class Carrier(Protocol[Message]):
     def request(
-        self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept
+        self, messages: Mapping[str, Message], *, timeout: float | None, accept: Accept
     ) -> dict[str, Delivery]:
-        """Deliver ``messages`` (device id → envelope) and wait for every accepted reply or the
+        """Deliver ``messages`` (device id → envelope, or its bytes on a wire transport, where
+        ``accept`` is given the reply's bytes) and wait for every accepted reply or the
         timeout."""
         ...
 
     def close(self) -> None: ...
 
 
-class WireTransport(Protocol):
-    def request(
-        self, messages: Mapping[str, bytes], *, timeout: float | None, accept: Accept
-    ) -> dict[str, Delivery]:
-        """Deliver ``messages`` (device id → envelope bytes); ``accept`` is given the reply's
-        bytes."""
-        ...
-
-    def close(self) -> None: ...
+#: What the round loop talks to: it moves envelopes.
+Transport = Carrier[Envelope]
+#: What moves the envelopes' bytes (MQTT, the worker processes' pipes).
+WireTransport = Carrier[bytes]
 
 
 class Encoded:
@@ -85,19 +85,28 @@ class Encoded:
         self.wire, self.limits = wire, limits
         self._open_sizes: dict[str, int] = {}  # device → the size of its open request (submit)
 
-    def request(
-        self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept
-    ) -> dict[str, Delivery]:
+    def _encoded(
+        self, messages: Mapping[str, Envelope]
+    ) -> tuple[dict[str, bytes], dict[str, Delivery]]:
+        """Each message's bytes, and a "not sent" Delivery for each that does not encode."""
         data, out = {}, {}
         for device_id, env in messages.items():
             try:
                 data[device_id] = encode(env)
             except WireError as e:
                 out[device_id] = Delivery(device_id, None, f"not sent: {e}")
+        return data, out
+
+    def _decoding(self, accept: Accept) -> Accept:
+        """``accept`` for the wire transport: the reply's bytes decoded under the limits first."""
         limits = self.limits
-        delivered = self.wire.request(
-            data, timeout=timeout, accept=lambda d, raw: accept(d, decode(raw, limits))
-        )
+        return lambda d, raw: accept(d, decode(raw, limits))
+
+    def request(
+        self, messages: Mapping[str, Envelope], *, timeout: float | None, accept: Accept
+    ) -> dict[str, Delivery]:
+        data, out = self._encoded(messages)
+        delivered = self.wire.request(data, timeout=timeout, accept=self._decoding(accept))
         for device_id, d in delivered.items():
             sized = dataclasses.replace(
                 d,
@@ -118,14 +127,8 @@ class Encoded:
     def submit(self, messages: Mapping[str, Envelope], *, accept: Accept) -> dict[str, Delivery]:
         """Send without waiting: a Delivery per message, ``error`` set where it was not sent,
         else only its ``bytes_down``; the replies come through :meth:`arrivals`."""
-        data, out = {}, {}
-        for device_id, env in messages.items():
-            try:
-                data[device_id] = encode(env)
-            except WireError as e:
-                out[device_id] = Delivery(device_id, None, f"not sent: {e}")
-        limits = self.limits
-        failed = self.wire.submit(data, accept=lambda d, raw: accept(d, decode(raw, limits)))
+        data, out = self._encoded(messages)
+        failed = self.wire.submit(data, accept=self._decoding(accept))
         for device_id, raw in data.items():
             self._open_sizes[device_id] = len(raw)
             out[device_id] = failed.get(device_id) or Delivery(device_id, None, bytes_down=len(raw))

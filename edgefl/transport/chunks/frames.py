@@ -1,11 +1,12 @@
-"""What a chunk and its acknowledgement are on the wire, and the settings both sides read
-(the format is described in :mod:`edgefl.transport.chunks`)."""
+"""What a chunk and its acknowledgement are on the wire, the settings both sides read (the format
+is described in :mod:`edgefl.transport.chunks`), and how either side's timer thread is joined."""
 
 from __future__ import annotations
 
 import math
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -157,3 +158,10 @@ def parse_ack(data: bytes) -> tuple[bytes, int, int, int]:
     if magic != ACK_MAGIC or status not in (PROGRESS, COMPLETE, REFUSED):
         raise WireError("not a chunk ack")
     return mid, nxt, bitmap, status
+
+
+def join_timer(thread: threading.Thread | None, timeout: float = 5.0) -> None:
+    """Wait for a side's timer thread to end after it was told to stop, unless there is none or
+    this is it (a timer that stops its own side ends by itself)."""
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout)

@@ -19,6 +19,7 @@ from edgefl.transport.chunks.frames import (
     ChunkHeader,
     ChunkRefused,
     ChunkSettings,
+    join_timer,
     pack_ack,
     parse_chunk,
 )
@@ -214,8 +215,7 @@ class Reassembler:
         with self.lock:
             self.closed = True
             self.lock.notify_all()
-        if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(5)
+        join_timer(self.thread)
 
     def _ensure_timer(self) -> None:
         if self.use_timer and self.thread is None and not self.closed:

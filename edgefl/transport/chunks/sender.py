@@ -19,6 +19,7 @@ from edgefl.transport.chunks.frames import (
     SACK_BITS,
     ChunkHeader,
     ChunkSettings,
+    join_timer,
     parse_ack,
 )
 from edgefl.transport.chunks.reassembly import ReassemblyStats
@@ -274,8 +275,7 @@ class ChunkSender:
         with self.lock:
             self.stopping = True
             self.lock.notify_all()
-        if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(5)
+        join_timer(self.thread)
 
     # -- internals (under the lock) --
     def _fill(self) -> list[tuple[str, bytes]]:
