@@ -400,11 +400,9 @@ def serve_models(
 ) -> None:
     """Be the device's model agent (``edgefl device agent``, ``edgefl train --models-dir``) until
     stopped."""
-    import signal
-    import threading
-
     from edgefl.rollout import ModelStore, run_agent
     from edgefl.rollout import models_dir as resolve_models_dir
+    from edgefl.runtime.interrupt import leave_within
     from edgefl.transport.broker import check_device_id
 
     check_device_id(device_id)
@@ -415,13 +413,14 @@ def serve_models(
         except ValueError:
             raise ConfigError(f"--input-shape {input_shape!r}: give C,H,W, e.g. 1,28,28") from None
     store = ModelStore(resolve_models_dir(models_dir), expected_input_shape=shape)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *a: stop.set())
     say(
         f"model agent of {device_id} in fleet {fleet}: {store.dir} (active: "
         f"{(store.active() or {}).get('version')})"
     )
     try:
-        run_agent(address, fleet, device_id, store, stop=stop, say=say)
+        # SIGTERM or Ctrl-C: a clean leave (run_agent's finally), within LEAVE_GRACE (a handler
+        # that set an Event could wait forever on the lock of that Event's wait in this thread)
+        with leave_within():
+            run_agent(address, fleet, device_id, store, say=say)
     except KeyboardInterrupt:
         pass

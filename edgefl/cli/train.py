@@ -254,7 +254,9 @@ def train(
         say=say,
         announced=True,
     )
-    with feedback:
+    from edgefl.runtime.interrupt import leave_within
+
+    with feedback, leave_within():  # SIGTERM: leave the broker cleanly, and exit within 8 s
         served = run_device(opts)
     say(f"done: served {served} requests")
     if resolved[

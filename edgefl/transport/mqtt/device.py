@@ -86,7 +86,10 @@ class MqttDeviceEndpoint(Endpoint):
         )
         self.fleet, self.device_id = fleet, device_id
         self.announce = will
-        self.inbox: queue.Queue = queue.Queue()
+        # C-implemented: a KeyboardInterrupt from a signal cannot land inside its locking (it can in
+        # queue.Queue's Python-level Condition, and leave its lock taken or released for paho's
+        # thread: edgefl.runtime.interrupt)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.lock = threading.Lock()
         # request id → reply (None: in progress)
         self.handled: OrderedDict[str, bytes | None] = OrderedDict()
