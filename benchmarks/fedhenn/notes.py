@@ -72,7 +72,7 @@ def collapse(runs: list[dict]) -> str:
             out.append("")
     out += ["Devices predicting one class per run of this benchmark's grid (k = 2), at each "
             "recipe it has run (the earlier runs' read by the proxy, see Sanity gates):", "",
-            "| method | " + " | ".join(w for _, w in EARLIER) + " | this run (lr 0.01) |",
+            "| method | " + " | ".join(w for _, w in EARLIER) + " | this run (Adam 1e-3) |",
             "|---|" + "---|" * (len(EARLIER) + 1)]
     tables = [json.loads((HERE / "previous" / f).read_text())["runs"]
               for f, _ in EARLIER if (HERE / "previous" / f).exists()]
