@@ -60,8 +60,14 @@ def band_panel(
 
 
 def plot_results(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """accuracy.png and accuracy_bytes.png, a panel per setting; none (and none left from an
+    earlier report) where no run has finished (``--partial`` before a new profile's first cell)."""
     runs = results["runs"]
     settings = list(dict.fromkeys(r["setting"] for r in runs))
+    if not settings:
+        for name in ("accuracy.png", "accuracy_bytes.png"):
+            (out_dir / name).unlink(missing_ok=True)
+        return []
 
     def accuracy(ax, setting: str) -> None:
         rs = [r for r in runs if r["setting"] == setting]

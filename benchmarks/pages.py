@@ -399,14 +399,12 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
         lines.append("")
     if bench.diagnostics is not None:
         lines += [bench.diagnostics(results).strip(), ""]
-    lines += [
-        "## Figures",
-        "",
+    lines += ["## Figures", ""] + ([
         "![accuracy per round](accuracy.png)",
         "",
         "![accuracy vs bytes](accuracy_bytes.png)",
         "",
-    ]
+    ] if results["runs"] else ["No run of the grid has finished yet.", ""])
     if figures.strip():
         lines += [figures.strip(), ""]
     return "\n".join(lines)
