@@ -325,6 +325,30 @@ def test_slicing_rejects_unknown_names_and_larger_shapes():
 # --- depth tiers: a multi-exit ResNet-18 ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("tier", ["1", "4", "all"])
+def test_depth_stride2_stem_keeps_the_parameters_at_half_the_resolution(tier):
+    # Prepare: the same tier with the CIFAR stem and with its conv at stride 2
+    def spec(**options):
+        return ModelSpec("hierarchy-depth", tier, 10, (1, 28, 28), width=0.125, options=options)
+
+    cifar, strided = build_model(spec()), build_model(spec(stem="stride2"))
+    x = torch.rand(2, 1, 28, 28)
+
+    # Execute
+    stem_out = cifar.stem(x), strided.stem(x)
+    exits = strided.forward_exits(x)
+
+    # Assert: same names and shapes (the server averages by name), half the resolution, and
+    # every exit still classifies
+    assert {k: v.shape for k, v in cifar.state_dict().items()} == {
+        k: v.shape for k, v in strided.state_dict().items()
+    }
+    assert stem_out[0].shape[-2:] == (28, 28) and stem_out[1].shape[-2:] == (14, 14)
+    assert all(logits.shape == (2, 10) for _, logits in exits)
+    with pytest.raises(ConfigError, match="stem"):
+        build_model(spec(stem="imagenet"))
+
+
 @pytest.mark.parametrize("tier", family_tiers("hierarchy-depth"))
 def test_depth_tier_equals_the_global_models_exit(tier):
     # Prepare: a global model whose BN running statistics are not the initial ones
