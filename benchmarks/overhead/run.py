@@ -52,7 +52,8 @@ def steady(values: list[float]) -> float:
     return statistics.median(values[1:] if len(values) > 1 else values)
 
 
-def edgefl_config(n: int, floats: int, rounds: int, out_dir: Path, name: str):
+def edgefl_config(n: int, floats: int, rounds: int, out_dir: Path, name: str, **settings):
+    """The bench-echo run of ``n`` devices (``settings``: other run settings over these)."""
     import benchmarks.overhead.echo  # noqa: F401  (registers bench-echo)
     from edgefl.algorithms import get_algorithm
     from edgefl.config import resolve_config
@@ -61,7 +62,7 @@ def edgefl_config(n: int, floats: int, rounds: int, out_dir: Path, name: str):
         "algorithm": "bench-echo", "options": {"floats": str(floats)}, "dataset": "synthetic",
         "clients": n, "min_devices": n, "rounds": rounds, "eval_every": 0, "steps": 1,
         "test_samples": 50, "eval_samples": 50, "min_size": 5,
-        "out_dir": str(out_dir), "run_name": name,
+        "out_dir": str(out_dir), "run_name": name, **settings,
     }
     return resolve_config(explicit, dict(get_algorithm("bench-echo").defaults))
 
