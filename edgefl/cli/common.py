@@ -18,56 +18,6 @@ from edgefl.errors import ConfigError
 from edgefl.names import ALGORITHMS, DATASETS, MODEL_FAMILIES, listing
 
 # --- options every command that talks to the broker takes -------------------------------------
-Broker = Annotated[
-    str,
-    typer.Option(
-        "--broker", envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."
-    ),
-]
-Fleet = Annotated[
-    str,
-    typer.Option("--fleet", envvar="EDGEFL_FLEET", help="Fleet name (topics edgefl/<fleet>/...)."),
-]
-Username = Annotated[
-    str,
-    typer.Option(
-        "--username", envvar="EDGEFL_USERNAME", help="MQTT username (default: from the URL)."
-    ),
-]
-Password = Annotated[
-    str,
-    typer.Option(
-        "--password",
-        envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"],
-        help="MQTT password (prefer --password-file).",
-    ),
-]
-PasswordFile = Annotated[
-    Path,
-    typer.Option(
-        "--password-file",
-        envvar="EDGEFL_PASSWORD_FILE",
-        help="File holding the MQTT password (e.g. systemd's $CREDENTIALS_DIRECTORY/password).",
-    ),
-]
-CaFile = Annotated[
-    str,
-    typer.Option(
-        "--ca-file", envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://)."
-    ),
-]
-CertFile = Annotated[
-    str,
-    typer.Option(
-        "--cert-file",
-        envvar="EDGEFL_CERT_FILE",
-        help="TLS: this client's certificate (edgefl broker add-device --certs).",
-    ),
-]
-KeyFile = Annotated[
-    str,
-    typer.Option("--key-file", envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."),
-]
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 
 
@@ -75,14 +25,33 @@ DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 class Connection:
     """The broker, fleet and credentials a command was given (an option group)."""
 
-    broker: Broker = DEFAULT_BROKER
-    fleet: Fleet = "default"
-    username: Username = None
-    password: Password = None
-    password_file: PasswordFile = None
-    ca_file: CaFile = None
-    cert_file: CertFile = None
-    key_file: KeyFile = None
+    broker: Annotated[str, typer.Option(
+        envvar="EDGEFL_BROKER", help="Broker URL: mqtt[s]://[user:pass@]host[:port]."
+    )] = DEFAULT_BROKER
+    fleet: Annotated[str, typer.Option(
+        envvar="EDGEFL_FLEET", help="Fleet name (topics edgefl/<fleet>/...)."
+    )] = "default"
+    username: Annotated[str, typer.Option(
+        envvar="EDGEFL_USERNAME", help="MQTT username (default: from the URL)."
+    )] = None
+    password: Annotated[str, typer.Option(
+        envvar=["EDGEFL_PASSWORD", "EDGEFL_MQTT_PASSWORD"],
+        help="MQTT password (prefer --password-file).",
+    )] = None
+    password_file: Annotated[Path, typer.Option(
+        envvar="EDGEFL_PASSWORD_FILE",
+        help="File holding the MQTT password (e.g. systemd's $CREDENTIALS_DIRECTORY/password).",
+    )] = None
+    ca_file: Annotated[str, typer.Option(
+        envvar="EDGEFL_CA_FILE", help="TLS: the fleet CA certificate (mqtts://)."
+    )] = None
+    cert_file: Annotated[str, typer.Option(
+        envvar="EDGEFL_CERT_FILE",
+        help="TLS: this client's certificate (edgefl broker add-device --certs).",
+    )] = None
+    key_file: Annotated[str, typer.Option(
+        envvar="EDGEFL_KEY_FILE", help="TLS: this client's private key."
+    )] = None
 
     def address(self):
         """The :class:`~edgefl.transport.mqtt.BrokerAddress` (the password file read: exit 3 if
@@ -96,6 +65,14 @@ class Connection:
             self.key_file,
             self.password_file,
         )
+
+    def options(self) -> dict:
+        """The connection as the runtime's options take it (``ServeOptions``, ``register_once``):
+        broker, fleet, username, password (the password file read: exit 3 if unreadable) and the
+        TLS files."""
+        values = self.values()
+        values["password"] = read_password(values.pop("password"), values.pop("password_file"))
+        return values
 
     def values(self) -> dict:
         return asdict(self)
@@ -264,6 +241,17 @@ DeviceId = Annotated[
 ]
 MaxBytes = Annotated[int, typer.Option(help="Largest message accepted or sent.")]
 MAX_BYTES = 256 * 1024 * 1024
+JsonSummary = Annotated[bool, typer.Option("--json", help="Print one JSON summary on stdout.")]
+
+
+def done_line(summary: dict) -> str:
+    """The line a finished run is reported with: its method, result and wall time."""
+    from edgefl.report.recorder import result_text
+
+    return (
+        f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in "
+        f"{summary['wall_seconds']:.0f} s"
+    )
 
 
 def interrupted(e, as_json: bool) -> None:

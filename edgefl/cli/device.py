@@ -60,19 +60,12 @@ def register(
     from edgefl.models.spec import ModelSpec
     from edgefl.runtime.device import register_once
 
-    address = conn.address()
     meta = register_once(
-        broker=conn.broker,
-        fleet=conn.fleet,
+        **conn.options(),
         device_id=device_id,
         tier=tier,
         profile=load_profile(profile_file),
-        username=address.username,
-        password=address.password,
         timeout=timeout,
-        ca_file=address.ca_file,
-        cert_file=address.cert_file,
-        key_file=address.key_file,
     )
     if as_json:
         typer.echo(json.dumps(meta))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -13,6 +15,7 @@ from edgefl.cli.common import (
     Algorithm,
     Connection,
     DataDir,
+    JsonSummary,
     LocalTraining,
     MaxBytes,
     MethodOptions,
@@ -23,16 +26,55 @@ from edgefl.cli.common import (
     SecureAggregation,
     ServerAggregation,
     check_run_names,
+    done_line,
     interrupted,
     option_groups,
-    read_password,
     resolve_run,
     run_settings,
     split_list,
 )
+from edgefl.errors import ConfigError
 from edgefl.report.console import Feedback, err
 
 app = typer.Typer(help="Run a fleet's server over MQTT.", no_args_is_help=True)
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """How the server runs the rounds: how long it waits for the devices, whom it counts, how much
+    one device may weigh, where it checkpoints (settings of ``ServeOptions``)."""
+
+    deadline: Annotated[
+        float, typer.Option(help="Seconds a round waits for its devices.")
+    ] = 120.0
+    final_deadline: Annotated[float, typer.Option(
+        help="Seconds the final evaluation waits for the devices (default: twice --deadline); who "
+        "misses it counts with its last per-round evaluation.",
+    )] = None
+    test_samples: Annotated[int, typer.Option(
+        help="Test samples each device evaluates at the end (default: its whole test split).",
+    )] = None
+    gone_after: Annotated[float, typer.Option(
+        help="Fleet status: seconds without a connection before a device shows as gone (default: "
+        "the deadline).",
+    )] = None
+    max_weight_ratio: Annotated[float, typer.Option(
+        min=0.0,
+        help="No device's aggregation weight (num_samples, per-class counts) above this × the "
+        "fleet's median declared size; 0: off.",
+    )] = 10.0
+    checkpoint_dir: Annotated[
+        Path, typer.Option(help="Checkpoint after every round; resume from here.")
+    ] = None
+
+    def options(self) -> dict:
+        """The ``ServeOptions`` settings given: a --final-deadline not positive or --test-samples
+        below 1 is refused (exit 3)."""
+        if self.final_deadline is not None and self.final_deadline <= 0:
+            raise ConfigError(f"--final-deadline must be positive (got {self.final_deadline:g})")
+        if self.test_samples is not None and self.test_samples < 1:
+            raise ConfigError(f"--test-samples must be at least 1 (got {self.test_samples})")
+        return asdict(self)
 
 
 @app.command("start")
@@ -48,29 +90,7 @@ def start(
     ),
     min_fit: MinFit = None,
     fraction: float = typer.Option(None, help="Share of devices sampled each round."),
-    deadline: float = typer.Option(120.0, help="Seconds a round waits for its devices."),
-    final_deadline: float = typer.Option(
-        None,
-        help="Seconds the final evaluation waits for the devices (default: twice --deadline); who "
-        "misses it counts with its last per-round evaluation.",
-    ),
-    test_samples: int = typer.Option(
-        None, help="Test samples each device evaluates at the end (default: its whole test split)."
-    ),
-    gone_after: float = typer.Option(
-        None,
-        help="Fleet status: seconds without a connection before a device shows as gone (default: "
-        "the deadline).",
-    ),
-    max_weight_ratio: float = typer.Option(
-        10.0,
-        min=0.0,
-        help="No device's aggregation weight (num_samples, per-class counts) above this × the "
-        "fleet's median declared size; 0: off.",
-    ),
-    checkpoint_dir: Path = typer.Option(
-        None, help="Checkpoint after every round; resume from here."
-    ),
+    policy: RoundPolicy = RoundPolicy(),
     dataset: str = typer.Option(
         None, help="The task's dataset (input shape, classes; public share). " + DATASET_HELP
     ),
@@ -108,15 +128,10 @@ def start(
     metrics_host: str = typer.Option(
         "127.0.0.1", help="Address the metrics listen on (loopback by default)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
+    as_json: JsonSummary = False,
 ) -> None:
     """Wait for devices, then run the rounds; devices may join later, late ones are recorded."""
-    from edgefl.errors import ConfigError
-
-    if final_deadline is not None and final_deadline <= 0:
-        raise ConfigError(f"--final-deadline must be positive (got {final_deadline:g})")
-    if test_samples is not None and test_samples < 1:
-        raise ConfigError(f"--test-samples must be at least 1 (got {test_samples})")
+    serving = policy.options()
     flags = {
         "algorithm": algorithm, "rounds": rounds, "min_devices": min_devices, "min_fit": min_fit,
         "fraction": fraction, "dataset": dataset, "data_dir": data_dir,
@@ -129,21 +144,15 @@ def start(
     explicit.setdefault("clients", max(explicit.get("min_devices", 1), explicit.get("min_fit") or 1,
                                        explicit.get("buffer") or 1))
     check_run_names(explicit)  # names and values, before torch is imported
-    password = read_password(conn.password, conn.password_file)
+    serving |= conn.options()  # the password file read (exit 3), before waiting for the broker
     _wait_for_broker(conn, broker_wait)
 
     from edgefl.runtime.server import ServeOptions, serve
 
     cfg, method = resolve_run(explicit)
     total = method.total_rounds(cfg.rounds)  # dp options included
-    opts = ServeOptions(
-        broker=conn.broker, fleet=conn.fleet, username=conn.username, password=password,
-        ca_file=conn.ca_file, cert_file=conn.cert_file, key_file=conn.key_file,
-        deadline=deadline, final_deadline=final_deadline, wait_for_devices=wait,
-        checkpoint_dir=checkpoint_dir, max_bytes=max_bytes, gone_after=gone_after,
-        max_weight_ratio=max_weight_ratio, test_samples=test_samples,
-        metrics_port=metrics_port, metrics_host=metrics_host,
-    )  # fmt: skip
+    opts = ServeOptions(**serving, wait_for_devices=wait, max_bytes=max_bytes,
+                        metrics_port=metrics_port, metrics_host=metrics_host)
     feedback = Feedback(err, rounds=total, quiet=as_json)
     _say_metrics(feedback, metrics_host, metrics_port)
     from edgefl.errors import RunInterrupted
@@ -157,13 +166,7 @@ def start(
     if as_json:
         typer.echo(json.dumps(summary))
         return
-    from edgefl.report.recorder import result_text
-
-    err.print(
-        f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in "
-        f"{summary['wall_seconds']:.0f} s",
-        highlight=False,
-    )
+    err.print(done_line(summary), highlight=False)
     err.print(f"results: {summary['run_dir']}")
 
 

@@ -15,6 +15,7 @@ from edgefl.cli.common import (
     DATASET_HELP,
     Algorithm,
     DataDir,
+    JsonSummary,
     LocalTraining,
     MethodOptions,
     MinFit,
@@ -24,6 +25,7 @@ from edgefl.cli.common import (
     SecureAggregation,
     ServerAggregation,
     check_run_names,
+    done_line,
     interrupted,
     option_groups,
     resolve_run,
@@ -170,7 +172,7 @@ def simulate(
         None, help="Name of the run directory (default: timestamp-algorithm-dataset-seed)."
     ),
     config: Path = typer.Option(None, help="TOML file with any of these settings."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON summary on stdout."),
+    as_json: JsonSummary = False,
     quiet: bool = typer.Option(
         False,
         "--quiet",
@@ -368,13 +370,7 @@ def round_line(r: dict, total: int) -> str:
 
 
 def _print_summary(summary: dict) -> None:
-    from edgefl.report.recorder import result_text
-
-    err.print(
-        f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in "
-        f"{summary['wall_seconds']:.0f} s",
-        highlight=False,
-    )
+    err.print(done_line(summary), highlight=False)
     local = summary.get("local_reference")
     for tier, acc in summary["tier_accuracy"].items():
         ref = local["tier_accuracy"].get(tier) if local else None
