@@ -239,6 +239,9 @@ DeviceId = Annotated[
         "--device-id", envvar="EDGEFL_DEVICE_ID", help="This device's id (also its MQTT username)."
     ),
 ]
+Tier = Annotated[
+    str, typer.Option(help="Ask for this tier instead of the server's profile-based choice.")
+]
 MaxBytes = Annotated[int, typer.Option(help="Largest message accepted or sent.")]
 MAX_BYTES = 256 * 1024 * 1024
 JsonSummary = Annotated[bool, typer.Option("--json", help="Print one JSON summary on stdout.")]

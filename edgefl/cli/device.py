@@ -11,7 +11,14 @@ import json
 import typer
 from rich.table import Table
 
-from edgefl.cli.common import Connection, DeviceId, load_profile, option_groups, serve_models
+from edgefl.cli.common import (
+    Connection,
+    DeviceId,
+    Tier,
+    load_profile,
+    option_groups,
+    serve_models,
+)
 from edgefl.report.console import out
 
 app = typer.Typer(
@@ -46,9 +53,7 @@ def profile(
 def register(
     device_id: DeviceId,
     conn: Connection = Connection(),
-    tier: str = typer.Option(
-        None, help="Ask for this tier instead of the server's profile-based choice."
-    ),
+    tier: Tier = None,
     profile_file: str = typer.Option(
         None, "--profile", help="Profile JSON; default: measure this machine."
     ),

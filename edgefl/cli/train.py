@@ -33,6 +33,7 @@ from edgefl.cli.common import (
     Connection,
     DeviceId,
     MaxBytes,
+    Tier,
     connection_address,
     load_profile,
     option_groups,
@@ -142,9 +143,7 @@ def train(
         help="DATASET[:shard=I/N,partition=dirichlet,alpha=0.5,seed=0,train_samples=...]. "
         + DATASET_HELP,
     ),
-    tier: str = typer.Option(
-        None, help="Ask for this tier instead of the server's profile-based choice."
-    ),
+    tier: Tier = None,
     profile: Path = typer.Option(
         None, help="Profile JSON (edgefl device profile --json); default: measure this machine."
     ),
