@@ -303,7 +303,7 @@ def _cells(cells_dir: Path) -> list[dict]:
 
 def write_results(args, command: str) -> None:
     results = _cells(args.out / "cells")
-    clips = {m: calibrate(results, m) for m in {r["method"] for r in results}}
+    clips = {m: calibrate(results, m) for m in sorted({r["method"] for r in results})}
     commands = sorted({r.get("command", "") for r in results})
     write_json(
         args.out / "results.json",
