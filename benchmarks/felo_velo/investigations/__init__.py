@@ -1,0 +1,1 @@
+"""One-off diagnostics behind the Felo/Velo page: each reads or runs cells, writes its page."""
