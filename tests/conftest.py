@@ -42,7 +42,11 @@ def pytest_collection_modifyitems(items):
 #: (its own tmp_path, broker and fleet name; nothing process-wide kept between tests). The tests of
 #: every other file run in one worker, in file order, as in a serial run (module fixtures built
 #: once; tests that share something process- or machine-wide, like Ray's `ray stop`).
-SPREAD = {"tests/test_conformance.py", "tests/test_models.py"}
+SPREAD = {
+    "tests/test_conformance.py",
+    "tests/test_conformance_checks.py",
+    "tests/test_models.py",
+}
 
 
 #: Seconds each test file took in a whole-suite run (setup, call and teardown of its tests),
@@ -259,6 +263,18 @@ def pytest_terminal_summary(terminalreporter):
             f"{m['wall']:.3f} s wall, "
             f"{m['cpu']:.3f} s CPU; load {os.getloadavg()[0]:.1f})"
         )
+
+
+@pytest.fixture
+def profile_file(tmp_path):
+    """The simulated device profile (edgefl.runtime.fleet.SIMULATED_PROFILE) as a file."""
+    import json
+
+    from edgefl.runtime.fleet import SIMULATED_PROFILE
+
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps(SIMULATED_PROFILE))
+    return p
 
 
 @pytest.fixture(autouse=True)

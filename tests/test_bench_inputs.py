@@ -13,7 +13,7 @@ import pytest
 from benchmarks import provenance
 from benchmarks.cache import Cache, DirtyCode, run_cells
 from benchmarks.cells import Cell
-from tests.test_bench_runner import tiny_cell
+from tests.bench_cases import tiny_cell
 
 FLEET = provenance.ROOT / "benchmarks" / "time_to_accuracy" / "fleet.yaml"
 

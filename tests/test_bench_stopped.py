@@ -11,7 +11,7 @@ from benchmarks.cells import ALL_FAILED, BUDGET_SPENT, Cell, run_cell, stopped_s
 from benchmarks.runner import Claim, evaluate_claim
 from edgefl.errors import AllDevicesFailed
 from edgefl.privacy.accountant import calibrate_noise
-from tests.test_bench_runner import tiny_cell
+from tests.bench_cases import tiny_cell
 
 TINY = {**tiny_cell(0).config, "rounds": 3}  # the runner tests' tiny cell, one round longer
 #: central DP whose noise (std 1000 · 1e6 / 2 per weight) makes every device's next loss non-finite

@@ -28,8 +28,9 @@ from edgefl.runtime.device import DeviceRuntime
 from edgefl.runtime.simulation import simulate
 from edgefl.transport.broker import EmbeddedBroker
 from edgefl.wire import decode, encode
+from tests.conformance_cases import conformance_config
 from tests.conftest import scaled
-from tests.test_conformance import conformance_config, mqtt_fleet
+from tests.test_conformance import mqtt_fleet
 
 
 def async_methods() -> list[str]:

@@ -86,7 +86,7 @@ def test_defences_are_options_of_fedavg_fedprox_and_fedproto():
 
 def _knowledge_server(options):
     from edgefl.algorithms.felo import FedHeServer
-    from tests.test_felo import server_ctx
+    from tests.felo_cases import server_ctx
 
     return FedHeServer(server_ctx(["10"] * 10), options)
 
@@ -139,7 +139,7 @@ def test_fedhe_defences_keep_two_of_ten_label_flippers_out_of_the_class_logits(o
 
 def test_felo_clip_bounds_features_and_weights_too():
     from edgefl.algorithms.felo import FeloOptions, FeloServer
-    from tests.test_felo import server_ctx
+    from tests.felo_cases import server_ctx
 
     server = FeloServer(server_ctx(["10", "10"]), FeloOptions(clip_norm=1.0))
     d = server.feature_dim

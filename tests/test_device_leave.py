@@ -26,7 +26,6 @@ with leave_within(grace={grace}):
         taken.acquire()  # the clean leave: waits forever
 """
 
-
 def stopped(grace: float, *signals: signal.Signals) -> tuple[int, str, str]:
     """Start STUCK_LEAVE, and once it serves send it ``signals``, each after the line that says the
     last one was taken ("serving", then "leaving"): (exit status, the rest of stdout, stderr)."""

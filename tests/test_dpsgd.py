@@ -24,7 +24,7 @@ from edgefl.privacy.seam import PrivacyBudgetSpent
 from edgefl.privacy.trainer import PenalizedLoss
 from edgefl.runtime.setup import resolve_method
 from tests.conftest import tiny_config
-from tests.test_privacy import budgeted_run
+from tests.privacy_cases import budgeted_run
 
 DELTA = 1e-5
 

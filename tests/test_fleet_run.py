@@ -17,7 +17,8 @@ from edgefl.rollout import ModelStore
 from edgefl.transport.broker import MosquittoBroker
 from tests.commands import device_agent, run_ok, server_start, stop, tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
-from tests.test_server_device import finish, need_mosquitto, profile_file, spawn  # noqa: F401
+from tests.needs import need_mosquitto
+from tests.server_device_cases import finish, spawn
 
 pytestmark = pytest.mark.slow
 # the deadline on an idle 2-core machine, where a round takes ~3 s; the server gets scaled(DEADLINE)
@@ -62,7 +63,7 @@ def test_a_fleet_run_with_a_device_killed_ends_measured_and_exports_and_deploys(
         ]
         procs = [server, *devices]
         wait_until(lambda: len(records(run)) >= 1, "round 1 to complete")
-        devices[2].send_signal(signal.SIGKILL)
+        devices[2].kill()  # SIGKILL
         devices[2].wait(10)
         server.wait(timeout=scaled(600))
         assert server.returncode == 0, (tmp_path / "server.log").read_text()[-3000:]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from edgefl.errors import WireError
 from edgefl.wire import decode
-from tests import wire_fuzz
+from tests import wire_fuzz, wire_oracles
 
 # weights and knowledge (prototypes); the long run covers every method
 METHODS = ["fedavg", "fedproto"]
@@ -118,7 +118,7 @@ def test_schema_built_envelopes_decode_into_schema_valid_messages_or_raise_wire_
         env = decode(data)
     except WireError:
         return
-    assert wire_fuzz._routing_problem(env) is None
+    assert wire_oracles._routing_problem(env) is None
     (n,) = struct.unpack("<Q", data[:8])
     assert env.payload.meta == json.loads(json.loads(data[8 : 8 + n])["__metadata__"]["meta"])
 

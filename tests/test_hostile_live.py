@@ -18,12 +18,8 @@ from edgefl.runtime.server import ServeOptions
 from edgefl.transport.broker import MosquittoBroker
 from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import scaled, tiny_config
-from tests.test_server_device import (  # noqa: F401
-    Peer,
-    need_mosquitto,
-    profile_file,
-    serve_with_devices,
-)
+from tests.needs import need_mosquitto
+from tests.server_device_cases import Peer, serve_with_devices
 
 pytestmark = pytest.mark.slow
 

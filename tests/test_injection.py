@@ -25,13 +25,8 @@ from edgefl.wire import decode, encode
 from edgefl.wire.validate import peek
 from tests import wire_fuzz
 from tests.conftest import scaled, tiny_config
-from tests.test_server_device import (  # noqa: F401
-    Peer,
-    need_mosquitto,
-    profile_file,
-    round_records,
-    serve_with_devices,
-)
+from tests.needs import need_mosquitto
+from tests.server_device_cases import Peer, round_records, serve_with_devices
 
 pytestmark = pytest.mark.slow
 

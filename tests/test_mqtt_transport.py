@@ -1,5 +1,6 @@
 """The MQTT transport on a real (embedded) broker: request/reply, acknowledgement and retry,
-de-duplication, size limits; plus the uplink checks of edgefl.wire.validate."""
+de-duplication, size limits (the uplink checks of edgefl.wire.validate and broker URLs, without a
+broker: tests/test_wire_checks.py)."""
 
 import threading
 import time
@@ -7,119 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from edgefl.errors import WireError
 from edgefl.transport.broker import EmbeddedBroker
-from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerTransport, Topics
-from edgefl.wire import ArraySpec, Envelope, Limits, Payload, decode, encode
-from edgefl.wire.schema import check_arrays
+from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerTransport
+from edgefl.wire import Envelope, Limits, Payload, decode, encode
 from edgefl.wire.validate import peek
 from tests.conftest import scaled, wait_until
-
-# --- validation (no broker) ----------------------------------------------------------------------
-
-F32 = np.dtype(np.float32)
-
-
-def test_check_arrays_accepts_the_declared_arrays():
-    expected = {
-        "w/a": ArraySpec(F32, (2, 3)),
-        "w/b": ArraySpec(F32, None),
-        "p": ArraySpec(F32, (None, 4)),
-    }
-    check_arrays(
-        {
-            "w/a": np.zeros((2, 3), np.float32),
-            "w/b": np.zeros(7, np.float32),
-            "p": np.zeros((9, 4), np.float32),
-        },
-        expected,
-    )
-    check_arrays({"anything": np.zeros(1, np.float32)}, None)  # no declaration: no check
-
-
-@pytest.mark.parametrize(
-    ("arrays", "reason"),
-    [
-        ({"w/a": np.zeros((3, 2), np.float32), "w/b": np.zeros(1, np.float32)}, "shape"),
-        ({"w/a": np.zeros((2, 3), np.float64), "w/b": np.zeros(1, np.float32)}, "dtype float64"),
-        ({"w/b": np.zeros(1, np.float32)}, "missing array 'w/a'"),
-        (
-            {
-                "w/a": np.zeros((2, 3), np.float32),
-                "w/b": np.zeros(1, np.float32),
-                "sl/x": np.zeros(1, np.float32),
-            },
-            "undeclared array",
-        ),
-    ],
-)
-def test_check_arrays_rejects_wrong_dtypes_shapes_missing_and_extra_arrays(arrays, reason):
-    with pytest.raises(WireError, match=reason):
-        check_arrays(arrays, {"w/a": ArraySpec(F32, (2, 3)), "w/b": ArraySpec(F32, None)})
-
-
-def test_an_empty_declaration_means_no_arrays():
-    check_arrays({}, {})
-    with pytest.raises(WireError, match="undeclared"):
-        check_arrays({"w/x": np.zeros(1, np.float32)}, {})
-
-
-def test_a_group_of_arrays_arrives_whole_or_not_at_all():
-    # Prepare: "k" always; "r/x" and "r/k" together, or neither
-    expected = {
-        "k": ArraySpec(F32, (2,)),
-        "r/x": ArraySpec(F32, None, "r"),
-        "r/k": ArraySpec(F32, (1,), "r"),
-    }
-    k, x, kk = np.zeros(2, np.float32), np.zeros(5, np.float32), np.zeros(1, np.float32)
-    # Execute / Assert
-    check_arrays({"k": k}, expected)
-    check_arrays({"k": k, "r/x": x, "r/k": kk}, expected)
-    with pytest.raises(WireError, match="missing array 'r/k' of group 'r'"):
-        check_arrays({"k": k, "r/x": x}, expected)
-    with pytest.raises(WireError, match="missing array 'k'"):
-        check_arrays({"r/x": x, "r/k": kk}, expected)
-
-
-def test_peek_reads_routing_without_tensors_and_refuses_junk():
-    env = Envelope(
-        "update",
-        4,
-        "d01",
-        fleet="f",
-        payload=Payload({"w/x": np.ones(3, np.float32)}, {"ack": "m1", "num_samples": 3}),
-    )
-    r = peek(encode(env))
-    assert (r.kind, r.round, r.device_id, r.fleet, r.message_id, r.meta["ack"]) == (
-        "update",
-        4,
-        "d01",
-        "f",
-        env.message_id,
-        "m1",
-    )
-    with pytest.raises(WireError, match="out of bounds|too short"):
-        peek(b"\xff" * 64)
-    with pytest.raises(WireError, match="exceeds the limit"):
-        peek(encode(env), Limits(max_bytes=100))
-
-
-def test_broker_url_parsing():
-    a = BrokerAddress.parse("mqtts://pi-07:s3cret@broker.lan?ca=/etc/ca.crt&protocol=5")
-    assert (a.host, a.port, a.username, a.password, a.tls, a.ca_file, a.protocol) == (
-        "broker.lan",
-        8883,
-        "pi-07",
-        "s3cret",
-        True,
-        "/etc/ca.crt",
-        "5",
-    )
-    assert BrokerAddress.parse("127.0.0.1:1999").port == 1999
-    assert Topics("lab").device("d1", "up") == "edgefl/lab/devices/d1/up"
-    assert Topics("lab").parse_device("edgefl/lab/devices/d1/register") == ("d1", "register")
-    assert Topics("lab").parse_device("edgefl/other/devices/d1/up") is None
-
 
 # --- transport over the embedded broker
 # -------------------------------------------------------------
@@ -521,3 +414,4 @@ def test_a_large_reply_is_checked_off_the_network_thread_so_others_are_not_held_
     assert out["big"].reply is not None and out["small"].reply is not None
     assert checked["small while big"] is True, "the small reply waited for the large one's check"
     assert checked["small"] < checked["big"] and out["small"].seconds < out["big"].seconds
+

@@ -13,14 +13,8 @@ from edgefl.runtime.server import ServeOptions
 from edgefl.transport.broker import MosquittoBroker
 from tests.commands import simulated_tier
 from tests.conftest import scaled, tiny_config
-from tests.test_server_device import (  # noqa: F401
-    assert_same_state,
-    finish,
-    need_mosquitto,
-    profile_file,
-    serve_in_thread,
-    spawn,
-)
+from tests.needs import need_mosquitto
+from tests.server_device_cases import assert_same_state, finish, serve_in_thread, spawn
 
 pytestmark = pytest.mark.slow
 
