@@ -150,6 +150,54 @@ def test_felo_devices_of_one_architecture_share_a_model_fedhe_devices_do_not(tmp
     assert len(set(acc_he.values())) > 1 or acc_he["d00"] != acc["d00"]
 
 
+def test_felo_without_distillation_on_one_architecture_is_fedavg_bit_for_bit(tmp_path):
+    # alpha=0 leaves Felo's path: same-architecture FedAvg, cross-entropy, the same data order;
+    # its server starts the architecture from FedAvg's draw, so every weight (BatchNorm's
+    # statistics too), every loss and every accuracy must be FedAvg's. Two rounds: the second
+    # distils (after the warm-up), with its terms weighted by 0.
+    common = {
+        "model": "resnet",
+        "model_options": {"stem": "imagenet"},
+        "tiers": ("10",),
+        "width": 0.125,
+        "optimizer": "adam",
+        "lr": 1e-3,
+        "epochs": 1,
+        "clients": 3,
+        "fraction": 1.0,
+        "partition": "dirichlet",
+        "alpha": 0.5,
+        "eval_every": 1,
+    }
+    runs = {
+        "fedavg": tiny_config(tmp_path / "fedavg", algorithm="fedavg", **common),
+        "felo": tiny_config(tmp_path / "felo", algorithm="felo", options={"alpha": "0"}, **common),
+    }
+    # the same run but for the method (the two methods' defaults differ: all are given here)
+    differ = {"algorithm", "options", "out_dir"}
+    same = {k: v for k, v in vars(runs["felo"]).items() if k not in differ}
+    assert same == {k: v for k, v in vars(runs["fedavg"]).items() if k not in differ}
+    results = {name: simulate(cfg) for name, cfg in runs.items()}
+    assert results["felo"]["client_accuracy"] == results["fedavg"]["client_accuracy"]
+
+    def rounds(name):
+        lines = (tmp_path / name / "run/rounds.jsonl").read_text().splitlines()
+        # the last round's evaluation is the final one
+        return [(r["train_loss"], r.get("eval")) for r in map(json.loads, lines)]
+
+    felo_rounds = rounds("felo")
+    assert len(felo_rounds) == 2 and felo_rounds[0][1]["client_accuracy"]
+    assert felo_rounds == rounds("fedavg")
+    for device in results["fedavg"]["client_accuracy"]:
+        felo, fedavg = (
+            safetensors.numpy.load_file(tmp_path / name / f"run/models/{device}.safetensors")
+            for name in ("felo", "fedavg")
+        )
+        assert felo.keys() == fedavg.keys() and any("running_mean" in k for k in felo)
+        for k in felo:
+            np.testing.assert_array_equal(felo[k], fedavg[k], err_msg=k)
+
+
 def test_velo_run_records_cvae_training(tmp_path):
     simulate(
         tiny_config(

@@ -4,7 +4,6 @@ is in :mod:`.velo`. The derivation: docs/methods/felo.md."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import Counter
 from collections.abc import Mapping
@@ -84,11 +83,6 @@ class ClassHistory:
             self.next = np.array(arrays[prefix + "next"], np.int64)
 
 
-def _arch_seed(seed: int, spec: ModelSpec) -> int:
-    digest = hashlib.sha256(f"{seed}:arch:{spec.name}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
 class FedHeServer(ServerHalf):
     """FedHe's server: class-wise averages of the logits with a bounded history. Felo's extends
     it with features and, when its options share weights, per-architecture FedAvg."""
@@ -122,8 +116,10 @@ class FedHeServer(ServerHalf):
         key = spec.name
         if spec in self._checked:
             return key
+        # every architecture starts from the draw FedAvg's global model starts from (the run
+        # seed): on a fleet of one architecture, Felo with alpha=0 is then FedAvg, bit for bit
         with torch.random.fork_rng():
-            torch.manual_seed(_arch_seed(self.ctx.seed, spec))
+            torch.manual_seed(self.ctx.seed)
             model = build_model(spec)
         if self.feature_dim is None:
             self.feature_dim = model.feature_dim
