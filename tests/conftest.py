@@ -18,7 +18,12 @@ try:  # tests/base run in a venv of the base install, without torch
 except ModuleNotFoundError:
     torch = None
 else:
-    torch.set_num_threads(2)
+    # One intra-op thread: the tests' models are tiny, and two threads of one process on a busy
+    # machine (the suite runs a worker per core, beside the processes its tests start) spin-wait
+    # for each other. Measured on 2 cores at load 3.7: one conformance test (checkpoint/resume,
+    # fedrep) took 198 s of CPU with two threads and 5.6 s with one. (A test's own settings, such
+    # as a run's --threads, still apply.)
+    torch.set_num_threads(1)
 
 
 def pytest_configure(config):
