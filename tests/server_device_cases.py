@@ -2,6 +2,7 @@
 aggregation) share: device processes of a run, a server run in a thread with devices, its
 finish, the records of its rounds, and a raw MQTT peer."""
 
+import functools
 import json
 import subprocess
 import threading
@@ -12,9 +13,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgefl.runtime.fleet import (
+    DeviceLauncher,
     data_spec_for,
     device_command,
-    start_device,
 )
 from edgefl.runtime.server import serve
 from edgefl.transport.mqtt import Topics
@@ -45,9 +46,19 @@ def spawn(
         verbose=True,
         tier=tier,
     )
-    if launcher is not None:
-        return launcher.start(cmd, tmp_path / f"{device_id}{suffix}.log")
-    return start_device(cmd, tmp_path / f"{device_id}{suffix}.log")
+    return (launcher or device_launcher()).start(cmd, tmp_path / f"{device_id}{suffix}.log")
+
+
+@functools.cache
+def device_launcher() -> DeviceLauncher:
+    """This test process's launcher of device processes: forked from one fork server that imported
+    torch and edgefl once, as ``simulate --transport mqtt`` starts its devices (an exec'd device
+    imports torch again: about 2.5 CPU seconds each). The device runs the same ``edgefl train``
+    (tests/test_device_launcher.py: forked and exec'd devices behave alike; exec'd ones run in
+    test_console, test_exit_codes, test_dashboard_browser and the fleet files' own commands)."""
+    from edgefl.cli.simulate import device_entry
+
+    return DeviceLauncher(device_entry)
 
 
 def finish(procs, timeout=60, server=None):

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefl.cli.simulate import device_entry
 from edgefl.runtime import simulation
-from edgefl.runtime.fleet import DeviceLauncher
 from edgefl.runtime.server import ServeOptions
 from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker
 from tests.commands import simulated_tier
@@ -75,14 +73,12 @@ def test_mqtt_run_matches_the_in_memory_simulation(
             cfg.model_copy(update={"min_devices": 3, "run_name": "mqtt"}),
             ServeOptions(broker=broker.url, fleet=fleet, deadline=scaled(60)),
         )
-        # the chunked case's devices are forked from the fork server `simulate --transport mqtt`
-        # uses (they must see the chunk settings set here, after that server may have started)
-        launcher = DeviceLauncher(device_entry) if chunked else None
-        assert launcher is None or launcher.launch == "fork"
+        # devices forked from the fork server `simulate --transport mqtt` uses (spawn): each gets
+        # the environment of when it starts, so the chunked case's see the chunk settings set here
+        # after that server started
         procs = [
             # each device the tier `simulate --transport mqtt` gives it
-            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=simulated_tier(cfg, i),
-                  launcher=launcher)
+            spawn(broker.url, fleet, cfg, i, tmp_path, profile_file, tier=simulated_tier(cfg, i))
             for i in range(3)
         ]
         codes = finish(procs, server=t)
