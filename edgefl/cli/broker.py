@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-import threading
+import time
 from pathlib import Path
 
 import typer
@@ -25,10 +25,12 @@ def start(
 
     broker = EmbeddedBroker(port=port).start()
     err.print(f"[bold green]embedded broker[/] listening on {broker.url} (Ctrl-C to stop)")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    # SIGTERM raises KeyboardInterrupt, as Ctrl-C does: no handler that takes a lock the
+    # interrupted main thread may hold (edgefl.runtime.interrupt), and sleep() wakes for either
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        stop.wait()
+        while True:
+            time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
