@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
         last = demo[-1]
         record.main(["--seconds", f"{last['value']:.1f}",
                      "--load-before", " ".join(map(str, last["load_before"])),
+                     "--load-after", " ".join(map(str, last["load_after"])),
                      "--floor-ratio", f"{ratio['median']:.3f}"])
     print((HERE / "ratio.md").read_text())
     return results

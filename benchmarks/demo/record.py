@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
         "--seconds", type=float, required=True, help="wall time of the whole `make demo`"
     )
     p.add_argument("--load-before", default="", help="load average before the run (1/5/15 min)")
+    p.add_argument("--load-after", default="",
+                   help="load average at the run's end (1/5/15 min; default: now)")
     p.add_argument(
         "--machine-note",
         default="",
@@ -55,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
         "code": code_version(),
         "wall_seconds": args.seconds,
         "wall_over_floor": args.floor_ratio,
-        "machine_after": machine(),
+        "machine_after": {**machine(), **({"loadavg_1_5_15": [float(x) for x in
+                                                             args.load_after.split()]}
+                                           if args.load_after else {})},
         "load_before": args.load_before,
         "machine_note": args.machine_note,
         "mean_accuracy": summary["mean_accuracy"],
@@ -151,13 +155,17 @@ union of their data. Under Dir(0.5) that union still lacks some classes (the las
 rebuilt from the run's partition); Felo/Velo's knowledge regularises each device on its own labels
 and does not teach a class its depth group has almost no images of, so the tiers whose groups miss
 classes stay lowest. For scale: the same models reach {iid} in `benchmarks/felo_velo` when each
-device's data is IID (Local, 800 images per device, 12 rounds), and the paper's own CIFAR-10
+device's data is IID (Local, 1,600 images per device, 12 rounds), and the paper's own CIFAR-10
 numbers fall from 76 % (IID) to 57 % (Dir(0.5)).
 
 Where the time goes ({results['rounds']} rounds, from `runs/demo/rounds.jsonl`): {timing}.
 
 ![accuracy per round](accuracy.png)
 """
+    history = HERE / "HISTORY.md"  # hand-written notes (reruns, investigations): kept, appended
+    if history.exists():
+        notes = history.read_text()
+        text += "\n" + notes.replace("# The demo's history", "## The demo's history", 1)
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (HERE / "README.md").write_text(text)
     png = args.run / "accuracy.png"
