@@ -26,10 +26,6 @@ from typing import Any
 
 from benchmarks import provenance
 
-# run settings added to RunConfig after cells were cached (the demo's Local reference is keyed the
-# same way)
-from edgefl.config import ADDED_SETTINGS  # noqa: F401  (re-exported by benchmarks.runner)
-
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = Path(__file__).resolve().parent
 #: Bumped when a cell's record format changes (part of every cache key).

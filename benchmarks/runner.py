@@ -58,7 +58,6 @@ from benchmarks import gates, provenance
 from benchmarks.cache import Cache, DirtyCode, code_version, run_cells
 from benchmarks.cells import (
     ADDED_OPTIONS,
-    ADDED_SETTINGS,
     BENCHMARKS,
     RECORD_VERSION,
     ROOT,
@@ -92,6 +91,7 @@ from benchmarks.common import machine
 from benchmarks.figures import band_panel, plot_results
 from benchmarks.index import write_readme_index
 from benchmarks.pages import pct, results_markdown, runs_table
+from edgefl.config import ADDED_SETTINGS  # settings added after cells were cached
 from edgefl.report.recorder import json_safe
 
 __all__ = [

@@ -1,6 +1,6 @@
 """A committed cell is found again by its key: a setting added to the run configuration with a
 default (``RunConfig``) must not change the key of every run made before it existed
-(``benchmarks.cells.ADDED_SETTINGS``), or every benchmark would rerun its whole grid and its
+(``edgefl.config.ADDED_SETTINGS``), or every benchmark would rerun its whole grid and its
 committed results would no longer be read back."""
 
 from __future__ import annotations
