@@ -24,11 +24,11 @@ def start(
     from edgefl.transport.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(port=port).start()
-    err.print(f"[bold green]embedded broker[/] listening on {broker.url} (Ctrl-C to stop)")
     # SIGTERM raises KeyboardInterrupt, as Ctrl-C does: no handler that takes a lock the
     # interrupted main thread may hold (edgefl.runtime.interrupt), and sleep() wakes for either
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
+    try:  # said only once a signal stops it here (a signal before this line exited 130)
+        err.print(f"[bold green]embedded broker[/] listening on {broker.url} (Ctrl-C to stop)")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
