@@ -103,7 +103,8 @@ class GlobalModelServer(ServerHalf):
 CNN_RECIPE = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9}
 PAPER_DEFAULTS = {"model": "cnn", "tiers": ("2",), **CNN_RECIPE, "batch_size": 32, "epochs": 1}
 
-register(
+#: FedAvg's registry entry (FedProx's is this one with its own device and options).
+FEDAVG = register(
     Algorithm(
         name="fedavg",
         description="FedAvg: average the weights of one shared architecture (weighted by data "

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -284,7 +284,7 @@ PAPER_DEFAULTS = {
     "epochs": 5,
 }
 
-register(
+FEDDW = register(
     Algorithm(
         name="feddw",
         description="FedDW: FedAvg + soft-label (SL) vs classifier class-relation (CR) "
@@ -297,14 +297,8 @@ register(
     )
 )
 
-register(
-    Algorithm(
-        name="fedprox-dw",
-        description="FedProx + FedDW's SL/CR regulariser (the paper's compatibility combination)",
-        device=FedProxDWDevice,
-        server=FedDWServer,
-        options=FedProxDWOptions,
-        defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(averages_weights=True, asynchronous=True),
-    )
-)
+#: FedDW over FedProx's device: FedDW's server, defaults and needs.
+register(replace(
+    FEDDW, name="fedprox-dw", device=FedProxDWDevice, options=FedProxDWOptions,
+    description="FedProx + FedDW's SL/CR regulariser (the paper's compatibility combination)",
+))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from edgefl.algorithms.aggregate import Defences
-from edgefl.algorithms.base import Algorithm, MethodNeeds, register
-from edgefl.algorithms.fedavg import PAPER_DEFAULTS, GlobalModelDevice, GlobalModelServer
+from edgefl.algorithms.base import register
+from edgefl.algorithms.fedavg import FEDAVG, GlobalModelDevice
 from edgefl.privacy.trainer import PenalizedLoss
 from edgefl.wire import Payload
 
@@ -53,15 +53,8 @@ class FedProxDevice(GlobalModelDevice):
         )
 
 
-register(
-    Algorithm(
-        name="fedprox",
-        description="FedProx: FedAvg with a proximal term mu/2*||w - w_global||^2 in the local "
-        "loss",
-        device=FedProxDevice,
-        server=GlobalModelServer,
-        options=FedProxOptions,
-        defaults=PAPER_DEFAULTS,
-        needs=MethodNeeds(averages_weights=True, asynchronous=True),
-    )
-)
+#: FedAvg with the proximal term: FedAvg's server, defaults and needs, its own device and options.
+register(replace(
+    FEDAVG, name="fedprox", device=FedProxDevice, options=FedProxOptions,
+    description="FedProx: FedAvg with a proximal term mu/2*||w - w_global||^2 in the local loss",
+))

@@ -13,6 +13,8 @@ One device half, server half and options type per method (:mod:`.device`; :mod:`
 defences and the choices that are ours: docs/methods/felo.md.
 """
 
+from dataclasses import replace
+
 from edgefl.algorithms.base import Algorithm, MethodNeeds, register
 from edgefl.algorithms.felo.device import (
     FedHeDevice,
@@ -75,7 +77,7 @@ def shares_weights(options: FeloOptions) -> MethodNeeds:
     return MethodNeeds(averages_weights=options.shares_weights)
 
 
-register(
+FELO = register(
     Algorithm(
         name="felo",
         description="Felo: distil class-wise averaged features and logits; FedAvg within each "
@@ -87,17 +89,11 @@ register(
         needs=shares_weights,
     )
 )
-register(
-    Algorithm(
-        name="velo",
-        description="Velo: Felo with a server CVAE that generates the per-class features",
-        device=VeloDevice,
-        server=VeloServer,
-        options=VeloOptions,
-        defaults=PAPER_DEFAULTS,
-        needs=shares_weights,
-    )
-)
+#: Felo with Velo's server (a CVAE's features): Felo's defaults and needs.
+register(replace(
+    FELO, name="velo", device=VeloDevice, server=VeloServer, options=VeloOptions,
+    description="Velo: Felo with a server CVAE that generates the per-class features",
+))
 register(
     Algorithm(
         name="fedhe",
