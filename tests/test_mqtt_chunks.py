@@ -13,10 +13,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edgefl.errors import WireError
 from edgefl.transport.broker import EmbeddedBroker, MosquittoBroker, mosquitto_binary
 from edgefl.transport.chunks import HEADER, MAGIC, ChunkSettings, split
-from edgefl.transport.mqtt import BrokerAddress, MqttServerTransport, Topics
+from edgefl.transport.mqtt import BrokerAddress, Topics
 from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import scaled
-from tests.test_mqtt_transport import EchoDevice
+from tests.test_mqtt_transport import EchoDevice, started_server
 
 SMALL = ChunkSettings(
     threshold=20_000, chunk_size=8_000, window=4, max_inflight_bytes=40_000, stall_after=0.3
@@ -68,9 +68,7 @@ def accept_shape(floats=FLOATS):
 
 def test_large_messages_travel_in_chunks_both_ways_within_the_window_and_budget(broker):
     fleet = "c1"
-    server = MqttServerTransport(
-        BrokerAddress.parse(broker.url), fleet, retry_after=scaled(0.5), chunks=small()
-    ).start()
+    server = started_server(broker.url, fleet, retry_after=scaled(0.5), chunks=small())
     devices = [EchoDevice(broker.url, fleet, f"d{i}", chunks=small()).start() for i in range(3)]
     try:
         out = server.request(
@@ -106,9 +104,7 @@ def test_large_messages_travel_in_chunks_both_ways_within_the_window_and_budget(
 def test_lost_chunks_are_resent_after_a_stall_and_the_exchange_completes():
     fleet = "c2"
     with EmbeddedBroker(port=0) as broker:
-        server = MqttServerTransport(
-            BrokerAddress.parse(broker.url), fleet, retry_after=scaled(0.5), chunks=small()
-        ).start()
+        server = started_server(broker.url, fleet, retry_after=scaled(0.5), chunks=small())
         device = EchoDevice(broker.url, fleet, "d0", chunks=small())
         inner, seen = device.ep._on_message_safe, []
 
@@ -142,9 +138,7 @@ def test_lost_chunks_are_resent_after_a_stall_and_the_exchange_completes():
 def test_hostile_chunks_are_refused_counted_and_never_displace_the_real_reply(broker):
     fleet = "c3"
     topics = Topics(fleet)
-    server = MqttServerTransport(
-        BrokerAddress.parse(broker.url), fleet, retry_after=scaled(0.5), chunks=small()
-    ).start()
+    server = started_server(broker.url, fleet, retry_after=scaled(0.5), chunks=small())
     # the device has the request (it is open), then replies only once the attack is over
     has_request, attacked = threading.Event(), threading.Event()
     device = EchoDevice(

@@ -12,11 +12,11 @@ import pytest
 
 from edgefl.runtime.ending import Availability
 from edgefl.transport.broker import MosquittoBroker
-from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerTransport
+from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
 from edgefl.transport.mqtt.device import _leaving
 from edgefl.wire import Envelope, Payload, decode, encode
 from tests.conftest import scaled, wait_until
-from tests.test_mqtt_transport import EchoDevice
+from tests.test_mqtt_transport import EchoDevice, started_server
 
 DEADLINE = 120.0  # the round's deadline: far beyond what either test waits for
 
@@ -57,9 +57,7 @@ def test_a_device_that_goes_offline_mid_round_fails_at_once_and_its_late_reply_i
     mosquitto,
 ):
     fleet = "off1"
-    server = MqttServerTransport(
-        BrokerAddress.parse(mosquitto.url), fleet, retry_after=scaled(0.5)
-    ).start()
+    server = started_server(mosquitto.url, fleet, retry_after=scaled(0.5))
 
     # the steady device replies only once the dropper's reply (sent after it came back) has
     # reached the server: the exchange is still open then, and that reply must not be taken
@@ -92,9 +90,7 @@ def test_a_device_that_goes_offline_mid_round_fails_at_once_and_its_late_reply_i
 def test_an_open_request_whose_device_goes_offline_arrives_failed(mosquitto):
     # asynchronous aggregation keeps requests open across calls: arrivals() returns it failed
     fleet = "off2"
-    server = MqttServerTransport(
-        BrokerAddress.parse(mosquitto.url), fleet, retry_after=scaled(0.5)
-    ).start()
+    server = started_server(mosquitto.url, fleet, retry_after=scaled(0.5))
     dropping = dropper(mosquitto.url, fleet, "dropper").start()
     try:
         assert server.submit({"dropper": _train(fleet, "dropper", 3)}, accept=None) == {}

@@ -24,6 +24,12 @@ def amqtt():
         yield broker
 
 
+def started_server(url, fleet, **transport):
+    """The server side of these tests: an :class:`MqttServerTransport` on ``url``, started (the
+    counterpart of :class:`EchoDevice`)."""
+    return MqttServerTransport(BrokerAddress.parse(url), fleet, **transport).start()
+
+
 class EchoDevice:
     """A device endpoint served by a thread: replies "update" to "train"; can lose the first
     request."""
@@ -134,9 +140,7 @@ def test_request_reply_with_a_lost_downlink_retried_and_a_missing_device(amqtt):
     # (retry_after and the timeout stretched under load: "good" acknowledges before a re-send;
     # 1 s, not the default 0.3 s: broker, server and devices share this process, and a round trip
     # of a few hundred ms is only a scheduling hiccup away under load)
-    server = MqttServerTransport(
-        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(1.0)
-    ).start()
+    server = started_server(amqtt.url, fleet, retry_after=scaled(1.0))
     good = EchoDevice(amqtt.url, fleet, "good").start()
     lossy = EchoDevice(amqtt.url, fleet, "lossy", lose_first=True).start()
     try:
@@ -162,9 +166,7 @@ def test_request_reply_with_a_lost_downlink_retried_and_a_missing_device(amqtt):
 def test_a_quick_reply_stands_for_the_ack_and_slow_work_is_acknowledged_first(amqtt):
     fleet = "t4"
     # (no request is re-sent here: retry_after 1 s, as in the test above, so none is under load)
-    server = MqttServerTransport(
-        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(1.0)
-    ).start()
+    server = started_server(amqtt.url, fleet, retry_after=scaled(1.0))
     # quick: its reply surely goes out before the (long) ack delay; slow: works past the delay
     quick, slow = _quick_and_slow(amqtt.url, fleet, ("quick", "slow"), slow_ack_delay=0.05)
     try:
@@ -182,9 +184,7 @@ def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exc
     amqtt,
 ):
     fleet = "t5"
-    server = MqttServerTransport(
-        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(1.0), ack_delay=0.05
-    ).start()
+    server = started_server(amqtt.url, fleet, retry_after=scaled(1.0), ack_delay=0.05)
     sent = []  # (topic leaf, kind) of everything the server publishes
     publish = server.publish
 
@@ -216,7 +216,7 @@ def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exc
 
 def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):
     fleet = "t2"
-    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet).start()
+    server = started_server(amqtt.url, fleet)
     dev = EchoDevice(amqtt.url, fleet, "d").start()
     try:
         msg = _train(fleet, "d", 3, 5.0)
@@ -233,9 +233,7 @@ def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):
 
 def test_oversized_messages_are_refused_on_both_sides(amqtt):
     fleet = "t3"
-    server = MqttServerTransport(
-        BrokerAddress.parse(amqtt.url), fleet, limits=Limits(max_bytes=10_000)
-    ).start()
+    server = started_server(amqtt.url, fleet, limits=Limits(max_bytes=10_000))
     try:
         big = encode(
             Envelope(
@@ -319,7 +317,7 @@ def test_a_fleet_that_acknowledges_slowly_is_not_re_sent_to_once_its_wait_is_kno
     a CPU-bound load a scheduling delay longer than the lag may still earn one, after the wait."""
     fleet = "t9"
     lag = scaled(0.6)  # (both times stretched together under load: the lag stays twice retry_after)
-    server = MqttServerTransport(BrokerAddress.parse(amqtt.url), fleet, retry_after=lag / 2).start()
+    server = started_server(amqtt.url, fleet, retry_after=lag / 2)
     device = EchoDevice(amqtt.url, fleet, "slow", ack_delay=0.0)
     inner = device.ep._on_message_safe
     downlinks = []
@@ -376,9 +374,7 @@ def test_a_large_reply_is_checked_off_the_network_thread_so_others_are_not_held_
     # behind the large one and the large check would wait out its bound (events, not timings)
     fleet = "t-offload"
     big_checking, small_checked = threading.Event(), threading.Event()
-    server = MqttServerTransport(
-        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(5.0)
-    ).start()
+    server = started_server(amqtt.url, fleet, retry_after=scaled(5.0))
     big = EchoDevice(amqtt.url, fleet, "big").start()
     # the small device replies only once the large reply is being checked
     small = EchoDevice(
