@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import psutil
@@ -85,6 +85,16 @@ def measured_on(results: dict, threads: str) -> str:
     m = results["machine"]
     return (f"`{results['command'].strip()}` on {m['cores']} cores, {threads}, {m['date']}; load "
             f"average before {m['loadavg_1_5_15']}, after {results['machine_after']}")
+
+
+def models_page(results: dict, title: str, threads: str, about: str, columns: Sequence[str],
+                row: Callable[[dict], str]) -> list[str]:
+    """The page of a :func:`measure_models` result: ``# title``; how it was measured
+    (:func:`measured_on` with ``threads``), then ``about``; the table of ``columns``, one ``row``
+    per model."""
+    return [f"# {title}", "", f"{measured_on(results, threads)}. {about}", "",
+            f"| {' | '.join(columns)} |", "|" + "---|" * len(columns),
+            *(row(r) for r in results["models"])]
 
 
 class MemoryWatch:

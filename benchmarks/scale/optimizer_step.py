@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import measure_models, measured_on
+from benchmarks.common import measure_models, models_page
 from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
@@ -143,39 +143,35 @@ def main(argv: list[str] | None = None) -> dict:
         for name, (family, tier, settings) in MODELS.items()))
 
 
+#: The page's paragraph after how it was measured, and its table's columns.
+ABOUT = (
+    "One step: zero_grad, forward, cross-entropy, backward, optimizer step, on 28×28 one-channel "
+    "inputs. The loop is PyTorch's default on CPU (`foreach=False`); fused is what "
+    "`make_optimizer` builds. Alternating, medians of the repeats. The update alone is the "
+    "optimizer's step timed by itself on the last gradients, without the model's compute, so it "
+    "is less noisy than the whole step. The last column is the largest difference between the two "
+    "models' weights after one step from the same weights on the same batch (float rounding: the "
+    "update rule is the same; over many steps training amplifies it, as it does any change of "
+    "summation order)."
+)
+COLUMNS = ("model", "optimizer, batch", "parameter tensors", "loop (ms/step)", "fused (ms/step)",
+           "loop ÷ fused", "update alone, loop → fused (ms)", "weight difference after one step")
+
+
 def page(results: dict) -> list[str]:
-    lines = [
-        "# A training step: the per-parameter optimizer loop against the fused kernel",
-        "",
-        measured_on(results, f"one torch thread, torch {results['torch']}") + ". One step: "
-        "zero_grad, forward, "
-        "cross-entropy, backward, optimizer step, on 28×28 one-channel inputs. The loop is "
-        "PyTorch's default on CPU "
-        "(`foreach=False`); fused is what `make_optimizer` builds. Alternating, medians of the "
-        "repeats. "
-        "The update alone is the optimizer's step timed by itself on the last gradients, without "
-        "the model's "
-        "compute, so it is less noisy than the whole step. The last "
-        "column is the largest difference between the two models' weights after one step from the "
-        "same weights on "
-        "the same batch (float rounding: the update rule is the same; over many steps training "
-        "amplifies it, as it "
-        "does any change of summation order).",
-        "",
-        "| model | optimizer, batch | parameter tensors | loop (ms/step) | fused (ms/step) | loop "
-        "÷ fused | "
-        "update alone, loop → fused (ms) | weight difference after one step |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results["models"]:
-        lines.append(
-            f"| {r['model']} | {r['optimizer']}, {r['batch']} | {r['parameters']} | "
-            f"{r['loop_ms_median']:.1f} | "
-            f"{r['fused_ms_median']:.1f} | **{r['speedup']:.2f}×** | "
-            f"{r['loop_update_ms_median']:.2f} → "
-            f"{r['fused_update_ms_median']:.2f} | {r['one_step_max_weight_difference']:.1e} |"
-        )
-    return lines
+    return models_page(
+        results, "A training step: the per-parameter optimizer loop against the fused kernel",
+        f"one torch thread, torch {results['torch']}", ABOUT, COLUMNS, row,
+    )
+
+
+def row(r: dict) -> str:
+    return (
+        f"| {r['model']} | {r['optimizer']}, {r['batch']} | {r['parameters']} | "
+        f"{r['loop_ms_median']:.1f} | {r['fused_ms_median']:.1f} | **{r['speedup']:.2f}×** | "
+        f"{r['loop_update_ms_median']:.2f} → {r['fused_update_ms_median']:.2f} | "
+        f"{r['one_step_max_weight_difference']:.1e} |"
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import measure_models, measured_on
+from benchmarks.common import measure_models, models_page
 from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
@@ -144,27 +144,25 @@ def main(argv: list[str] | None = None) -> dict:
     return measure_models(HERE / "training_loop", page, info, rows)
 
 
+#: The page's paragraph after how it was measured, and its table's columns.
+ABOUT = (
+    "One FedAvg round (one epoch of 6,000 Fashion-MNIST images, batch 32, SGD) through edgefl's "
+    "device path (request decoded and checked, weights loaded, local training, update encoded) "
+    "against the bare loop, alternating; medians."
+)
+COLUMNS = ("model", "edgefl (images/s)", "bare loop (images/s)", "edgefl ÷ bare", "target ≥ 0.90")
+
+
 def page(results: dict) -> list[str]:
-    lines = [
-        "# The training loop against a bare PyTorch loop",
-        "",
-        measured_on(results, f"torch threads {results['torch_threads']}") + ". One FedAvg "
-        "round (one epoch "
-        "of 6,000 Fashion-MNIST images, batch 32, SGD) through edgefl's device path (request "
-        "decoded and checked, "
-        "weights loaded, local training, update encoded) against the bare loop, alternating; "
-        "medians.",
-        "",
-        "| model | edgefl (images/s) | bare loop (images/s) | edgefl ÷ bare | target ≥ 0.90 |",
-        "|---|---|---|---|---|",
-    ]
-    for row in results["models"]:
-        lines.append(
-            f"| {row['model']} | {row['edgefl_images_per_s']:.0f} | "
-            f"{row['bare_images_per_s']:.0f} | "
-            f"**{row['ratio']:.3f}** | {'met' if row['ratio'] >= 0.9 else 'not met'} |"
-        )
-    return lines
+    return models_page(results, "The training loop against a bare PyTorch loop",
+                       f"torch threads {results['torch_threads']}", ABOUT, COLUMNS, row)
+
+
+def row(r: dict) -> str:
+    return (
+        f"| {r['model']} | {r['edgefl_images_per_s']:.0f} | {r['bare_images_per_s']:.0f} | "
+        f"**{r['ratio']:.3f}** | {'met' if r['ratio'] >= 0.9 else 'not met'} |"
+    )
 
 
 if __name__ == "__main__":
