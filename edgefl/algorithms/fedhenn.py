@@ -360,6 +360,13 @@ PAPER_DEFAULTS = {
     "epochs": 1,
 }
 
+
+def alignment_pool(options: FedHeNNOptions) -> MethodNeeds:
+    """An unlabelled 2 % alignment pool; with ``rad_source=device`` every device holds it too."""
+    return MethodNeeds(public_share=0.02, public_use="alignment",
+                       devices_hold_public=options.rad_source == "device")
+
+
 register(
     Algorithm(
         name="fedhenn",
@@ -369,9 +376,6 @@ register(
         server=FedHeNNServer,
         options=FedHeNNOptions,
         defaults=PAPER_DEFAULTS,
-        # an unlabelled 2 % alignment pool; with rad_source=device every device holds it too
-        needs=lambda o: MethodNeeds(
-            public_share=0.02, public_use="alignment", devices_hold_public=o.rad_source == "device"
-        ),
+        needs=alignment_pool,
     )
 )

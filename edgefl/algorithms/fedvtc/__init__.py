@@ -65,6 +65,13 @@ __all__ = [
 #: devices train 1–2 epochs in all (benchmarks/fedvtc/quick_defaults.md). FedProto keeps one.
 FEDVTC_DEFAULTS = {**PROTOTYPE_DEFAULTS, "epochs": 2}
 
+
+def psi_upload(options: FedVTCOptions) -> MethodNeeds:
+    """The one-shot ψ upload after training (none when ψ travels every round); the finish is the
+    synthetic fine-tune."""
+    return MethodNeeds(closing_rounds=0 if options.psi_every_round else 1, finish_trains=True)
+
+
 register(
     Algorithm(
         name="fedvtc",
@@ -74,10 +81,6 @@ register(
         server=FedVTCServer,
         options=FedVTCOptions,
         defaults=FEDVTC_DEFAULTS,
-        # the one-shot ψ upload after training (none when ψ travels every round); the finish is
-        # the synthetic fine-tune
-        needs=lambda o: MethodNeeds(
-            closing_rounds=0 if o.psi_every_round else 1, finish_trains=True
-        ),
+        needs=psi_upload,
     )
 )
