@@ -8,6 +8,7 @@ import functools
 import inspect
 import json
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Annotated
@@ -247,14 +248,33 @@ MAX_BYTES = 256 * 1024 * 1024
 JsonSummary = Annotated[bool, typer.Option("--json", help="Print one JSON summary on stdout.")]
 
 
-def done_line(summary: dict) -> str:
-    """The line a finished run is reported with: its method, result and wall time."""
+def run_and_report(feedback, run: Callable[[], dict], as_json: bool,
+                   details: Callable[[dict], None] | None = None) -> None:
+    """A run command's run and its report (``edgefl simulate``, ``edgefl server start``): ``run()``
+    inside ``feedback`` (its progress and round lines); Ctrl-C after the record was written
+    (:func:`interrupted`, exit 130); then the summary as one JSON line on stdout with ``as_json``,
+    else on stderr: the done line (method, result, wall time), ``details``' lines and the run
+    directory."""
+    from edgefl.errors import RunInterrupted
+    from edgefl.report.console import err
     from edgefl.report.recorder import result_text
 
-    return (
+    try:
+        with feedback:
+            summary = run()
+    except RunInterrupted as e:
+        interrupted(e, as_json)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    err.print(
         f"[bold green]done[/] {summary['algorithm']}: {result_text(summary)} in "
-        f"{summary['wall_seconds']:.0f} s"
+        f"{summary['wall_seconds']:.0f} s",
+        highlight=False,
     )
+    if details is not None:
+        details(summary)
+    err.print(f"results: {summary['run_dir']}")
 
 
 def interrupted(e, as_json: bool) -> None:

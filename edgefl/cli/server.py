@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
@@ -26,10 +25,9 @@ from edgefl.cli.common import (
     SecureAggregation,
     ServerAggregation,
     check_run_names,
-    done_line,
-    interrupted,
     option_groups,
     resolve_run,
+    run_and_report,
     run_settings,
     split_list,
 )
@@ -155,19 +153,10 @@ def start(
                         metrics_port=metrics_port, metrics_host=metrics_host)
     feedback = Feedback(err, rounds=total, quiet=as_json)
     _say_metrics(feedback, metrics_host, metrics_port)
-    from edgefl.errors import RunInterrupted
-
-    try:
-        with feedback:
-            summary = serve(cfg, opts, on_round=lambda r: feedback.round_done(round_line(r, total)),
-                            on_progress=feedback.progress_hook, say=feedback.line, method=method)
-    except RunInterrupted as e:
-        interrupted(e, as_json)
-    if as_json:
-        typer.echo(json.dumps(summary))
-        return
-    err.print(done_line(summary), highlight=False)
-    err.print(f"results: {summary['run_dir']}")
+    run_and_report(feedback, lambda: serve(
+        cfg, opts, on_round=lambda r: feedback.round_done(round_line(r, total)),
+        on_progress=feedback.progress_hook, say=feedback.line, method=method,
+    ), as_json)
 
 
 def _wait_for_broker(conn: Connection, broker_wait: float | None) -> None:

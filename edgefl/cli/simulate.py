@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import runpy
 import warnings
 from dataclasses import asdict, dataclass
@@ -25,10 +24,9 @@ from edgefl.cli.common import (
     SecureAggregation,
     ServerAggregation,
     check_run_names,
-    done_line,
-    interrupted,
     option_groups,
     resolve_run,
+    run_and_report,
     run_settings,
     split_list,
 )
@@ -238,26 +236,14 @@ def simulate(
     feedback = Feedback(err, rounds=method.total_rounds(cfg.rounds), quiet=quiet)
     if not quiet:
         err.print(_headline(cfg, transport, execution.workers), highlight=False)
-    from edgefl.errors import RunInterrupted
 
-    try:
-        with feedback:
-            summary = _run(
-                cfg,
-                method,
-                transport,
-                feedback,
-                broker=broker,
-                execution=execution,
-            )
-            if compare_local:
-                _attach_local(cfg, summary, feedback, reference_cache)
-    except RunInterrupted as e:
-        interrupted(e, as_json)
-    if as_json:
-        typer.echo(json.dumps(summary))
-        return
-    _print_summary(summary)
+    def run() -> dict:
+        summary = _run(cfg, method, transport, feedback, broker=broker, execution=execution)
+        if compare_local:
+            _attach_local(cfg, summary, feedback, reference_cache)
+        return summary
+
+    run_and_report(feedback, run, as_json, _print_tiers)
 
 
 def _fleet_file_clients(explicit: dict) -> None:
@@ -369,8 +355,8 @@ def round_line(r: dict, total: int) -> str:
     return line
 
 
-def _print_summary(summary: dict) -> None:
-    err.print(done_line(summary), highlight=False)
+def _print_tiers(summary: dict) -> None:
+    """Each tier's accuracy; with a Local reference, beside it, and what the federation adds."""
     local = summary.get("local_reference")
     for tier, acc in summary["tier_accuracy"].items():
         ref = local["tier_accuracy"].get(tier) if local else None
@@ -387,4 +373,3 @@ def _print_summary(summary: dict) -> None:
             f"[bold]{100 * (summary['mean_accuracy'] - local['mean_accuracy']):+.2f} points[/]",
             highlight=False,
         )
-    err.print(f"results: {summary['run_dir']}")
