@@ -87,14 +87,20 @@ def measured_on(results: dict, threads: str) -> str:
             f"average before {m['loadavg_1_5_15']}, after {results['machine_after']}")
 
 
+def table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: the header of ``columns``, its separator (one ``---`` per
+    column) and a line per row of cells."""
+    return [f"| {' | '.join(columns)} |", "|" + "---|" * len(columns),
+            *(f"| {' | '.join(cells)} |" for cells in rows)]
+
+
 def models_page(results: dict, title: str, threads: str, about: str, columns: Sequence[str],
-                row: Callable[[dict], str]) -> list[str]:
+                row: Callable[[dict], Sequence[str]]) -> list[str]:
     """The page of a :func:`measure_models` result: ``# title``; how it was measured
-    (:func:`measured_on` with ``threads``), then ``about``; the table of ``columns``, one ``row``
-    per model."""
+    (:func:`measured_on` with ``threads``), then ``about``; the :func:`table` of ``columns``, one
+    ``row`` of cells per model."""
     return [f"# {title}", "", f"{measured_on(results, threads)}. {about}", "",
-            f"| {' | '.join(columns)} |", "|" + "---|" * len(columns),
-            *(row(r) for r in results["models"])]
+            *table(columns, map(row, results["models"]))]
 
 
 class MemoryWatch:

@@ -165,12 +165,12 @@ def page(results: dict) -> list[str]:
     )
 
 
-def row(r: dict) -> str:
+def row(r: dict) -> tuple[str, ...]:
     return (
-        f"| {r['model']} | {r['optimizer']}, {r['batch']} | {r['parameters']} | "
-        f"{r['loop_ms_median']:.1f} | {r['fused_ms_median']:.1f} | **{r['speedup']:.2f}×** | "
-        f"{r['loop_update_ms_median']:.2f} → {r['fused_update_ms_median']:.2f} | "
-        f"{r['one_step_max_weight_difference']:.1e} |"
+        r["model"], f"{r['optimizer']}, {r['batch']}", str(r["parameters"]),
+        f"{r['loop_ms_median']:.1f}", f"{r['fused_ms_median']:.1f}", f"**{r['speedup']:.2f}×**",
+        f"{r['loop_update_ms_median']:.2f} → {r['fused_update_ms_median']:.2f}",
+        f"{r['one_step_max_weight_difference']:.1e}",
     )
 
 

@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from benchmarks.common import table
 from edgefl.runtime.clock import FleetClock
 
 GONE = re.compile(r"device went offline ([0-9.]+) s after the request was sent")
@@ -175,10 +176,32 @@ def _pct(e: float | None) -> str:
     return "—" if e is None else f"{100 * e:+.1f} %"
 
 
+DEVICE_COLUMNS = ("round", "start s", "device", "clock s", "measured s", "reply s", "train s",
+                  "error")
+ROUND_COLUMNS = ("round", "start s", "selected (clock / MQTT)", "clock s", "measured s", "error")
+
+
+def device_row(x: dict[str, Any], starts: Mapping[int, float]) -> tuple[str, ...]:
+    """A device's round: when the round started, the clock's and the measured times, the error."""
+    m = x["measured"]
+    return (str(x["round"]), f"{starts[x['round']]:.1f}", x["device"], _s(x["simulated"]), _s(m),
+            f"{m.get('reply_seconds', 0) or 0:.2f}", f"{m.get('train_seconds', 0):.2f}",
+            _pct(x["error"]) + ("" if x["agree"] else " (outcome differs)"))
+
+
+def round_row(x: dict[str, Any]) -> tuple[str, ...]:
+    """A round: whom the clock and MQTT selected, its length on either, the error."""
+    sel = x["selected"]
+    return (str(x["round"]), f"{x['start']:.1f}",
+            f"{', '.join(sel['simulated']) or '—'} / {', '.join(sel['measured']) or '—'}",
+            f"{x['length']['simulated']:.2f}", f"{x['length']['measured']:.2f}", _pct(x["error"]))
+
+
 def page(r: dict[str, Any]) -> str:
     v, c = r["verdict"], r["comparison"]
     head = "Agrees" if v["agrees"] else "Does not agree"
     worst = v["max_abs_error"]
+    starts = {x["round"]: x["start"] for x in c["rounds"]}
     lines = [
         "# The simulated clock against shaped links with latency and churn (Mosquitto, one "
         "network namespace per device)",
@@ -201,32 +224,13 @@ def page(r: dict[str, Any]) -> str:
         "",
         *method(r),
         "",
-        "| round | start s | device | clock s | measured s | reply s | train s | error |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    starts = {x["round"]: x["start"] for x in c["rounds"]}
-    for x in c["rows"]:
-        m = x["measured"]
-        lines.append(
-            f"| {x['round']} | {starts[x['round']]:.1f} | {x['device']} | {_s(x['simulated'])} "
-            f"| {_s(m)} | {m.get('reply_seconds', 0) or 0:.2f} | {m.get('train_seconds', 0):.2f} "
-            f"| {_pct(x['error'])}{'' if x['agree'] else ' (outcome differs)'} |"
-        )
-    lines += [
+        *table(DEVICE_COLUMNS, (device_row(x, starts) for x in c["rows"])),
         "",
         "Rounds (length: from sending the model to the last update or drop; the clock's selection "
         "is the devices online at the measured start):",
         "",
-        "| round | start s | selected (clock / MQTT) | clock s | measured s | error |",
-        "|---|---|---|---|---|---|",
+        *table(ROUND_COLUMNS, map(round_row, c["rounds"])),
     ]
-    for x in c["rounds"]:
-        sel = x["selected"]
-        lines.append(
-            f"| {x['round']} | {x['start']:.1f} | {', '.join(sel['simulated']) or '—'} / "
-            f"{', '.join(sel['measured']) or '—'} | {x['length']['simulated']:.2f} "
-            f"| {x['length']['measured']:.2f} | {_pct(x['error'])} |"
-        )
     lines += ["", "Availability as the proxies applied it (seconds since the timelines started; "
               "connections cut; \"connected\": a connection of the device reached the broker):",
               ""]
