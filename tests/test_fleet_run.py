@@ -9,12 +9,14 @@ Ctrl-C on the server leaves a complete record marked interrupted."""
 import json
 import signal
 import subprocess
-import sys
 
 import pytest
 
+from edgefl.errors import TransportError
 from edgefl.rollout import ModelStore
+from edgefl.runtime.status_read import read_status_from_broker
 from edgefl.transport.broker import MosquittoBroker
+from edgefl.transport.mqtt import BrokerAddress
 from tests.commands import device_agent, run_ok, server_start, stop, tiny_run
 from tests.conftest import scaled, tiny_config, wait_until
 from tests.needs import need_mosquitto
@@ -263,30 +265,13 @@ def test_a_server_that_dies_reads_as_stopped_not_live(tmp_path):
             stderr=subprocess.DEVNULL,
         )
         try:
-            waiting = {}
+            waiting, address = {}, BrokerAddress.parse(broker.url)
 
-            def says_waiting():
-                done = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "edgefl.cli.main",
-                        "fleet",
-                        "status",
-                        "--broker",
-                        broker.url,
-                        "--fleet",
-                        fleet,
-                        "--json",
-                        "--timeout",
-                        "2",
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=scaled(120),
-                )
-                if done.returncode == 0:
-                    waiting.update(json.loads(done.stdout))
+            def says_waiting():  # what `fleet status --json` reads, in this process
+                try:
+                    waiting.update(read_status_from_broker(address, fleet, timeout=2))
+                except TransportError:  # nothing retained yet
+                    return False
                 return waiting.get("server", {}).get("phase") == "waiting"
 
             wait_until(says_waiting, "the server's waiting status", poll=0.2)
