@@ -11,14 +11,18 @@ its commit unless the cache is a draft's (``--draft``).
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from benchmarks import provenance
 from benchmarks.cells import Cell, _worker_init, run_cell
 from edgefl.report.recorder import json_safe
+from edgefl.runtime.processes import preloaded_context
 
 #: the commit (``+dirty`` where the code differs from it) a measurement runs at: the timing
 #: benchmarks' record
@@ -92,6 +96,25 @@ class Cache:
         tmp.replace(self.path(cell))  # atomic: an interrupted write never leaves half a record
 
 
+@contextmanager
+def _printed_here(ctx) -> Iterator[Any]:
+    """A queue for the pool's workers' progress lines, printed by this process until the block
+    ends (after the pool's own end: every line its workers put is printed)."""
+    lines = ctx.SimpleQueue()
+
+    def relay() -> None:
+        for line in iter(lines.get, None):
+            print(line, flush=True)
+
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    try:
+        yield lines
+    finally:
+        lines.put(None)
+        thread.join()
+
+
 def run_cells(
     cells: Sequence[Cell],
     cache: Cache,
@@ -136,10 +159,12 @@ def run_cells(
         )
     if todo:
         t0 = time.perf_counter()
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(
-            max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init
+        # workers forked from the fork server that imported torch and edgefl once (spawn where the
+        # platform has none), not fresh interpreters that import them again per pool; their
+        # progress lines are printed here
+        ctx = preloaded_context()
+        with _printed_here(ctx) as lines, ProcessPoolExecutor(
+            max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(lines,)
         ) as pool:
             tmp = None if tmp_root is None else str(tmp_root)
             pending = {

@@ -137,15 +137,23 @@ def resolved_run(cell: Cell) -> dict[str, Any]:
     return _RESOLVED[blob]
 
 
-def _worker_init() -> None:
+#: where a pool worker's per-round progress lines go (run_cells' queue, printed by the process that
+#: runs the benchmark: a worker forked from the fork server has the server's stdout, not the
+#: benchmark's); None in the benchmark's own process: printed there
+_PROGRESS: Any = None
+
+
+def _worker_init(progress: Any = None) -> None:
+    global _PROGRESS
+    _PROGRESS = progress
     os.environ["OMP_NUM_THREADS"] = "1"
     import threading
 
     import torch
 
     torch.set_num_threads(1)
-    # (the repository is on this worker's path already: spawn gives it the parent's sys.path,
-    # through which it imported this module to run this initializer)
+    # (the repository is on this worker's path already: the fork server, or spawn, gives it the
+    # parent's sys.path, through which it imported this module to run this initializer)
     # a configuration's relative paths (FedVTC's oracle) name files of the repository
     os.chdir(ROOT)
     parent = os.getppid()
@@ -194,8 +202,12 @@ def run_cell(
             phase = r.get("phase", "train")
             # from 1
             step = f"round {r.get('round')}/{cfg.rounds}" if phase == "train" else f"{phase} round"
-            print(f"  {cell.label} {step}" + (f": {100 * acc:.2f} %" if acc is not None else "")
-                  + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+            line = (f"  {cell.label} {step}" + (f": {100 * acc:.2f} %" if acc is not None else "")
+                    + f" ({time.perf_counter() - t0:.0f} s)")
+            if _PROGRESS is None:
+                print(line, flush=True)
+            else:
+                _PROGRESS.put(line)
 
         try:
             summary = simulate(cfg, on_round if progress else None, plots=False,
