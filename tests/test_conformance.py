@@ -139,9 +139,12 @@ def mqtt_fleet(cfg, broker, fleet: str, monkeypatch, runtime=DeviceRuntime):
 
 
 def memory_run(cfg):
-    """The in-memory run: (server state, {device: model arrays}, summary)."""
+    """The in-memory run: (server state, {device: model arrays}, summary); no plots (the MQTT
+    run of the same test draws its own)."""
     box = {}
-    summary = simulate(cfg, on_done=lambda s: box.__setitem__("state", s.state_dict()))
+    summary = simulate(
+        cfg, plots=False, on_done=lambda s: box.__setitem__("state", s.state_dict())
+    )
     run = assemble(cfg)  # the device models it saved, read back
     from edgefl.export.checkpoint import load_device_model
 

@@ -116,7 +116,8 @@ def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):
             algorithm="fedvtc",
             fraction=1.0,
             options={"save_generator": str(gen), "synthetic_samples": "50", "finetune_epochs": "1"},
-        )
+        ),
+        plots=False,
     )
     rounds = [
         json.loads(line) for line in (tmp_path / "a/run/rounds.jsonl").read_text().splitlines()
@@ -135,7 +136,8 @@ def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):
             algorithm="fedvtc",
             fraction=1.0,
             options={"psi_every_round": "true", "synthetic_samples": "50", "finetune_epochs": "1"},
-        )
+        ),
+        plots=False,
     )
     assert len(every["bytes_up_per_round"]) == 2  # no closing round
     # ψ ≈ 84 kB each
@@ -160,11 +162,15 @@ def test_the_last_training_round_keeps_its_evaluation_because_the_finish_fine_tu
             fraction=1.0,
             eval_every=1,
             options={**opts, "psi_every_round": "true"},
-        )
+        ),
+        plots=False,
     )
     assert evaluated(tmp_path / "every/run") == [("train", True), ("train", True)]
     simulate(
-        tiny_config(tmp_path / "once", algorithm="fedvtc", fraction=1.0, eval_every=1, options=opts)
+        tiny_config(
+            tmp_path / "once", algorithm="fedvtc", fraction=1.0, eval_every=1, options=opts
+        ),
+        plots=False,
     )
     assert evaluated(tmp_path / "once/run") == [
         ("train", True),
@@ -172,7 +178,7 @@ def test_the_last_training_round_keeps_its_evaluation_because_the_finish_fine_tu
         ("closing", False),
     ]
     # its finish trains nothing
-    simulate(tiny_config(tmp_path / "fedavg", algorithm="fedavg", eval_every=1))
+    simulate(tiny_config(tmp_path / "fedavg", algorithm="fedavg", eval_every=1), plots=False)
     assert evaluated(tmp_path / "fedavg/run") == [("train", True), ("train", False)]
 
 
