@@ -206,17 +206,17 @@ def test_a_header_is_checked_once_and_each_caller_gets_its_own_metadata():
     from edgefl.wire.validate import peek
 
     data = encode(_env())
-    envelope._checked_header.cache_clear()
+    envelope._CHECKED.cache_clear()
     first = peek(data)
     first.meta["tag"] = "changed by one reader"
     again = peek(data)
-    assert envelope._checked_header.cache_info().hits == 1  # the second look did not check it again
+    assert envelope._CHECKED.hits == 1  # the second look did not check it again
     assert again.meta == {"num_samples": 12, "tag": "x"} == decode(data).payload.meta
     bad = _tamper_header(data, lambda h: h["__metadata__"].update(round="-1"))
     for _ in range(2):  # a refused header is refused every time, never remembered
         with pytest.raises(WireError, match="round"):
             peek(bad)
-    assert envelope._checked_header.cache_info().currsize == 1
+    assert len(envelope._CHECKED.entries) == 1
 
 
 @pytest.mark.parametrize(

@@ -112,3 +112,48 @@ def test_broker_url_parsing():
     assert Topics("lab").device("d1", "up") == "edgefl/lab/devices/d1/up"
     assert Topics("lab").parse_device("edgefl/lab/devices/d1/register") == ("d1", "register")
     assert Topics("lab").parse_device("edgefl/other/devices/d1/up") is None
+
+
+# --- the verdict encode() remembers is the one a fresh check gives -------------------------------
+
+_KINDS_META = [
+    ("train", {}),
+    ("update", {"num_samples": 12, "train_loss": 0.25, "tag": "x", "flag": True}),
+    ("metrics", {"accuracy": 0.5, "loss": 1e-7}),
+    ("ack", {"closed": "train", "epoch": "e1"}),
+    ("error", {"reason": "why \u00e9\n\"quoted\""}),
+]
+
+
+@pytest.mark.parametrize(("kind", "meta"), _KINDS_META)
+@pytest.mark.parametrize("n_arrays", [0, 1, 3])
+def test_the_header_check_encode_remembers_is_what_a_fresh_check_gives(kind, meta, n_arrays):
+    import struct
+
+    from edgefl.wire import envelope
+
+    arrays = {f"w/{i}": np.zeros((i + 1, 2), np.float32) for i in range(n_arrays)}
+    if n_arrays:
+        arrays["scalar"] = np.array(3, np.int64)  # a 0-d array: its shape is an empty list
+    data = encode(Envelope(kind, 7, "d01", fleet="f", algorithm="fedavg", tier="2",
+                           payload=Payload(arrays, dict(meta)), run="r0", nonce="ab12"))
+    (n,) = struct.unpack("<Q", data[:8])
+    raw = data[8 : 8 + n]
+    remembered = envelope._CHECKED.entries[raw]
+    fresh = envelope._check_header(raw, Limits())
+    assert remembered[0] == fresh[0] and remembered[2:] == fresh[2:]
+    assert [(k, type(v), v) for k, v in remembered[1].items()] == [
+        (k, type(v), v) for k, v in fresh[1].items()
+    ]
+
+
+def test_a_remembered_header_is_held_to_each_readers_limits():
+    data = encode(Envelope("update", 1, "d01", fleet="f", algorithm="fedavg",
+                           payload=Payload({f"w{i}": np.zeros(2, np.float32) for i in range(5)},
+                                           {"num_samples": 3})))
+    peek(data)  # remembered (by encode, and by this look)
+    with pytest.raises(WireError, match="5 tensors exceed the limit of 4"):
+        peek(data, Limits(max_tensors=4))
+    with pytest.raises(WireError, match="header nests 3 deep"):
+        peek(data, Limits(max_depth=2))
+    assert peek(data).kind == "update"

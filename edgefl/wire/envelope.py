@@ -28,13 +28,13 @@ not match the request it pretends to answer. CRC-32 rather than SHA-256 because 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import secrets
 import struct
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,11 +152,11 @@ def _dense(name: str, a: Any) -> np.ndarray:
 
 def _prepare(
     env: Envelope, checksum: bool = True
-) -> tuple[dict[str, np.ndarray], dict[str, str], list]:
+) -> tuple[dict[str, np.ndarray], dict[str, str], list, Header]:
     """What :func:`encode` checks and writes: the arrays (dense, little-endian, whitelisted
-    dtypes), the routing header (validated as a receiver validates it) and the tensors in name
-    order. ``checksum=False`` leaves a placeholder checksum (for :func:`check`: no bytes, no
-    CRC)."""
+    dtypes), the routing header (validated as a receiver validates it), the tensors in name
+    order and the checked header. ``checksum=False`` leaves a placeholder checksum (for
+    :func:`check`: no bytes, no CRC)."""
     if env.kind not in KINDS:
         raise WireError(f"unknown message kind {env.kind!r}")
     arrays = {name: _dense(name, a) for name, a in env.payload.arrays.items()}
@@ -185,13 +185,17 @@ def _prepare(
         for n in sorted(arrays)
     ]
     routing["checksum"] = _checksum(routing, tensors) if checksum else "0" * 8
-    validate(Header, routing, "envelope header")  # what we send must pass what we accept
-    return arrays, routing, tensors
+    header = validate(Header, routing, "envelope header")  # what we send must pass what we accept
+    return arrays, routing, tensors, header
 
 
 def encode(env: Envelope) -> bytes:
-    """Serialize an envelope to bytes (one safetensors blob, written by the safetensors library)."""
-    arrays, routing, _ = _prepare(env)
+    """Serialize an envelope to bytes (one safetensors blob, written by the safetensors library).
+
+    The header it writes was checked here as a receiver checks it; that verdict is remembered
+    (:func:`read_header`), so that this process's own layers (the transport routing its own
+    request, a device's log line reading its reply) do not check it again."""
+    arrays, routing, _, header = _prepare(env)
     specs = {
         n: safetensors.TensorSpec(
             dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes
@@ -199,9 +203,16 @@ def encode(env: Envelope) -> bytes:
         for n, a in arrays.items()
     }
     try:
-        return safetensors.serialize(specs, metadata=routing)
+        data = safetensors.serialize(specs, metadata=routing)
     except Exception as e:  # the library's own error types
         raise WireError(f"cannot serialize the envelope: {e}") from None
+    (n,) = struct.unpack_from("<Q", data)
+    if n <= HEADER_CACHE_BYTES:
+        # the header's parse would give back these fields, this metadata (its JSON text, read
+        # back), the arrays' count and a nesting of 3 (tensor entries hold lists) or 2
+        meta = json.loads(routing["meta"])
+        _CHECKED.put(data[8 : 8 + n], (header, meta, len(arrays), 3 if arrays else 2))
+    return data
 
 
 #: safetensors writes tensors ordered by dtype (its enum, descending), then by name.
@@ -233,7 +244,7 @@ def _header_size(routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]) -
 def encoded_size(env: Envelope) -> int:
     """``len(encode(env))``, computed without serializing (no copy of the arrays): what an
     in-memory exchange records as the message's bytes."""
-    arrays, routing, _ = _prepare(env, checksum=False)
+    arrays, routing, _, _ = _prepare(env, checksum=False)
     return 8 + _header_size(routing, arrays) + sum(a.nbytes for a in arrays.values())
 
 
@@ -248,7 +259,7 @@ def check(env: Envelope, limits: Limits = Limits()) -> Envelope:
 
 def checked_size(env: Envelope, limits: Limits = Limits()) -> tuple[Envelope, int]:
     """:func:`check`'s envelope and :func:`encoded_size`'s size, from one pass."""
-    arrays, routing, _ = _prepare(env, checksum=False)
+    arrays, routing, _, _ = _prepare(env, checksum=False)
     if len(arrays) > limits.max_tensors:
         raise WireError(f"{len(arrays)} tensors exceed the limit of {limits.max_tensors}")
     header = _header_size(routing, arrays)
@@ -289,6 +300,11 @@ def parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) -
     to measure how deep it went), then the nesting of what it returned (a walk of the parsed value,
     bounded by its size). Every failure is a WireError. The one JSON reader for whatever a device
     sends: envelope headers and metadata, registration profiles, model reports."""
+    return _parse_json(raw, max_bytes=max_bytes, max_depth=max_depth, what=what)[0]
+
+
+def _parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) -> tuple[Any, int]:
+    """:func:`parse_json`'s value and its nesting depth."""
     if len(raw) > max_bytes:
         raise WireError(f"{what} of {len(raw)} bytes exceeds the limit of {max_bytes}")
     try:
@@ -302,11 +318,50 @@ def parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) -
     depth = nesting(value)
     if depth > max_depth:
         raise WireError(f"{what} nests {depth} deep (limit {max_depth})")
-    return value
+    return value, depth
 
 
-#: headers up to this size are checked once per distinct header (:func:`_checked_header`)
+#: headers up to this size are checked once per distinct header (:class:`CheckedHeaders`)
 HEADER_CACHE_BYTES = 16 * 1024
+
+#: A header's check: its routing fields, its payload metadata, how many tensors it lists and how
+#: deep it nests.
+Checked = tuple[Header, dict[str, Any], int, int]
+
+
+class CheckedHeaders:
+    """The verdicts on the last ``size`` distinct headers that passed every check (a header that
+    fails is never remembered), keyed by the header's bytes. Two limits are held against a
+    remembered verdict at each look, since readers differ in them: the nesting depth and the
+    number of tensors; a header beyond either is checked afresh (and refused). The size bound is
+    checked before any look (:func:`read_header`)."""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self.entries: OrderedDict[bytes, Checked] = OrderedDict()  # C-implemented: thread-safe
+        self.hits = 0
+
+    def get(self, raw: bytes, limits: Limits) -> Checked | None:
+        entry = self.entries.get(raw)
+        if entry is None or entry[3] > limits.max_depth or entry[2] > limits.max_tensors:
+            return None
+        self.hits += 1
+        return entry
+
+    def put(self, raw: bytes, entry: Checked) -> None:
+        self.entries[raw] = entry
+        while len(self.entries) > self.size:
+            try:
+                self.entries.popitem(last=False)
+            except KeyError:  # another thread emptied it meanwhile
+                break
+
+    def cache_clear(self) -> None:
+        self.entries.clear()
+        self.hits = 0
+
+
+_CHECKED = CheckedHeaders()
 
 
 def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], int]:
@@ -315,8 +370,9 @@ def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], in
 
     A message is looked at by several layers (the transport routes and de-duplicates it, the
     runtime decodes it, a log line reads its kind), so the check of a header of at most
-    ``HEADER_CACHE_BYTES`` is remembered for the last 256 distinct headers: the same bytes under
-    the same limits give the same result, and a header that fails is never remembered."""
+    ``HEADER_CACHE_BYTES`` is remembered for the last 256 distinct headers
+    (:class:`CheckedHeaders`, which :func:`encode` also tells what it wrote): the same bytes give
+    the same result, and a header that fails is never remembered."""
     if len(data) > limits.max_bytes:
         raise WireError(f"message of {len(data)} bytes exceeds the limit of {limits.max_bytes}")
     if len(data) < 8:
@@ -325,15 +381,18 @@ def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], in
     if n > min(limits.max_header_bytes, len(data) - 8):
         raise WireError(f"header length {n} is out of bounds")
     raw = bytes(data[8 : 8 + n])
-    header, meta, tensors = (_checked_header if n <= HEADER_CACHE_BYTES else _check_header)(
-        raw, limits
-    )
+    entry = _CHECKED.get(raw, limits) if n <= HEADER_CACHE_BYTES else None
+    if entry is None:
+        entry = _check_header(raw, limits)
+        if n <= HEADER_CACHE_BYTES:
+            _CHECKED.put(raw, entry)
+    header, meta, tensors, _ = entry
     # the metadata's values are scalars: a copy is the caller's own
     return header, dict(meta), tensors
 
 
-def _check_header(raw: bytes, limits: Limits) -> tuple[Header, dict[str, Any], int]:
-    header = parse_json(
+def _check_header(raw: bytes, limits: Limits) -> Checked:
+    header, depth = _parse_json(
         raw, max_bytes=limits.max_header_bytes, max_depth=limits.max_depth, what="header"
     )
     if not isinstance(header, dict):
@@ -351,10 +410,7 @@ def _check_header(raw: bytes, limits: Limits) -> tuple[Header, dict[str, Any], i
         )
     checked = validate(Header, routing, "envelope header")  # frozen: safe to hand out again
     meta = parse_json(checked.meta, max_bytes=64 * 1024, max_depth=1, what="payload metadata")
-    return checked, check_meta(checked.kind, meta), tensors
-
-
-_checked_header = functools.lru_cache(maxsize=256)(_check_header)
+    return checked, check_meta(checked.kind, meta), tensors, depth
 
 
 def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
