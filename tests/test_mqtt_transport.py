@@ -214,6 +214,35 @@ def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exc
     assert unacked == ({}, {})
 
 
+def test_the_next_request_acknowledges_the_replies_before_it_instead_of_a_broadcast(amqtt):
+    fleet = "t6"
+    # the closing broadcast waits ack_delay for the next request; nothing is re-sent meanwhile
+    server = MqttServerTransport(
+        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(8.0), ack_delay=scaled(1.0)
+    ).start()
+    sent = []  # (topic leaf, kind) of everything the server publishes
+    publish = server.publish
+
+    def recording(topic, data, **kw):
+        sent.append((topic.rsplit("/", 1)[-1], peek(data).kind if data else ""))
+        publish(topic, data, **kw)
+
+    server.publish = recording
+    devices = [EchoDevice(amqtt.url, fleet, d, retry_after=scaled(8.0)).start() for d in "ab"]
+    try:
+        first = _train_each(server, fleet, "ab", 0)
+        second = _train_each(server, fleet, "ab", 1)  # at once: it acknowledges round 0's replies
+        # round 1's exchange is the last: its broadcast goes out after ack_delay
+        wait_until(lambda: not any(d.ep.unacked for d in devices), "the replies acknowledged")
+    finally:
+        for d in devices:
+            d.close()
+        server.close()
+    assert all(first[d].reply is not None and second[d].reply is not None for d in "ab")
+    assert sent.count(("broadcast", "ack")) == 1 and ("down", "ack") not in sent
+    assert [d.published for d in devices] == [[("update", 1)] * 2] * 2  # no reply re-sent
+
+
 def test_a_repeated_request_is_answered_from_cache_not_recomputed(amqtt):
     fleet = "t2"
     server = started_server(amqtt.url, fleet)

@@ -29,7 +29,11 @@ restart without persistence), an application-level protocol on top:
   When the exchange closes (all replies in, or the deadline) within ``ack_delay`` of a reply, one
   non-retained ``ack`` on the fleet's broadcast topic ("closed": kind, round) acknowledges every
   reply to that exchange at once: either the server has the reply or it no longer wants it.
-  Replies that wait longer, duplicates and late replies are acknowledged one by one;
+  A new request to a device says the same of every reply that device sent before (the server
+  keeps one request open per device), so the broadcast waits ``ack_delay`` for the next requests
+  and is not sent when every device of the exchange got one by then
+  (:mod:`~edgefl.transport.mqtt.closing`): in a run of quick rounds only the last exchange is
+  announced. Replies that wait longer, duplicates and late replies are acknowledged one by one;
 - acks travel at QoS 0: losing one costs a re-send, which the other side answers again, so the
   broker's acknowledgement of an ack would buy nothing (requests and replies stay at QoS 1);
 - both sides de-duplicate by message id (a device answers a repeated request with its cached
@@ -50,7 +54,8 @@ Nothing here raises on what the network sends.
 The modules, along the seams: :mod:`~edgefl.transport.mqtt.topics` (the names above),
 :mod:`~edgefl.transport.mqtt.connection` (addresses, protocol detection, the client wrapper and
 its session), :mod:`~edgefl.transport.mqtt.reliable` (what both sides of the request/ack protocol
-share), :mod:`~edgefl.transport.mqtt.server` and :mod:`~edgefl.transport.mqtt.device` (each side).
+share), :mod:`~edgefl.transport.mqtt.server` and :mod:`~edgefl.transport.mqtt.device` (each side),
+:mod:`~edgefl.transport.mqtt.closing` (the server's closing broadcasts).
 """
 
 from edgefl.transport.mqtt.connection import (

@@ -180,6 +180,9 @@ class MqttDeviceEndpoint(Endpoint):
                 self.handled[r.message_id] = None
                 while len(self.handled) > 64:
                     self.handled.popitem(last=False)
+                # a new request: the server keeps one request open per device, so it has every
+                # reply this device sent before, or no longer wants it (as a closing broadcast says)
+                self.unacked.clear()
         up = self.topics.device(self.device_id, "up")
         if not seen:
             self._ack_later(r)

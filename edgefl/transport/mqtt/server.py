@@ -21,6 +21,7 @@ from edgefl.transport.base import Accept, Delivery
 from edgefl.transport.chunks import (
     ChunkSettings,
 )
+from edgefl.transport.mqtt.closing import DeferredCloses
 from edgefl.transport.mqtt.connection import BrokerAddress, Endpoint
 from edgefl.transport.mqtt.pending import OpenRequests, _Pending, gone_reason
 from edgefl.transport.mqtt.reliable import ack_envelope
@@ -109,6 +110,9 @@ class MqttServerTransport(OpenRequests, Endpoint):
         self.ack_wait = 0.0
         # one checker thread: large replies are checked in arrival order, one at a time
         self.checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"edgefl-{fleet}-check")
+        # an exchange's closing broadcast waits ack_delay for the next request to its devices,
+        # which acknowledges their replies as well (edgefl.transport.mqtt.closing)
+        self.closes = DeferredCloses(self._announce_closed, self.ack_delay, f"edgefl-{fleet}-close")
 
     def subscriptions(self) -> list[str]:
         return [self.topics.device("+", leaf) for leaf in ("up", "register", "status")]
@@ -150,14 +154,14 @@ class MqttServerTransport(OpenRequests, Endpoint):
             if device_id not in out:
                 self._send(device_id, data)
         self._pump(list(messages), deadline, enough=lambda answered: False)
-        closed: set[tuple[str, int]] = set()
+        closed: dict[tuple[str, int], list[str]] = {}
         with self.lock:
             for device_id in messages:
                 if device_id in out:
                     continue
                 p = self.pending.pop(device_id, None)
                 if p is not None:
-                    closed.add((p.kind, p.round))
+                    closed.setdefault((p.kind, p.round), []).append(device_id)
                 rejected = tuple(p.rejected) if p is not None else ()
                 if p is not None and p.reply is not None:
                     out[device_id] = Delivery(
@@ -181,8 +185,8 @@ class MqttServerTransport(OpenRequests, Endpoint):
                         time.monotonic() - (p.sent if p else now),
                         rejected=rejected,
                     )
-        for kind, rnd in sorted(closed):
-            self._announce_closed(kind, rnd)
+        for (kind, rnd), devices in sorted(closed.items()):
+            self.closes.close(kind, rnd, devices)
         return out
 
     def _first_ack(self, p: _Pending) -> None:
@@ -263,6 +267,7 @@ class MqttServerTransport(OpenRequests, Endpoint):
 
     def stop(self, graceful: bool = True) -> None:
         self.checker.shutdown(wait=False, cancel_futures=True)
+        self.closes.stop(flush=graceful and self.connected.is_set())
         super().stop(graceful)
 
     def left_as(self, phase: str) -> None:
@@ -277,6 +282,7 @@ class MqttServerTransport(OpenRequests, Endpoint):
 
     def announce_end(self) -> None:
         """Tell every device (retained, so also those reconnecting later) that the run is over."""
+        self.closes.flush()  # first: the devices' last replies are acknowledged before they leave
         env = Envelope(
             "finish",
             0,
@@ -291,6 +297,7 @@ class MqttServerTransport(OpenRequests, Endpoint):
             pass
 
     def _send(self, device_id: str, data: bytes) -> None:
+        self.closes.requested(device_id)  # a new request acknowledges the device's earlier replies
         self.publish(self.topics.device(device_id, "down"), data)
         with self.lock:
             self.stats.bytes_down[device_id] = self.stats.bytes_down.get(device_id, 0) + len(data)
@@ -416,7 +423,9 @@ class MqttServerTransport(OpenRequests, Endpoint):
                 self.outstanding -= 1
                 if self.outstanding <= 0 or p.replied_at + self.ack_delay < self.wake_at:
                     self.lock.notify_all()
-                return  # acknowledged by the exchange's closing broadcast, or alone after ack_delay
+                # acknowledged by the exchange's closing broadcast (or the device's next request),
+                # or alone after ack_delay
+                return
         self._ack_reply(r)  # the exchange closed while it was checked
 
     def _take_reply_logged(self, device_id: str, p: _Pending, r: Routing, data: bytes) -> None:
