@@ -180,12 +180,9 @@ def test_a_quick_reply_stands_for_the_ack_and_slow_work_is_acknowledged_first(am
     assert slow.published == [("ack", 0), ("update", 1)]  # acks at QoS 0, replies at QoS 1
 
 
-def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exchange_goes_on(
-    amqtt,
-):
-    fleet = "t5"
-    server = started_server(amqtt.url, fleet, retry_after=scaled(1.0), ack_delay=0.05)
-    sent = []  # (topic leaf, kind) of everything the server publishes
+def _record_publishes(server):
+    """The (topic leaf, kind) of everything ``server`` publishes from now on."""
+    sent = []
     publish = server.publish
 
     def recording(topic, data, **kw):
@@ -193,6 +190,15 @@ def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exc
         publish(topic, data, **kw)
 
     server.publish = recording
+    return sent
+
+
+def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exchange_goes_on(
+    amqtt,
+):
+    fleet = "t5"
+    server = started_server(amqtt.url, fleet, retry_after=scaled(1.0), ack_delay=0.05)
+    sent = _record_publishes(server)
     fast, slow = _quick_and_slow(amqtt.url, fleet, ("fast", "slow"), slow_ack_delay=0.01)
     try:
         out = _train_each(server, fleet, ("fast", "slow"), 7)
@@ -217,17 +223,8 @@ def test_replies_are_acknowledged_by_the_closing_broadcast_or_alone_when_the_exc
 def test_the_next_request_acknowledges_the_replies_before_it_instead_of_a_broadcast(amqtt):
     fleet = "t6"
     # the closing broadcast waits ack_delay for the next request; nothing is re-sent meanwhile
-    server = MqttServerTransport(
-        BrokerAddress.parse(amqtt.url), fleet, retry_after=scaled(8.0), ack_delay=scaled(1.0)
-    ).start()
-    sent = []  # (topic leaf, kind) of everything the server publishes
-    publish = server.publish
-
-    def recording(topic, data, **kw):
-        sent.append((topic.rsplit("/", 1)[-1], peek(data).kind if data else ""))
-        publish(topic, data, **kw)
-
-    server.publish = recording
+    server = started_server(amqtt.url, fleet, retry_after=scaled(8.0), ack_delay=scaled(1.0))
+    sent = _record_publishes(server)
     devices = [EchoDevice(amqtt.url, fleet, d, retry_after=scaled(8.0)).start() for d in "ab"]
     try:
         first = _train_each(server, fleet, "ab", 0)

@@ -56,6 +56,7 @@ _DTYPES = {
     np.dtype(np.bool_): "BOOL",
 }
 _NUMPY = {tag: dtype for dtype, tag in _DTYPES.items()}
+_NAMES = {dtype: dtype.name for dtype in _DTYPES}  # numpy computes ``dtype.name`` at each look
 
 Scalar = str | int | float | bool
 
@@ -198,7 +199,7 @@ def encode(env: Envelope) -> bytes:
     arrays, routing, _, header = _prepare(env)
     specs = {
         n: safetensors.TensorSpec(
-            dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes
+            dtype=_NAMES[a.dtype], shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes
         )
         for n, a in arrays.items()
     }
@@ -286,11 +287,19 @@ def nesting(value: Any) -> int:
     """The nesting depth of a parsed JSON value (0 for a scalar), level by level (no recursion)."""
     depth, level = 0, [value]
     while True:
-        containers = [v for v in level if isinstance(v, (dict, list))]
+        below: list[Any] = []
+        containers = False
+        for v in level:
+            if isinstance(v, dict):
+                below.extend(v.values())
+                containers = True
+            elif isinstance(v, list):
+                below.extend(v)
+                containers = True
         if not containers:
             return depth
         depth += 1
-        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
+        level = below
 
 
 def parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) -> Any:
