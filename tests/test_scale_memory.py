@@ -16,7 +16,7 @@ from edgefl.algorithms.base import TrainSettings, cpu_seeded
 from edgefl.algorithms.training import train_local
 from edgefl.data import ArrayDataset, DatasetInfo
 from edgefl.models import ModelSpec, build_model
-from edgefl.runtime.heap import fixed_mmap_threshold
+from edgefl.runtime.heap import FLEET, fixed_mmap_threshold
 
 SPEC = ModelSpec(family="cnn", tier="2", num_classes=10, in_shape=(1, 28, 28), width=0.25)
 
@@ -55,13 +55,52 @@ def test_the_mmap_threshold_is_pinned_on_glibc():
     assert fixed_mmap_threshold() is True
 
 
+MAPPED = textwrap.dedent("""
+    import ctypes, json, sys
+    from edgefl.runtime.heap import fleet_heap
+
+    class Info(ctypes.Structure):  # glibc's struct mallinfo2
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                    "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Info
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    pinned = fleet_heap(int(sys.argv[1]))
+    before = libc.mallinfo2().hblks
+    block = libc.malloc(100 * 1024)  # under glibc's default threshold (128 KiB), over 64 KiB
+    mapped = libc.mallinfo2().hblks - before
+    libc.free(block)
+    print(json.dumps([pinned, mapped]))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.parametrize("devices", [1, FLEET - 1, FLEET, 10 * FLEET])
+def test_a_process_pins_the_threshold_only_for_a_fleet(devices):
+    """A fleet of FLEET devices or more gets a 100 KiB block mapped of its own (the threshold at
+    64 KiB); a smaller one keeps glibc's heap for it (and its dynamic threshold)."""
+    import platform
+
+    libc, version = platform.libc_ver()
+    if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 33):
+        pytest.skip("mallinfo2 needs glibc 2.33")
+    out = subprocess.run([sys.executable, "-c", MAPPED, str(devices)], capture_output=True,
+                         text=True, check=True, timeout=120)
+    pinned, mapped = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (pinned, mapped) == ((True, 1) if devices >= FLEET else (False, 0))
+
+
 CHILD = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import psutil
     from tests.conftest import tiny_config
+    from edgefl.runtime.heap import fixed_mmap_threshold
     from edgefl.runtime.simulation import simulate
 
+    fixed_mmap_threshold()  # both fleets on the heap of a large one (edgefl.runtime.heap)
     held = []  # resident memory after the round: every device built, trained, its uplink averaged
     for i, n in enumerate((20, 20, 220)):  # the first warms what every run needs once
         cfg = tiny_config(Path(sys.argv[1]), clients=n, rounds=1, steps=1, train_samples=2000,

@@ -21,6 +21,19 @@ log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 THRESHOLD = 64 * 1024
+#: Devices held in one process from which :func:`fleet_heap` pins the threshold.
+FLEET = 100
+
+
+def fleet_heap(devices: int) -> bool:
+    """Pin the mmap threshold (:func:`fixed_mmap_threshold`) when this process is to hold at
+    least :data:`FLEET` devices' models; whether it was pinned. Below that the heap keeps
+    glibc's dynamic threshold: what the devices would give back is small, and pinning costs
+    every training step an mmap and a munmap for each activation and gradient of 64 KiB or
+    more, with fresh zeroed pages."""
+    if devices < FLEET:
+        return False
+    return fixed_mmap_threshold()
 
 
 def fixed_mmap_threshold(threshold: int = THRESHOLD) -> bool:

@@ -110,11 +110,11 @@ class DeviceGroup:
         import torch
 
         from edgefl.runtime.agent import DeviceAgent
-        from edgefl.runtime.heap import fixed_mmap_threshold
+        from edgefl.runtime.heap import fleet_heap
         from edgefl.runtime.setup import assemble
 
         torch.set_num_threads(threads)
-        fixed_mmap_threshold()  # many devices' models in this process (edgefl.runtime.heap)
+        fleet_heap(len(ids))  # these devices' models in this process (edgefl.runtime.heap)
         self.cfg = RunConfig.model_validate_json(cfg_json)
         self.run = assemble(self.cfg)
         evals = {"quick": self.run.data.evals["quick"], "test": self.run.data.evals["test"]}

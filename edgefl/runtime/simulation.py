@@ -16,7 +16,7 @@ from edgefl.export.checkpoint import save_device_models
 from edgefl.runtime.agent import DeviceAgent
 from edgefl.runtime.clock import fleet_clock
 from edgefl.runtime.derived import run_dir_for
-from edgefl.runtime.heap import fixed_mmap_threshold
+from edgefl.runtime.heap import fleet_heap
 from edgefl.runtime.method import Method
 from edgefl.runtime.run import Ending, RunLifecycle, loop_settings
 from edgefl.runtime.setup import assemble, build_server
@@ -77,7 +77,7 @@ def simulate(
         pool = WorkerPool(cfg, run.ids, workers, threads=cfg.threads, costs=training_costs(run))
         transport, samples = Encoded(pool), pool.samples
     else:
-        fixed_mmap_threshold()  # every device's model in this process (edgefl.runtime.heap)
+        fleet_heap(len(run.ids))  # every device's model in this process (edgefl.runtime.heap)
         transport = InMemoryTransport()
         eval_cache: dict = {}
         for d in run.ids:

@@ -1,0 +1,159 @@
+"""The heap of an in-memory simulation: glibc's mmap threshold pinned at 64 KiB or left dynamic.
+
+    nice -n 10 python -m benchmarks.scale.heap_policy [--repetitions 3] [--devices 100 1000]
+
+:func:`edgefl.runtime.heap.fixed_mmap_threshold` pins the threshold (which also stops glibc
+from raising it, and the trim threshold with it, as blocks are freed);
+:func:`~edgefl.runtime.heap.fleet_heap` does it only for a process holding at least
+:data:`~edgefl.runtime.heap.FLEET` devices. Each sample is one child process running
+``edgefl simulate``'s in-memory run (:func:`edgefl.runtime.simulation.simulate`, one torch
+thread) with the threshold ``pinned`` (``FLEET`` = 0: every run, as before) or ``dynamic``
+(``FLEET`` above the fleet: glibc's default), alternating (rotated order per repetition), and
+records the child's CPU time (user + system, from ``RUSAGE_CHILDREN``: what the run cost,
+whatever else the machine runs), its wall time, page faults, peak resident memory
+(``ru_maxrss``) and resident memory after the round, with the load before and after.
+
+- ``fedavg-10``: FedAvg on the CNN (tier 2), 10 devices, 6,000 Fashion-MNIST images IID, three
+  rounds of one local epoch (19 steps of 32 images a device a round): training-bound.
+- ``velo-10``: Velo on the demo's ResNet fleet, 10 devices, 4,000 images, Dir(0.5), two rounds
+  of one epoch, the CVAE every round: the demo's kind of work, smaller.
+- ``fleet-N``: ``benchmarks/scale/devices.py``'s fedavg workload (N CNN devices, all 60,000
+  images, one round of one step): the memory of a fleet held in one process.
+
+Writes ``benchmarks/scale/heap_policy.json`` and ``heap_policy.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.demo import FLEET
+from benchmarks.scale.devices import WORKLOADS as SCALE
+from benchmarks.timing import Timing
+
+HERE = Path(__file__).resolve().parent
+POLICIES = {"pinned": 0, "dynamic": 10**9}  # edgefl.runtime.heap.FLEET in the child
+WORKLOADS = {
+    "fedavg-10": {"algorithm": "fedavg", "dataset": "fashion-mnist", "clients": 10, "rounds": 3,
+                  "epochs": 1, "partition": "iid", "train_samples": 6000, "test_samples": 1000,
+                  "eval_samples": 100, "seed": 0},
+    "velo-10": {**FLEET, "clients": 10, "rounds": 2, "epochs": 1, "train_samples": 4000,
+                "test_samples": 500, "eval_samples": 100, "seed": 0,
+                "options": {"cvae_interval": "1"}},
+}
+
+
+def workload(name: str) -> dict:
+    if name.startswith("fleet-"):
+        return {**SCALE["fedavg"], "clients": int(name.removeprefix("fleet-"))}
+    return WORKLOADS[name]
+
+
+def child(policy: str, name: str, out: Path) -> dict:
+    """One in-memory run of workload ``name`` with the heap ``policy``, in this process."""
+    import psutil
+
+    from edgefl.algorithms import get_algorithm
+    from edgefl.config import resolve_config
+    from edgefl.runtime import heap
+    from edgefl.runtime.simulation import simulate
+
+    heap.FLEET = POLICIES[policy]
+    explicit = {**workload(name), "threads": 1, "out_dir": str(out), "run_name": name}
+    cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
+    held: list[int] = []
+    t0 = time.perf_counter()
+    summary = simulate(cfg, lambda r: held.append(psutil.Process().memory_info().rss),
+                       plots=False)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return {"run_wall_seconds": time.perf_counter() - t0, "accuracy": summary.get("mean_accuracy"),
+            "peak_rss_mb": own.ru_maxrss / 1024, "rss_after_rounds_mb": held[-1] / 2**20,
+            "minor_faults": own.ru_minflt}
+
+
+def sample(policy: str, name: str) -> dict:
+    """``child`` in a subprocess; its CPU time (user + system) from ``RUSAGE_CHILDREN``."""
+    out = Path(tempfile.mkdtemp(prefix="edgefl-heap-"))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.scale.heap_policy", "--child",
+                               policy, name, str(out)], capture_output=True, text=True,
+                              check=True)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    return {"value": user + system, "user_seconds": user, "system_seconds": system,
+            **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def memory_table(results: dict) -> list[str]:
+    """Per group and policy: the median peak and after-round resident memory, CPU and faults."""
+    lines = ["", "## Memory and system time, per group and policy (medians)", "",
+             "| group | policy | CPU (s) | of it system (s) | minor faults | peak RSS (MB) | "
+             "RSS after the round (MB) | accuracy |", "|---|---|---|---|---|---|---|---|"]
+    for group, g in results["groups"].items():
+        for policy in g["variants"]:
+            ok = [s for s in g["samples"] if s["variant"] == policy and s["value"] is not None]
+            if not ok:
+                continue
+
+            def med(key, ok=ok):
+                values = sorted(s[key] for s in ok)
+                return values[len(values) // 2]
+
+            lines.append(f"| {group} | {policy} | {med('value'):.1f} | "
+                         f"{med('system_seconds'):.1f} | {med('minor_faults'):,} | "
+                         f"{med('peak_rss_mb'):,.0f} | {med('rss_after_rounds_mb'):,.0f} | "
+                         f"{med('accuracy'):.4f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
+    p.add_argument("--devices", type=int, nargs="*", default=[100, 1000],
+                   help="fleets whose memory is measured (one repetition each)")
+    p.add_argument("--child", nargs=3, metavar=("POLICY", "WORKLOAD", "OUT"),
+                   help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        policy, name, out = args.child
+        print(json.dumps(child(policy, name, Path(out))), flush=True)
+        return {}
+    timing = Timing("The mmap threshold pinned or dynamic: CPU of an in-memory run", HERE,
+                    metric="CPU time (user + system) of the child", unit="s",
+                    settings={"workloads": WORKLOADS, "fleet": SCALE["fedavg"],
+                              "policies": POLICIES})
+
+    def variants(name):
+        return {policy: (lambda policy=policy: sample(policy, name)) for policy in POLICIES}
+
+    def show(s):
+        print(json.dumps(s), flush=True)
+
+    for name in args.workload or list(WORKLOADS):
+        timing.alternate(name, variants(name), args.repetitions, baseline="pinned",
+                         on_sample=show)
+    for n in args.devices:
+        timing.alternate(f"fleet-{n}", variants(f"fleet-{n}"), 1, baseline="pinned",
+                         on_sample=show)
+    return timing.write(name="heap_policy", notes=NOTES,
+                        extra_md=memory_table(timing.results))
+
+
+#: What the rows say (written with the results they describe).
+NOTES: list[str] = []
+
+
+if __name__ == "__main__":
+    main()
