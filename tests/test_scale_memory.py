@@ -55,7 +55,7 @@ def test_the_mmap_threshold_is_pinned_on_glibc():
     assert fixed_mmap_threshold() is True
 
 
-MAPPED = textwrap.dedent("""
+HEAP = textwrap.dedent("""
     import ctypes, json, sys
     from edgefl.runtime.heap import fleet_heap
 
@@ -63,33 +63,49 @@ MAPPED = textwrap.dedent("""
         _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
                     "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
+    def resident():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = Info
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    pinned = fleet_heap(int(sys.argv[1]))
+    own = fleet_heap(int(sys.argv[1]))
     before = libc.mallinfo2().hblks
-    block = libc.malloc(100 * 1024)  # under glibc's default threshold (128 KiB), over 64 KiB
+    blocks = [libc.malloc(100 * 1024) for _ in range(80)]  # 64 KiB < 100 KiB < 128 KiB
     mapped = libc.mallinfo2().hblks - before
-    libc.free(block)
-    print(json.dumps([pinned, mapped]))
+    for b in blocks:
+        ctypes.memset(b, 1, 100 * 1024)
+    held = libc.malloc(120 * 1024)  # above them (no hole fits it): the top stays up
+    for b in blocks:
+        libc.free(b)
+    kept = resident()
+    reply = own(lambda x: x + 1)(41)  # a device's exchange
+    print(json.dumps([mapped, kept - resident(), reply]))
 """)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 @pytest.mark.parametrize("devices", [1, FLEET - 1, FLEET, 10 * FLEET])
-def test_a_process_pins_the_threshold_only_for_a_fleet(devices):
-    """A fleet of FLEET devices or more gets a 100 KiB block mapped of its own (the threshold at
-    64 KiB); a smaller one keeps glibc's heap for it (and its dynamic threshold)."""
+def test_a_fleet_pins_the_threshold_a_smaller_one_trims_after_each_exchange(devices):
+    """From FLEET devices a 100 KiB block gets a mapping of its own (the threshold pinned at
+    64 KiB); below, it comes from the heap (glibc's dynamic threshold) and a device's exchange
+    gives the heap's free pages back (malloc_trim) and returns the handler's reply."""
     import platform
 
     libc, version = platform.libc_ver()
     if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 33):
         pytest.skip("mallinfo2 needs glibc 2.33")
-    out = subprocess.run([sys.executable, "-c", MAPPED, str(devices)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", HEAP, str(devices)], capture_output=True,
                          text=True, check=True, timeout=120)
-    pinned, mapped = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (pinned, mapped) == ((True, 1) if devices >= FLEET else (False, 0))
+    mapped, released, reply = json.loads(out.stdout.strip().splitlines()[-1])
+    assert reply == 42
+    if devices >= FLEET:
+        assert mapped == 80
+    else:
+        assert mapped == 0
+        assert released > 6 * 2**20, released  # most of the 8 MB freed
 
 
 CHILD = textwrap.dedent("""

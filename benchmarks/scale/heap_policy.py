@@ -1,14 +1,17 @@
-"""The heap of an in-memory simulation: glibc's mmap threshold pinned at 64 KiB or left dynamic.
+"""The heap of an in-memory simulation: glibc's mmap threshold pinned, dynamic, or trimmed.
 
     nice -n 10 python -m benchmarks.scale.heap_policy [--repetitions 3] [--devices 100 1000]
+        [--large 3000]
 
-:func:`edgefl.runtime.heap.fixed_mmap_threshold` pins the threshold (which also stops glibc
-from raising it, and the trim threshold with it, as blocks are freed);
-:func:`~edgefl.runtime.heap.fleet_heap` does it only for a process holding at least
-:data:`~edgefl.runtime.heap.FLEET` devices. Each sample is one child process running
+:func:`edgefl.runtime.heap.fixed_mmap_threshold` pins the threshold at 64 KiB (which also stops
+glibc from raising it, and the trim threshold with it, as blocks are freed);
+:func:`~edgefl.runtime.heap.fleet_heap` does that for a process holding at least
+:data:`~edgefl.runtime.heap.FLEET` devices and below it keeps the dynamic threshold and calls
+``malloc_trim(0)`` after each exchange of a device. Each sample is one child process running
 ``edgefl simulate``'s in-memory run (:func:`edgefl.runtime.simulation.simulate`, one torch
-thread) with the threshold ``pinned`` (``FLEET`` = 0: every run, as before) or ``dynamic``
-(``FLEET`` above the fleet: glibc's default), alternating (rotated order per repetition), and
+thread) with the heap ``pinned`` (``FLEET`` = 0: every run pinned, as before this benchmark),
+``dynamic`` (glibc's default: neither pinned nor trimmed) or ``trimmed`` (``FLEET`` above the
+fleet: dynamic, trimmed after each exchange), alternating (rotated order per repetition), and
 records the child's CPU time (user + system, from ``RUSAGE_CHILDREN``: what the run cost,
 whatever else the machine runs), its wall time, page faults, peak resident memory
 (``ru_maxrss``) and resident memory after the round, with the load before and after.
@@ -40,7 +43,7 @@ from benchmarks.scale.devices import WORKLOADS as SCALE
 from benchmarks.timing import Timing
 
 HERE = Path(__file__).resolve().parent
-POLICIES = {"pinned": 0, "dynamic": 10**9}  # edgefl.runtime.heap.FLEET in the child
+POLICIES = ("pinned", "dynamic", "trimmed")
 WORKLOADS = {
     "fedavg-10": {"algorithm": "fedavg", "dataset": "fashion-mnist", "clients": 10, "rounds": 3,
                   "epochs": 1, "partition": "iid", "train_samples": 6000, "test_samples": 1000,
@@ -66,7 +69,9 @@ def child(policy: str, name: str, out: Path) -> dict:
     from edgefl.runtime import heap
     from edgefl.runtime.simulation import simulate
 
-    heap.FLEET = POLICIES[policy]
+    heap.FLEET = 0 if policy == "pinned" else 10**9
+    if policy == "dynamic":
+        heap.malloc_trim = lambda: None
     explicit = {**workload(name), "threads": 1, "out_dir": str(out), "run_name": name}
     cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
     held: list[int] = []
@@ -123,6 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     p.add_argument("--devices", type=int, nargs="*", default=[100, 1000],
                    help="fleets whose memory is measured (one repetition each)")
+    p.add_argument("--large", type=int, nargs="*", default=[3000],
+                   help="larger fleets: pinned against trimmed (dynamic: ~2.4 MB more a device)")
     p.add_argument("--child", nargs=3, metavar=("POLICY", "WORKLOAD", "OUT"),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -135,8 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
                     settings={"workloads": WORKLOADS, "fleet": SCALE["fedavg"],
                               "policies": POLICIES})
 
-    def variants(name):
-        return {policy: (lambda policy=policy: sample(policy, name)) for policy in POLICIES}
+    def variants(name, policies=POLICIES):
+        return {policy: (lambda policy=policy: sample(policy, name)) for policy in policies}
 
     def show(s):
         print(json.dumps(s), flush=True)
@@ -147,6 +154,9 @@ def main(argv: list[str] | None = None) -> dict:
     for n in args.devices:
         timing.alternate(f"fleet-{n}", variants(f"fleet-{n}"), 1, baseline="pinned",
                          on_sample=show)
+    for n in args.large:
+        timing.alternate(f"fleet-{n}", variants(f"fleet-{n}", ("pinned", "trimmed")), 1,
+                         baseline="pinned", on_sample=show)
     return timing.write(name="heap_policy", notes=NOTES,
                         extra_md=memory_table(timing.results))
 

@@ -114,7 +114,7 @@ class DeviceGroup:
         from edgefl.runtime.setup import assemble
 
         torch.set_num_threads(threads)
-        fleet_heap(len(ids))  # these devices' models in this process (edgefl.runtime.heap)
+        own = fleet_heap(len(ids))  # these devices' models in this process
         self.cfg = RunConfig.model_validate_json(cfg_json)
         self.run = assemble(self.cfg)
         evals = {"quick": self.run.data.evals["quick"], "test": self.run.data.evals["test"]}
@@ -128,6 +128,7 @@ class DeviceGroup:
             )
             for d in ids
         }
+        self.handlers = {d: own(a.handle_bytes) for d, a in self.agents.items()}
 
     def samples(self) -> dict[str, int]:
         return {d: len(a.half.ctx.train_data) for d, a in self.agents.items()}
@@ -135,7 +136,7 @@ class DeviceGroup:
     def handle(self, device_id: str, data: bytes) -> tuple[bytes | None, str | None]:
         """(reply, None), or (None, why there is none)."""
         try:
-            reply = self.agents[device_id].handle_bytes(data)
+            reply = self.handlers[device_id](data)
         except Exception as e:  # the agent answers every failure itself; this is a last resort
             return None, f"{type(e).__name__}: {e}"
         return (reply, None) if reply is not None else (None, "no reply")

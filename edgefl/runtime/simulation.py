@@ -77,7 +77,7 @@ def simulate(
         pool = WorkerPool(cfg, run.ids, workers, threads=cfg.threads, costs=training_costs(run))
         transport, samples = Encoded(pool), pool.samples
     else:
-        fleet_heap(len(run.ids))  # every device's model in this process (edgefl.runtime.heap)
+        own = fleet_heap(len(run.ids))  # every device's model in this process
         transport = InMemoryTransport()
         eval_cache: dict = {}
         for d in run.ids:
@@ -86,7 +86,7 @@ def simulate(
                 half, eval_sets={"quick": quick, "test": test}, algorithm=cfg.algorithm,
                 eval_cache=eval_cache
             )
-            transport.connect(d, agent.handle)
+            transport.connect(d, own(agent.handle))
         samples = {d: len(h.ctx.train_data) for d, h in halves.items()}
     try:
         return _run(cfg, run, transport, samples, halves, on_round, plots, on_done, t_start,
