@@ -258,6 +258,8 @@ class DeviceRuntime:
 
     def _report(self, request: Routing, down: bytes, up: bytes, seconds: float) -> None:
         """One line per round of local training; evaluations update the accuracy it shows."""
+        if self.opts.say is None and not log.isEnabledFor(logging.INFO):
+            return  # nobody reads the lines
         try:
             answer = peek(up, self.limits)
         except WireError:

@@ -108,13 +108,11 @@ class Encoded:
         data, out = self._encoded(messages)
         delivered = self.wire.request(data, timeout=timeout, accept=self._decoding(accept))
         for device_id, d in delivered.items():
-            sized = dataclasses.replace(
+            out[device_id] = dataclasses.replace(
                 d,
                 bytes_down=len(data[device_id]),
                 bytes_up=len(d.reply) if d.reply is not None else 0,
-            )
-            out[device_id] = dataclasses.replace(
-                sized, reply=d.value if d.reply is not None else None
+                reply=d.value if d.reply is not None else None,
             )
         return out
 

@@ -345,7 +345,7 @@ class CheckedHeaders:
     number of tensors; a header beyond either is checked afresh (and refused). The size bound is
     checked before any look (:func:`read_header`)."""
 
-    def __init__(self, size: int = 256):
+    def __init__(self, size: int = 1024):
         self.size = size
         self.entries: OrderedDict[bytes, Checked] = OrderedDict()  # C-implemented: thread-safe
         self.hits = 0
@@ -379,7 +379,7 @@ def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], in
 
     A message is looked at by several layers (the transport routes and de-duplicates it, the
     runtime decodes it, a log line reads its kind), so the check of a header of at most
-    ``HEADER_CACHE_BYTES`` is remembered for the last 256 distinct headers
+    ``HEADER_CACHE_BYTES`` is remembered for the last 1024 distinct headers
     (:class:`CheckedHeaders`, which :func:`encode` also tells what it wrote): the same bytes give
     the same result, and a header that fails is never remembered."""
     if len(data) > limits.max_bytes:
