@@ -1,13 +1,36 @@
-"""A process that holds a fleet in memory returns what its devices free.
+"""A process that holds a fleet in memory returns what its devices free, without making
+every training step pay for it.
 
-glibc serves an allocation of at least its mmap threshold (128 KiB) with its own mapping, given
-back to the system when freed, but raises that threshold to the size of each such block freed
-(up to 32 MiB): after the first round's activations and uplinks are freed, a device's weights,
-uplinks and activations all come from the heap, where the blocks freed between the ones still
-held (every device's weights) are not given back. :func:`fixed_mmap_threshold` pins the threshold
-at 64 KiB (below the CNN's 125 kB classifier, so its weights and uplinks get mappings of their
-own too). Measured on 1,000 CNN devices in memory, one FedAvg round: peak 1.94 GB without it,
-1.49 GB with it; after the round 1.75 GB against 1.22 GB. Elsewhere than glibc it does nothing.
+glibc serves an allocation of at least its mmap threshold (128 KiB at the start) with a mapping
+of its own, unmapped when freed; freeing such a block (up to 32 MiB) raises the threshold to its
+size and the trim threshold (the free space at the heap's top past which ``free`` shrinks the
+heap, 128 KiB at the start) to twice that. After the first training step a device's activations,
+weights and uplinks all come from the heap, where the blocks freed between those still held
+(every device's weights) are not given back: 1,000 CNN devices in memory, one FedAvg round,
+peaked at 1.71 and 3.94 GB in two runs (the holes are not the same from run to run). Setting
+the threshold with ``mallopt`` (or ``MALLOC_MMAP_THRESHOLD_``; so too the trim threshold) stops
+both from moving, the trim threshold where it stood (128 KiB in a fresh process).
+
+:func:`fixed_mmap_threshold` pins the threshold at 64 KiB (under the CNN's 125 kB classifier):
+1.49 GB. But then every activation and gradient of 64 KiB or more of every training step is an
+mmap and a munmap with fresh zeroed pages: FedAvg on 10 CNN devices, three rounds of 19 steps,
+took 23.4 CPU s pinned (9.7 s of it in the kernel, 5.7 M page faults) against 13.4 s (0.9 s,
+0.29 M) with glibc's dynamic threshold.
+
+:func:`fleet_heap` keeps the dynamic threshold and calls ``malloc_trim(0)`` after each exchange
+of a device, which hands the free pages inside the heap back (``madvise``) without moving
+anything: a training step reuses the heap, and each device's holes are given back once an
+exchange. Measured side by side (``benchmarks/scale/heap_policy.md``, CPU user + system):
+
+- 10 CNN devices, 3 rounds: trimmed 13.4 s and 919 MB peak; pinned 23.4 s, 915 MB; dynamic
+  13.4 s, 959 MB. Velo on 10 ResNet devices: 7.0, 7.4 and 6.7 s; 773, 780 and 784 MB.
+- 1,000 CNN devices, one round of one step: trimmed 36.2 s, 1.52 GB; pinned 41.5 s, 1.49 GB;
+  dynamic 23.7 s, 1.71 GB (3.94 GB in another run). 3,000: trimmed 68.6 s, 2.85 GB; pinned
+  80.5 s, 2.87 GB.
+
+The trim walks the heap's free chunks, which grow with the fleet; it was measured up to 3,000
+devices, so from :data:`FLEET` devices (where ``benchmarks/scale/devices.py`` ran its 10,000
+devices, pinned) the threshold is pinned instead. Elsewhere than glibc nothing changes.
 """
 
 from __future__ import annotations
@@ -25,7 +48,7 @@ log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 THRESHOLD = 64 * 1024
 #: Devices held in one process from which :func:`fleet_heap` pins the threshold.
-FLEET = 1000
+FLEET = 5000
 H = TypeVar("H", bound=Callable)
 
 
