@@ -12,6 +12,7 @@ refuses to (non-string metadata, wrong byte counts), as an attacker's tool would
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -70,7 +71,7 @@ def capture(methods: list[str], workdir: Path | None = None) -> list[Case]:
             # transport checks them (decode, then the receiver's own check)
             out = original(self, messages, timeout=timeout, accept=accept)
             for device_id, down in messages.items():
-                agent = self.handlers[device_id].__self__
+                agent = inspect.unwrap(self.handlers[device_id]).__self__  # heap.fleet_heap wraps
                 data = encode(down)
                 if ("down", down.kind) not in _seen:
                     _seen.add(("down", down.kind))
