@@ -11,6 +11,7 @@ its commit unless the cache is a draft's (``--draft``).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -163,8 +164,9 @@ def run_cells(
         # platform has none), not fresh interpreters that import them again per pool; their
         # progress lines are printed here
         ctx = preloaded_context()
+        here = os.getpid()  # the workers end with this process (benchmarks.cells._worker_init)
         with _printed_here(ctx) as lines, ProcessPoolExecutor(
-            max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(lines,)
+            max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(lines, here)
         ) as pool:
             tmp = None if tmp_root is None else str(tmp_root)
             pending = {

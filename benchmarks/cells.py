@@ -143,7 +143,9 @@ def resolved_run(cell: Cell) -> dict[str, Any]:
 _PROGRESS: Any = None
 
 
-def _worker_init(progress: Any = None) -> None:
+def _worker_init(progress: Any = None, benchmark: int | None = None) -> None:
+    """A pool worker's set-up; ``benchmark``: the process whose death ends this worker (by default
+    its parent, which is not the benchmark where the pool forks from a fork server)."""
     global _PROGRESS
     _PROGRESS = progress
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -156,10 +158,14 @@ def _worker_init(progress: Any = None) -> None:
     # parent's sys.path, through which it imported this module to run this initializer)
     # a configuration's relative paths (FedVTC's oracle) name files of the repository
     os.chdir(ROOT)
-    parent = os.getppid()
+    parent = os.getppid() if benchmark is None else benchmark
 
     def orphaned() -> None:  # a killed benchmark must not leave its cells running
-        while os.getppid() == parent:
+        while True:
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                break
             time.sleep(2)
         os._exit(1)
 
