@@ -346,6 +346,7 @@ def predictions(cfg: Any, run_dir: Path) -> dict[str, Any]:
     import torch
 
     from edgefl.export.checkpoint import load_device_model
+    from edgefl.runtime.agent import model_fingerprint
     from edgefl.runtime.setup import assemble
 
     built = assemble(cfg)
@@ -354,15 +355,19 @@ def predictions(cfg: Any, run_dir: Path) -> dict[str, Any]:
         return {}
     counts, preds = {}, {}
     test = data.evals["test"]
+    seen: dict[str, list[int]] = {}  # a model held by many devices (FedAvg's) is predicted once
     for i, device in enumerate(built.ids):
         counts[device] = [int(x) for x in data.shard(i).class_counts()]
         try:
             model = load_device_model(run_dir, device)
         except Exception:  # noqa: BLE001 - a run without saved models: only the class counts
             continue
-        with torch.no_grad():
-            p = torch.cat([model(x).argmax(1) for x, _ in test.batches(1000, shuffle=False)])
-        preds[device] = torch.bincount(p, minlength=data.info.num_classes).tolist()
+        key = model_fingerprint(model)
+        if key not in seen:
+            with torch.no_grad():
+                p = torch.cat([model(x).argmax(1) for x, _ in test.batches(1000, shuffle=False)])
+            seen[key] = torch.bincount(p, minlength=data.info.num_classes).tolist()
+        preds[device] = list(seen[key])
     return {"client_class_counts": counts, **({"client_predictions": preds} if preds else {})}
 
 
