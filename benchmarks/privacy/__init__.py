@@ -1,8 +1,10 @@
-"""Accuracy against the privacy budget ε (issue 40): FedAvg with central DP (DP-FedAvg), and Felo,
-FedProto and FedDW with local DP on their uplinks, ε ∈ {1, 4, 8, ∞} at δ = 1e-5, Fashion-MNIST
-Dir(0.5), three seeds, with Local, Local-IID and the centralized bound beside them. Run it with
-``nice -n 10 python -m benchmarks.privacy --workers 2`` (``--quick`` for the few-minute profile).
-The clips come from ``python -m benchmarks.privacy.diagnose`` (validation split; diagnose.md).
+"""Accuracy against the privacy budget ε (issue 40): FedAvg with central DP (DP-FedAvg) on a
+1,000-device fleet, and Felo and FedProto with local DP on their uplinks on 10 devices, ε ∈ {1, 4,
+8, ∞} at δ = 1e-5, Fashion-MNIST Dir(0.5), three seeds, with Local (in each fleet), Local-IID and
+the centralized bound beside them. Run it with ``nice -n 10 python -m benchmarks.privacy --workers
+2`` (``--quick`` for the few-minute profile). The clips come from ``python -m
+benchmarks.privacy.diagnose`` and, for the 1,000-device fleet, ``python -m
+benchmarks.privacy.fleet`` (validation split; fleet.md, the calculation that chose the fleet).
 """
 
 from __future__ import annotations
@@ -13,20 +15,19 @@ from benchmarks.runner import Benchmark, Cell, Claim
 SEEDS = (0, 1, 2)
 EPSILONS = (1, 4, 8)  # and ∞: the method without DP
 DELTA = "1e-5"
-SETTING = "dir0.5"
-#: The clips, each the median of the measured norms on the validation split (diagnose.md):
-#: Felo's per-sample [logits, features] vector, FedProto's per-sample feature, and the round-0
-#: weight update of a FedAvg device (FedAvg and FedDW: CNN tier 2 at width 0.25).
-CLIPS = {"felo": "9", "fedproto": "7", "fedavg": "1.5", "feddw": "0.77"}
-MODES = {"felo": "local", "fedproto": "local", "feddw": "local", "fedavg": "central"}
+SETTING = "dir0.5"  # the 10-device fleet: Felo and FedProto under local DP
+FLEET = "fleet1000"  # the 1,000-device fleet: DP-FedAvg (central), issue 37
+#: The clips, each the median of the measured norms on the validation split: Felo's per-sample
+#: [logits, features] vector, FedProto's per-sample feature (diagnose-stats.json), and the
+#: round-0 weight update of a FedAvg device of the 1,000-device fleet (fleet.json: 0.4285).
+CLIPS = {"felo": "9", "fedproto": "7", "fedavg": "0.43"}
+MODES = {"felo": "local", "fedproto": "local", "fedavg": "central"}
 
 
-#: DP-FedAvg (central) and FedDW (local DP on its weights) diverge under the noise (devices'
-#: training losses past 1e12 or non-finite, refused), and a run where every device fails a round
-#: is ended by the loop. Such a run is a cell like any other (benchmarks/cells.py): it keeps its
-#: last evaluated accuracy and its rounds, with ``stopped_at_round`` and ``stop_reason``, and the
-#: gates count it as collapsed. (Their first cells killed the runner, which then stopped at any
-#: cell that raised, and a separate script measured them outside it.)
+#: A run where every device fails a round (at 10 devices DP-FedAvg and FedDW diverged: training
+#: losses past 1e12 or non-finite, refused) is ended by the loop. Such a run is a cell like any
+#: other (benchmarks/cells.py): it keeps its last evaluated accuracy and its rounds, with
+#: ``stopped_at_round`` and ``stop_reason``, and the gates count it as collapsed.
 
 
 def profile(quick: bool) -> dict:
@@ -54,6 +55,25 @@ def profile(quick: bool) -> dict:
     return base
 
 
+def fleet_profile(quick: bool) -> dict:
+    """DP-FedAvg's fleet (issue 37; fleet.md): 1,000 devices over the whole training set (60,000
+    images, about 60 a device), every device every round, the rounds and schedule of
+    :func:`profile`; the final accuracy on 1,000 test images (Local evaluates 1,000 models), the
+    per-round curve on 500 (FedAvg: one model, evaluated once) or 100 (Local: 1,000 models; the
+    ``eval_samples`` of its cells, :data:`LOCAL_EVAL`)."""
+    base = {**profile(False), "clients": 1000, "train_samples": None, "test_samples": 1000,
+            "eval_samples": 500}
+    if quick:
+        base.update(clients=20, rounds=3, lr_decay_rounds=(2,), train_samples=1200,
+                    test_samples=500, eval_samples=300)
+    return base
+
+
+#: Local's per-round evaluation on the 1,000-device fleet: 1,000 models on 100 test images a round
+#: (its final accuracy, like FedAvg's, on the fleet's 1,000 test images)
+LOCAL_EVAL = 100
+
+
 #: Felo and FedProto on three CNN tiers at width 0.25 with a common 128-d feature, SGD 0.05 at
 #: batch 32 (the same training for both); Felo knowledge only (average_weights off), so what
 #: leaves a device is its per-class statistics, which local DP protects per sample.
@@ -61,12 +81,15 @@ HETERO = {"model": "cnn", "tiers": ("1", "2", "3"), "width": 0.25, "feature_dim"
           "model_options": {}, "optimizer": "sgd", "lr": 0.05, "batch_size": 32}
 FELO = {"algorithm": "felo", **HETERO}
 FEDPROTO = {"algorithm": "fedproto", **HETERO}
-#: FedAvg and FedDW: CNN tier 2 at width 0.25, each method's defaults otherwise (FedDW's head and
-#: Adam; one local epoch as every method here).
-#: (lr pinned at 0.05, the default these cells ran with: the CNN default became 0.01 after them)
+#: FedAvg: CNN tier 2 at width 0.25, its defaults otherwise (one local epoch as every method here).
+#: (lr pinned at 0.05, the default the first cells ran with: the CNN default became 0.01 after them)
 FEDAVG = {"algorithm": "fedavg", "model": "cnn", "tiers": ("2",), "width": 0.25, "lr": 0.05}
+#: FedDW (its weights under local DP) is declared but not run (declared.json; fleet.md): its
+#: CNN tier 2 at width 0.25 with its head and Adam.
 FEDDW = {"algorithm": "feddw", "model": "cnn", "tiers": ("2",), "width": 0.25}
-METHODS = {"fedavg": FEDAVG, "felo": FELO, "fedproto": FEDPROTO, "feddw": FEDDW}
+METHODS = {"fedavg": FEDAVG, "felo": FELO, "fedproto": FEDPROTO}
+#: the setting each method runs in: DP-FedAvg on the 1,000-device fleet, the local-DP methods on 10
+SETTINGS = {"fedavg": FLEET, "felo": SETTING, "fedproto": SETTING}
 
 
 def label(method: str, epsilon: float | None) -> str:
@@ -82,13 +105,20 @@ def options(method: str, epsilon: float | None) -> dict:
 
 
 def make(quick: bool = False) -> Benchmark:
-    base = profile(quick)
+    base, fleet = profile(quick), fleet_profile(quick)
     seeds = (0,) if quick else SEEDS
-    cells = []
+    on = {SETTING: base, FLEET: fleet}
+    # the 1,000-device fleet first (its cells are the longest: Local's the longest of all)
+    cells = [
+        Cell("local", FLEET, s, {**fleet, **FEDAVG, "algorithm": "local", "options": {},
+                                 "eval_samples": min(LOCAL_EVAL, fleet["eval_samples"])})
+        for s in seeds
+    ]
     for epsilon in (None, 8, 1, 4):  # the order the cells run in
         for method, settings in METHODS.items():
-            config = {**base, **settings, "options": options(method, epsilon)}
-            cells += [Cell(label(method, epsilon), SETTING, s, config) for s in seeds]
+            setting = SETTINGS[method]
+            config = {**on[setting], **settings, "options": options(method, epsilon)}
+            cells += [Cell(label(method, epsilon), setting, s, config) for s in seeds]
     # Local on Felo's devices and models: what a device reaches without any uplink (ε = 0)
     cells += [
         Cell("local", SETTING, s, {**base, **FELO, "algorithm": "local", "options": {}})
@@ -96,24 +126,27 @@ def make(quick: bool = False) -> Benchmark:
     ]
     local_iid = [Cell("local", "local-iid", s, {**base, **FELO, "algorithm": "local", "options": {},
                                                 "partition": "iid"}, role="bound") for s in seeds]
-    # one model (CNN tier 2 at width 0.25) on the union of the devices' data: the same sample visits
+    # one model (CNN tier 2 at width 0.25) on the union of the largest fleet's data (the whole
+    # training set): the same sample visits as DP-FedAvg's fleet, and an upper bound for both
     centralized = [
         Cell(
             "local",
             "centralized",
             s,
-            {**base, **FEDAVG, "algorithm": "local", "clients": 1, "partition": "iid"},
+            {**fleet, **FEDAVG, "algorithm": "local", "clients": 1, "partition": "iid",
+             "test_samples": base["test_samples"]},
             role="bound",
         )
         for s in seeds
     ]
     claims = []
     for m in METHODS:
+        setting = SETTINGS[m]
         claims.append(
             Claim(
                 f"{m}-eps8-gt-local",
                 f"{label(m, 8)} > local",
-                SETTING,
+                setting,
                 paper="issue 40 (ours)",
                 note=f"{m} under DP at ε = 8 still adds accuracy over no federation",
             )
@@ -122,7 +155,7 @@ def make(quick: bool = False) -> Benchmark:
             Claim(
                 f"{m}-eps8-ge-nondp",
                 f"{label(m, 8)} ≥ {label(m, None)}",
-                SETTING,
+                setting,
                 kind="not worse",
                 note=f"{m} at ε = 8 not worse than without DP",
             )
@@ -131,54 +164,16 @@ def make(quick: bool = False) -> Benchmark:
             Claim(
                 f"{m}-privacy-cost",
                 f"{label(m, None)} > {label(m, 1)}",
-                SETTING,
+                setting,
                 kind="diagnostic",
                 note="the noise costs accuracy at the tightest budget",
             )
         )
-    fleet = (
-        "5 devices, 1,000 training images, 3 rounds, one seed"
-        if quick
-        else "10 devices, 3,000 training images (about 300 a device), 16 rounds (lr ÷10 from round "
-        "11), seeds 0–2"
-    )
     return Benchmark(
         name="privacy",
-        title="Accuracy against the privacy budget ε: FedAvg (central DP), Felo, FedProto and "
-        "FedDW (local DP), "
-        "Fashion-MNIST Dir(0.5)",
-        description=f"""
-{fleet}; one local epoch per round, every device every round; ε ∈ {{1, 4, 8, ∞}} at δ = {DELTA}
-(ε = ∞: the method without DP), the noise multiplier the smallest that spends the budget over the
-run's rounds (`--target-epsilon`; docs/privacy.md). No sampling amplification is claimed.
-
-**Felo** and **FedProto** (`--dp local`): three CNN tiers at **width 0.25** with a common 128-d
-feature, SGD 0.05 at batch 32; Felo knowledge only (`-o average_weights=false`). Each device clips
-every sample's statistics vector (Felo: [logits, features]; FedProto: its feature) to C and noises
-its per-class sums and counts before the uplink: ε per *sample* of a device.
-**FedDW** (`--dp local`): CNN tier 2 at **width 0.25**, its head and Adam; its uplink is its
-weights (clipped around the received model and noised on the device) and its per-class soft-label
-sums: ε per *sample* for the sums, per *device dataset* for the weights.
-**FedAvg** (`--dp central`): CNN tier 2 at **width 0.25**, its defaults otherwise; the server clips
-each update to C, averages with equal weights and adds noise z·C/n per coordinate (n = 10).
-**local**: Felo's devices and models without any uplink; **local-iid**: the same on IID shards;
-**centralized**: CNN tier 2 at width 0.25 on the union of the training data, the same sample visits.
-
-Clips (the median of the measured norms at round 0 on a validation split, rounded; the diagnostics
-below): Felo {CLIPS["felo"]}, FedProto {CLIPS["fedproto"]}, FedAvg {CLIPS["fedavg"]}, FedDW \
-{CLIPS["feddw"]}.
-A run that stops before its last round is a cell with the round it stopped at and why: **every
-device failed** a round (losses non-finite or past 1e12, refused; the loop ends the run) counts as
-a **collapsed** run, and its accuracy is that of its last evaluated round; **every device's
-privacy budget spent** is a legitimate end, its accuracy what the fleet has at that point (the
-noise here is calibrated to spend the budget over all 16 rounds; "What holds" counts both kinds).
-The DP-FedAvg and FedDW cells were added to the grid after the others had run (the runner then
-died at a stopped run): `--missing-only` ran just them (18 cells at 850412e, 1,270 s on 2 workers
-at a load of 14–22, 2026-11-26 18:55–19:17 UTC; the machine line below is the first run's).
-A device's noisy per-class means (Felo, FedProto) are projected onto the C-ball before the uplink
-(post-processing, ε unchanged; edgefl/privacy/mechanisms.py): on the validation fleet it cuts the
-release's error 2–3× (below), and without it devices diverged (non-finite logits and prototypes).
-""",
+        title="Accuracy against the privacy budget ε: FedAvg (central DP, 1,000 devices), Felo and "
+        "FedProto (local DP, 10 devices), Fashion-MNIST Dir(0.5)",
+        description=describe(quick, base, fleet),
         cells=cells,
         claims=claims,
         bounds={"centralized": centralized, "local_iid": local_iid},
@@ -186,3 +181,58 @@ release's error 2–3× (below), and without it devices diverged (non-finite log
         command="nice -n 10 python -m benchmarks.privacy --workers 2"
         + (" --quick" if quick else ""),
     )
+
+
+def describe(quick: bool, base: dict, fleet: dict) -> str:
+    seeds = "one seed" if quick else "seeds 0–2"
+    ten = (f"{base['clients']} devices, {base['train_samples']:,} training images, "
+           f"{base['rounds']} rounds" if quick else
+           "10 devices, 3,000 training images (about 300 a device), 16 rounds (lr ÷10 from round "
+           "11)")
+    many = (f"{fleet['clients']} devices, {fleet['train_samples']:,} training images" if quick
+            else "1,000 devices over the whole training set (60,000 images, about 60 a device), "
+            "the same rounds and schedule")
+    return f"""
+**{SETTING}** (Felo, FedProto, Local): {ten}. **{FLEET}** (FedAvg and its Local): {many}; its
+final accuracy on {fleet['test_samples']:,} test images (the other fleet's on \
+{base['test_samples']:,}), its per-round curve on {fleet['eval_samples']} (Local: \
+{min(LOCAL_EVAL, fleet['eval_samples'])}, 1,000 models a round). {seeds}; one local epoch per \
+round, every device every round; ε ∈ {{1, 4, 8, ∞}} at δ = {DELTA} (ε = ∞: the method without
+DP), the noise multiplier the smallest that spends the budget over the run's rounds
+(`--target-epsilon`; docs/privacy.md). No sampling amplification is claimed.
+
+**Felo** and **FedProto** (`--dp local`): three CNN tiers at **width 0.25** with a common 128-d
+feature, SGD 0.05 at batch 32; Felo knowledge only (`-o average_weights=false`). Each device clips
+every sample's statistics vector (Felo: [logits, features]; FedProto: its feature) to C and noises
+its per-class sums and counts before the uplink: ε per *sample* of a device.
+**FedAvg** (`--dp central`): CNN tier 2 at **width 0.25**, its defaults otherwise; the server clips
+each update to C, averages with equal weights and adds noise z·C/n per coordinate (n = 1,000).
+**local**: in {SETTING} Felo's devices and models without any uplink, in {FLEET} FedAvg's model
+on each device alone; **local-iid**: Felo's on IID shards of {SETTING}; **centralized**: CNN tier 2
+at width 0.25 on the whole training set, the sample visits of {FLEET} (above every method of both
+fleets).
+
+**Re-declared (issue 37) before any cell of this profile ran** (declared.json): at 10 devices
+DP-FedAvg and FedDW's local DP collapsed in 17 runs (the sanity gate), and the measured noise was
+98× (DP-FedAvg) and 3,602× (FedDW) the mean update at ε = 8 (diagnostics below).
+`python -m benchmarks.privacy.fleet` (fleet.md; validation split) measured how central DP's
+noise falls with the devices a round: at ε = 8, 3.2× the mean clipped update with 1,000 devices,
+1.5× with 3,000 (5.9× and 2.8× at ε = 4; 20× and 9.8× at ε = 1); 3,000 devices (about 20 images
+each) did not fit the benchmark's hour, so DP-FedAvg runs on 1,000. **FedDW under local DP is no
+longer run**: each device noises its own weights, so the noise on the mean falls only as √n, and
+from its measured 3,602× at 10 devices it would need about 10⁸ devices at ε = 8 (fleet.md); its
+earlier cells (all at chance) are not part of this page. The 10-device DP-FedAvg cells are
+replaced by the 1,000-device fleet.
+
+Clips (the median of the measured norms at round 0 on a validation split, rounded): Felo \
+{CLIPS["felo"]}, FedProto {CLIPS["fedproto"]} (diagnose-stats.json), FedAvg {CLIPS["fedavg"]} \
+(the 1,000-device fleet, fleet.json).
+A run that stops before its last round is a cell with the round it stopped at and why: **every
+device failed** a round (losses non-finite or past 1e12, refused; the loop ends the run) counts as
+a **collapsed** run, and its accuracy is that of its last evaluated round; **every device's
+privacy budget spent** is a legitimate end, its accuracy what the fleet has at that point (the
+noise here is calibrated to spend the budget over all the rounds).
+A device's noisy per-class means (Felo, FedProto) are projected onto the C-ball before the uplink
+(post-processing, ε unchanged; edgefl/privacy/mechanisms.py): on the validation fleet it cuts the
+release's error 2–3× (below), and without it devices diverged (non-finite logits and prototypes).
+"""

@@ -121,6 +121,22 @@ def extrapolate(fleets: list[dict], z: dict[str, float], d: int) -> dict:
     return out
 
 
+def feddw_need() -> dict | None:
+    """FedDW's weights under local DP (``--dp local``): each device adds N(0, (z·2C)²) to every
+    weight itself, so the mean of n carries noise of norm z·2C·√d/√n, falling only as √n. From the
+    noise/signal measured at 10 devices (diagnose-feddw.json, validation split), the devices a
+    round at which it would reach 1 if the signal held its 10-device value: 10·ratio² (generous:
+    the mean clipped update shrinks as devices hold less data, rows above)."""
+    path = HERE / "diagnose-feddw.json"
+    if not path.exists():
+        return None
+    table = json.loads(path.read_text())["feddw_weights"]
+    n0 = table["devices"]
+    return {"devices": n0, "d": table["d"], "rows": [
+        {"epsilon": r["epsilon"], "z": r["z"], "noise_to_signal": r["noise_to_signal"],
+         "devices_for_ratio_1": n0 * r["noise_to_signal"] ** 2} for r in table["rows"]]}
+
+
 def page(out: dict) -> str:
     lines = [
         "# Central DP's noise against the update it protects, by devices a round",
@@ -164,6 +180,19 @@ def page(out: dict) -> str:
         "device.",
         "",
     ]
+    dw = out.get("feddw")
+    if dw:
+        lines += [
+            f"**FedDW's weights under local DP** (d = {dw['d']:,}): each device noises its own "
+            "weights, so the noise on the mean falls only as √n. Measured at "
+            f"{dw['devices']} devices (diagnose-feddw.json, validation split): "
+            + ", ".join(f"ε = {r['epsilon']:g}: {r['noise_to_signal']:,.0f}× the signal, "
+                        f"1× at n ≈ {r['devices_for_ratio_1']:.1e} devices"
+                        for r in dw["rows"])
+            + " (10·ratio², holding the signal at its 10-device value: generous, it shrinks "
+            "with the data a device holds).",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -196,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         "z": {f"{e:g}": calibrate_noise(e, DELTA, args.rounds) for e in EPSILONS},
         "fleets": fleets,
         "smallest": smallest(fleets),
+        "feddw": feddw_need(),
         "extrapolated": extrapolate(
             fleets, {f"{e:g}": calibrate_noise(e, DELTA, args.rounds) for e in EPSILONS},
             fleets[0]["d"]),

@@ -85,9 +85,11 @@ def _validation(raw: dict[str, Any] | None, projected: dict[str, Any] | None) ->
     return lines + [""]
 
 
-def _accuracy(runs: list[dict[str, Any]], method: str) -> tuple[float, float, int] | None:
+def _accuracy(runs: list[dict[str, Any]], method: str,
+              setting: str | None = None) -> tuple[float, float, int] | None:
     xs = [r["final_accuracy"] for r in runs
-          if r["method"] == method and r["final_accuracy"] is not None]
+          if r["method"] == method and r["final_accuracy"] is not None
+          and setting in (None, r["setting"])]
     if not xs:
         return None
     mean = sum(xs) / len(xs)
@@ -120,10 +122,11 @@ def _stops(runs: list[dict[str, Any]], method: str) -> str:
 def verdicts(results: dict[str, Any]) -> str:
     """What holds and what does not, in sentences with the measured numbers (from the runs, the
     gates and the diagnostics; nothing here is typed in by hand)."""
+    from benchmarks.privacy import SETTINGS
+
     runs = results.get("runs", [])
     collapsed = results.get("gates", {}).get("collapsed", {})
-    weights = (_load("diagnose-fedavg.json") or {}).get("fedavg_10")
-    feddw = (_load("diagnose-feddw.json") or {}).get("feddw_weights")
+    fleet = _load("fleet.json")
     lines = ["## What holds and what does not", ""]
     bounds = results.get("bounds", {})
     if bounds:
@@ -141,8 +144,9 @@ def verdicts(results: dict[str, Any]) -> str:
                 else "fail: " + "; ".join(results["gates"]["failures"]) + "."
             )
         )
-    local = _accuracy(runs, "local")
-    for method in ("fedavg", "felo", "fedproto", "feddw"):
+    for method in ("fedavg", "felo", "fedproto"):
+        setting = SETTINGS[method]
+        local = _accuracy(runs, "local", setting)
         parts, fallen = [], 0
         for eps in ("∞", "8", "4", "1"):
             acc = _accuracy(runs, f"{method} ε={eps}")
@@ -167,40 +171,16 @@ def verdicts(results: dict[str, Any]) -> str:
         ]
         below = local is not None and dp and max(dp) < local[0]
         verdict = "stays below Local at every ε ≤ 8" if below else "measured"
-        if method == "fedavg" and weights:
-            row = next(
-                r
-                for r in weights["rows"]
-                if r["epsilon"] == 8 and r["clip"] == weights["update_norm"]["median"]
-            )
-            big = (_load("diagnose-fedavg.json") or {}).get("fedavg_100")
-            ratios = [r["noise_to_signal"] for r in big["rows"] if r["epsilon"] == 8] if big else []
+        if method == "fedavg" and fleet:
+            row = next(f for f in fleet["fleets"] if f["devices"] == 1000)
+            ratios = {r["epsilon"]: r["noise_to_signal"] for r in row["rows"]}
             line += (
-                f". **Central DP at 10 devices {verdict}**: at ε = 8 the noise on the mean has std "
-                f"z·C/n = {row['noise_std_on_mean']:.2f} per coordinate (norm "
-                f"{row['noise_norm_on_mean']:.0f} over "
-                f"d = {weights['d']:,} weights) against a mean clipped update of norm "
-                f"{row['signal_norm']:.2f} "
-                f"(median update norm {weights['update_norm']['median']:.2f}): "
-                f"{row['noise_to_signal']:.0f}× the "
-                "signal each round at either clip measured (p10 or median)"
-                + (
-                    f"; 100 devices a round still leave it {min(ratios):.0f}–{max(ratios):.0f}× "
-                    "(below)"
-                    if ratios
-                    else ""
-                )
+                f". **Central DP at 1,000 devices {verdict}**: the noise on the mean has norm "
+                f"z·C·√d/n = {ratios[8.0]:.1f}× the mean clipped round-0 update at ε = 8 "
+                f"({ratios[4.0]:.1f}× at ε = 4, {ratios[1.0]:.1f}× at ε = 1; fleet.md, validation "
+                "split)"
             )
-        elif method == "feddw" and feddw:
-            row = next(r for r in feddw["rows"] if r["epsilon"] == 8)
-            line += (
-                f". **FedDW under local DP {verdict}**: each device's noise on its weights, "
-                "averaged "
-                f"over 10, has norm {row['noise_norm_on_mean']:.0f} against a mean update of "
-                f"{row['signal_norm']:.2f} ({row['noise_to_signal']:.0f}× at ε = 8; d = "
-                f"{feddw['d']:,})"
-            )
-        elif fallen:
+        if fallen and not (method == "fedavg" and fleet):
             line += f"; {fallen} DP run(s) collapsed"
         lines.append(line + ".")
     counted = [c for c in results.get("claims", []) if c.get("counted")]
@@ -217,8 +197,12 @@ def diagnostics(results: dict[str, Any]) -> str:
     weights = _load("diagnose-fedavg.json") or {}
     feddw = _load("diagnose-feddw.json") or {}
     stats = _load("diagnose-stats.json") or {}
+    fleet = HERE / "fleet.md"
     lines = [
         verdicts(results),
+        *(["#" + fleet.read_text().replace("the update it protects", "the update it protects "
+                                           "(fleet.md: the calculation that chose the fleet)", 1),
+           ""] if fleet.exists() else []),
         "## Diagnostics: what the noise does to each uplink (measured, validation split)",
         "",
         "`python -m benchmarks.privacy.diagnose {fedavg,feddw,stats}` and `… diagnose validate "
@@ -228,8 +212,8 @@ def diagnostics(results: dict[str, Any]) -> str:
         "run's rounds at δ = 1e-5.",
         "",
     ]
-    if "fedavg_10" in weights:
-        lines += _weights("DP-FedAvg, central", weights["fedavg_10"],
+    if "fedavg_10" in weights:  # the earlier 10-device fleet's, why it was replaced
+        lines += _weights("DP-FedAvg, central (the earlier 10-device fleet)", weights["fedavg_10"],
                           "server noise std z·C/n per coordinate on the mean of n clipped updates")
     if "fedavg_100" in weights:
         lines += _weights(
@@ -240,7 +224,7 @@ def diagnostics(results: dict[str, Any]) -> str:
         )
     if "feddw_weights" in feddw:
         lines += _weights(
-            "FedDW's weights under local DP",
+            "FedDW's weights under local DP (not run: fleet.md)",
             feddw["feddw_weights"],
             "each device adds std z·2C per coordinate; the mean of n carries z·2C·√d/√n",
         )
