@@ -153,12 +153,13 @@ class AllDevicesFailed(EdgeflError):
     """A training round in which every selected device failed ends the run (a simulation's
     default): ``round`` the round's index from 0 (the message counts from 1, as rounds.jsonl),
     ``failed`` device → why (each device's own error, e.g. a non-finite loss or a spent privacy
-    budget)."""
+    budget); ``hint``: the likely cause where the server can tell (central DP's noise)."""
 
-    def __init__(self, round: int, failed: dict[str, str]):
+    def __init__(self, round: int, failed: dict[str, str], hint: str = ""):
         first = next(iter(failed.values()), "unknown")
-        super().__init__(f"round {round + 1}: all {len(failed)} devices failed (first: {first})")
-        self.round, self.failed = round, dict(failed)
+        super().__init__(f"round {round + 1}: all {len(failed)} devices failed (first: {first})"
+                         + (f"; {hint}" if hint else ""))
+        self.round, self.failed, self.hint = round, dict(failed), hint
 
 
 class TransportError(EdgeflError):

@@ -100,6 +100,25 @@ def noise_multiplier_for(settings: PrivacySettings, release: Release, rounds: in
     return calibrate_noise(settings.target_epsilon, settings.delta, max(rounds * release.parts, 1))
 
 
+def central_noise(noise_multiplier: float, clip: float, devices: int,
+                  weights: int) -> dict[str, float]:
+    """What central DP adds each round to the mean of ``devices`` updates clipped to ``clip``, on
+    a model of ``weights`` weights: the noise's std per weight z·C/n (``std``; over C:
+    ``std_over_clip``), its norm z·C·√d/n (``norm``; over C: ``norm_over_clip``; the mean of the
+    clipped updates is at most C), and the devices a round at which that norm falls to C, z·√d
+    (``devices_for_clip``)."""
+    std = noise_multiplier * clip / devices
+    norm = std * math.sqrt(weights)
+    return {"std": std, "std_over_clip": noise_multiplier / devices, "norm": norm,
+            "norm_over_clip": norm / clip,
+            "devices_for_clip": noise_multiplier * math.sqrt(weights)}
+
+
+def _diverged(reason: str) -> bool:
+    """A device's failure that a diverged model causes: a non-finite or enormous loss or array."""
+    return "non-finite" in reason or "not a finite number" in reason
+
+
 class PrivateDevice:
     """A device half whose uplink is protected on the device (``dp=local``)."""
 
@@ -188,6 +207,8 @@ class PrivateServer:
         self.clip = settings.clip
         self.update_noise = self.noise_multiplier  # z_Δ: the update's share with adaptive clipping
         self.count_std = 0.0
+        self.expected_noise, self.noise = "", {}  # central DP: what its noise does (state_noise)
+        self.nonfinite_round = 0  # the round whose noise left the global model non-finite
         if settings.mode == "central":
             options = inner.options
             if getattr(options, "aggregator", "mean") != "mean":
@@ -202,13 +223,52 @@ class PrivateServer:
                     "would transform it after the noise is calibrated (not supported: use the "
                     "default server step)"
                 )
+            ctx = inner.ctx
+            expected = max(ctx.min_fit, math.ceil(ctx.fraction * len(ctx.fleet)))
             if settings.adaptive_quantile:
-                ctx = inner.ctx
-                expected = max(ctx.min_fit, math.ceil(ctx.fraction * len(ctx.fleet)))
                 # Andrew et al.'s σ_b = expected/20, raised where a small fleet would leave no
                 # noise for the update (their Thm. 1 needs 2σ_b > z)
                 self.count_std = max(expected / 20, self.noise_multiplier)
                 self.update_noise = adaptive_update_noise(self.noise_multiplier, self.count_std)
+            self.expected_noise = self.state_noise(rounds, max(expected, 1))
+
+    def state_noise(self, rounds: int, devices: int) -> str:
+        """The noise central DP will add, stated at setup (logged; a warning where its norm
+        exceeds the clip, the largest mean update it could hide): z, C, n and what they make."""
+        s = self.settings
+        state = self.inner.state_dict()
+        weights = sum(int(np.size(state[k])) for k in whole_names(state, self.release))
+        z = float(self.update_noise)
+        noise = central_noise(z, self.clip, devices, weights)
+        given = (f"ε = {s.target_epsilon:g} at δ = {s.delta:g} over {rounds} rounds"
+                 if s.noise_multiplier is None else "given")
+        text = (
+            f"central DP: noise multiplier z = {z:.3g} ({given}), clip C = {self.clip:g}, "
+            f"n = {devices} devices a round: the server adds noise of std z·C/n = "
+            f"{noise['std']:.3g} to each of the model's {weights:,} weights "
+            f"({noise['std_over_clip']:.3g}× C), a noise norm z·C·√d/n ≈ {noise['norm']:.3g}, "
+            f"{noise['norm_over_clip']:.3g}× C, on a mean of clipped updates whose norm is at "
+            "most C"
+        )
+        if noise["norm_over_clip"] >= 1:
+            text += (
+                f"; expect little learning or a diverging model (non-finite losses): the noise's "
+                f"norm falls to C only with about {math.ceil(noise['devices_for_clip']):,} "
+                "devices a round, or with a larger ε or fewer rounds (docs/privacy.md)"
+            )
+        log.log(logging.WARNING if noise["norm_over_clip"] >= 1 else logging.INFO, "%s", text)
+        self.noise = noise
+        return text
+
+    def all_failed_hint(self, failed: Mapping[str, str]) -> str:
+        """Why every device may have failed a round: under central DP, with the devices' losses or
+        arrays non-finite, the noise the server added (empty otherwise)."""
+        if self.settings.mode != "central" or not (
+                self.nonfinite_round or any(_diverged(r) for r in failed.values())):
+            return ""
+        made = (f"; the global model was non-finite after the noise of round "
+                f"{self.nonfinite_round}" if self.nonfinite_round else "")
+        return f"likely cause: DP noise diverged the global model ({self.expected_noise}{made})"
 
     # downlink, expected_uplink, ctx, options, … are the method's
     def __getattr__(self, name: str) -> Any:
@@ -259,9 +319,15 @@ class PrivateServer:
         state = dict(self.inner.state_dict())
         std = self.update_noise * self.clip / n  # N(0, (z_Δ·C)²) on the sum, divided by n
         for k in whole_names(state, release):
-            state[k] = (
-                np.asarray(state[k], np.float64) + rng.normal(0.0, std, np.shape(state[k]))
-            ).astype(np.asarray(state[k]).dtype)
+            with np.errstate(over="ignore"):  # past the dtype's range: non-finite, checked below
+                state[k] = (
+                    np.asarray(state[k], np.float64) + rng.normal(0.0, std, np.shape(state[k]))
+                ).astype(np.asarray(state[k]).dtype)
+        if not all(np.isfinite(state[k]).all() for k in whole_names(state, release)):
+            # the devices fail on it next round, and the run's ending message names the noise
+            self.nonfinite_round = round + 1
+            log.error("round %d: the global model is non-finite after central DP's noise; likely "
+                      "cause: DP noise (%s)", round + 1, self.expected_noise)
         self.inner.load_state_dict(state)
         metrics["dp_clip"] = self.clip
         if self.settings.adaptive_quantile:
