@@ -299,6 +299,12 @@ class ServerHalf:
         """Entries the round loop adds to each round's record (the privacy ledger's ``privacy``)."""
         return {}
 
+    def all_failed_hint(self, failed: Mapping[str, str]) -> str:
+        """The likely cause when every device of a round failed (``failed``: device → why), where
+        the server can tell (central DP's noise: :class:`edgefl.privacy.seam.PrivateServer`); the
+        round loop adds it to the run's ending message. Empty: nothing to add."""
+        return ""
+
     def expected_uplink(self, device_id: str) -> Mapping[str, ArraySpec] | None:
         """The arrays (name → dtype and shape; a None axis = any length) an uplink of
         ``device_id`` carries, all of them: an array not named here is refused.

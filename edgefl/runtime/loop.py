@@ -304,8 +304,7 @@ class RoundLoop:
         dropped = bool(timing and timing["dropped"])  # the simulated clock's, not failures
         if selected and not ex.replies and self.settings.stop_when_all_fail and not dropped:
             failed = {d: ex.failed.get(d, "no reply") for d in selected}
-            hint = getattr(self.server, "all_failed_hint", None)  # central DP's noise
-            raise AllDevicesFailed(round, failed, hint(failed) if callable(hint) else "")
+            raise AllDevicesFailed(round, failed, self.server.all_failed_hint(failed))
         t1 = time.perf_counter()
         uplinks, clipped = bound_uplinks(
             round, fresh, self.ctx.fleet, self.settings.weight_ratio, self.server.count_arrays,
