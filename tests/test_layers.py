@@ -195,7 +195,8 @@ def method_knowledge(source: str) -> list[str]:
     from edgefl.algorithms import algorithm_names
 
     names = set(algorithm_names())
-    shared = {"base", "training"}  # the interface and the shared local-training helpers
+    # the interface, the shared local-training helpers and aggregation primitives (Defences)
+    shared = {"base", "training", "aggregate"}
     found = []
     for node in ast.walk(ast.parse(source)):
         if (
@@ -323,6 +324,18 @@ def test_algorithms_probe_neither_their_options_nor_their_own_state():
         for line, call in self_or_option_probes(path.read_text())
     }
     assert {hit: line for hit, line in found.items() if hit not in PROBES_ALLOWED} == {}
+
+
+def test_no_part_of_the_library_probes_a_method_s_options():
+    """The wrappers around a method (privacy, secure aggregation) and the runtime get what they
+    need from the options as declared values (``Method.defences``), never by getattr/hasattr."""
+    found = {
+        f"{path.relative_to(ROOT)}:{line}: {call}"
+        for path in sorted(ROOT.rglob("*.py"))
+        for line, call in self_or_option_probes(path.read_text())
+        if "option" in call.lower() or "opts" in call
+    }
+    assert found == set()
 
 
 def test_the_probe_check_sees_each_kind():

@@ -187,10 +187,11 @@ class PrivateDevice:
 
 
 class PrivateServer:
-    """A server half with a privacy ledger per device, and central DP when ``dp=central``."""
+    """A server half with a privacy ledger per device, and central DP when ``dp=central``.
+    ``aggregator``: the method's rule for combining updates (central DP needs the plain mean)."""
 
     def __init__(self, inner: Any, settings: PrivacySettings, release: Release, rounds: int, *,
-                 repeatable: bool = False):
+                 repeatable: bool = False, aggregator: str = "mean"):
         self.inner, self.settings, self.release = inner, settings, release
         # central DP's noise from the run seed (a simulation); else entropy
         self.repeatable = repeatable
@@ -210,8 +211,7 @@ class PrivateServer:
         self.expected_noise, self.noise = "", {}  # central DP: what its noise does (state_noise)
         self.nonfinite_round = 0  # the round whose noise left the global model non-finite
         if settings.mode == "central":
-            options = inner.options
-            if getattr(options, "aggregator", "mean") != "mean":
+            if aggregator != "mean":
                 raise ConfigError(
                     "dp=central calibrates its noise to a mean of clipped updates: use "
                     "aggregator=mean")

@@ -102,9 +102,11 @@ def float_layout(arrays: Mapping[str, np.ndarray]) -> list[tuple[str, tuple[int,
     ]
 
 
-def check_secagg(method: str, release: Any, options: Any, privacy: Any) -> None:
+def check_secagg(method: str, release: Any, defences: Any, privacy: Any) -> None:
     """ConfigError when secure aggregation cannot protect this method's uplink as configured;
-    a warning where an option changes meaning under it (robust defences the server cannot apply)."""
+    a warning where an option changes meaning under it (robust defences the server cannot apply).
+    ``defences``: the method's combining rule and bound (``aggregator``, ``clip_norm``; the
+    runtime's ``Method.defences``)."""
     if (
         method not in SUPPORTED
         or release is None
@@ -115,7 +117,7 @@ def check_secagg(method: str, release: Any, options: Any, privacy: Any) -> None:
             f"secure aggregation sums one global model's weights: {method} sends something else "
             f"(supported: {', '.join(SUPPORTED)})"
         )
-    aggregator = getattr(options, "aggregator", "mean")
+    aggregator = defences.aggregator
     if aggregator != "mean":
         raise ConfigError(
             f"aggregator={aggregator} cannot apply with secure aggregation: the server never "
@@ -126,9 +128,9 @@ def check_secagg(method: str, release: Any, options: Any, privacy: Any) -> None:
             "dp_adaptive_quantile cannot apply with secure aggregation: it counts the updates "
             "whose norm is under the clip, and the server never sees one"
         )
-    if getattr(options, "clip_norm", 0.0) > 0:
+    if defences.clip_norm > 0:
         _say_once(
-            f"secure aggregation: clip_norm={options.clip_norm:g} is applied by each device to "
+            f"secure aggregation: clip_norm={defences.clip_norm:g} is applied by each device to "
             "its own update before masking (the server cannot see updates): it bounds honest "
             "devices only"
         )
@@ -151,12 +153,12 @@ def _say_once(message: str) -> None:
         log.warning("%s", message)
 
 
-def device_clip(privacy: Any, options: Any) -> float:
+def device_clip(privacy: Any, defences: Any) -> float:
     """The L2 bound a device applies to its own update before masking (0: none): central DP's
     clip, else the method's clip_norm (the server cannot clip what it cannot see)."""
     if privacy.mode == "central":
         return float(privacy.clip)
-    return float(getattr(options, "clip_norm", 0.0))
+    return float(defences.clip_norm)
 
 
 class SecAggDevice:

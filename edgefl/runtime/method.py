@@ -20,6 +20,7 @@ from edgefl.privacy.secagg_halves import check_secagg
 
 if TYPE_CHECKING:
     from edgefl.algorithms import Algorithm, MethodNeeds
+    from edgefl.algorithms.aggregate import Defences
     from edgefl.config import RunConfig
 
 
@@ -45,6 +46,14 @@ class Method:
     def options_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.options), **self.privacy.as_options(),
                 **self.secagg.as_options()}
+
+    @property
+    def defences(self) -> Defences:
+        """The server's combining rule and bound on a contribution that these options ask for
+        (the plain mean and no bound where the method offers none)."""
+        from edgefl.algorithms.aggregate import defences_of  # the registry imports torch
+
+        return defences_of(self.options)
 
     @property
     def release(self) -> Release | None:
@@ -95,7 +104,7 @@ def _method(algorithm: Algorithm, raw_options: dict[str, Any],
         needs = dataclasses.replace(needs, public_share=public_share)
     method = Method(algorithm, options, needs, privacy, secagg)
     if secagg.on:
-        check_secagg(name, method.release, options, privacy)
+        check_secagg(name, method.release, method.defences, privacy)
     if privacy.on:
         from edgefl.privacy.seam import check_release
 

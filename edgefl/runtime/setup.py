@@ -145,7 +145,7 @@ def build_device(
 
         half = SgdDevice(half, method.privacy, method.release, method.total_rounds(rounds))
     if method.secagg.on:  # the update leaves the device masked; central DP's clip happens here
-        half = SecAggDevice(half, method.secagg, device_clip(method.privacy, method.options))
+        half = SecAggDevice(half, method.secagg, device_clip(method.privacy, method.defences))
     return half
 
 
@@ -156,7 +156,8 @@ def build_server(method: Method, ctx: ServerContext) -> ServerHalf:
         from edgefl.privacy.seam import PrivateServer
 
         server = PrivateServer(server, method.privacy, method.release,
-                               method.total_rounds(ctx.rounds), repeatable=method.repeatable_noise)
+                               method.total_rounds(ctx.rounds), repeatable=method.repeatable_noise,
+                               aggregator=method.defences.aggregator)
     if method.secagg.on:
         server = SecAggServer(server, method.secagg, central_dp=method.privacy.mode == "central")
     return server
