@@ -266,6 +266,9 @@ class ServerHalf:
     sees them (:mod:`edgefl.runtime.claims`)."""
 
     count_arrays: Mapping[str, str] = {}
+    #: Secure aggregation's settings where the half is wrapped by its server
+    #: (:class:`edgefl.privacy.secagg_halves.SecAggServer`, whose stages carry the downlink).
+    secagg: Any = None
 
     def __init__(self, ctx: ServerContext, options: Any):
         self.ctx = ctx

@@ -279,7 +279,7 @@ class RoundLoop:
                 candidates, timing = self.clock.select(candidates)
             selected = self.server.select(round, candidates, self.ctx.rng(round))
             payloads = {}
-            if getattr(self.server, "secagg", None) is None:
+            if self.server.secagg is None:
                 payloads = {
                     d: Payload({}, {UNCHANGED: round})
                     if self._holds_downlink.get(d) == round
