@@ -252,8 +252,10 @@ class PrivateServer:
         )
         if noise["norm_over_clip"] >= 1:
             text += (
-                f"; expect little learning or a diverging model (non-finite losses): the noise's "
-                f"norm falls to C only with about {math.ceil(noise['devices_for_clip']):,} "
+                "; more than the largest mean of clipped updates it protects: learning then rests "
+                "on the noise averaging out over the rounds, and far past C the model learns "
+                "nothing or diverges (non-finite losses; benchmarks/privacy measures both); the "
+                f"noise's norm falls to C with about {math.ceil(noise['devices_for_clip']):,} "
                 "devices a round, or with a larger ε or fewer rounds (docs/privacy.md)"
             )
         log.log(logging.WARNING if noise["norm_over_clip"] >= 1 else logging.INFO, "%s", text)
