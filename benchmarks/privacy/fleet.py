@@ -42,6 +42,7 @@ import torch  # noqa: E402
 from benchmarks.common import machine  # noqa: E402
 from benchmarks.privacy.diagnose import fedavg_updates  # noqa: E402
 from edgefl.privacy.accountant import calibrate_noise  # noqa: E402
+from edgefl.privacy.seam import central_noise  # noqa: E402
 
 HERE = Path(__file__).parent
 EPSILONS = (1.0, 4.0, 8.0)
@@ -78,9 +79,9 @@ def measure(n: int, seed: int, rounds: int) -> dict:
     rows = []
     for eps in EPSILONS:
         z = calibrate_noise(eps, DELTA, rounds)
-        noise = z * clip * math.sqrt(d) / n
-        rows.append({"epsilon": eps, "z": z, "noise_std_per_coordinate": z * clip / n,
-                     "noise_norm": noise, "noise_to_signal": noise / signal})
+        noise = central_noise(z, clip, n, d)  # what the server states at setup
+        rows.append({"epsilon": eps, "z": z, "noise_std_per_coordinate": noise["std"],
+                     "noise_norm": noise["norm"], "noise_to_signal": noise["norm"] / signal})
     return {
         "devices": n,
         "seed": seed,

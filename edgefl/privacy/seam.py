@@ -208,7 +208,7 @@ class PrivateServer:
         self.clip = settings.clip
         self.update_noise = self.noise_multiplier  # z_Δ: the update's share with adaptive clipping
         self.count_std = 0.0
-        self.expected_noise, self.noise = "", {}  # central DP: what its noise does (state_noise)
+        self.expected_noise = ""  # central DP: what its noise does (state_noise)
         self.nonfinite_round = 0  # the round whose noise left the global model non-finite
         if settings.mode == "central":
             if aggregator != "mean":
@@ -259,7 +259,6 @@ class PrivateServer:
                 "devices a round, or with a larger ε or fewer rounds (docs/privacy.md)"
             )
         log.log(logging.WARNING if noise["norm_over_clip"] >= 1 else logging.INFO, "%s", text)
-        self.noise = noise
         return text
 
     def all_failed_hint(self, failed: Mapping[str, str]) -> str:
