@@ -200,7 +200,7 @@ def run_cell(
         cfg = resolve_config(
             explicit, dict(get_algorithm(explicit.get("algorithm", "fedavg")).defaults)
         )
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         server: list[Any] = []
 
         def on_round(r: dict[str, Any]) -> None:
@@ -224,6 +224,9 @@ def run_cell(
         rounds = read_rounds(Path(tmp) / "run")
         record = make_record(cell, resolved_run(cell), summary, rounds, wall, keep_server_metrics)
         record.update(
+            # this process's CPU time (one torch thread): a cell's cost whatever else the machine
+            # runs, where its wall time is not
+            cpu_seconds=time.process_time() - cpu0,
             code=provenance.code_version(record_extras),
             code_hash=provenance.code_hash(record_extras),
             draft=draft,
