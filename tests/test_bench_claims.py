@@ -216,7 +216,7 @@ def test_paired_differences_let_a_claim_compare_gains_across_settings_and_tiers(
 def test_the_fedhenn_local_split_metric_weights_per_class_accuracy_by_the_device_labels():
     import torch
 
-    from benchmarks.fedhenn import local_split_accuracy
+    from benchmarks.fedhenn.extras import local_split_accuracy
     from edgefl.data import ArrayDataset
     from edgefl.data.datasets import DatasetInfo
 

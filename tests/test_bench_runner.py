@@ -139,18 +139,19 @@ def test_prepare_runs_once_before_cells_that_still_have_to_run(tmp_path):
 @pytest.mark.slow
 def test_fedvtc_records_a_sample_grid_from_the_final_generator_and_draws_it(tmp_path):
     from benchmarks import fedvtc
+    from benchmarks.fedvtc.extras import SAMPLES_PER_CLASS
 
     # Prepare: a tiny FedVTC grid cell (seed 0: the one whose samples the page shows)
     config = {**tiny_cell(0).config, "algorithm": "fedvtc", "tiers": ("1", "2"),
               "feature_dim": 980, "options": {"synthetic_samples": "20", "finetune_epochs": "1"}}
     cell = Cell("fedvtc", "synthetic", 0, config)
     # Execute
-    record = runner.run_cell(cell, (), "benchmarks.fedvtc:extras")
+    record = runner.run_cell(cell, (), "benchmarks.fedvtc.extras:extras")
     page = fedvtc.figures({"runs": [record]}, tmp_path)
     # Assert: every class the prototypes know, SAMPLES_PER_CLASS images each, drawn into one figure
     samples = record["samples"]
     assert (
-        samples["shape"][:2] == [len(samples["classes"]), fedvtc.SAMPLES_PER_CLASS]
+        samples["shape"][:2] == [len(samples["classes"]), SAMPLES_PER_CLASS]
         and samples["classes"]
     )
     assert samples["shape"][2:] == [28, 28]
@@ -165,7 +166,7 @@ def test_fedhenn_records_the_local_split_accuracy_of_every_device(tmp_path):
               "classes_per_client": 2, "public_fraction": 0.1, "options": {"rad_size": "20"}}
     # Execute
     record = runner.run_cell(
-        Cell("fedhenn", "synthetic", 0, config), (), "benchmarks.fedhenn:extras"
+        Cell("fedhenn", "synthetic", 0, config), (), "benchmarks.fedhenn.extras:extras"
     )
     # Assert: one local accuracy per device, their mean recorded, each a share
     local = record["client_local_accuracy"]
@@ -245,6 +246,49 @@ def test_the_code_hash_follows_the_code(tmp_path, monkeypatch):
         assert provenance.code_hash(None) != first
     finally:
         provenance.code_hash.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["hierarchyfl", "fedhenn", "fedvtc", "time_to_accuracy"])
+def test_a_benchmarks_code_hash_covers_its_hook_module_not_its_grid_or_page(name):
+    import ast
+    import importlib
+
+    from benchmarks import provenance
+
+    bench = importlib.import_module(f"benchmarks.{name}").make(False)
+    here = provenance.ROOT / "benchmarks" / name
+    # Assert: beyond the edgefl package the hash covers the hook's own module only, not the
+    # package's __init__ (grid, claims, page text): editing those leaves every cell current
+    assert bench.record_extras == f"benchmarks.{name}.extras:extras"
+    hashed = provenance.code_files(bench.record_extras)
+    assert [p for p in hashed if not p.is_relative_to(provenance.PACKAGE)] == [here / "extras.py"]
+    # what the hook runs is in that file: it imports no benchmark module (its package's __init__
+    # included) but the runner's RunOutput
+    tree = ast.parse((here / "extras.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {m for m in imported if m.split(".")[0] == "benchmarks"} <= {"benchmarks.cells"}
+    # the committed cells, cached under the hook's old name, are still read by the page
+    committed = Cache(here / "cells", bench.record_extras)
+    assert any(committed.find(c) is not None for c in bench.all_cells())
+
+
+def test_a_record_cached_under_a_moved_hooks_old_name_is_reported_but_never_reused(tmp_path):
+    from benchmarks import provenance
+
+    # Prepare: a record made by a hook under its old name, at the old module's code hash
+    cell = tiny_cell(0)
+    old, new = "benchmarks.fedvtc:extras", "benchmarks.fedvtc.extras:extras"
+    assert cache_module.MOVED_HOOKS[old] == new
+    record = full_run(cell, 0.8, code="abc1234", code_hash="aaaa", extras_from=old)
+    Cache(tmp_path, old, code_hash="aaaa").put(cell, record)
+    now = Cache(tmp_path, new, code_hash="bbbb")
+    # Assert: a report finds it (marked other code); a run does not reuse it
+    assert now.find(cell)["final_accuracy"] == 0.8
+    assert provenance.cell_provenance(now.find(cell), now.code_hash) == "other code"
+    assert now.get(cell) is None
+    # another hook's cache still misses it
+    assert Cache(tmp_path, "benchmarks.fedhenn.extras:extras", code_hash="bbbb").find(cell) is None
 
 
 def test_cells_from_dirty_code_are_refused_unless_a_draft(tmp_path, monkeypatch):

@@ -2,19 +2,16 @@
 homogeneous FedAvg on real Fashion-MNIST, under the benchmark protocol (issue 16). Run it with
 ``python -m benchmarks.fedhenn`` (``--quick`` for the few-minute profile).
 
-The paper's metric is each device's accuracy on its *local* test split; :func:`extras` computes it
-from what a run leaves (the devices' final models and the partition) for every cell.
+The paper's metric is each device's accuracy on its *local* test split; the cells' hook,
+:func:`benchmarks.fedhenn.extras.extras`, computes it from what a run leaves (the devices' final
+models and the partition) for every cell.
 """
 
 from __future__ import annotations
 
-import json
-import statistics
-from typing import Any
-
 from benchmarks.common import benchmark_profile, decay_rounds, fleet_text
 from benchmarks.fedhenn.notes import diagnostics
-from benchmarks.runner import Benchmark, Cell, Claim, RunOutput, Sweep
+from benchmarks.runner import Benchmark, Cell, Claim, Sweep
 
 #: ≥ 5 seeds where the split is pathological (k = 2), 3 elsewhere (BENCHMARKS.md)
 SEEDS = {"k2": (0, 1, 2, 3, 4), "k5": (0, 1, 2)}
@@ -55,57 +52,6 @@ def profile(quick: bool) -> dict:
         "eval_every": 4,
         "public_fraction": 0.02,
     })
-
-
-def local_split_accuracy(model, data, class_counts) -> float:
-    """Σ_c p_d(c)·acc_d(c): per-class accuracy on ``data`` weighted by the device's training label
-    distribution (the device's local test split, as the paper evaluates)."""
-    import numpy as np
-    import torch
-
-    with torch.no_grad():
-        preds = torch.cat(
-            [model(x).argmax(1) for x, _ in data.batches(1000, shuffle=False)]
-        ).numpy()
-    labels = data.y.numpy()
-    n = data.info.num_classes
-    correct = np.bincount(labels[preds == labels], minlength=n)
-    per_class = correct / np.maximum(np.bincount(labels, minlength=n), 1)
-    p = np.asarray(class_counts, dtype=float) / max(float(np.sum(class_counts)), 1.0)
-    return float((p * per_class).sum())
-
-
-def extras(run: RunOutput) -> dict[str, Any]:
-    """``local_accuracy`` (mean over devices) and ``client_local_accuracy``: each device's final
-    model on the evaluation set (test, or the validation split in a sweep), per-class accuracy
-    weighted by its training label distribution. The partition is the run's own, rebuilt by the
-    run assembly (:func:`edgefl.runtime.setup.assemble`); a device whose shard differs in size from
-    the run's record stops the benchmark rather than report a wrong number."""
-    from edgefl.export.checkpoint import load_device_model
-    from edgefl.runtime.setup import assemble
-
-    cfg = run.config
-    if cfg.fleet_file:
-        raise ValueError("local_accuracy: fleet files are not supported by this benchmark")
-    assembly = assemble(cfg)
-    data = assembly.data
-    fleet = json.loads((run.run_dir / "config.json").read_text())["fleet"]
-    per_device = {}
-    for i, device in enumerate(assembly.ids):
-        shard = data.shard(i)
-        if fleet[device]["num_samples"] != len(shard):
-            raise RuntimeError(
-                f"local_accuracy: rebuilt shard of {device} has {len(shard)} samples, the run had "
-                f"{fleet[device]['num_samples']}: the run assembly changed"
-            )
-        counts = shard.class_counts()
-        per_device[device] = local_split_accuracy(
-            load_device_model(run.run_dir, device), data.evals["test"], counts
-        )
-    return {
-        "local_accuracy": statistics.fmean(per_device.values()),
-        "client_local_accuracy": per_device,
-    }
 
 
 def make(quick: bool = False) -> Benchmark:
@@ -272,7 +218,7 @@ as a device trains (half the rounds, at half participation).
         claims=claims,
         sweeps=sweeps,
         bounds={"centralized": centralized, "local_iid": local_iid},
-        record_extras="benchmarks.fedhenn:extras",
+        record_extras="benchmarks.fedhenn.extras:extras",
         diagnostics=diagnostics,
         command="python -m benchmarks.fedhenn" + (" --quick" if quick else ""),
         paper="FedHeNN (Makhija et al., Architecture Agnostic Federated Learning)",

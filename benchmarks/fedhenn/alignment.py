@@ -47,7 +47,7 @@ def main() -> None:
     todo = cells()
     records = run_cells(
         todo,
-        Cache(HERE / "alignment" / "cells", record_extras="benchmarks.fedhenn:extras"),
+        Cache(HERE / "alignment" / "cells", record_extras="benchmarks.fedhenn.extras:extras"),
         workers=args.workers,
         keep_server_metrics=("cka_mean", "cka_before_mean"),
     )

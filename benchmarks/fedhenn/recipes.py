@@ -47,7 +47,7 @@ from benchmarks.common import decay_rounds
 from benchmarks.fedhenn import HETERO, SETTINGS, profile
 
 HERE = Path(__file__).resolve().parent
-EXTRAS = "benchmarks.fedhenn:extras"
+EXTRAS = "benchmarks.fedhenn.extras:extras"
 SEEDS = (10, 11, 12, 13, 14)  # not the benchmark's seeds
 CURRENT = "sgd 0.05 m0.9"
 CANDIDATES = {

@@ -285,7 +285,7 @@ def tc_sweep_summary() -> list[str]:
 def figures(results: dict, out: Path) -> str:
     """One sample grid per setting (seed 0's FedVTC run): a row per class, labelled with the
     oracle's share for that class (the closing round's averaged ψ); a column per sample
-    (:data:`benchmarks.fedvtc.SAMPLES_PER_CLASS` of them)."""
+    (:data:`benchmarks.fedvtc.extras.SAMPLES_PER_CLASS` of them)."""
     import matplotlib
 
     matplotlib.use("Agg")

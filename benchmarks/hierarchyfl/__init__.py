@@ -2,22 +2,20 @@
 benchmark protocol (issue 15). Run it with ``python -m benchmarks.hierarchyfl`` (``--quick`` for
 the few-minute profile).
 
-:func:`extras` keeps what the server step reports each round: the meta-learner's weights M (they
-must move away from uniform), its gradient, and each exit's accuracy on the server's check split
-(half of its public set, kept out of the step) right before and right after the step
-(server metrics ``check_*``). The page's own sections are in :mod:`benchmarks.hierarchyfl.page`.
+The cells' hook, :func:`benchmarks.hierarchyfl.extras.extras`, keeps what the server step
+reports each round: the meta-learner's weights M (they must move away from uniform), its
+gradient, and each exit's accuracy on the server's check split (half of its public set, kept out
+of the step) right before and right after the step (server metrics ``check_*``). The page's own
+sections are in :mod:`benchmarks.hierarchyfl.page`.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from benchmarks.common import benchmark_profile, decay_rounds
 from benchmarks.runner import (
     Benchmark,
     Cell,
     Claim,
-    RunOutput,
     Sweep,
     paired_difference,
 )
@@ -99,31 +97,6 @@ BN_STATS = {"bn_stats": "average"}
 #: server lr 0.005 and T = 3 (each sweep varies one of them), 20 rounds without an lr decay, on
 #: Dir(0.1) with the small public set.
 SWEPT_AT = {"server_lr": "0.005", "temperature": "3"}
-
-
-def extras(run: RunOutput) -> dict[str, Any]:
-    """``meta_weights``: M per round ({tier: weight}); ``meta_weight_spread``: max − min of the last
-    round's M (0 = uniform); ``distillation``: every ``distill_*``, ``check_*`` and ``meta_grad``
-    server metric per round."""
-    meta, distill = [], {}
-    for r in run.rounds:
-        server = r.get("server") or {}
-        m = {
-            k.removeprefix("meta_weight_"): v
-            for k, v in server.items()
-            if k.startswith("meta_weight_")
-        }
-        if m:
-            meta.append({"round": r["round"], **m})
-        for k, v in server.items():
-            if k.startswith(("distill", "check_", "meta_grad")) and isinstance(v, (int, float)):
-                distill.setdefault(k, []).append(v)
-    last = {k: v for k, v in meta[-1].items() if k != "round"} if meta else {}
-    return {
-        "meta_weights": meta,
-        "meta_weight_spread": (max(last.values()) - min(last.values())) if last else None,
-        "distillation": distill,
-    }
 
 
 def profile(quick: bool) -> dict:
@@ -483,7 +456,7 @@ before and after the server step is in `distillation` (`check_before_<tier>`,
         sweeps=sweeps,
         bounds={"centralized": centralized, "local_iid": local_iid},
         derived=derived,
-        record_extras="benchmarks.hierarchyfl:extras",
+        record_extras="benchmarks.hierarchyfl.extras:extras",
         diagnostics=diagnostics,
         figures=figures,
         command="python -m benchmarks.hierarchyfl" + (" --quick" if quick else ""),

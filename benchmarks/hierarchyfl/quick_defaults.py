@@ -35,7 +35,7 @@ from benchmarks.runner import Cache, Cell, run_cells
 
 HERE = Path(__file__).resolve().parent / "quick_defaults"
 BENCHMARK_CELLS = Path(__file__).resolve().parent / "cells"
-EXTRAS = "benchmarks.hierarchyfl:extras"
+EXTRAS = "benchmarks.hierarchyfl.extras:extras"
 
 #: the quick command (everything else at the method's defaults), with a validation split carved out
 #: of 1,000 more training images, so that the devices train on as many images as in the command

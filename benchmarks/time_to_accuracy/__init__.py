@@ -12,7 +12,7 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import Any
 
-from benchmarks.runner import Benchmark, Cell, Claim, RunOutput
+from benchmarks.runner import Benchmark, Cell, Claim
 
 HERE = Path(__file__).parent
 FLEET = "benchmarks/time_to_accuracy/fleet.yaml"  # relative to the repository (cells run there)
@@ -49,39 +49,6 @@ def profile(quick: bool) -> dict[str, Any]:
     if quick:
         base.update(rounds=10, train_samples=2000, test_samples=500, eval_samples=300)
     return base
-
-
-def clock_extras(out: RunOutput) -> dict[str, Any]:
-    """From the finished run: the simulated clock after each round, when the per-round accuracy
-    first reached each threshold (simulated seconds, rounds, device updates aggregated), and the
-    fleet as the clock saw it (devices offline when a round selected, updates lost)."""
-    rounds = [r for r in out.rounds if r.get("phase", "train") == "train"]
-    if "simulated_seconds" not in out.summary:  # the bounds: no fleet, no clock
-        return {}
-    clock = [r["simulated_seconds"] for r in rounds]
-    acc = [(r.get("eval") or {}).get("mean_accuracy") for r in rounds]
-    if acc and acc[-1] is None:
-        acc[-1] = out.summary["mean_accuracy"]  # the final evaluation closes the curve
-    extras: dict[str, Any] = {"clock": clock, "simulated_seconds": out.summary["simulated_seconds"]}
-    updates = 0
-    reached: dict[float, tuple[float, int, int]] = {}
-    for i, r in enumerate(rounds):
-        updates += len(r["completed"])
-        for t in THRESHOLDS:
-            if t not in reached and acc[i] is not None and acc[i] >= t:
-                reached[t] = (clock[i], i + 1, updates)
-    for t in THRESHOLDS:
-        key = f"{round(100 * t)}"
-        seconds, nrounds, nupdates = reached.get(t, (None, None, None))
-        extras.update(
-            {f"time_to_{key}": seconds, f"rounds_to_{key}": nrounds, f"updates_to_{key}": nupdates}
-        )
-    sync = [r["clock"] for r in rounds if "clock" in r]
-    if sync:
-        extras["offline_at_selection"] = mean(len(c["offline"]) / 10 for c in sync)
-    extras["updates_lost"] = sum(len(r["failed"]) for r in rounds)
-    extras["updates_aggregated"] = updates
-    return extras
 
 
 def make(quick: bool = False) -> Benchmark:
@@ -190,7 +157,7 @@ threshold is the simulated clock at the end of the first round whose accuracy re
         cells=cells,
         claims=claims,
         bounds=bounds,
-        record_extras="benchmarks.time_to_accuracy:clock_extras",
+        record_extras="benchmarks.time_to_accuracy.extras:extras",
         diagnostics=diagnostics,
         figures=figures,
         command="nice -n 10 python -m benchmarks.time_to_accuracy --workers 2"
