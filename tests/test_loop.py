@@ -164,3 +164,40 @@ def test_a_diverged_model_is_evaluated_at_its_accuracy_not_dropped(tmp_path):
     assert 0.0 <= ev["client_accuracy"]["d01"] <= 1.0
     metrics = agent.evaluate("test")
     assert metrics["loss_diverged"] is True and "loss" not in metrics
+
+
+def test_a_round_whose_training_diverges_leaves_the_device_its_last_finite_model(tmp_path):
+    # Prepare: a Local device (it keeps its own model across rounds) whose training is made to
+    # diverge at its second round by a learning rate of 1e30
+    import torch
+
+    from edgefl.wire import Envelope
+
+    cfg = tiny_config(tmp_path, algorithm="local")
+    train = load_dataset("synthetic", "train").subset(np.arange(100))
+    test = load_dataset("synthetic", "test").subset(np.arange(50))
+    spec = fleet_specs(cfg, ["d00"], train.info)["d00"]
+    algo = get_algorithm("local")
+    settings = TrainSettings(steps=2, batch_size=16, lr=0.05)
+    half = algo.device(DeviceContext("d00", spec, train, settings, seed=0, rounds=3),
+                       algo.parse_options({}))
+    agent = DeviceAgent(half, eval_sets={"test": test}, algorithm="local")
+
+    def train_round(r):
+        return agent.handle(Envelope(kind="train", round=r, device_id="d00", fleet="default",
+                                     algorithm="local", payload=Payload()))
+
+    assert train_round(0).kind == "update"
+    good = {k: v.clone() for k, v in half.model.state_dict().items()}
+    before = agent.evaluate("test")
+    half.ctx = dataclasses.replace(half.ctx, settings=dataclasses.replace(settings, lr=1e30))
+    # Execute: the diverging round, then an evaluation
+    reply = train_round(1)
+    # Assert: the round is an error saying why, and the model is the one before it, bit for bit,
+    # so the device still evaluates (and would train, export) from finite weights
+    assert reply.kind == "error" and "non-finite" in reply.payload.meta["reason"]
+    after = half.model.state_dict()
+    assert all(torch.equal(good[k], after[k]) for k in good)
+    assert agent.evaluate("test") == before
+    half.ctx = dataclasses.replace(half.ctx, settings=settings)
+    assert train_round(2).kind == "update"

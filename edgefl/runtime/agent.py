@@ -37,6 +37,34 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+
+def _modules(half: object) -> list[torch.nn.Module]:
+    """Every module a device half keeps (its model, a method's other networks), through the
+    wrappers that hold the method's half as ``inner`` (local DP, DP-SGD, secure aggregation)."""
+    found: list[torch.nn.Module] = []
+    while half is not None:
+        found += [m for m in vars(half).values() if isinstance(m, torch.nn.Module)]
+        half = vars(half).get("inner")
+    return found
+
+
+@contextmanager
+def undone_on_failure(half: object):
+    """A round's local work that fails (it raises, or :func:`_check_finite` refuses what it would
+    send) leaves the half's networks as they were before the round: a device whose training
+    diverged once trains the next round, answers evaluations and exports from its last finite
+    weights instead of carrying non-finite ones to the end of the run. Optimizers are made afresh
+    each round (``edgefl.algorithms.training.make_optimizer``), so the weights and buffers are what
+    a round changes and persists."""
+    saved = [(m, {k: t.detach().clone() for k, t in m.state_dict().items()})
+             for m in _modules(half)]
+    try:
+        yield
+    except Exception:
+        for module, state in saved:
+            module.load_state_dict(state)
+        raise
+
 #: Mixed into the seed of torch's generator during local work (apart from the ctx.rng streams).
 TORCH_STREAM = 1_000
 
@@ -144,10 +172,11 @@ class DeviceAgent:
                         "device does not hold")
                 self.absorbed_eval_round = None
                 t0 = time.perf_counter()
-                with seeded_torch(self.half.ctx, env.round):
-                    up = self.half.fit(env.round)
-                up.meta["train_seconds"] = time.perf_counter() - t0
-                _check_finite(up)
+                with undone_on_failure(self.half):
+                    with seeded_torch(self.half.ctx, env.round):
+                        up = self.half.fit(env.round)
+                    up.meta["train_seconds"] = time.perf_counter() - t0
+                    _check_finite(up)
                 return env.reply("update", up, algorithm=self.algorithm)
             if env.kind == "evaluate":
                 meta = dict(env.payload.meta)
