@@ -235,10 +235,14 @@ class DeviceAgent:
 
 
 def _check_finite(up: Payload) -> None:
-    """Local work that diverged is an error to report, not an update to send."""
+    """Local work that diverged is an error to report, not an update to send: non-finite
+    values, or a number in its metadata beyond what the server accepts (a training loss of 1e32:
+    ``MAX_ABS_METRIC``), which the server would refuse anyway."""
     for key, value in up.meta.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise FloatingPointError(f"local work produced a non-finite {key} ({value})")
+        if isinstance(value, float) and not (math.isfinite(value)
+                                             and abs(value) <= MAX_ABS_METRIC):
+            raise FloatingPointError(f"local work produced {key} = {value}, not a finite "
+                                     f"number within ±{MAX_ABS_METRIC:g}")
     for name, a in up.arrays.items():
         if np.asarray(a).dtype.kind == "f" and not np.isfinite(a).all():
             raise FloatingPointError(f"local work produced non-finite values in {name!r}")
