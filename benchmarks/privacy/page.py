@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.privacy import felo_collapse
+
 HERE = Path(__file__).parent
 
 
@@ -238,6 +240,7 @@ def diagnostics(results: dict[str, Any]) -> str:
         _load("diagnose-validate-raw.json"), _load("diagnose-validate-projected.json")
     )
     lines += _mia(_load("mia.json"))
+    lines += felo_collapse.page(_load("felo_collapse.json"))
     return "\n".join(lines)
 
 
