@@ -21,8 +21,10 @@ import os
 import statistics
 from pathlib import Path
 
+from benchmarks.common import machine
 from benchmarks.fedhenn import SETTINGS, make
 from benchmarks.runner import Cache, Cell, run_cells
+from benchmarks.sweep import commits
 
 HERE = Path(__file__).resolve().parent
 ETAS = (0.0, 0.01, 1.0)
@@ -45,12 +47,17 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     todo = cells()
+    config = todo[0].config
+    recipe = ", ".join(f"{k} {config[k]}" for k in ("optimizer", "lr", "weight_decay",
+                                                     "lr_decay_rounds") if k in config)
+    before = machine()
     records = run_cells(
         todo,
         Cache(HERE / "alignment" / "cells", record_extras="benchmarks.fedhenn.extras:extras"),
         workers=args.workers,
         keep_server_metrics=("cka_mean", "cka_before_mean"),
     )
+    after = machine()
     lines = [
         "# FedHeNN: does the alignment term move the representations?",
         "",
@@ -60,6 +67,11 @@ def main() -> None:
         "Accuracies on the "
         "validation split: `local` the paper's metric (each device's classes), `global` all "
         "classes.",
+        "",
+        f"Recipe: the benchmark's grid recipe when it ran ({recipe}); cells at "
+        + ", ".join(f"`{c}` ({n})" for c, n in commits(records).items())
+        + f"; load (1/5/15 min) {before['loadavg_1_5_15']} at the start ({before['date']}), "
+        f"{after['loadavg_1_5_15']} at the end ({after['date']}).",
         "",
         "| setting | η₀ | CKA before training | CKA after training | local acc % | global acc % |",
         "|---|---|---|---|---|---|",
