@@ -230,6 +230,8 @@ def simulate(
         raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
     if execution.workers < 0:
         raise ConfigError(f"--workers must be >= 0 (got {execution.workers})")
+    if transport == "mqtt":  # the devices' fork server imports torch while this process does
+        _start_devices_fork_server(explicit)
 
     cfg, method = resolve_run(explicit)
     _check_names(cfg)
@@ -244,6 +246,14 @@ def simulate(
         return summary
 
     run_and_report(feedback, run, as_json, _print_tiers)
+
+
+def _start_devices_fork_server(explicit: dict) -> None:
+    from edgefl.config import resolve_config
+    from edgefl.runtime.processes import start_fork_server
+
+    cfg = resolve_config(explicit)
+    start_fork_server([(cfg.dataset, cfg.data_dir)])
 
 
 def _fleet_file_clients(explicit: dict) -> None:

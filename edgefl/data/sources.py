@@ -135,6 +135,24 @@ def _load_idx(info: DatasetInfo, split: str, data_dir: Path | None) -> Arrays:
     return images[:, None], labels, info
 
 
+def keep_dataset(name: str, data_dir: str | Path | None = None) -> bool:
+    """Decode an IDX dataset's files (MNIST, Fashion-MNIST) now and keep them in this process
+    (:func:`~edgefl.data.idx.keep_idx`), as :func:`load_arrays` would find them; False (nothing
+    kept) for other datasets or where the files are missing."""
+    key = name.strip().lower()
+    if key not in _IDX_RAW_SUBDIR:
+        return False
+    folder = None if data_dir is None else Path(data_dir).expanduser()
+    for split in SPLITS:
+        try:
+            directory = locate_idx(key, folder, (split,))
+        except DataNotFoundError:
+            return False
+        for path in idx.find_idx_files(directory, split, _IDX_RAW_SUBDIR[key]) or ():
+            idx.keep_idx(path)
+    return True
+
+
 def _load_cifar(info: DatasetInfo, split: str, data_dir: Path | None) -> Arrays:
     layout = _CIFAR_FILES[info.name]
     dirs = search_dirs(info.name, data_dir)

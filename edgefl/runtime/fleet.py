@@ -10,9 +10,11 @@ partition the simulator makes and its tier, so results match the in-memory run f
 Device processes are forked from a fork server that has already imported torch and edgefl
 (:class:`DeviceLauncher`, :mod:`edgefl.runtime.processes`), so a fleet of N processes does not pay N
 interpreter start-ups and torch imports (1.7 s of CPU each, measured): each is still its own OS
-process running ``edgefl train`` with its own MQTT connection. Without an entry point to fork into,
-or where the platform has no fork server (Windows), each device is a fresh ``python -m
-edgefl.cli.main train`` (:func:`start_device`).
+process running ``edgefl train`` with its own MQTT connection. The fork server is started first
+(:func:`~edgefl.runtime.processes.start_fork_server`), so its imports run while the broker and
+the server start, and it decodes the run's dataset once: the devices copy it from memory.
+Without an entry point to fork into, or where the platform has no fork server (Windows), each
+device is a fresh ``python -m edgefl.cli.main train`` (:func:`start_device`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from edgefl.privacy.declare import REPEATABLE_NOISE_ENV
 from edgefl.runtime.dataspec import DataSpec
 from edgefl.runtime.derived import run_dir_for
 from edgefl.runtime.method import Method, resolve_method
-from edgefl.runtime.processes import has_fork_server, preloaded_context
+from edgefl.runtime.processes import has_fork_server, preloaded_context, start_fork_server
 from edgefl.runtime.server import ServeOptions, serve
 from edgefl.runtime.setup import plan_fleet
 from edgefl.transport.broker import EmbeddedBroker
@@ -204,6 +206,9 @@ def simulate_mqtt(
         raise ConfigError(
             "validation_samples is for in-memory tuning runs; the MQTT fleet evaluates on the "
             "test split")
+    launcher = DeviceLauncher(entry)
+    if launcher.ctx is not None:  # its imports and the data run beside the broker and the server
+        start_fork_server([(cfg.dataset, cfg.data_dir)])
     method = method or resolve_method(cfg.algorithm, cfg.options, cfg.public_fraction)
     # a simulation repeats: its devices too (below)
     method = dataclasses.replace(method, repeatable_noise=True)
@@ -217,7 +222,6 @@ def simulate_mqtt(
     cfg = cfg.model_copy(update={"run_name": run_dir.name})  # the server must write to the same dir
     log_dir = run_dir / "device-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    launcher = DeviceLauncher(entry)
     procs: list[DeviceProcess | subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="edgefl-fleet-") as tmp:
         profiles = plan.profiles()  # a fleet file's profiles; without one, the simulated profile
