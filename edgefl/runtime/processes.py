@@ -30,6 +30,9 @@ PRELOAD = [
     "edgefl.runtime.agent",
     "edgefl.runtime.device",
     "edgefl.runtime.parallel",
+    # a device process's target: each child unpickles it, which would import it (with the server
+    # half of the runtime and the secure-aggregation crypto it imports) in every device
+    "edgefl.runtime.fleet",
     "edgefl.runtime.forkwarm",  # last: decodes the datasets KEEP_DATA_ENV names
 ]
 
