@@ -54,6 +54,9 @@ def export(
     ),
 ) -> None:
     """Export trained models to ONNX (checked, parity-verified against PyTorch), optionally int8."""
+    context = None
+    if run is not None and all_devices and device is None and tier is None:
+        context = _workers_fork_server(run, data_dir, workers)
     from edgefl.export.run import export_checkpoint, export_run
 
     if (run is None) == (checkpoint is None):
@@ -77,6 +80,7 @@ def export(
                 data_dir=data_dir,
                 on_progress=feedback.progress_hook,
                 workers=workers,
+                context=context,
                 **options,
             )
     else:
@@ -90,6 +94,22 @@ def export(
         return
     for r in results:
         _print_result(r)
+
+
+def _workers_fork_server(run: Path, data_dir: str | None, workers: int | None):
+    """Where a run's models are exported by worker processes: their fork server, started now (before
+    this process imports torch: the two imports run side by side) with the export's modules and
+    the run's dataset decoded once, which every worker then copies from memory. None: no workers."""
+    from edgefl.export.deployment import run_devices
+    from edgefl.export.plan import EXPORT_PRELOAD, export_workers
+    from edgefl.runtime.processes import has_fork_server, start_fork_server
+
+    config, tiers = run_devices(run)
+    if not has_fork_server() or export_workers(len(tiers), workers) < 2:
+        return None
+    dataset = str(config.get("dataset") or "")
+    data = [(dataset, data_dir or config.get("data_dir"))] if dataset else []
+    return start_fork_server(data, preload=EXPORT_PRELOAD)
 
 
 def _print_result(r: dict) -> None:

@@ -14,8 +14,10 @@ directory holding <device_id>.onnx (and <device_id>.int8.onnx). `tier` exports o
 tier: that of the first device (by id) holding the tier.
 
 Several models are exported by ``workers`` processes at once (default: one per core, at most one
-per ``MODELS_PER_WORKER`` models), each with its share of the cores' threads and the same checks;
-a model's files and report do not depend on how many worked beside it.
+per :data:`~edgefl.export.plan.MODELS_PER_WORKER` models), each with its share of the cores'
+threads and the same checks; a model's files and report do not depend on how many worked beside
+it. ``edgefl export`` forks them from a fork server that imported the export and decoded the
+run's dataset once (:mod:`edgefl.export.plan`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import multiprocessing
 import os
 import zlib
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ from edgefl.export.onnx_export import (
     export_model,
     uses_batch_statistics,
 )
+from edgefl.export.plan import export_workers
 from edgefl.export.quantize import FORMATS, quantize_int8
 from edgefl.inference import Predictor
 from edgefl.models import EdgeModel
@@ -46,9 +50,6 @@ from edgefl.models import EdgeModel
 log = logging.getLogger(__name__)
 
 QUANTIZE_CHOICES = ("int8",)
-#: an export worker costs a process start (torch's import: seconds): by default one is started
-#: per core, and for at least this many models each
-MODELS_PER_WORKER = 4
 PARITY_SAMPLES = 56  # 56 = 8 batches of 7, 56 of 1
 
 
@@ -202,11 +203,14 @@ def export_run(
     data_dir: str | None = None,
     on_progress: Callable[..., None] | None = None,
     workers: int | None = None,
+    context: BaseContext | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Export the chosen devices' models of a run; `options` go to `export_one`. ``workers``
     processes export at once (None: one per core, at most one per ``MODELS_PER_WORKER`` models;
-    1: in this process).
+    1: in this process), started from ``context`` (None: spawned, fresh interpreters; the CLI
+    gives that of a fork server which imported the export once:
+    :data:`~edgefl.export.plan.EXPORT_PRELOAD`).
     ``on_progress("export", None, done, total, names=[device])`` as each model starts (in this
     process) or is done (in workers), and at the end."""
     config, tiers = run_devices(run_dir)
@@ -243,9 +247,7 @@ def export_run(
         for device_id, path in zip(ids, _out_paths(Path(out), ids), strict=True)
     ]
     cores = os.cpu_count() or 1
-    if workers is not None and workers < 1:
-        raise ConfigError(f"--workers must be positive, got {workers}")
-    workers = min(len(tasks), workers or min(cores, len(tasks) // MODELS_PER_WORKER)) or 1
+    workers = export_workers(len(tasks), workers)
     if workers == 1:
         results = []
         for i, task in enumerate(tasks):
@@ -253,7 +255,8 @@ def export_run(
                 on_progress("export", None, i, len(ids), names=[task[1]])
             results.append(_export_task(*task, data=data))
     else:
-        results = _export_parallel(tasks, data, workers, max(1, cores // workers), on_progress)
+        results = _export_parallel(tasks, data, workers, max(1, cores // workers), on_progress,
+                                   context or multiprocessing.get_context("spawn"))
     if on_progress is not None:
         on_progress("export", None, len(ids), len(ids))
     results += [
@@ -296,15 +299,17 @@ def _worker_start(dataset: str, data_dir: str | None, seed: int, missing: str | 
 
 
 def _export_parallel(tasks: list[tuple], data: _Data, workers: int, threads: int,
-                     on_progress: Callable[..., None] | None) -> list[dict[str, Any]]:
-    """``tasks`` exported by ``workers`` fresh processes (spawned: this one has torch's thread
-    pools running, which a fork would copy half-made), results in the order of ``tasks``."""
+                     on_progress: Callable[..., None] | None,
+                     context: BaseContext) -> list[dict[str, Any]]:
+    """``tasks`` exported by ``workers`` processes of ``context`` (never forked from this one: it
+    may have torch's thread pools running, which a fork would copy half-made), results in the
+    order of ``tasks``."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     results: list[dict[str, Any] | None] = [None] * len(tasks)
     init = (data.dataset, data.data_dir, data.seed, data.missing, threads)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_start, initargs=init) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
+                             initargs=init) as pool:
         futures = {pool.submit(_export_task, *task): i for i, task in enumerate(tasks)}
         try:
             for done, future in enumerate(as_completed(futures), 1):

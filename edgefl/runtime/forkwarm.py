@@ -1,4 +1,4 @@
-"""Imported by the fork server (the last module of :data:`edgefl.runtime.processes.PRELOAD`):
+"""Imported by the fork server, last (:data:`edgefl.runtime.processes.KEEP_DATA`):
 decodes the datasets that :data:`~edgefl.runtime.processes.KEEP_DATA_ENV` names and keeps them
 (:func:`edgefl.data.sources.keep_dataset`), so that the processes it forks read them from memory
 instead of each decompressing them again (a device of ``edgefl simulate --transport mqtt``: 0.3 s

@@ -33,8 +33,9 @@ PRELOAD = [
     # a device process's target: each child unpickles it, which would import it (with the server
     # half of the runtime and the secure-aggregation crypto it imports) in every device
     "edgefl.runtime.fleet",
-    "edgefl.runtime.forkwarm",  # last: decodes the datasets KEEP_DATA_ENV names
 ]
+#: Imported last, after any preload: decodes the datasets KEEP_DATA_ENV names.
+KEEP_DATA = "edgefl.runtime.forkwarm"
 
 #: Set only while :func:`start_fork_server` starts the fork server: the datasets (a JSON list of
 #: [name, data_dir]) it decodes once and keeps, for the processes it forks to read from memory.
@@ -45,27 +46,30 @@ def has_fork_server() -> bool:
     return "forkserver" in multiprocessing.get_all_start_methods()
 
 
-def preloaded_context() -> BaseContext:
-    """The fork-server context with :data:`PRELOAD` (the one fork server of this process), or
-    ``spawn`` where there is none."""
+def preloaded_context(preload: Sequence[str] = PRELOAD) -> BaseContext:
+    """The fork-server context whose server imports ``preload`` (default :data:`PRELOAD`) when it
+    starts (the one fork server of this process: a running one keeps its imports), or ``spawn``
+    where there is none."""
     if not has_fork_server():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload([*preload, KEEP_DATA])
     return ctx
 
 
-def start_fork_server(datasets: Sequence[tuple[str, str | None]] = ()) -> None:
-    """Start this process's fork server now, without waiting for it: its imports (about 3 s of
-    CPU) run beside this process's own work instead of before the first child. It decodes the
-    IDX files of ``datasets`` ((name, data_dir) pairs) once and keeps them, so every child reads
-    them from memory (:func:`edgefl.data.idx.keep_idx`). Nothing happens where there are no fork
-    servers or this process's one is running already (it keeps what it was started with)."""
+def start_fork_server(datasets: Sequence[tuple[str, str | None]] = (),
+                      preload: Sequence[str] = PRELOAD) -> BaseContext:
+    """Start this process's fork server now, without waiting for it: its imports of ``preload``
+    (:data:`PRELOAD`: about 3 s of CPU) run beside this process's own work instead of before the
+    first child. It decodes the IDX files of ``datasets`` ((name, data_dir) pairs) once and keeps
+    them, so every child reads them from memory (:func:`edgefl.data.idx.keep_idx`). Returns
+    :func:`preloaded_context`; where there are no fork servers nothing is started, and a running
+    fork server keeps what it was started with."""
+    ctx = preloaded_context(preload)
     if not has_fork_server():
-        return
+        return ctx
     from multiprocessing import forkserver
 
-    preloaded_context()
     before = os.environ.get(KEEP_DATA_ENV)
     os.environ[KEEP_DATA_ENV] = json.dumps([[name, data_dir] for name, data_dir in datasets])
     try:
@@ -75,3 +79,4 @@ def start_fork_server(datasets: Sequence[tuple[str, str | None]] = ()) -> None:
             os.environ.pop(KEEP_DATA_ENV, None)
         else:
             os.environ[KEEP_DATA_ENV] = before
+    return ctx
