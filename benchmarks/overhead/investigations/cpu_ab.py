@@ -10,10 +10,10 @@ whose ``PYTHONPATH`` and working directory are the checkout (its server, its dev
 the benchmark code all come from it), against one Mosquitto on 127.0.0.1. A checkout named
 ``PATH@3.1.1`` (or ``PATH@5``) runs with that MQTT protocol (``?protocol=`` in the broker URL;
 by default edgefl speaks MQTT 5 to Mosquitto, the raw paho floor 3.1.1). After every round the
-run's server reads the CPU time (user + system) of itself, of its device processes and of the
-broker; printed per checkout and repetition, over rounds 3..R: the wall time per round and the
-CPU per round of each. Wall times move with the machine's load; CPU time much less, which is why
-this compares CPU. The load average is printed with each run.
+run's server reads the CPU time (user + system) of itself, of its device processes (found once,
+at the first round) and of the broker; printed per checkout and repetition, over rounds 3..R:
+the wall time per round and the CPU per round of each. Wall times move with the machine's load;
+CPU time much less, which is why this compares CPU. The load average is printed with each run.
 """
 
 from __future__ import annotations
@@ -37,10 +37,14 @@ def once(url: str, broker_pid: int, n: int, floats: int, rounds: int) -> dict:
 
     me, broker = psutil.Process(), psutil.Process(broker_pid)
     marks: list[tuple[float, float, float, float]] = []
+    kids: list[psutil.Process] = []  # the device processes, found once: a scan of /proc per
+    # round would read every process of the machine and count that as the server's CPU
 
     def snap() -> tuple[float, float, float, float]:
         devices = 0.0
-        for p in me.children(recursive=True):
+        if not kids:
+            kids.extend(me.children(recursive=True))
+        for p in kids:
             try:
                 devices += sum(p.cpu_times()[:2])
             except psutil.Error:
