@@ -8,8 +8,9 @@ Runs the ``edgefl mqtt`` variant of ``benchmarks.overhead.run`` (bench-echo, one
 process up to 10 processes) against a fresh Mosquitto on 127.0.0.1. The server (this process)
 and each device process profile every thread with yappi's CPU clock from their third round on
 (a device: from its third request), and save their statistics as pstats files in ``--out``
-(``server.pstat``, ``device-<pid>.pstat``); printed: per round, the functions with the most own
-CPU (``tottime``) and the most CPU below them (``cumtime``), for the server and for one device.
+(``server.pstat``, ``device-<pid>.pstat``, and one file per thread beside each); printed: per
+round, the functions with the most own CPU (``tottime``) and the most CPU below them
+(``cumtime``), for the server and for one device, all threads and each thread.
 A profiler adds its own cost to every Python call (yappi roughly doubles a small function's),
 so the shares, not the absolute microseconds, are what to read; ``cpu_ab`` measures changes.
 yappi is a development tool, not a dependency of edgefl: ``pip install yappi``.
@@ -22,6 +23,7 @@ import os
 import pstats
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 try:
@@ -35,14 +37,23 @@ SKIP = 2  # rounds (a device: requests) before profiling starts
 
 def _start() -> None:
     yappi.set_clock_type("cpu")
+    yappi.set_context_name_callback(lambda: threading.current_thread().name)
     yappi.start(builtins=True, profile_threads=True)
 
 
 def _save(path: Path, rounds: int) -> None:
+    """All threads in ``path``; each thread's own in ``path``'s stem + ``.<thread name>``."""
     if yappi.is_running():
         yappi.stop()
-    yappi.get_func_stats().save(str(path), type="pstat")
-    path.with_suffix(".rounds").write_text(str(rounds))
+    paths = [(path, yappi.get_func_stats())]
+    for thread in yappi.get_thread_stats():
+        name = "".join(c if c.isalnum() or c in "-_" else "_" for c in thread.name)
+        stats = yappi.get_func_stats(filter={"ctx_id": thread.id})  # ctx_id=0 would mean all
+        if not stats.empty():
+            paths.append((path.with_name(f"{path.stem}.{name}-{thread.id}.pstat"), stats))
+    for where, stats in paths:
+        stats.save(str(where), type="pstat")
+        where.with_suffix(".rounds").write_text(str(rounds))
 
 
 def device_main(spec: str) -> None:
@@ -77,7 +88,7 @@ def server_main(args: argparse.Namespace) -> None:
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.pstat"):
+    for old in [*out.glob("*.pstat"), *out.glob("*.rounds")]:
         old.unlink()
     rounds = [0]
 
@@ -122,10 +133,16 @@ def _name(func: tuple[str, int, str]) -> str:
 
 
 def report(out: Path, top: int) -> None:
-    devices = sorted(out.glob("device-*.pstat"))
-    for path in [out / "server.pstat", *devices[:1]]:
-        stats, rounds = _per_round(path)
+    devices = sorted(p for p in out.glob("device-*.pstat") if p.stem[7:].isdigit())
+    for path in [*sorted(out.glob("server*.pstat")),
+                 *sorted(out.glob(f"{devices[0].stem}*.pstat"))]:
+        try:
+            stats, rounds = _per_round(path)
+        except (OSError, EOFError, ValueError):  # a thread that ran nothing while profiled
+            continue
         total = sum(v[2] for v in stats.stats.values())  # own CPU of every function
+        if total < 1e-5 * rounds:
+            continue
         print(f"\n== {path.name}: {rounds} rounds, {1e3 * total / rounds:.2f} ms of profiled CPU "
               "per round (profiler overhead included)")
         for key, title in ((2, "own CPU (tottime)"), (3, "CPU below (cumtime)")):
