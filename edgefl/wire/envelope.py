@@ -60,6 +60,11 @@ _NAMES = {dtype: dtype.name for dtype in _DTYPES}  # numpy computes ``dtype.name
 
 Scalar = str | int | float | bool
 
+#: json.dumps(..., sort_keys=True) and json.dumps(..., sort_keys=True, allow_nan=False), built once
+#: (json.dumps with any argument builds a new encoder at each call)
+_CANONICAL = json.JSONEncoder(sort_keys=True)
+_META_JSON = json.JSONEncoder(sort_keys=True, allow_nan=False)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -127,14 +132,19 @@ class Envelope:
         )
 
 
+def _routing_crc(routing: Mapping[str, str]) -> int:
+    """CRC-32 of the routing fields but the checksum: the start of :func:`_checksum`."""
+    if "checksum" in routing:
+        routing = {k: v for k, v in routing.items() if k != "checksum"}
+    return zlib.crc32(_CANONICAL.encode(routing).encode())
+
+
 def _checksum(
-    routing: Mapping[str, str], tensors: list[tuple[str, str, tuple[int, ...], Any]]
+    routing: Mapping[str, str] | int, tensors: list[tuple[str, str, tuple[int, ...], Any]]
 ) -> str:
     """CRC-32 of the routing fields (all but the checksum) and each tensor's name, dtype tag,
-    shape and bytes, tensors in name order."""
-    crc = zlib.crc32(
-        json.dumps({k: v for k, v in routing.items() if k != "checksum"}, sort_keys=True).encode()
-    )
+    shape and bytes, tensors in name order. ``routing`` may be its :func:`_routing_crc`."""
+    crc = routing if isinstance(routing, int) else _routing_crc(routing)
     for name, tag, shape, data in tensors:
         crc = zlib.crc32(f"|{name}|{tag}|{list(shape)}|".encode(), crc)
         crc = zlib.crc32(data, crc)
@@ -142,6 +152,9 @@ def _checksum(
 
 
 def _dense(name: str, a: Any) -> np.ndarray:
+    if (type(a) is np.ndarray and a.flags.c_contiguous and a.dtype in _DTYPES
+            and a.dtype.byteorder != ">"):
+        return a  # what the lines below would return, without their calls
     a = np.asarray(a)
     if a.dtype not in _DTYPES:
         raise WireError(
@@ -153,11 +166,11 @@ def _dense(name: str, a: Any) -> np.ndarray:
 
 def _prepare(
     env: Envelope, checksum: bool = True
-) -> tuple[dict[str, np.ndarray], dict[str, str], list, Header]:
+) -> tuple[dict[str, np.ndarray], dict[str, str], list, Header, int]:
     """What :func:`encode` checks and writes: the arrays (dense, little-endian, whitelisted
     dtypes), the routing header (validated as a receiver validates it), the tensors in name
-    order and the checked header. ``checksum=False`` leaves a placeholder checksum (for
-    :func:`check`: no bytes, no CRC)."""
+    order, the checked header and the routing fields' CRC (:func:`_routing_crc`).
+    ``checksum=False`` leaves a placeholder checksum (for :func:`check`: no bytes, no CRC)."""
     if env.kind not in KINDS:
         raise WireError(f"unknown message kind {env.kind!r}")
     arrays = {name: _dense(name, a) for name, a in env.payload.arrays.items()}
@@ -174,7 +187,7 @@ def _prepare(
         "tier": env.tier,
         "run": env.run,
         "nonce": env.nonce,
-        "meta": json.dumps(meta, sort_keys=True, allow_nan=False),
+        "meta": _META_JSON.encode(meta),
     }
     tensors = [
         (
@@ -185,18 +198,19 @@ def _prepare(
         )
         for n in sorted(arrays)
     ]
-    routing["checksum"] = _checksum(routing, tensors) if checksum else "0" * 8
+    start = _routing_crc(routing) if checksum else 0
+    routing["checksum"] = _checksum(start, tensors) if checksum else "0" * 8
     header = validate(Header, routing, "envelope header")  # what we send must pass what we accept
-    return arrays, routing, tensors, header
+    return arrays, routing, tensors, header, start
 
 
 def encode(env: Envelope) -> bytes:
     """Serialize an envelope to bytes (one safetensors blob, written by the safetensors library).
 
     The header it writes was checked here as a receiver checks it; that verdict is remembered
-    (:func:`read_header`), so that this process's own layers (the transport routing its own
+    (:func:`checked_header`), so that this process's own layers (the transport routing its own
     request, a device's log line reading its reply) do not check it again."""
-    arrays, routing, _, header = _prepare(env)
+    arrays, routing, _, header, start = _prepare(env)
     specs = {
         n: safetensors.TensorSpec(
             dtype=_NAMES[a.dtype], shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes
@@ -212,7 +226,8 @@ def encode(env: Envelope) -> bytes:
         # the header's parse would give back these fields, this metadata (its JSON text, read
         # back), the arrays' count and a nesting of 3 (tensor entries hold lists) or 2
         meta = json.loads(routing["meta"])
-        _CHECKED.put(data[8 : 8 + n], (header, meta, len(arrays), 3 if arrays else 2))
+        _CHECKED.put(data[8 : 8 + n],
+                     (header, meta, len(arrays), 3 if arrays else 2, header.routing(), start))
     return data
 
 
@@ -245,7 +260,7 @@ def _header_size(routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]) -
 def encoded_size(env: Envelope) -> int:
     """``len(encode(env))``, computed without serializing (no copy of the arrays): what an
     in-memory exchange records as the message's bytes."""
-    arrays, routing, _, _ = _prepare(env, checksum=False)
+    arrays, routing, _, _, _ = _prepare(env, checksum=False)
     return 8 + _header_size(routing, arrays) + sum(a.nbytes for a in arrays.values())
 
 
@@ -260,7 +275,7 @@ def check(env: Envelope, limits: Limits = Limits()) -> Envelope:
 
 def checked_size(env: Envelope, limits: Limits = Limits()) -> tuple[Envelope, int]:
     """:func:`check`'s envelope and :func:`encoded_size`'s size, from one pass."""
-    arrays, routing, _, _ = _prepare(env, checksum=False)
+    arrays, routing, _, _, _ = _prepare(env, checksum=False)
     if len(arrays) > limits.max_tensors:
         raise WireError(f"{len(arrays)} tensors exceed the limit of {limits.max_tensors}")
     header = _header_size(routing, arrays)
@@ -333,9 +348,11 @@ def _parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) 
 #: headers up to this size are checked once per distinct header (:class:`CheckedHeaders`)
 HEADER_CACHE_BYTES = 16 * 1024
 
-#: A header's check: its routing fields, its payload metadata, how many tensors it lists and how
-#: deep it nests.
-Checked = tuple[Header, dict[str, Any], int, int]
+#: A header's check: its routing fields, its payload metadata, how many tensors it lists, how
+#: deep it nests, the routing fields as an Envelope names them (``Header.routing()``), and where
+#: the checksum of the tensors starts: the routing fields' CRC (:func:`_routing_crc`), or the
+#: checked routing fields themselves (a header that arrived: its CRC is computed by decode).
+Checked = tuple[Header, dict[str, Any], int, int, dict[str, Any], int | dict[str, str]]
 
 
 class CheckedHeaders:
@@ -343,7 +360,7 @@ class CheckedHeaders:
     fails is never remembered), keyed by the header's bytes. Two limits are held against a
     remembered verdict at each look, since readers differ in them: the nesting depth and the
     number of tensors; a header beyond either is checked afresh (and refused). The size bound is
-    checked before any look (:func:`read_header`)."""
+    checked before any look (:func:`checked_header`)."""
 
     def __init__(self, size: int = 1024):
         self.size = size
@@ -373,9 +390,9 @@ class CheckedHeaders:
 _CHECKED = CheckedHeaders()
 
 
-def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], int]:
-    """The checked routing header, the checked payload metadata and the number of tensors the
-    header lists, of an envelope; its tensors are not read.
+def checked_header(data: bytes, limits: Limits) -> Checked:
+    """The check of an envelope's header (:data:`Checked`: its metadata and fields are shared,
+    copy them before changing them); its tensors are not read.
 
     A message is looked at by several layers (the transport routes and de-duplicates it, the
     runtime decodes it, a log line reads its kind), so the check of a header of at most
@@ -395,9 +412,7 @@ def read_header(data: bytes, limits: Limits) -> tuple[Header, dict[str, Any], in
         entry = _check_header(raw, limits)
         if n <= HEADER_CACHE_BYTES:
             _CHECKED.put(raw, entry)
-    header, meta, tensors, _ = entry
-    # the metadata's values are scalars: a copy is the caller's own
-    return header, dict(meta), tensors
+    return entry
 
 
 def _check_header(raw: bytes, limits: Limits) -> Checked:
@@ -419,14 +434,16 @@ def _check_header(raw: bytes, limits: Limits) -> Checked:
         )
     checked = validate(Header, routing, "envelope header")  # frozen: safe to hand out again
     meta = parse_json(checked.meta, max_bytes=64 * 1024, max_depth=1, what="payload metadata")
-    return checked, check_meta(checked.kind, meta), tensors, depth
+    # strict and closed, the model took the fields as they are (strings): decode's checksum
+    # starts from them (their CRC is computed there, for the messages that are decoded)
+    return checked, check_meta(checked.kind, meta), tensors, depth, checked.routing(), routing
 
 
 def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
     """Parse and validate an envelope. Raises WireError with the reason on any defect, and
     nothing else."""
     data = bytes(data)  # no copy when it is bytes already
-    header, meta, count = read_header(data, limits)
+    header, meta, count, _, fields, start = checked_header(data, limits)
     try:
         flat = safetensors.deserialize(data)
     except Exception as e:  # the library's own error types: a malformed layout
@@ -449,7 +466,7 @@ def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
             raise WireError(f"tensor {name!r} has non-finite values")
         arrays[name] = a
         tensors.append((name, tag, shape, raw))
-    routing = header.model_dump(by_alias=True)
-    if _checksum(routing, tensors) != header.checksum:
+    if _checksum(start, tensors) != header.checksum:
         raise WireError("checksum does not match")
-    return Envelope(payload=Payload(arrays=arrays, meta=meta), **header.routing())
+    # the metadata's values are scalars: a copy is the caller's own
+    return Envelope(payload=Payload(arrays=arrays, meta=dict(meta)), **fields)

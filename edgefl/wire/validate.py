@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgefl.errors import WireError
-from edgefl.wire.envelope import Envelope, Limits, parse_json, read_header
+from edgefl.wire.envelope import Envelope, Limits, checked_header, parse_json
 from edgefl.wire.schema import (
     DEVICE_STATES,
     MAX_PROFILE_BYTES,
@@ -52,8 +52,9 @@ class Routing:
 
 def peek(data: bytes, limits: Limits = Limits()) -> Routing:
     """Routing fields of an envelope; raises WireError on anything that is not one."""
-    header, meta, _ = read_header(data, limits)
-    return Routing(meta=meta, size=len(data), **header.routing())
+    _, meta, _, _, fields, _ = checked_header(data, limits)
+    # the metadata's values are scalars: a copy is the caller's own
+    return Routing(meta=dict(meta), size=len(data), **fields)
 
 
 def check_reply(reply: Envelope, want: Expectation) -> None:
