@@ -159,3 +159,17 @@ def test_a_remembered_header_is_held_to_each_readers_limits():
     with pytest.raises(WireError, match="header nests 3 deep"):
         peek(data, Limits(max_depth=2))
     assert peek(data).kind == "update"
+
+
+def test_the_crc_is_zlibs_whichever_library_computes_it():
+    """zlib-ng's CRC-32 where it installs, zlib's elsewhere: a fleet may mix both."""
+    import zlib
+
+    from edgefl.wire.crc import crc32
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 4096, 1 << 20):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert crc32(data) == zlib.crc32(data)
+        assert crc32(data, 0x1234ABCD) == zlib.crc32(data, 0x1234ABCD)
+        assert crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])

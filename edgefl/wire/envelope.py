@@ -33,7 +33,6 @@ import math
 import secrets
 import struct
 import uuid
-import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ import numpy as np
 import safetensors
 
 from edgefl.errors import WireError
+from edgefl.wire.crc import crc32
 from edgefl.wire.schema import KINDS, SCHEMA_VERSION, Header, check_meta, validate
 
 #: dtype whitelist: numpy dtype ↔ safetensors dtype tag.
@@ -136,7 +136,7 @@ def _routing_crc(routing: Mapping[str, str]) -> int:
     """CRC-32 of the routing fields but the checksum: the start of :func:`_checksum`."""
     if "checksum" in routing:
         routing = {k: v for k, v in routing.items() if k != "checksum"}
-    return zlib.crc32(_CANONICAL.encode(routing).encode())
+    return crc32(_CANONICAL.encode(routing).encode())
 
 
 def _checksum(
@@ -146,8 +146,8 @@ def _checksum(
     shape and bytes, tensors in name order. ``routing`` may be its :func:`_routing_crc`."""
     crc = routing if isinstance(routing, int) else _routing_crc(routing)
     for name, tag, shape, data in tensors:
-        crc = zlib.crc32(f"|{name}|{tag}|{list(shape)}|".encode(), crc)
-        crc = zlib.crc32(data, crc)
+        crc = crc32(f"|{name}|{tag}|{list(shape)}|".encode(), crc)
+        crc = crc32(data, crc)
     return f"{crc:08x}"
 
 

@@ -7,11 +7,11 @@ import math
 import os
 import struct
 import threading
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from edgefl.errors import ConfigError, WireError
+from edgefl.wire.crc import crc32
 
 MAGIC = b"EFLCHNK1"
 ACK_MAGIC = b"EFLCACK1"
@@ -142,7 +142,7 @@ def parse_chunk(
     body = memoryview(data)[HEADER.size :]
     if len(body) != end - start:
         raise WireError(f"chunk {index} of {count} carries {len(body)} bytes, not {end - start}")
-    if zlib.crc32(body) != chunk_crc:
+    if crc32(body) != chunk_crc:
         raise WireError(f"chunk {index} of {count}: checksum mismatch")
     return h, body
 

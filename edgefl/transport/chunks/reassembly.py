@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from edgefl.transport.chunks.frames import (
     pack_ack,
     parse_chunk,
 )
+from edgefl.wire.crc import crc32
 
 #: what the reassembly budget charges for each chunk held besides its data (its object and index)
 PIECE_OVERHEAD = 128
@@ -152,7 +152,7 @@ class Reassembler:
         self._evict(sender, h.message_id, counted=False)
         message = b"".join(p.pieces[i] for i in range(h.count))
         p.pieces.clear()
-        if zlib.crc32(message) != h.crc:
+        if crc32(message) != h.crc:
             # every chunk passed its own checksum: the sender's header lies about the whole
             raise ChunkRefused(
                 f"reassembled message of {h.total} bytes fails its checksum",

@@ -7,7 +7,6 @@ import logging
 import math
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from edgefl.transport.chunks.frames import (
     parse_ack,
 )
 from edgefl.transport.chunks.reassembly import ReassemblyStats
+from edgefl.wire.crc import crc32
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Outgoing:
         )
         self.total = len(data)
         self.count = math.ceil(self.total / chunk_size)
-        self.crc = zlib.crc32(self.data)
+        self.crc = crc32(self.data)
         self.on_done = on_done
         self.acked = bytearray(self.count)  # per chunk: acknowledged
         self.next = 0  # every chunk below is acknowledged
@@ -70,7 +70,7 @@ class Outgoing:
                 self.total,
                 self.chunk_size,
                 self.crc,
-                zlib.crc32(body),
+                crc32(body),
             ).pack()
             + body
         )
