@@ -12,8 +12,7 @@ import pytest
 
 from edgefl.data import idx, load_arrays
 from edgefl.data.sources import keep_dataset
-from edgefl.runtime import forkwarm
-from edgefl.runtime.processes import KEEP_DATA_ENV
+from edgefl.runtime.processes import KEEP_DATA_ENV, keep_named_datasets
 from tests.test_data import tiny_idx_split
 
 
@@ -67,16 +66,16 @@ def test_keep_dataset_keeps_nothing_it_cannot_read(tmp_path):
     assert idx._KEPT == {}
 
 
-def test_the_fork_servers_module_keeps_what_its_environment_names(tmp_path, monkeypatch, caplog):
+def test_the_fork_server_keeps_what_its_environment_names(tmp_path, monkeypatch, caplog):
     tiny_idx_split(tmp_path, "train", 12, gz=True)
     tiny_idx_split(tmp_path, "test", 5, gz=True)
     monkeypatch.setenv(KEEP_DATA_ENV, json.dumps([["mnist", str(tmp_path)],
                                                   ["fashion-mnist", str(tmp_path / "none")]]))
-    assert forkwarm.keep_named() == ["mnist"]
+    assert keep_named_datasets() == ["mnist"]
     assert len(idx._KEPT) == 4
     monkeypatch.setenv(KEEP_DATA_ENV, "not json")
-    with caplog.at_level(logging.WARNING, logger="edgefl.runtime.forkwarm"):
-        assert forkwarm.keep_named() == []  # never raises: the fork server must start
+    with caplog.at_level(logging.WARNING, logger="edgefl.runtime.processes"):
+        assert keep_named_datasets() == []  # never raises: the fork server must start
     assert KEEP_DATA_ENV in caplog.text
     monkeypatch.delenv(KEEP_DATA_ENV)
-    assert forkwarm.keep_named() == []
+    assert keep_named_datasets() == []

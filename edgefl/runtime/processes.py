@@ -13,10 +13,13 @@ this process goes on, and may name datasets it decodes once for all its children
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 from collections.abc import Sequence
 from multiprocessing.context import BaseContext
+
+log = logging.getLogger(__name__)
 
 #: What the fork server imports before it forks: torch, its lazily imported compiler front end
 #: (2.5 s of CPU at the first optimizer, measured), and the modules a device or worker runs.
@@ -80,3 +83,26 @@ def start_fork_server(datasets: Sequence[tuple[str, str | None]] = (),
         else:
             os.environ[KEEP_DATA_ENV] = before
     return ctx
+
+
+def keep_named_datasets() -> list[str]:
+    """Keep the datasets that :data:`KEEP_DATA_ENV` names
+    (:func:`edgefl.data.sources.keep_dataset`); returns those kept. What the fork server does
+    last (:mod:`edgefl.runtime.forkwarm`); a dataset that cannot be read, or a malformed
+    variable, is left to the children, which read it alone."""
+    from edgefl.data.sources import keep_dataset
+
+    kept: list[str] = []
+    try:
+        named = [(str(name), data_dir) for name, data_dir in
+                 json.loads(os.environ.get(KEEP_DATA_ENV) or "[]")]
+    except (ValueError, TypeError) as e:  # never stops the fork server
+        log.warning("ignoring %s: %s", KEEP_DATA_ENV, e)
+        return kept
+    for name, data_dir in named:
+        try:
+            if keep_dataset(name, data_dir):
+                kept.append(name)
+        except Exception as e:  # noqa: BLE001 - the children read it themselves and say why
+            log.warning("the fork server did not keep %s: %s", name, e)
+    return kept
