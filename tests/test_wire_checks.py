@@ -173,3 +173,92 @@ def test_the_crc_is_zlibs_whichever_library_computes_it():
         assert crc32(data) == zlib.crc32(data)
         assert crc32(data, 0x1234ABCD) == zlib.crc32(data, 0x1234ABCD)
         assert crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
+
+
+def _retouched(data: bytes, fn, tail: bytes | None = None) -> bytes:
+    """``data`` with its header changed by ``fn`` (the checksum left as it was) and its body
+    replaced by ``tail`` if given."""
+    import json
+    import struct
+
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    fn(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    return struct.pack("<Q", len(raw)) + raw + (data[8 + n :] if tail is None else tail)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda h: h["a"].update(shape=[3]),  # the bytes of 2 floats for 3
+        lambda h: h["a"].update(shape=[2.0]),
+        lambda h: h["a"].update(shape=[True, 2]),
+        lambda h: h["a"].update(shape=[-2]),
+        lambda h: h["a"].update(shape="2"),
+        lambda h: h["a"].update(data_offsets=[0, 8, 8]),
+        lambda h: h["a"].update(data_offsets=[0.0, 8]),
+        lambda h: h["a"].update(data_offsets=[-8, 0]),
+        lambda h: h["b"].update(data_offsets=[0, 8]),  # overlaps a
+        lambda h: h["b"].update(data_offsets=[12, 20]),  # a gap, and past the end
+        lambda h: h["a"].update(data_offsets=[8, 0]),
+        lambda h: h["a"].pop("dtype"),
+        lambda h: h["a"].pop("data_offsets"),
+        lambda h: h["a"].update(dtype="F8_E4M3"),  # the library's, not ours
+        lambda h: h["a"].update(dtype="complex"),
+        lambda h: h["a"].update(dtype=7),
+        lambda h: h.update(a=[0, 8]),
+        lambda h: h.update(c={"dtype": "F32", "shape": [1], "data_offsets": [16, 20]}),
+    ],
+)
+def test_decode_refuses_every_layout_the_safetensors_library_refuses(change):
+    """decode reads the tensors itself (views, no copy): at least as strict as the library."""
+    import safetensors
+
+    from edgefl.wire import decode
+
+    two = encode(Envelope("update", 1, "d01", fleet="f", algorithm="fedavg",
+                          payload=Payload({"a": np.ones(2, np.float32),
+                                           "b": np.ones(2, np.float32)}, {"num_samples": 3})))
+    bad = _retouched(two, change)
+    with pytest.raises(Exception):  # noqa: B017, PT011 - any refusal of the library's own types
+        safetensors.deserialize(bad)
+    with pytest.raises(WireError):
+        decode(bad)
+
+
+def test_decode_refuses_short_and_long_bodies_and_a_header_not_in_utf8():
+    import safetensors
+
+    from edgefl.wire import decode
+
+    data = encode(Envelope("update", 1, "d01", fleet="f", algorithm="fedavg",
+                           payload=Payload({"a": np.ones(2, np.float32)}, {"num_samples": 3})))
+    for bad in (data[:-1], data + b"\0", data + b"\0" * 8):
+        with pytest.raises(Exception):  # noqa: B017, PT011
+            safetensors.deserialize(bad)
+        with pytest.raises(WireError, match="malformed tensors"):
+            decode(bad)
+    import json
+    import struct
+
+    (n,) = struct.unpack("<Q", data[:8])
+    wide = json.dumps(json.loads(data[8 : 8 + n])).encode("utf-16-le")
+    utf16 = struct.pack("<Q", len(wide)) + wide + data[8 + n :]
+    marked = b"\xef\xbb\xbf" + data[8 : 8 + n]
+    for bad in (utf16, struct.pack("<Q", len(marked)) + marked + data[8 + n :]):
+        with pytest.raises(Exception):  # noqa: B017, PT011
+            safetensors.deserialize(bad)
+        with pytest.raises(WireError, match="malformed tensors"):
+            decode(bad)
+    # an empty array and a 0-d one read as the library reads them
+    odd = encode(Envelope("update", 1, "d01", fleet="f", algorithm="fedavg",
+                          payload=Payload({"e": np.zeros((0, 3), np.float16),
+                                           "s": np.array(2.5), "m": np.array([True, False])},
+                                          {"num_samples": 3})))
+    got = decode(odd).payload.arrays
+    theirs = dict(safetensors.deserialize(odd))
+    for name, a in got.items():
+        assert a.shape == tuple(theirs[name]["shape"]) and not a.flags.writeable
+        assert a.tobytes() == bytes(theirs[name]["data"])

@@ -9,10 +9,11 @@ order: the message size; the 8-byte header length (bounded); ``json.loads`` of t
 a text nested past the interpreter's recursion limit is refused by it, with no second pass over
 the text), then its nesting depth (bounded), of which edgefl reads only ``__metadata__``
 (:func:`parse_json`, the one JSON reader for whatever a device sends); the routing fields and
-the payload metadata against their pydantic models (:mod:`edgefl.wire.schema`); then the
-``safetensors`` library itself reads the tensors (it checks dtypes, shapes and that the byte ranges
-tile the body); then dtype whitelist, finite values, and the checksum. Every failure is a
-:class:`~edgefl.errors.WireError`.
+the payload metadata against their pydantic models (:mod:`edgefl.wire.schema`); then the tensor
+entries of the parsed header as the ``safetensors`` library checks them
+(:func:`~edgefl.wire.layout.tensor_layout`: each a dtype of the whitelist, a shape, two offsets,
+the byte ranges tiling the body; the arrays are read-only views of the message, not copies);
+then finite values, and the checksum. Every failure is a :class:`~edgefl.errors.WireError`.
 
 **What the checksum is for.** It covers the routing fields, the metadata and every tensor's name,
 dtype, shape and bytes, and catches corruption and a message relabelled by something that does not
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import secrets
 import struct
 import uuid
@@ -43,20 +43,11 @@ import safetensors
 
 from edgefl.errors import WireError
 from edgefl.wire.crc import crc32
+from edgefl.wire.layout import DTYPES as _DTYPES
+from edgefl.wire.layout import NAMES as _NAMES
+from edgefl.wire.layout import NUMPY as _NUMPY
+from edgefl.wire.layout import malformed, tensor_layout
 from edgefl.wire.schema import KINDS, SCHEMA_VERSION, Header, check_meta, validate
-
-#: dtype whitelist: numpy dtype ↔ safetensors dtype tag.
-_DTYPES = {
-    np.dtype(np.float32): "F32",
-    np.dtype(np.float16): "F16",
-    np.dtype(np.float64): "F64",
-    np.dtype(np.int64): "I64",
-    np.dtype(np.int32): "I32",
-    np.dtype(np.uint8): "U8",
-    np.dtype(np.bool_): "BOOL",
-}
-_NUMPY = {tag: dtype for dtype, tag in _DTYPES.items()}
-_NAMES = {dtype: dtype.name for dtype in _DTYPES}  # numpy computes ``dtype.name`` at each look
 
 Scalar = str | int | float | bool
 
@@ -226,8 +217,8 @@ def encode(env: Envelope) -> bytes:
         # the header's parse would give back these fields, this metadata (its JSON text, read
         # back), the arrays' count and a nesting of 3 (tensor entries hold lists) or 2
         meta = json.loads(routing["meta"])
-        _CHECKED.put(data[8 : 8 + n],
-                     (header, meta, len(arrays), 3 if arrays else 2, header.routing(), start))
+        _CHECKED.put(data[8 : 8 + n], (header, meta, len(arrays), 3 if arrays else 2,
+                                       header.routing(), start, None))
     return data
 
 
@@ -349,10 +340,12 @@ def _parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) 
 HEADER_CACHE_BYTES = 16 * 1024
 
 #: A header's check: its routing fields, its payload metadata, how many tensors it lists, how
-#: deep it nests, the routing fields as an Envelope names them (``Header.routing()``), and where
+#: deep it nests, the routing fields as an Envelope names them (``Header.routing()``), where
 #: the checksum of the tensors starts: the routing fields' CRC (:func:`_routing_crc`), or the
-#: checked routing fields themselves (a header that arrived: its CRC is computed by decode).
-Checked = tuple[Header, dict[str, Any], int, int, dict[str, Any], int | dict[str, str]]
+#: checked routing fields themselves (a header that arrived: its CRC is computed by decode), and
+#: the parsed header (None for what encode wrote), whose tensor entries decode checks.
+Checked = tuple[Header, dict[str, Any], int, int, dict[str, Any], int | dict[str, str],
+                dict[str, Any] | None]
 
 
 class CheckedHeaders:
@@ -436,36 +429,37 @@ def _check_header(raw: bytes, limits: Limits) -> Checked:
     meta = parse_json(checked.meta, max_bytes=64 * 1024, max_depth=1, what="payload metadata")
     # strict and closed, the model took the fields as they are (strings): decode's checksum
     # starts from them (their CRC is computed there, for the messages that are decoded)
-    return checked, check_meta(checked.kind, meta), tensors, depth, checked.routing(), routing
+    return (checked, check_meta(checked.kind, meta), tensors, depth, checked.routing(), routing,
+            header)
 
 
 def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
     """Parse and validate an envelope. Raises WireError with the reason on any defect, and
-    nothing else."""
+    nothing else. Its arrays are read-only views of ``data`` (no copy)."""
     data = bytes(data)  # no copy when it is bytes already
-    header, meta, count, _, fields, start = checked_header(data, limits)
-    try:
-        flat = safetensors.deserialize(data)
-    except Exception as e:  # the library's own error types: a malformed layout
-        raise WireError(f"malformed tensors: {e}") from None
-    if len(flat) != count:
-        raise WireError(f"the header lists {count} tensors, the library read {len(flat)}")
+    header, meta, _, _, fields, start, parsed = checked_header(data, limits)
+    (n,) = struct.unpack_from("<Q", data)
+    # the library reads UTF-8 without a byte-order mark only; json.loads (the header check) also
+    # reads UTF-16, UTF-32 and a UTF-8 mark, by the first four bytes (and refuses bad UTF-8)
+    if json.detect_encoding(data[8:16]) != "utf-8":
+        raise malformed("the header is not UTF-8")
+    if parsed is None:  # what this process encoded: its header, parsed again
+        parsed = json.loads(data[8 : 8 + n])
     arrays: dict[str, np.ndarray] = {}
     tensors = []
-    for name, info in sorted(flat, key=lambda item: item[0]):
-        tag, shape, raw = info["dtype"], tuple(info["shape"]), info["data"]
-        dtype = _NUMPY.get(tag)
-        if dtype is None:
-            raise WireError(f"tensor {name!r} has dtype {tag}, outside the whitelist")
-        if len(raw) != math.prod(shape) * dtype.itemsize:  # the library checks it; cheap to be sure
-            raise WireError(f"tensor {name!r}: byte length does not match its shape")
-        a = np.frombuffer(raw, dtype).reshape(shape)
-        if dtype == np.bool_ and a.size and np.frombuffer(raw, np.uint8).max() > 1:
+    for name, tag, dtype, shape, begin, end in tensor_layout(parsed, len(data) - 8 - n):
+        size = end - begin
+        if size:
+            a = np.frombuffer(data, dtype, size // dtype.itemsize, 8 + n + begin).reshape(shape)
+        else:
+            a = np.zeros(shape, dtype)
+            a.flags.writeable = False
+        if dtype == np.bool_ and a.size and a.view(np.uint8).max() > 1:
             raise WireError(f"tensor {name!r}: a BOOL byte other than 0 or 1")
         if dtype.kind == "f" and not np.isfinite(a).all():
             raise WireError(f"tensor {name!r} has non-finite values")
         arrays[name] = a
-        tensors.append((name, tag, shape, raw))
+        tensors.append((name, tag, shape, memoryview(data)[8 + n + begin : 8 + n + end]))
     if _checksum(start, tensors) != header.checksum:
         raise WireError("checksum does not match")
     # the metadata's values are scalars: a copy is the caller's own

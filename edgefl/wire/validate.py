@@ -52,7 +52,7 @@ class Routing:
 
 def peek(data: bytes, limits: Limits = Limits()) -> Routing:
     """Routing fields of an envelope; raises WireError on anything that is not one."""
-    _, meta, _, _, fields, _ = checked_header(data, limits)
+    _, meta, _, _, fields, _, _ = checked_header(data, limits)
     # the metadata's values are scalars: a copy is the caller's own
     return Routing(meta=dict(meta), size=len(data), **fields)
 
