@@ -219,10 +219,12 @@ def check_parity(
     *,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     tolerance: float = DEFAULT_TOLERANCE,
+    threads: int | None = None,
 ) -> dict[int, float]:
     """Max |ONNX Runtime − PyTorch| of the logits for each batch size (whole batches of
-    `images`, at most 8 per size); raises `ExportError` above `tolerance × max(1, max |logit|)`."""
-    session = open_session(onnx_model, threads=None, providers=["CPUExecutionProvider"])
+    `images`, at most 8 per size); raises `ExportError` above `tolerance × max(1, max |logit|)`.
+    `threads`: ONNX Runtime's intra-op threads (None: its default)."""
+    session = open_session(onnx_model, threads=threads, providers=["CPUExecutionProvider"])
     was_training = model.training
     model.eval()
     result: dict[int, float] = {}
@@ -297,6 +299,7 @@ def export_model(
     tolerance: float = DEFAULT_TOLERANCE,
     calibration_images: torch.Tensor | None = None,
     metadata: Mapping[str, str] | None = None,
+    threads: int | None = None,
 ) -> ExportReport:
     """Export `model` to the ONNX file `path`; check it and verify parity with PyTorch.
 
@@ -305,6 +308,7 @@ def export_model(
       max(batch_sizes).
     - `calibration_images`: needed only for models with batch-statistics BatchNorm (see module doc).
     - `metadata`: extra string entries for `metadata_props`.
+    - `threads`: ONNX Runtime's intra-op threads for the parity check (None: its default).
     The model itself is not modified. Returns an `ExportReport`; raises `ExportError`.
     """
     import onnx
@@ -365,7 +369,8 @@ def export_model(
         parity_data = "uniform noise"
     else:
         parity_data = "given"
-    parity = check_parity(model, data, parity_images, batch_sizes=batch_sizes, tolerance=tolerance)
+    parity = check_parity(model, data, parity_images, batch_sizes=batch_sizes, tolerance=tolerance,
+                          threads=threads)
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -145,8 +145,11 @@ def export_one(
     test_samples: int | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     metadata: dict[str, str] | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Export one model (and its int8 version); returns a JSON-safe report."""
+    """Export one model (and its int8 version); returns a JSON-safe report. ``threads``: ONNX
+    Runtime's intra-op threads for the parity check and the evaluations (None: its default, which
+    an export worker overrides with its share of the cores)."""
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise ConfigError(f"--quantize {quantize!r}; choose one of: {', '.join(QUANTIZE_CHOICES)}")
     if int8_format not in FORMATS:
@@ -175,21 +178,22 @@ def export_one(
         tolerance=tolerance,
         calibration_images=calibration,
         metadata=metadata,
+        threads=threads,
     )
     result: dict[str, Any] = report.to_dict()
     if data.missing:
         result["accuracy_not_measured"] = data.missing
     elif test_samples != 0:
-        result["accuracy"] = Predictor(out_path).evaluate(data.test, limit=test_samples)["accuracy"]
+        result["accuracy"] = Predictor(out_path, threads=threads).evaluate(
+            data.test, limit=test_samples)["accuracy"]
     if quantize == "int8":
         q = quantize_int8(
             out_path, out_path.with_suffix(".int8.onnx"), calibration, format=int8_format
         )
         result["int8"] = q.to_dict()
         if test_samples != 0:
-            result["int8"]["accuracy"] = Predictor(q.path).evaluate(data.test, limit=test_samples)[
-                "accuracy"
-            ]
+            result["int8"]["accuracy"] = Predictor(q.path, threads=threads).evaluate(
+                data.test, limit=test_samples)["accuracy"]
     return result
 
 
@@ -279,14 +283,15 @@ def _export_task(
     data: _Data | None = None,
 ) -> dict[str, Any]:
     """One device's export (in this process, or in an export worker with its own data)."""
-    data = data if data is not None else _WORKER["data"]
+    if data is None:  # an export worker: its data, and its share of the cores for ONNX Runtime
+        data, options = _WORKER["data"], {"threads": _WORKER["threads"], **options}
     model = load_device_model(run_dir, device_id)
     log.info("exporting %s (%s) to %s", device_id, model.spec.name, path)
     return {"device_id": device_id, **export_one(model, path, data, metadata=meta, **options)}
 
 
-#: an export worker's state: the dataset's samples, loaded once per worker
-_WORKER: dict[str, _Data] = {}
+#: an export worker's state: the dataset's samples, loaded once per worker, and its threads
+_WORKER: dict[str, Any] = {}
 
 
 def _worker_start(dataset: str, data_dir: str | None, seed: int, missing: str | None,
@@ -296,6 +301,9 @@ def _worker_start(dataset: str, data_dir: str | None, seed: int, missing: str | 
     torch.set_num_threads(threads)
     logging.basicConfig(level=logging.WARNING)
     _WORKER["data"] = _Data(dataset, data_dir, seed, missing=missing)
+    # ONNX Runtime too: by default it starts a thread per core in each session, and spins them;
+    # beside the other workers that doubled the CPU and the time of an evaluation
+    _WORKER["threads"] = threads
 
 
 def _export_parallel(tasks: list[tuple], data: _Data, workers: int, threads: int,
