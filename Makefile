@@ -27,7 +27,9 @@ data: venv
 # four seeds: benchmarks/demo/tune.py); Local (the same devices without
 # federation) next to it, from benchmarks/demo/ when this configuration was run before; then every
 # device's model is exported to ONNX (parity-checked, plus a static int8 copy) and evaluated with
-# ONNX Runtime.
+# ONNX Runtime (--export int8: `edgefl export --run runs/demo --all --out runs/demo/onnx
+# --quantize int8 --test-samples 2000`, by workers forked from the devices' fork server, which
+# has torch loaded).
 DEMO := runs/demo
 demo: venv data
 	@rm -rf $(DEMO) && mkdir -p $(DEMO) && date +%s > $(DEMO)/started-at
@@ -35,8 +37,7 @@ demo: venv data
 		--clients 20 --rounds 12 --partition dirichlet --alpha 0.5 --lr 0.003 --lr-decay-rounds 9 --option cvae_interval=2 \
 		--train-samples 18000 --epochs 3 --test-samples 2000 --eval-every 2 --eval-samples 1000 \
 		--seed 0 --out runs --run-name demo \
-		--compare-local --reference-cache benchmarks/demo
-	$(VENV)/bin/edgefl export --run $(DEMO) --all --out $(DEMO)/onnx --quantize int8 --test-samples 2000
+		--compare-local --reference-cache benchmarks/demo --export int8
 	$(VENV)/bin/edgefl infer $(DEMO)/onnx/d00.onnx --dataset fashion-mnist --split test --limit 2000
 	@echo
 	@echo "results: $(DEMO)/summary.md (per round: $(DEMO)/rounds.jsonl)"

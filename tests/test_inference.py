@@ -42,11 +42,11 @@ def _cli_ok(args, monkeypatch, capsys):
 
 def _simulate(out, run_name, *flags, monkeypatch, capsys):
     """A one-round run of two devices (unless ``flags`` say otherwise) on a little synthetic
-    data, written to ``out/run_name``."""
+    data, written to ``out/run_name``; returns the summary (JSON)."""
     tiny = ["--dataset", "synthetic", "--width", "0.25", "--clients", "2", "--rounds", "1",
             "--steps", "3", "--train-samples", "300", "--test-samples", "100"]
-    _cli_ok(["simulate", *tiny, *flags, "--out", str(out), "--run-name", run_name, "--quiet",
-             "--json"], monkeypatch, capsys)
+    return _cli_ok(["simulate", *tiny, *flags, "--out", str(out), "--run-name", run_name,
+                    "--quiet", "--json"], monkeypatch, capsys)
 
 
 def test_wrong_input_shape_is_a_clear_error(exported):
@@ -312,3 +312,32 @@ def test_exporting_in_parallel_writes_the_same_files_and_reports(tmp_path, monke
     assert [r["device_id"] for r in reports["2"]] == ["d00", "d01", "d02"]
     assert [without_paths(r) for r in reports["1"]] == [without_paths(r) for r in reports["2"]]
     assert all("accuracy" in r["int8"] for r in reports["2"])
+
+
+def test_simulate_export_writes_what_edgefl_export_writes(tmp_path, monkeypatch, capsys):
+    """``simulate --export int8`` exports every device's model to RUN/onnx as ``edgefl export
+    --run RUN --all --quantize int8`` with the run's test samples does: the same files, byte for
+    byte, and the same reports (in the summary); a format it does not know is refused at once."""
+    code, _, err = _run(["simulate", "--export", "fp16"], monkeypatch, capsys)
+    assert code == 3 and "--export must be fp32 or int8" in err
+    code, _, err = _run(["simulate", "--dataset", "synthetic", "--dp", "local",
+                         "--target-epsilon", "8", "--export", "fp32", "--out", str(tmp_path)],
+                        monkeypatch, capsys)
+    assert code == 3 and "devices keep their final models" in err and not any(tmp_path.iterdir())
+    summary = json.loads(_simulate(tmp_path, "r", "-a", "fedavg", "--clients", "3", "--export",
+                                   "int8", monkeypatch=monkeypatch, capsys=capsys))
+    apart = json.loads(_cli_ok(["export", "--run", str(tmp_path / "r"), "--all", "--out",
+                                str(tmp_path / "apart"), "--quantize", "int8", "--test-samples",
+                                "100", "--json"], monkeypatch, capsys))
+    names = sorted(p.name for p in (tmp_path / "r" / "onnx").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "apart").iterdir()) and len(names) == 6
+    for name in names:
+        assert (tmp_path / "r" / "onnx" / name).read_bytes() == (
+            tmp_path / "apart" / name).read_bytes(), name
+
+    def without_paths(r):
+        return {k: v for k, v in r.items() if k != "path"} | {
+            "int8": {k: v for k, v in r["int8"].items() if k != "path"}}
+
+    assert [without_paths(r) for r in summary["export"]] == [without_paths(r) for r in apart]
+    assert all("accuracy" in r and "accuracy" in r["int8"] for r in apart)

@@ -435,3 +435,34 @@ def serve_models(
             run_agent(address, fleet, device_id, store, say=say)
     except KeyboardInterrupt:
         pass
+
+
+def print_export(r: dict) -> None:
+    """One model's export report (``edgefl export``, ``edgefl simulate --export``)."""
+    from edgefl.report.console import err
+
+    if r.get("skipped"):
+        err.print(f"[yellow]skipped[/] {r['device_id']}: {r['skipped']}", highlight=False)
+        return
+    who = f"{r['device_id']} " if "device_id" in r else ""
+    line = (
+        f"[bold green]exported[/] {who}{r['model']} → {r['path']} ({r['size_bytes'] / 1024:.0f} KiB"
+    )
+    line += f", max |Δ| vs PyTorch {max(map(float, r['parity_max_abs_diff'].values())):.1e}"
+    if "accuracy" in r:
+        line += f", accuracy {100 * r['accuracy']:.2f}%"
+    err.print(line + ")", highlight=False)
+    if r["batch_norm"].startswith("frozen"):
+        err.print(f"  static BatchNorm {r['batch_norm']}", highlight=False)
+    if "int8" in r:
+        q = r["int8"]
+        line = (
+            f"  int8 → {q['path']} ({q['size_bytes'] / 1024:.0f} KiB, {q['size_ratio']:.2f}× the "
+            "size"
+        )
+        if "accuracy" in q and "accuracy" in r:
+            line += (
+                f", accuracy {100 * q['accuracy']:.2f}% "
+                f"({100 * (q['accuracy'] - r['accuracy']):+.2f} points)"
+            )
+        err.print(line + ")", highlight=False)

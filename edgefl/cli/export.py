@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from edgefl.cli.common import DATASET_HELP, DataDir
+from edgefl.cli.common import DATASET_HELP, DataDir, print_export
 from edgefl.errors import ConfigError
 from edgefl.report.console import Feedback, err
 
@@ -54,9 +54,11 @@ def export(
     ),
 ) -> None:
     """Export trained models to ONNX (checked, parity-verified against PyTorch), optionally int8."""
+    from edgefl.runtime.export_workers import export_context
+
     context = None
     if run is not None and all_devices and device is None and tier is None:
-        context = _workers_fork_server(run, data_dir, workers)
+        context = export_context(run, data_dir, workers)
     from edgefl.export.run import export_checkpoint, export_run
 
     if (run is None) == (checkpoint is None):
@@ -93,48 +95,4 @@ def export(
         typer.echo(json.dumps(results))
         return
     for r in results:
-        _print_result(r)
-
-
-def _workers_fork_server(run: Path, data_dir: str | None, workers: int | None):
-    """Where a run's models are exported by worker processes: their fork server, started now (before
-    this process imports torch: the two imports run side by side) with the export's modules and
-    the run's dataset decoded once, which every worker then copies from memory. None: no workers."""
-    from edgefl.export.deployment import run_devices
-    from edgefl.export.plan import EXPORT_PRELOAD, export_workers
-    from edgefl.runtime.processes import has_fork_server, start_fork_server
-
-    config, tiers = run_devices(run)
-    if not has_fork_server() or export_workers(len(tiers), workers) < 2:
-        return None
-    dataset = str(config.get("dataset") or "")
-    data = [(dataset, data_dir or config.get("data_dir"))] if dataset else []
-    return start_fork_server(data, preload=EXPORT_PRELOAD)
-
-
-def _print_result(r: dict) -> None:
-    if r.get("skipped"):
-        err.print(f"[yellow]skipped[/] {r['device_id']}: {r['skipped']}", highlight=False)
-        return
-    who = f"{r['device_id']} " if "device_id" in r else ""
-    line = (
-        f"[bold green]exported[/] {who}{r['model']} → {r['path']} ({r['size_bytes'] / 1024:.0f} KiB"
-    )
-    line += f", max |Δ| vs PyTorch {max(map(float, r['parity_max_abs_diff'].values())):.1e}"
-    if "accuracy" in r:
-        line += f", accuracy {100 * r['accuracy']:.2f}%"
-    err.print(line + ")", highlight=False)
-    if r["batch_norm"].startswith("frozen"):
-        err.print(f"  static BatchNorm {r['batch_norm']}", highlight=False)
-    if "int8" in r:
-        q = r["int8"]
-        line = (
-            f"  int8 → {q['path']} ({q['size_bytes'] / 1024:.0f} KiB, {q['size_ratio']:.2f}× the "
-            "size"
-        )
-        if "accuracy" in q and "accuracy" in r:
-            line += (
-                f", accuracy {100 * q['accuracy']:.2f}% "
-                f"({100 * (q['accuracy'] - r['accuracy']):+.2f} points)"
-            )
-        err.print(line + ")", highlight=False)
+        print_export(r)

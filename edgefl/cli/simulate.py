@@ -25,6 +25,7 @@ from edgefl.cli.common import (
     ServerAggregation,
     check_run_names,
     option_groups,
+    print_export,
     resolve_run,
     run_and_report,
     run_settings,
@@ -193,6 +194,13 @@ def simulate(
     reference_cache: Path = typer.Option(
         None, help="Directory caching reference runs by configuration."
     ),
+    export: str = typer.Option(
+        None,
+        help="Then export every device's final model to RUN/onnx as `edgefl export --run RUN "
+        "--all` does (parity-checked, evaluated with ONNX Runtime on the run's test samples): "
+        "fp32, or int8 (with a static int8 copy beside each); workers forked from the devices' "
+        "fork server.",
+    ),
     privacy: DifferentialPrivacy = DifferentialPrivacy(),
     secure: SecureAggregation = SecureAggregation(),
 ) -> None:
@@ -230,19 +238,33 @@ def simulate(
         raise ConfigError(f"--transport must be memory or mqtt, got {transport!r}")
     if execution.workers < 0:
         raise ConfigError(f"--workers must be >= 0 (got {execution.workers})")
+    if export not in (None, "fp32", "int8"):
+        raise ConfigError(f"--export must be fp32 or int8, got {export!r}")
     if transport == "mqtt":  # the devices' fork server imports torch while this process does
         _start_devices_fork_server(explicit)
 
     cfg, method = resolve_run(explicit)
     _check_names(cfg)
+    if export and method.privacy.on_device:
+        raise ConfigError(
+            "--export: under local differential privacy the devices keep their final models "
+            "(none leaves a device un-noised); export them on each device")
     feedback = Feedback(err, rounds=method.total_rounds(cfg.rounds), quiet=quiet)
     if not quiet:
         err.print(_headline(cfg, transport, execution.workers), highlight=False)
+
 
     def run() -> dict:
         summary = _run(cfg, method, transport, feedback, broker=broker, execution=execution)
         if compare_local:
             _attach_local(cfg, summary, feedback, reference_cache)
+        if export:
+            from edgefl.runtime.export_workers import export_all
+
+            summary["export"] = export_all(
+                Path(summary["run_dir"]), quantize="int8" if export == "int8" else None,
+                test_samples=cfg.test_samples, data_dir=cfg.data_dir,
+                on_progress=feedback.progress_hook)
         return summary
 
     run_and_report(feedback, run, as_json, _print_tiers)
@@ -366,7 +388,8 @@ def round_line(r: dict, total: int) -> str:
 
 
 def _print_tiers(summary: dict) -> None:
-    """Each tier's accuracy; with a Local reference, beside it, and what the federation adds."""
+    """Each tier's accuracy; with a Local reference, beside it, and what the federation adds; the
+    exported models (--export)."""
     local = summary.get("local_reference")
     for tier, acc in summary["tier_accuracy"].items():
         ref = local["tier_accuracy"].get(tier) if local else None
@@ -383,3 +406,6 @@ def _print_tiers(summary: dict) -> None:
             f"[bold]{100 * (summary['mean_accuracy'] - local['mean_accuracy']):+.2f} points[/]",
             highlight=False,
         )
+    if summary.get("export"):
+        for r in summary["export"]:
+            print_export(r)
