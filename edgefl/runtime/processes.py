@@ -37,7 +37,8 @@ PRELOAD = [
     # half of the runtime and the secure-aggregation crypto it imports) in every device
     "edgefl.runtime.fleet",
 ]
-#: Imported last, after any preload: decodes the datasets KEEP_DATA_ENV names.
+#: Imported last, after any preload: keeps the datasets KEEP_DATA_ENV names, then freezes the
+#: fork server's heap (gc.freeze) for its children and its exit.
 KEEP_DATA = "edgefl.runtime.forkwarm"
 
 #: Set only while :func:`start_fork_server` starts the fork server: the datasets (a JSON list of
