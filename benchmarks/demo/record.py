@@ -33,6 +33,17 @@ def group_labels(run: Path) -> dict[str, dict]:
     }
 
 
+def around_rounds(run: Path, rounds: float, seconds: float) -> dict[str, float] | None:
+    """The whole ``make demo`` before its first round and after its last, from the run's files:
+    make's start (``started-at``, whole seconds), the last round's record (``rounds.jsonl``'s
+    modification time) less the rounds' seconds; None without ``started-at``."""
+    marker, records = run / "started-at", run / "rounds.jsonl"
+    if not marker.exists() or not records.exists():
+        return None
+    last = records.stat().st_mtime - float(marker.read_text().split()[0])
+    return {"before_rounds": round(last - rounds, 1), "after_rounds": round(seconds - last, 1)}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--run", type=Path, default=ROOT / "runs" / "demo")
@@ -99,15 +110,23 @@ def main(argv: list[str] | None = None) -> None:
         "devices_phase": round(collect, 1),
         "server_step": round(server, 1),
     }
-    timing = (
+    rounds_text = (
         f"{total:.0f} s in rounds, of which {collect:.0f} s waiting for the devices' replies "
-        "(training, and the "
-        f"first round's start of the device processes) and {server:.0f} s in the server's step "
-        "(the CVAE every second "
-        f"round); the rest of the {args.seconds:.0f} s is the start-up, the evaluation, the Local "
-        "reference from the cache, the "
-        "export with int8 and ONNX Runtime's evaluation"
-    )
+        f"(their training) and {server:.0f} s in the server's step (the CVAE every second round)")
+    ends = around_rounds(args.run, total, args.seconds)
+    if ends is None:
+        timing = (
+            f"{rounds_text}; the rest of the {args.seconds:.0f} s is the start-up, the evaluation, "
+            "the Local reference from the cache, the export with int8 and ONNX Runtime's "
+            "evaluation")
+    else:
+        results["round_seconds"].update(ends)
+        timing = (
+            f"about {ends['before_rounds']:.0f} s before the first round (the command's start, "
+            "the devices' fork server importing torch, the devices' start and registration), "
+            f"{rounds_text}, and about {ends['after_rounds']:.0f} s after the last (the final "
+            "evaluation, the record, the Local reference from the cache, the export with int8 "
+            "and ONNX Runtime's evaluation, `edgefl infer`, the processes' ends)")
     m = results["machine_after"]
     cfg = json.loads((args.run / "config.json").read_text())
     decay = ", ".join(str(r + 1) for r in cfg.get("lr_decay_rounds") or ()) or "never"
