@@ -72,6 +72,12 @@ def fleet_profile(quick: bool) -> dict:
 #: Local's per-round evaluation on the 1,000-device fleet: 1,000 models on 100 test images a round
 #: (its final accuracy, like FedAvg's, on the fleet's 1,000 test images)
 LOCAL_EVAL = 100
+#: Local's recipe on the 1,000-device fleet (issue 37): four local epochs a round at batch 8, SGD lr
+#: 0.01 (momentum 0.9 as FedAvg's), chosen by ``python -m benchmarks.privacy.local_recipe`` on a
+#: validation split (local_recipe.md: its rule fixed before its runs; FedAvg's own recipe, one epoch
+#: at batch 32 and lr 0.05, left 3 of 1,000 validation devices predicting one class and Local still
+#: rising on shards of about 60 images)
+LOCAL_FLEET = {"epochs": 4, "batch_size": 8, "lr": 0.01}
 
 
 #: Felo and FedProto on three CNN tiers at width 0.25 with a common 128-d feature, SGD 0.05 at
@@ -110,7 +116,8 @@ def make(quick: bool = False) -> Benchmark:
     on = {SETTING: base, FLEET: fleet}
     # the 1,000-device fleet first (its cells are the longest: Local's the longest of all)
     cells = [
-        Cell("local", FLEET, s, {**fleet, **FEDAVG, "algorithm": "local", "options": {},
+        Cell("local", FLEET, s, {**fleet, **FEDAVG, **LOCAL_FLEET, "algorithm": "local",
+                                 "options": {},
                                  "eval_samples": min(LOCAL_EVAL, fleet["eval_samples"])})
         for s in seeds
     ]
@@ -208,7 +215,11 @@ its per-class sums and counts before the uplink: ε per *sample* of a device.
 **FedAvg** (`--dp central`): CNN tier 2 at **width 0.25**, its defaults otherwise; the server clips
 each update to C, averages with equal weights and adds noise z·C/n per coordinate (n = 1,000).
 **local**: in {SETTING} Felo's devices and models without any uplink, in {FLEET} FedAvg's model
-on each device alone; **local-iid**: Felo's on IID shards of {SETTING}; **centralized**: CNN tier 2
+on each device alone at its own recipe, four epochs a round at batch 8 and lr 0.01
+([local_recipe.md](local_recipe.md): chosen on a validation split for no collapsed device, a
+converged curve and the best validation accuracy; FedAvg's one epoch at batch 32 and lr 0.05 left
+devices of about 60 images predicting one class and Local still rising); **local-iid**: Felo's
+on IID shards of {SETTING}; **centralized**: CNN tier 2
 at width 0.25 on the whole training set, the sample visits of {FLEET} (above every method of both
 fleets).
 
