@@ -262,3 +262,39 @@ def test_decode_refuses_short_and_long_bodies_and_a_header_not_in_utf8():
     for name, a in got.items():
         assert a.shape == tuple(theirs[name]["shape"]) and not a.flags.writeable
         assert a.tobytes() == bytes(theirs[name]["data"])
+
+
+def test_encode_lays_out_the_message_as_the_safetensors_library_does():
+    """encode writes the layout itself (one copy of the tensors' bytes): the library's
+    serialization of the same arrays and fields has the same header, as JSON, and the same body."""
+    import json
+    import struct
+
+    import safetensors
+
+    from edgefl.wire.envelope import _prepare
+
+    arrays = {
+        "w": np.random.default_rng(0).random((4, 5), dtype=np.float32),
+        "ids": np.arange(7, dtype=np.int64),
+        "scalar": np.array(2.5),
+        "empty": np.zeros((0, 3), np.float16),
+        "mask": np.array([True, False, True]),
+        "u": np.arange(3, dtype=np.uint8),
+        "h": np.ones(3, np.float16),
+        "i": np.arange(2, dtype=np.int32),
+    }
+    env = Envelope("update", 1, "d01", fleet="f", algorithm="fedavg",
+                   payload=Payload(arrays, {"num_samples": 3}))
+    ours = encode(env)
+    _, routing, _, _, _ = _prepare(env)
+    specs = {n: safetensors.TensorSpec(dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data,
+                                       data_len=a.nbytes) for n, a in arrays.items()}
+    theirs = safetensors.serialize(specs, metadata=routing)
+    (n,) = struct.unpack_from("<Q", ours)
+    (m,) = struct.unpack_from("<Q", theirs)
+    assert n == m and n % 8 == 0 and ours[8 + n :] == theirs[8 + m :]
+    assert json.loads(ours[8 : 8 + n]) == json.loads(theirs[8 : 8 + m])
+    with pytest.raises(WireError, match="__metadata__"):
+        encode(Envelope("update", 1, "d01", payload=Payload(
+            {"__metadata__": np.zeros(1, np.float32)}, {"num_samples": 3})))

@@ -39,12 +39,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import safetensors
 
 from edgefl.errors import WireError
 from edgefl.wire.crc import crc32
 from edgefl.wire.layout import DTYPES as _DTYPES
-from edgefl.wire.layout import NAMES as _NAMES
 from edgefl.wire.layout import NUMPY as _NUMPY
 from edgefl.wire.layout import malformed, tensor_layout
 from edgefl.wire.schema import KINDS, SCHEMA_VERSION, Header, check_meta, validate
@@ -165,6 +163,8 @@ def _prepare(
     if env.kind not in KINDS:
         raise WireError(f"unknown message kind {env.kind!r}")
     arrays = {name: _dense(name, a) for name, a in env.payload.arrays.items()}
+    if "__metadata__" in arrays:
+        raise WireError("an array may not be named __metadata__ (the header's routing fields)")
     meta = dict(env.payload.meta)
     check_meta(env.kind, meta)
     routing = {
@@ -196,29 +196,22 @@ def _prepare(
 
 
 def encode(env: Envelope) -> bytes:
-    """Serialize an envelope to bytes (one safetensors blob, written by the safetensors library).
+    """Serialize an envelope to bytes: one safetensors blob, laid out as the safetensors library
+    lays it out (:func:`_header_bytes`), the tensors' bytes copied once, into the message.
 
     The header it writes was checked here as a receiver checks it; that verdict is remembered
     (:func:`checked_header`), so that this process's own layers (the transport routing its own
     request, a device's log line reading its reply) do not check it again."""
     arrays, routing, _, header, start = _prepare(env)
-    specs = {
-        n: safetensors.TensorSpec(
-            dtype=_NAMES[a.dtype], shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes
-        )
-        for n, a in arrays.items()
-    }
-    try:
-        data = safetensors.serialize(specs, metadata=routing)
-    except Exception as e:  # the library's own error types
-        raise WireError(f"cannot serialize the envelope: {e}") from None
-    (n,) = struct.unpack_from("<Q", data)
-    if n <= HEADER_CACHE_BYTES:
+    raw, ordered = _header_bytes(routing, arrays)
+    # numpy arrays are buffers: join copies their bytes (dense, little-endian: _prepare)
+    data = b"".join([struct.pack("<Q", len(raw)), raw, *ordered])
+    if len(raw) <= HEADER_CACHE_BYTES:
         # the header's parse would give back these fields, this metadata (its JSON text, read
         # back), the arrays' count and a nesting of 3 (tensor entries hold lists) or 2
         meta = json.loads(routing["meta"])
-        _CHECKED.put(data[8 : 8 + n], (header, meta, len(arrays), 3 if arrays else 2,
-                                       header.routing(), start, None))
+        _CHECKED.put(raw, (header, meta, len(arrays), 3 if arrays else 2, header.routing(),
+                           start, None))
     return data
 
 
@@ -226,26 +219,30 @@ def encode(env: Envelope) -> bytes:
 _ORDER = {"I64": 0, "F64": 1, "F32": 2, "I32": 3, "F16": 4, "U8": 5, "BOOL": 6}
 
 
-def _header_size(routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]) -> int:
-    """The length of the JSON header safetensors writes for these routing fields and arrays,
-    padded with spaces to a multiple of 8."""
-    entries, offset = [], 0
+def _header_bytes(
+    routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]
+) -> tuple[bytes, list[np.ndarray]]:
+    """The JSON header the safetensors library writes for these routing fields and arrays
+    (compact, padded with spaces to a multiple of 8), and the arrays in the order their bytes
+    follow it: by dtype as the library orders them, then by name."""
+    entries, ordered, offset = {}, [], 0
     for name in sorted(arrays, key=lambda n: (_ORDER[_DTYPES[arrays[n].dtype]], n)):
         a = arrays[name]
-        entries.append(
-            (
-                name,
-                {
-                    "dtype": _DTYPES[a.dtype],
-                    "shape": list(a.shape),
-                    "data_offsets": [offset, offset + a.nbytes],
-                },
-            )
-        )
+        entries[name] = {
+            "dtype": _DTYPES[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
+        ordered.append(a)
         offset += a.nbytes
-    header = {"__metadata__": dict(routing), **dict(entries)}
-    n = len(json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode())
-    return n + (-n) % 8
+    header = {"__metadata__": dict(routing), **entries}
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    return raw + b" " * ((-len(raw)) % 8), ordered
+
+
+def _header_size(routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]) -> int:
+    """The length of :func:`_header_bytes`' header."""
+    return len(_header_bytes(routing, arrays)[0])
 
 
 def encoded_size(env: Envelope) -> int:

@@ -22,7 +22,6 @@ DTYPES = {
     np.dtype(np.bool_): "BOOL",
 }
 NUMPY = {tag: dtype for dtype, tag in DTYPES.items()}
-NAMES = {dtype: dtype.name for dtype in DTYPES}  # numpy computes ``dtype.name`` at each look
 
 
 def malformed(why: str) -> WireError:
