@@ -273,17 +273,11 @@ def test_encode_lays_out_the_message_as_the_safetensors_library_does():
     import safetensors
 
     from edgefl.wire.envelope import _prepare
+    from edgefl.wire.layout import DTYPES
 
-    arrays = {
-        "w": np.random.default_rng(0).random((4, 5), dtype=np.float32),
-        "ids": np.arange(7, dtype=np.int64),
-        "scalar": np.array(2.5),
-        "empty": np.zeros((0, 3), np.float16),
-        "mask": np.array([True, False, True]),
-        "u": np.arange(3, dtype=np.uint8),
-        "h": np.ones(3, np.float16),
-        "i": np.arange(2, dtype=np.int32),
-    }
+    # every whitelisted dtype (each written in the library's order), a 0-d and an empty array
+    arrays = {f"t{i}": np.arange(6).astype(dtype).reshape(2, 3) for i, dtype in enumerate(DTYPES)}
+    arrays.update(scalar=np.array(2.5), empty=np.zeros((0, 3), np.float16))
     env = Envelope("update", 1, "d01", fleet="f", algorithm="fedavg",
                    payload=Payload(arrays, {"num_samples": 3}))
     ours = encode(env)

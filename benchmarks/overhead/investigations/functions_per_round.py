@@ -14,7 +14,6 @@ cold caches included.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -100,11 +99,9 @@ def main() -> None:
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         device_main(sys.argv[1])
         return
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--devices", type=int, default=10)
-    ap.add_argument("--floats", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=150)
+    from benchmarks.overhead.investigations import workload_parser
+
+    ap = workload_parser(__doc__)
     args = ap.parse_args()
 
     import edgefl.runtime.server as server_module

@@ -156,11 +156,9 @@ def main() -> None:
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         device_main(sys.argv[1])
         return
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--devices", type=int, default=10)
-    ap.add_argument("--floats", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=150)
+    from benchmarks.overhead.investigations import workload_parser
+
+    ap = workload_parser(__doc__)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out", default="/tmp/edgefl-profile")
     ap.add_argument("--report", action="store_true", help="only print the report of --out")
