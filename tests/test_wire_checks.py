@@ -292,3 +292,29 @@ def test_encode_lays_out_the_message_as_the_safetensors_library_does():
     with pytest.raises(WireError, match="__metadata__"):
         encode(Envelope("update", 1, "d01", payload=Payload(
             {"__metadata__": np.zeros(1, np.float32)}, {"num_samples": 3})))
+
+
+def test_a_tensor_that_lies_unaligned_in_the_message_is_read_aligned():
+    """Another writer may put a 3-byte tensor before a float32 one (a valid layout): decode's
+    views would then be unaligned, so that tensor is copied."""
+    import json
+    import struct
+
+    from edgefl.wire import decode
+    from edgefl.wire.envelope import _checksum, _prepare
+
+    arrays = {"a": np.arange(3, dtype=np.uint8), "b": np.arange(2, dtype=np.float32)}
+    env = Envelope("update", 1, "d01", fleet="f", algorithm="fedavg",
+                   payload=Payload(arrays, {"num_samples": 3}))
+    _, routing, tensors, _, _ = _prepare(env)
+    routing["checksum"] = _checksum({k: v for k, v in routing.items() if k != "checksum"},
+                                    tensors)
+    header = {"__metadata__": routing,
+              "a": {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]},
+              "b": {"dtype": "F32", "shape": [2], "data_offsets": [3, 11]}}
+    raw = json.dumps(header).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    data = struct.pack("<Q", len(raw)) + raw + arrays["a"].tobytes() + arrays["b"].tobytes()
+    got = decode(data).payload.arrays
+    assert got["b"].flags.aligned and not got["b"].flags.writeable
+    assert np.array_equal(got["a"], arrays["a"]) and np.array_equal(got["b"], arrays["b"])

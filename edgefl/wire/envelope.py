@@ -448,6 +448,9 @@ def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
         size = end - begin
         if size:
             a = np.frombuffer(data, dtype, size // dtype.itemsize, 8 + n + begin).reshape(shape)
+            if not a.flags.aligned:  # a writer that ordered its tensors otherwise than the library
+                a = a.copy()
+                a.flags.writeable = False
         else:
             a = np.zeros(shape, dtype)
             a.flags.writeable = False
