@@ -432,7 +432,8 @@ def _check_header(raw: bytes, limits: Limits) -> Checked:
 
 def decode(data: bytes, limits: Limits = Limits()) -> Envelope:
     """Parse and validate an envelope. Raises WireError with the reason on any defect, and
-    nothing else. Its arrays are read-only views of ``data`` (no copy)."""
+    nothing else. Its arrays are read-only views of ``data`` (no copy; a tensor whose bytes lie
+    unaligned, which only another writer's order gives, is an aligned read-only copy)."""
     data = bytes(data)  # no copy when it is bytes already
     header, meta, _, _, fields, start, parsed = checked_header(data, limits)
     (n,) = struct.unpack_from("<Q", data)
