@@ -24,6 +24,9 @@ class EchoOptions:
 
 
 class EchoDevice(DeviceHalf):
+    #: its fit trains nothing: no network to copy before a round (the agent's undo)
+    undo_failed_rounds = False
+
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
         self.weights: np.ndarray | None = None

@@ -203,6 +203,10 @@ class DeviceHalf:
     #: losses (or a PenalizedLoss: plus a term of the weights and public values alone), and it
     #: uses its data nowhere else, so what it sends is computed from DP-SGD's weights
     dp_sgd_ready = False
+    #: the device agent copies this half's networks before each round's local work and puts them
+    #: back if it fails (edgefl.runtime.agent.undone_on_failure); a half whose ``fit`` changes no
+    #: network (the overhead benchmark's echo) sets False and saves the copy
+    undo_failed_rounds = True
 
     def __init__(self, ctx: DeviceContext, options: Any):
         #: the training device: the model, the data's batches and every tensor a half keeps for

@@ -49,6 +49,11 @@ def _modules(half: object) -> list[torch.nn.Module]:
 
 
 @contextmanager
+def _as_is(half: object):
+    yield
+
+
+@contextmanager
 def undone_on_failure(half: object):
     """A round's local work that fails (it raises, or :func:`_check_finite` refuses what it would
     send) leaves the half's networks as they were before the round: a device whose training
@@ -172,7 +177,8 @@ class DeviceAgent:
                         "device does not hold")
                 self.absorbed_eval_round = None
                 t0 = time.perf_counter()
-                with undone_on_failure(self.half):
+                undo = undone_on_failure if self.half.undo_failed_rounds else _as_is
+                with undo(self.half):
                     with seeded_torch(self.half.ctx, env.round):
                         up = self.half.fit(env.round)
                     up.meta["train_seconds"] = time.perf_counter() - t0
