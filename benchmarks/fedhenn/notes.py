@@ -133,8 +133,10 @@ def diagnostics(results: dict) -> str:
         body = page.read_text().split("\n", 1)[1].strip()
         out.append(
             "## Diagnostic: does the alignment term move the representations?\n\n"
-            "From [alignment.md](alignment.md) (`python -m benchmarks.fedhenn.alignment`; its "
-            "recipe and commit below): how far the devices' kernels align with K̄ at each η₀ "
-            "against η₀ = 0, next to the accuracy it buys.\n\n" + body
+            "From [alignment.md](alignment.md) (`python -m benchmarks.fedhenn.alignment`; "
+            + ("its recipe and commit below" if "\nRecipe: " in body else
+               "run at the earlier recipe, lr 0.05 with the decay, before the grid's Adam")
+            + "): how far the devices' kernels align with K̄ at each η₀ against η₀ = 0, next to "
+            "the accuracy it buys.\n\n" + body
         )
     return "\n\n".join(x for x in out if x)
