@@ -50,12 +50,14 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"{cell.label}: not in the grid's cache; run the benchmark first")
     collapsed = gates.collapsed_devices(record)[0]
     sent: dict[int, np.ndarray] = {}
+    known: dict[int, list[bool]] = {}  # the classes the server has statistics of (the rest: zeros)
     receive = felo_device.FedHeDevice.receive
 
     def recording(self, round: int, payload) -> None:  # the device's own receive, then a copy
         receive(self, round, payload)
         if round not in sent and getattr(self, "server_logit", None) is not None:
             sent[round] = self.server_logit.cpu().numpy().copy()
+            known[round] = self.known.cpu().numpy().astype(bool).tolist()
 
     felo_device.FedHeDevice.receive = recording
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,8 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
         rounds = read_rounds(Path(tmp) / "run")
     per_round = {d: [(r["eval"] or {}).get("client_accuracy", {}).get(d) for r in rounds
                      if r.get("phase", "train") == "train" and r.get("eval")] for d in collapsed}
-    wrong = {r: [c for c, row in enumerate(v) if int(np.argmax(row)) != c]
-             for r, v in sorted(sent.items())}
+    wrong = {r: [c for c, row in enumerate(v) if known[r][c] and int(np.argmax(row)) != c]
+             for r, v in sorted(sent.items()) if any(known[r])}
     out = {
         "cell": cell.label, "code": provenance.code_version(), "grid_cell_code": record.get("code"),
         "collapsed": {d: {"class_counts": record["client_class_counts"][d],
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
                           "accuracy_rerun": summary["client_accuracy"][d],
                           "accuracy_per_round": per_round[d]} for d in collapsed},
         "sent_argmax": {r: [int(np.argmax(row)) for row in v] for r, v in sorted(sent.items())},
+        "known": known,
         "classes_pointing_elsewhere": wrong,
         "rounds": len(sent),
     }
@@ -104,8 +107,9 @@ def page(data: dict | None) -> list[str]:
                      f"{acc} %, …")
     for r, bad in list(data["classes_pointing_elsewhere"].items())[:ROUNDS_SHOWN]:
         argmax = data["sent_argmax"][r]
-        lines.append(f"- round {r}: the logits sent for {len(bad)} of 10 classes point at another "
-                     "class (" + ", ".join(f"{c} → {argmax[c]}" for c in bad) + ")")
+        lines.append(f"- round {r}: the logits sent for {len(bad)} of "
+                     f"{sum(data['known'][r])} classes the server knows point at another class ("
+                     + ", ".join(f"{c} → {argmax[c]}" for c in bad) + ")")
     pointed = any(data["classes_pointing_elsewhere"].values())
     return lines + ["", "The noise local DP puts on each device's per-class statistics at this ε "
                     "turns the global logits of several classes towards other classes, and the "
