@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -46,11 +46,6 @@ def _modules(half: object) -> list[torch.nn.Module]:
         found += [m for m in vars(half).values() if isinstance(m, torch.nn.Module)]
         half = vars(half).get("inner")
     return found
-
-
-@contextmanager
-def _as_is(half: object):
-    yield
 
 
 @contextmanager
@@ -177,7 +172,7 @@ class DeviceAgent:
                         "device does not hold")
                 self.absorbed_eval_round = None
                 t0 = time.perf_counter()
-                undo = undone_on_failure if self.half.undo_failed_rounds else _as_is
+                undo = undone_on_failure if self.half.undo_failed_rounds else nullcontext
                 with undo(self.half):
                     with seeded_torch(self.half.ctx, env.round):
                         up = self.half.fit(env.round)
