@@ -437,3 +437,24 @@ def test_partial_reports_the_cells_that_finished_and_lists_the_missing(tmp_path)
     assert "**Incomplete: 2 cells of the declared grid did not run**" in page
     assert "`grid:synthetic:fedavg:s2`" in page
 
+
+
+def test_the_time_to_accuracy_hook_divides_offline_devices_by_the_fleets_size(tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.cells import RunOutput
+    from benchmarks.time_to_accuracy.extras import extras
+
+    # Prepare: two synchronous rounds of a 20-device fleet, 5 and then 1 device offline
+    rounds = [
+        {"completed": ["d00"], "failed": [], "simulated_seconds": 10.0 * (i + 1),
+         "clock": {"start": 10.0 * i, "offline": [f"d{j:02d}" for j in range(k)]},
+         "eval": {"mean_accuracy": 0.5}}
+        for i, k in enumerate((5, 1))
+    ]
+    out = RunOutput(
+        cell=tiny_cell(0), config=SimpleNamespace(clients=20), run_dir=tmp_path,
+        summary={"simulated_seconds": 20.0, "mean_accuracy": 0.5}, rounds=rounds,
+    )
+    # Act / Assert: the mean share offline is (5/20 + 1/20) / 2, not a share of 10 devices
+    assert extras(out)["offline_at_selection"] == pytest.approx(0.15)

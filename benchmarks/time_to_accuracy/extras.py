@@ -44,7 +44,8 @@ def extras(out: RunOutput) -> dict[str, Any]:
         )
     sync = [r["clock"] for r in rounds if "clock" in r]
     if sync:
-        record["offline_at_selection"] = mean(len(c["offline"]) / 10 for c in sync)
+        # every device of the fleet is a candidate in simulation: the share offline when selected
+        record["offline_at_selection"] = mean(len(c["offline"]) / out.config.clients for c in sync)
     record["updates_lost"] = sum(len(r["failed"]) for r in rounds)
     record["updates_aggregated"] = updates
     return record
