@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import provenance
-from benchmarks.cells import Cell, _worker_init, run_cell
+from benchmarks.cells import Cell, _worker_init, new_invocation, run_cell
 from edgefl.report.recorder import json_safe
 from edgefl.runtime.processes import preloaded_context
 
@@ -139,10 +139,14 @@ def run_cells(
     log: Callable[[str], None] = lambda m: print(m, flush=True),
     tmp_root: Path | None = None,
     progress: bool = False,
+    invocation: str | None = None,
 ) -> list[dict]:
     """Every cell's record, running the ones not in the cache (``workers`` processes at a time).
     Refuses (:class:`DirtyCode`) to run a cell from code that differs from its commit unless the
-    cache is a draft's; run directories live under ``tmp_root`` while their cell runs."""
+    cache is a draft's; run directories live under ``tmp_root`` while their cell runs. Every cell
+    it runs records ``invocation`` (the benchmark invocation's id, :func:`new_invocation`; by
+    default this call's own)."""
+    invocation = invocation or new_invocation()
     records: dict[Cell, dict] = {}
     # one run per key: cells that spell one configuration differently share it
     todo, waiting = [], {}
@@ -192,6 +196,7 @@ def run_cells(
                     tmp,
                     progress,
                     cache.draft,
+                    invocation,
                 ): c
                 for c in todo
             }

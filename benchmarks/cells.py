@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import json
 import os
 import statistics
@@ -172,6 +173,34 @@ def _worker_init(progress: Any = None, benchmark: int | None = None) -> None:
     threading.Thread(target=orphaned, daemon=True).start()
 
 
+#: the format of ``started_at`` and ``finished_at`` (local time with its UTC offset)
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
+
+
+def now() -> str:
+    return time.strftime(TIME_FORMAT)
+
+
+def load1() -> float | None:
+    """The machine's 1-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def new_invocation() -> str:
+    """An id for one invocation of a benchmark (``python -m benchmarks.<name>``): its start time and
+    process id. Every cell the invocation runs records it (``invocation``), so a page can tell the
+    cells of one run from cells of separate runs (:mod:`benchmarks.regeneration`); a later one in
+    the same process is numbered."""
+    n = next(_INVOCATIONS)
+    return f"{now()}-pid{os.getpid()}" + (f"-{n}" if n else "")
+
+
+_INVOCATIONS = itertools.count()
+
+
 def run_cell(
     cell: Cell,
     keep_server_metrics: Sequence[str] = (),
@@ -179,10 +208,19 @@ def run_cell(
     tmp_root: str | None = None,
     progress: bool = False,
     draft: bool = False,
+    invocation: str | None = None,
 ) -> dict[str, Any]:
     """Run one cell in this process and return its record (what results.json keeps per run);
     its run directory lives under ``tmp_root`` (the system's temporary folder by default) while it
-    runs; ``progress`` prints a line per round."""
+    runs; ``progress`` prints a line per round.
+
+    Besides the run's numbers the record keeps when and how the cell ran, none of it in the cache
+    key: ``started_at`` and ``finished_at`` (the whole cell: its set-up, the run, the predictions
+    and the ``record_extras`` hook), ``wall_seconds`` and ``cpu_seconds`` (the run alone, as in the
+    records before these fields), the machine's 1-minute load at the start and at the end
+    (``load_at_start``, ``load_at_end``) and ``invocation`` (the benchmark invocation that ran it,
+    :func:`new_invocation`; a fresh one for a cell run on its own)."""
+    started_at, load_at_start = now(), load1()
     import torch
 
     from edgefl.algorithms import get_algorithm
@@ -231,7 +269,9 @@ def run_cell(
             code_hash=provenance.code_hash(record_extras),
             draft=draft,
             **({"inputs": inputs} if (inputs := provenance.input_digests(cfg_dict)) else {}),
-            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            invocation=invocation or new_invocation(),
+            started_at=started_at,
+            load_at_start=load_at_start,
             **predictions(cfg, Path(tmp) / "run"),
         )
         if record_extras:
@@ -248,6 +288,7 @@ def run_cell(
                     f"record_extras {record_extras} returned keys the record already has: {clash}"
                 )
             record.update(extras, extras_from=record_extras)
+    record.update(finished_at=now(), load_at_end=load1())
     return record
 
 

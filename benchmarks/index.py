@@ -19,6 +19,17 @@ def _metric_label(metric_a: str, metric_b: str) -> str:
     return (f"`{metric_a}`" if metric_a == metric_b else f"`{metric_a}` vs `{metric_b}`") + unit
 
 
+def estimate(regen: dict | None) -> str:
+    """The index's words for a page's estimated regeneration ("" before pages carried one)."""
+    if not regen or not regen.get("cells"):
+        return ""
+    source = "CPU" if regen["estimate_from"] == "cpu_seconds" else "wall"
+    return (f" Regeneration at {regen['workers']} workers estimated at "
+            f"{regen['estimate_seconds'] / 60:.0f} min (Σ {source} seconds / {regen['workers']}; "
+            f"target ≤ {regen['target_seconds'] / 60:.0f} min "
+            f"{'met' if regen['target_met'] else 'not met'}).")
+
+
 def write_readme_index(root: Path = BENCHMARKS) -> Path:
     """benchmarks/README.md: one line per paper (claims reproduced: k of n, the gates), then every
     row with its kind and verdict, from the committed results."""
@@ -52,7 +63,7 @@ def write_readme_index(root: Path = BENCHMARKS) -> Path:
             f"claims reproduced: {k} of {n}"
             + (f" ({alone(data['claims'])[2:]})" if alone(data["claims"]) else "")
             + f". {state[0].upper()}{state[1:]}; "
-            f"{collapsed} collapsed run(s)."
+            f"{collapsed} collapsed run(s)." + estimate(data.get("regeneration"))
         )
         for c in data["claims"]:
             md = (

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from benchmarks import provenance
 from benchmarks.cells import BENCHMARKS
 from benchmarks.claims import COUNTED, KINDS, SLOPE_LIMIT, mean_sd, metric_scale
+from benchmarks.regeneration import paragraph
 
 if TYPE_CHECKING:
     from benchmarks.runner import Benchmark
@@ -232,6 +233,8 @@ def provenance_section(bench: Benchmark, results: Mapping[str, Any]) -> list[str
             else ""
         )
     )
+    regen = paragraph(results.get("regeneration"))
+    lines += ["", *regen] if regen else []
     decl = prov.get("declaration")
     lines.append("")
     if decl:

@@ -66,6 +66,7 @@ from benchmarks.cells import (
     last_quarter_slope,
     load_hook,
     make_record,
+    new_invocation,
     predictions,
     resolved_run,
     run_cell,
@@ -91,6 +92,7 @@ from benchmarks.common import machine
 from benchmarks.figures import band_panel, plot_results
 from benchmarks.index import write_readme_index
 from benchmarks.pages import pct, results_markdown, runs_table
+from benchmarks.regeneration import regeneration
 from edgefl.config import ADDED_SETTINGS  # settings added after cells were cached
 from edgefl.report.recorder import json_safe
 
@@ -293,6 +295,8 @@ def build_results(
         "claims": claims,
         "sweeps": [evaluate_sweep(s, records) for s in bench.sweeps],
         "sweep_runs": sweep_runs,
+        # what regenerating the page took and would take (issue 37), from the cells' records
+        "regeneration": regeneration(every),
     }
 
 
@@ -350,6 +354,7 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
         help="the reviewer's check: seeds, comma-separated",
     )
     args = p.parse_args(argv)
+    invocation = new_invocation()  # recorded by every cell this invocation runs
     bench = make(args.quick)
     if args.cells or args.setting or args.seeds:
         if not (args.cells and args.setting and args.seeds):
@@ -400,6 +405,7 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
                 workers=max(1, args.workers),
                 keep_server_metrics=bench.keep_server_metrics,
                 tmp_root=out / "tmp",
+                invocation=invocation,
             )
         except DirtyCode as e:
             raise SystemExit(str(e)) from None

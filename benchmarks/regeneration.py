@@ -1,0 +1,173 @@
+"""What regenerating a benchmark's page costs (issue 37: every page states the measured time and
+load of its regeneration on 2 cores, target at most an hour), from the records of the cells it
+reports.
+
+:func:`regeneration` (results.json's ``regeneration``) groups the cells by the invocation that ran
+them (``invocation``, recorded since :func:`benchmarks.cells.new_invocation`), else by the commit
+they ran at (``code``): per group the number of cells, the measured span from the earliest start
+to the latest finish, the sum of the cells' wall and CPU seconds and the machine's 1-minute load
+where the records keep them. A record from before ``started_at`` existed starts at ``finished_at``
+minus its wall time (its run alone); one without ``finished_at`` has no time at all. Then the
+estimate at 2 workers on an idle machine: the cells' CPU seconds over 2 where every cell has them,
+else their wall seconds over 2 (wall times move with the machine's load). :func:`paragraph` is the
+page's text of it (:mod:`benchmarks.pages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+#: the machine a page's regeneration is estimated for (issue 37) and the target
+WORKERS = 2
+TARGET_SECONDS = 3600
+
+
+def _parse(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    at = datetime.fromisoformat(text)
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)  # (records carry +0000)
+
+
+def cell_times(record: Mapping[str, Any]) -> tuple[datetime, datetime] | None:
+    """(start, finish) of a cell; None for a record without ``finished_at``."""
+    end = _parse(record.get("finished_at"))
+    if end is None:
+        return None
+    start = _parse(record.get("started_at"))
+    if start is None:
+        start = end - timedelta(seconds=record.get("wall_seconds") or 0.0)
+    return start, end
+
+
+def unique(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One record per key: cells that share a configuration (a sweep value that is also a grid
+    cell) run once."""
+    seen: dict[Any, Mapping[str, Any]] = {}
+    for r in records:
+        seen.setdefault(r.get("key") or id(r), r)
+    return list(seen.values())
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _group(by: str, name: str, rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    times = [t for r in rs if (t := cell_times(r)) is not None]
+    start = min(t[0] for t in times) if times else None
+    end = max(t[1] for t in times) if times else None
+    cpu = [r["cpu_seconds"] for r in rs if r.get("cpu_seconds") is not None]
+    loads = [r[k] for r in rs for k in ("load_at_start", "load_at_end") if r.get(k) is not None]
+    # the time a cell spent outside its run (set-up, predictions, the record's hook), where the
+    # record has both ends of the cell
+    outside = []
+    for r in rs:
+        if r.get("started_at") and (t := cell_times(r)) is not None:
+            outside.append((t[1] - t[0]).total_seconds() - (r.get("wall_seconds") or 0.0))
+    return {
+        "by": by,
+        "id": name,
+        "commits": sorted({r.get("code") or "unknown" for r in rs}),
+        "cells": len(rs),
+        "cells_with_time": len(times),
+        "start": None if start is None else start.isoformat(),
+        "end": None if end is None else end.isoformat(),
+        "span_minutes": None if start is None else (end - start).total_seconds() / 60,
+        "wall_seconds": sum(r.get("wall_seconds") or 0.0 for r in rs),
+        "cpu_seconds": sum(cpu) if len(cpu) == len(rs) else None,
+        "cells_with_cpu": len(cpu),
+        "load": [min(loads), max(loads)] if loads else None,
+        "outside_run_seconds": sum(outside) if outside else None,
+        "cells_with_start": len(outside),
+    }
+
+
+def regeneration(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """results.json's ``regeneration`` over the records of the cells a page reports."""
+    rs = unique(records)
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in rs:
+        key = ("invocation", r["invocation"]) if r.get("invocation") else \
+            ("commit", r.get("code") or "unknown")
+        groups.setdefault(key, []).append(r)
+    out = [_group(by, name, g) for (by, name), g in groups.items()]
+    out.sort(key=lambda g: (g["start"] is None, g["start"] or "", g["id"]))
+    wall = sum(g["wall_seconds"] for g in out)
+    every_cpu = bool(rs) and all(g["cpu_seconds"] is not None for g in out)
+    cpu = sum(g["cpu_seconds"] for g in out) if every_cpu else None
+    estimate = (cpu if every_cpu else wall) / WORKERS
+    return {
+        "cells": len(rs),
+        "groups": out,
+        "wall_seconds": wall,
+        "cpu_seconds": cpu,
+        "cells_with_cpu": sum(g["cells_with_cpu"] for g in out),
+        "workers": WORKERS,
+        "estimate_from": "cpu_seconds" if every_cpu else "wall_seconds",
+        "estimate_seconds": estimate,
+        "target_seconds": TARGET_SECONDS,
+        "target_met": estimate <= TARGET_SECONDS,
+    }
+
+
+def _group_line(g: Mapping[str, Any]) -> str:
+    if g["by"] == "invocation":
+        head = (f"- invocation `{g['id']}` at {', '.join(f'`{c}`' for c in g['commits'])}: "
+                f"{g['cells']} cells (one invocation)")
+    else:
+        head = (f"- commit `{g['id']}`: {g['cells']} cells (cells from separate runs at this "
+                "commit; the span includes the time between them)")
+    if g["span_minutes"] is None:
+        span = "no measured span (no record keeps when its cell finished)"
+    else:
+        span = (f"measured span {g['span_minutes']:.1f} min ({_stamp(_parse(g['start']))} to "
+                f"{_stamp(_parse(g['end']))}"
+                + (f", over the {g['cells_with_time']} cells whose records keep when they finished"
+                   if g["cells_with_time"] < g["cells"] else "") + ")")
+    cpu = (f"Σ CPU {g['cpu_seconds']:,.0f} s" if g["cpu_seconds"] is not None
+           else f"Σ CPU not known ({g['cells'] - g['cells_with_cpu']} of {g['cells']} records "
+                "lack cpu_seconds)")
+    load = ("1-minute load {:.2f} to {:.2f} at the cells' starts and ends".format(*g["load"])
+            if g["load"] else "load not recorded")
+    outside = (f"; {g['outside_run_seconds']:,.0f} s outside the runs (set-up, predictions, "
+               f"hooks; {g['cells_with_start']} cells)" if g["outside_run_seconds"] is not None
+               else "")
+    return f"{head}: {span}; Σ wall {g['wall_seconds']:,.0f} s; {cpu}; {load}{outside}."
+
+
+def paragraph(regen: Mapping[str, Any] | None) -> list[str]:
+    """The page's "Regeneration" paragraph (empty for a results.json written before it)."""
+    if not regen or not regen.get("cells"):
+        return []
+    n, workers = regen["cells"], regen["workers"]
+    minutes = regen["estimate_seconds"] / 60
+    if regen["estimate_from"] == "cpu_seconds":
+        how = f"Σ CPU seconds / {workers} = {regen['cpu_seconds']:,.0f} s / {workers} = " \
+              f"{minutes:.1f} min"
+    else:
+        how = (f"Σ wall seconds / {workers} = {regen['wall_seconds']:,.0f} s / {workers} = "
+               f"{minutes:.1f} min, from wall times that move with the machine's load "
+               f"({n - regen['cells_with_cpu']} of {n} records lack cpu_seconds)")
+    verdict = "met" if regen["target_met"] else "not met"
+    measured = [g for g in regen["groups"] if g["outside_run_seconds"] is not None]
+    outside = (
+        f"measured {sum(g['outside_run_seconds'] for g in measured):,.0f} s over the "
+        f"{sum(g['cells_with_start'] for g in measured)} cells whose records keep `started_at`"
+        if measured else "not measured: no record here keeps `started_at`"
+    )
+    return [
+        f"Regeneration: the {n} cells this page reports (grid, bounds, sweeps), grouped by the "
+        "invocation that ran them where their records say, else by commit. A span is measured "
+        "(earliest start to latest finish; a record without `started_at` starts at its finish "
+        "minus its wall time); Σ wall and Σ CPU are the cells' runs alone.",
+        "",
+        *[_group_line(g) for g in regen["groups"]],
+        "",
+        f"Estimated regeneration at {workers} workers on an idle machine: {how}. It assumes the "
+        "cells pack evenly onto the workers and leaves out each cell's time outside its run "
+        f"(set-up, predictions, hook; {outside}). Target ≤ {regen['target_seconds'] / 60:.0f} "
+        f"min: {verdict} by this estimate.",
+    ]

@@ -1,0 +1,185 @@
+"""What regenerating a benchmark's page costs (issue 37): the cells' records keep when, under what
+load and in which invocation they ran (outside the cache key), and the page's "Regeneration"
+paragraph groups them and estimates the run at 2 workers (benchmarks/regeneration.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import pytest
+
+from benchmarks import runner
+from benchmarks.cells import TIME_FORMAT
+from benchmarks.index import estimate
+from benchmarks.regeneration import paragraph, regeneration
+from benchmarks.runner import Cache, run_cells
+from tests.bench_cases import full_run, tiny_cell
+
+T0 = datetime.fromisoformat("2026-11-27T10:00:00+00:00")
+
+
+def at(minutes: float) -> str:
+    return (T0 + timedelta(minutes=minutes)).strftime(TIME_FORMAT)
+
+
+def timed(seed, start_min, wall, cpu=None, method="fedavg", **extra):
+    """A record of a cell that started ``start_min`` minutes after T0 and ran ``wall`` seconds."""
+    cell = tiny_cell(seed, method=method)
+    return full_run(
+        cell, 0.5, wall_seconds=wall, finished_at=at(start_min + wall / 60),
+        **({"cpu_seconds": cpu} if cpu is not None else {}), **extra,
+    )
+
+
+@pytest.mark.slow
+def test_cells_run_by_workers_record_their_times_loads_and_invocation_outside_the_key(tmp_path):
+    # Prepare: two cells, keys computed before anything ran
+    cells = [tiny_cell(0), tiny_cell(1, method="local", algorithm="local")]
+    keys = [c.key for c in cells]
+    before = datetime.now().astimezone().replace(microsecond=0)
+    # Execute: one invocation, two worker processes
+    records = run_cells(cells, Cache(tmp_path, draft=True), workers=2, log=lambda m: None,
+                        invocation="inv-1")
+    after = datetime.now().astimezone()
+    # Assert: each record (in memory and on disk) carries the invocation, its start and end within
+    # the call, in order, and the machine's load at both ends; the key and config are unchanged
+    for cell, key, record in zip(cells, keys, records, strict=True):
+        disk = json.loads(next(tmp_path.glob(f"{key}-*.json")).read_text())
+        for r in (record, disk):
+            assert r["invocation"] == "inv-1"
+            assert r["key"] == key == cell.key
+            assert r["config"] == json.loads(json.dumps(cell.full_config()))
+            assert "invocation" not in r["config"] and "started_at" not in r["resolved_config"]
+            start = datetime.strptime(r["started_at"], TIME_FORMAT)
+            end = datetime.strptime(r["finished_at"], TIME_FORMAT)
+            assert before <= start <= end <= after
+            # the whole cell spans at least its run (one-second resolution of the stamps)
+            assert (end - start).total_seconds() >= r["wall_seconds"] - 1
+            assert r["load_at_start"] >= 0 and r["load_at_end"] >= 0
+            assert r["cpu_seconds"] > 0
+    # a call given no invocation makes its own, one for all its cells
+    again = run_cells([tiny_cell(2), tiny_cell(3)], Cache(tmp_path / "b", draft=True), workers=2,
+                      log=lambda m: None)
+    assert again[0]["invocation"] == again[1]["invocation"] != "inv-1"
+
+
+def test_main_passes_one_invocation_to_every_cell_it_runs(tmp_path, monkeypatch):
+    seen: list = []
+
+    class Ran(Exception):
+        pass
+
+    def fake_run_cells(todo, cache, **kw):
+        seen.append(kw.get("invocation"))
+        raise Ran
+
+    monkeypatch.setattr(runner, "run_cells", fake_run_cells)
+    bench = runner.Benchmark("t", "T", "tiny", [tiny_cell(0)])
+    for _ in range(2):
+        with pytest.raises(Ran):
+            runner.main(lambda quick: bench, ["--draft", "--out", str(tmp_path)])
+    # one id per invocation: set, and another for the next invocation (even in the same process
+    # within the same second)
+    assert len(seen) == 2 and all(seen) and seen[0] != seen[1]
+
+
+def test_cells_are_grouped_by_invocation_else_by_commit_with_measured_spans_and_sums():
+    # Prepare: one invocation of two cells at 10:00 (new records), and two old records at commit
+    # abc that ran an hour apart (no started_at, no load, one without cpu_seconds)
+    new = [
+        timed(0, 0, 600, cpu=500, code="c1", invocation="inv", started_at=at(0),
+              load_at_start=1.5, load_at_end=2.0),
+        # started_at half a minute before its run began: 30 s outside the run
+        timed(1, 1, 1200, cpu=1000, code="c1", invocation="inv", started_at=at(0.5),
+              load_at_start=0.5, load_at_end=3.25),
+    ]
+    old = [timed(2, 100, 300, cpu=250, code="abc"), timed(3, 160, 240, code="abc")]
+    # Execute
+    regen = regeneration(new + old)
+    # Assert: two groups, ordered by start
+    inv, commit = regen["groups"]
+    assert (inv["by"], inv["id"], inv["cells"], inv["commits"]) == ("invocation", "inv", 2, ["c1"])
+    # span from the earliest started_at (10:00) to the latest finish (10:01 + 20 min)
+    assert inv["span_minutes"] == pytest.approx(21)
+    assert inv["wall_seconds"] == 1800 and inv["cpu_seconds"] == 1500
+    assert inv["load"] == [0.5, 3.25]
+    assert inv["outside_run_seconds"] == pytest.approx(0 + 30)
+    # old records: start = finish - wall; 11:40 to 12:44
+    assert (commit["by"], commit["id"], commit["cells"]) == ("commit", "abc", 2)
+    assert commit["span_minutes"] == pytest.approx(64)
+    assert commit["wall_seconds"] == 540 and commit["cpu_seconds"] is None
+    assert commit["load"] is None and commit["outside_run_seconds"] is None
+    # one record lacks cpu_seconds: the estimate falls back on wall seconds
+    assert regen["estimate_from"] == "wall_seconds" and regen["cpu_seconds"] is None
+    assert regen["estimate_seconds"] == pytest.approx((1800 + 540) / 2)
+    assert regen["target_met"] is True
+    text = "\n".join(paragraph(regen))
+    assert "invocation `inv` at `c1`: 2 cells (one invocation): measured span 21.0 min" in text
+    assert "Σ wall 1,800 s; Σ CPU 1,500 s; 1-minute load 0.50 to 3.25" in text
+    assert "commit `abc`: 2 cells (cells from separate runs at this commit; the span includes" \
+           in text
+    assert "measured span 64.0 min" in text and "Σ CPU not known (1 of 2 records" in text
+    assert "Σ wall seconds / 2 = 2,340 s / 2 = 19.5 min, from wall times that move with the " \
+           "machine's load (1 of 4 records lack cpu_seconds)" in text
+    assert "measured 30 s over the 2 cells whose records keep `started_at`" in text
+    assert "Target ≤ 60 min: met by this estimate" in text
+
+
+def test_the_estimate_uses_cpu_seconds_when_every_cell_has_them_and_says_when_it_misses():
+    records = [timed(s, 0, 3000, cpu=2600, code="c1") for s in range(3)]
+    regen = regeneration(records)
+    assert regen["estimate_from"] == "cpu_seconds"
+    assert regen["estimate_seconds"] == pytest.approx(3 * 2600 / 2)  # 65 min
+    assert regen["target_met"] is False
+    text = "\n".join(paragraph(regen))
+    assert "Σ CPU seconds / 2 = 7,800 s / 2 = 65.0 min" in text
+    assert "Target ≤ 60 min: not met by this estimate" in text
+    assert "wall times that move" not in text and "no record here keeps `started_at`" in text
+
+
+def test_records_without_times_and_shared_keys_are_counted_once_and_without_a_span():
+    # Prepare: a pre-provenance record (no finished_at), the same cell reported twice (a sweep
+    # value that is also a grid cell), and an empty page
+    bare = full_run(tiny_cell(0), 0.5, wall_seconds=100.0, code="old")
+    twice = timed(1, 0, 200, code="old")
+    relabelled = {**twice, "method": "other", "role": "sweep"}
+    # Execute
+    regen = regeneration([bare, twice, relabelled])
+    # Assert: two cells, the span over the one with a time, said so
+    (g,) = regen["groups"]
+    assert g["cells"] == 2 and g["cells_with_time"] == 1 and g["wall_seconds"] == 300
+    assert g["span_minutes"] == pytest.approx(200 / 60)
+    assert "over the 1 cells whose records keep when they finished" in "\n".join(paragraph(regen))
+    # no record keeps a time: no span, no crash
+    (g,) = regeneration([bare])["groups"]
+    assert g["span_minutes"] is None and g["start"] is None
+    assert "no measured span" in "\n".join(paragraph(regeneration([bare])))
+    # a results.json written before the paragraph existed, or a page without cells: no paragraph
+    assert paragraph(None) == [] and paragraph(regeneration([])) == []
+
+
+def test_the_page_and_results_json_carry_the_regeneration(tmp_path):
+    # Prepare: a benchmark of two cached cells from one invocation
+    cells = [tiny_cell(0), tiny_cell(1)]
+    cache = Cache(tmp_path / "cells", code_hash="h" * 16)
+    for i, c in enumerate(cells):
+        cache.put(c, {**timed(i, 5 * i, 120, cpu=100, code="c9", invocation="inv-9",
+                              started_at=at(5 * i)), "code_hash": "h" * 16})
+    bench = runner.Benchmark("t", "T", "tiny", cells)
+    # Execute: a report from the cache, running nothing
+    runner.main(lambda quick: bench, ["--report-only", "--out", str(tmp_path)])
+    # Assert
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["regeneration"]["cells"] == 2
+    assert results["regeneration"]["groups"][0]["id"] == "inv-9"
+    assert results["regeneration"]["estimate_seconds"] == pytest.approx(100)
+    page = (tmp_path / "results.md").read_text()
+    code_at = page.index("Code: the hash")
+    assert code_at < page.index("Regeneration: the 2 cells") < page.index("## Check it yourself")
+    assert "measured span 7.0 min" in page
+    # the index's line for it
+    line = estimate(results["regeneration"])
+    assert line == (" Regeneration at 2 workers estimated at 2 min (Σ CPU seconds / 2; "
+                    "target ≤ 60 min met).")
+
