@@ -215,9 +215,10 @@ class Timing:
         return self.results["groups"][group]["summary"]
 
     def write(self, *, notes: list[str] = (), extra_md: list[str] = (),
-              name: str = "results") -> dict:
-        """Write ``<name>.json`` and ``<name>.md`` into the output folder; returns the results."""
-        if "finished" not in self.results:  # a page rewritten from saved results keeps its run's
+              name: str = "results", final: bool = True) -> dict:
+        """Write ``<name>.json`` and ``<name>.md`` into the output folder; returns the results.
+        ``final=False``: a partial page written while the run goes on (its end not yet known)."""
+        if final and "finished" not in self.results:  # a rewritten page keeps its run's
             self.results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
             self.results["load_end"] = load()
         self.results["notes"] = list(notes)

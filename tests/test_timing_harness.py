@@ -137,3 +137,16 @@ def test_a_page_rewritten_from_saved_results_keeps_the_run_s_record(tmp_path):
     assert res["finished"] == saved["finished"] and res["load_end"] == saved["load_end"]
     assert res["invocation"] == saved["invocation"] and res["notes"] == ["second"]
     assert "| y | 3 |" in (tmp_path / "results.md").read_text()
+
+
+def test_a_partial_page_written_mid_run_leaves_the_run_s_end_to_the_final_write(tmp_path):
+    t = Timing("t", tmp_path, unit="ms", scale=1000)
+    t.alternate("g", {"x": lambda: 0.002}, 1, baseline="x")
+    partial = t.write(name="results.partial", final=False)
+    assert "finished" not in partial and "load_end" not in partial
+    assert "to ?." in (tmp_path / "results.partial.md").read_text()
+    t.alternate("h", {"x": lambda: 0.002}, 1, baseline="x")
+    final = t.write()
+    # the end is stamped by the final write (the partial one used to freeze it at the first group)
+    assert final["finished"] and final["load_end"] is not None
+    assert json.loads((tmp_path / "results.json").read_text())["finished"] == final["finished"]

@@ -274,7 +274,7 @@ def main() -> None:
         for n in devices:
             for floats, r in ((args.small_floats, rounds), (large, large_rounds)):
                 run_group(timing, n, floats, r, reps, args.processes, Path(tmp), systems)
-                timing.write(extra_md=comparisons(timing), name="results.partial")
+                timing.write(extra_md=comparisons(timing), name="results.partial", final=False)
     timing.write(notes=notes(settings), extra_md=comparisons(timing))
     (args.out / "results.partial.json").unlink(missing_ok=True)
     (args.out / "results.partial.md").unlink(missing_ok=True)
