@@ -16,7 +16,7 @@ page's text of it (:mod:`benchmarks.pages`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 #: the machine a page's regeneration is estimated for (issue 37) and the target
@@ -27,8 +27,11 @@ TARGET_SECONDS = 3600
 def _parse(text: str | None) -> datetime | None:
     if not text:
         return None
-    at = datetime.fromisoformat(text)
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)  # (records carry +0000)
+    try:  # the records' format ("+0000", which 3.10's fromisoformat does not read)
+        at = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
+    except ValueError:
+        at = datetime.fromisoformat(text)
+    return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
 
 
 def cell_times(record: Mapping[str, Any]) -> tuple[datetime, datetime] | None:
@@ -52,7 +55,7 @@ def unique(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def _stamp(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _group(by: str, name: str, rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
