@@ -93,6 +93,15 @@ def test_default_selection_samples_a_fraction_reproducibly():
     assert any(half.select(r, ids, ctx.rng(r)) != a for r in range(5, 10))
 
 
+@pytest.mark.parametrize(("fraction", "min_fit"), [(1.0, 1), (0.3, 12)])
+def test_selecting_every_device_gives_what_the_draw_gives(fraction, min_fit):
+    ctx = ServerContext(10, {}, TrainSettings(), rounds=1, seed=3, fraction=fraction,
+                        min_fit=min_fit)
+    ids = [f"d{i:02d}" for i in (7, 2, 9, 0, 4)]
+    drawn = sorted(ctx.rng(4).choice(sorted(ids), size=len(ids), replace=False).tolist())
+    assert ServerHalf(ctx, None).select(4, ids, ctx.rng(4)) == drawn == sorted(ids)
+
+
 def test_same_seed_reproduces_partition_and_first_round(tmp_path):
     a = simulate(
         tiny_config(

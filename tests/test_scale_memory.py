@@ -108,6 +108,31 @@ def test_a_fleet_pins_the_threshold_a_smaller_one_trims_after_each_exchange(devi
         assert released > 6 * 2**20, released  # most of the 8 MB freed
 
 
+def test_an_exchange_is_trimmed_after_once_the_interval_has_passed_since_the_last_trim(
+        monkeypatch):
+    """Exchanges of real local work (longer than the interval) are each followed by a trim;
+    shorter ones share one per interval; every reply comes back."""
+    from edgefl.runtime import heap
+
+    trims: list[float] = []
+    now = [100.0]  # the clock: each handler below says how long its exchange takes
+    monkeypatch.setattr(heap, "malloc_trim", lambda: lambda pad: trims.append(now[0]) or 0)
+    own = heap.fleet_heap(10, interval=1.0, clock=lambda: now[0])
+
+    def exchange(seconds):
+        def handler(x):
+            now[0] += seconds
+            return x * 2
+
+        return own(handler)
+
+    assert [exchange(2.0)(i) for i in range(3)] == [0, 2, 4]
+    assert trims == [102.0, 104.0, 106.0]  # each one longer than the interval: each trimmed
+    assert [exchange(0.4)(i) for i in range(7)] == [0, 2, 4, 6, 8, 10, 12]
+    # ending at 106.4, 106.8: untrimmed; 107.2 trims; 107.6, 108.0 not; 108.4 trims; 108.8 not
+    assert trims[3:] == pytest.approx([107.2, 108.4])
+
+
 CHILD = textwrap.dedent("""
     import json, sys
     from pathlib import Path

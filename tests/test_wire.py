@@ -190,7 +190,7 @@ def test_a_deeply_nested_header_is_refused_by_the_parser_itself():
 
 
 def test_nesting_is_measured_on_the_parsed_header_and_bounded():
-    from edgefl.wire.envelope import nesting
+    from edgefl.wire.jsontext import nesting
 
     assert [nesting(v) for v in (1, "[[", [], {"a": [1, {"b": []}]}, [[[[[]]]]])] == [0, 0, 1, 4, 5]
     header = json.dumps(
@@ -399,6 +399,46 @@ def test_encoded_size_is_the_encoding_length_and_check_gives_what_decode_gives(e
     assert set(got.payload.arrays) == set(want.payload.arrays)
     for k, a in want.payload.arrays.items():
         assert got.payload.arrays[k].dtype == a.dtype and got.payload.arrays[k].shape == a.shape
+
+
+def test_check_keeps_every_routing_field_as_decode_does():
+    # check() builds its envelope field by field: a field added to Envelope must be kept there too
+    env = Envelope("update", 7, "d03", fleet="f1", algorithm="fedavg", tier="t/2",
+                   payload=Payload({"w": np.ones(3, np.float32)}, {"num_samples": 4}),
+                   run="r9", nonce="abc")
+    got, want = check(env), decode(encode(env))
+    for f in dataclasses.fields(Envelope):
+        if f.name != "payload":
+            assert getattr(got, f.name) == getattr(want, f.name) == getattr(env, f.name), f.name
+
+
+def test_the_wire_json_writers_write_what_json_dumps_writes():
+    from edgefl.wire import envelope
+
+    values = [
+        {"b": 1, "a": [1, 2.5, -0.0], "é": "ü\u2028\"\\\n", "n": None, "t": True, "x": 1e300},
+        {"__metadata__": {"schema": "2", "meta": json.dumps({"s": "x\"y"})},
+         "w/ä": {"dtype": "F32", "shape": [2, 0], "data_offsets": [0, 0]}},
+        {},
+    ]
+    for value in values:
+        assert envelope._CANONICAL(value) == json.dumps(value, sort_keys=True)
+        assert envelope._META_JSON(value) == json.dumps(value, sort_keys=True, allow_nan=False)
+        assert envelope._HEADER_JSON(value) == json.dumps(value, separators=(",", ":"),
+                                                          ensure_ascii=False)
+    with pytest.raises(ValueError):
+        envelope._META_JSON({"x": float("nan")})
+    assert envelope._META_JSON({"x": 1.5}) == '{"x": 1.5}'  # no state left by the failure
+
+
+def test_message_ids_are_uuid4_hex():
+    import uuid
+
+    ids = {Envelope("train", 0, "d0").message_id for _ in range(200)}
+    assert len(ids) == 200
+    for i in ids:
+        u = uuid.UUID(hex=i)
+        assert u.hex == i and u.version == 4 and u.variant == uuid.RFC_4122
 
 
 def test_check_hands_over_read_only_views_without_copying():

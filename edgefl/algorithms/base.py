@@ -288,6 +288,8 @@ class ServerHalf:
         k = min(
             len(ids), max(self.ctx.min_fit, int(math.ceil(self.ctx.fraction * len(ids) - 1e-9)))
         )
+        if k == len(ids):  # every device: what the draw below gives, sorted, without drawing
+            return ids
         return sorted(rng.choice(ids, size=k, replace=False).tolist())
 
     def downlink(self, round: int, device_id: str) -> Payload:

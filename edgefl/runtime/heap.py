@@ -31,6 +31,14 @@ exchange. Measured side by side (``benchmarks/scale/heap_policy.md``, CPU user +
 The trim walks the heap's free chunks, which grow with the fleet; it was measured up to 3,000
 devices, so from :data:`FLEET` devices (where ``benchmarks/scale/devices.py`` ran its 10,000
 devices, pinned) the threshold is pinned instead. Elsewhere than glibc nothing changes.
+
+A trim costs tens of microseconds even on a small heap (41 µs CPU a call, 10 bench-echo devices
+in memory: ``benchmarks/overhead/investigations/memory_round.py``), more than a whole exchange
+of a device that does no local work. So an exchange is followed by a trim once
+:data:`TRIM_INTERVAL` has passed since the last trim ended: every exchange of real local work
+(a training step takes longer) still trims, and exchanges shorter than that (the overhead
+benchmark's echo, an evaluation answered from the cache) share one trim per interval, which
+leaves at most the memory those freed in that time resident until it.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import ctypes.util
 import functools
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -49,20 +58,26 @@ M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 THRESHOLD = 64 * 1024
 #: Devices held in one process from which :func:`fleet_heap` pins the threshold.
 FLEET = 5000
+#: An exchange ending sooner than this after the last trim ended is not followed by one.
+TRIM_INTERVAL = 0.002
 H = TypeVar("H", bound=Callable)
 
 
-def fleet_heap(devices: int) -> Callable[[H], H]:
+def fleet_heap(
+    devices: int, *, interval: float = TRIM_INTERVAL, clock: Callable[[], float] = time.perf_counter
+) -> Callable[[H], H]:
     """Set this process's heap up for ``devices`` devices held in memory; returns how to wrap
     each device's message handler. From :data:`FLEET` devices the threshold is pinned
     (:func:`fixed_mmap_threshold`) and handlers stay as they are; below, glibc keeps its
-    dynamic threshold (a training step reuses the heap) and every exchange of a device is
-    followed by ``malloc_trim(0)``, which gives the free pages inside the heap back."""
+    dynamic threshold (a training step reuses the heap) and an exchange of a device that ends
+    ``interval`` seconds or more after the last trim ended (``clock``'s) is followed by
+    ``malloc_trim(0)``, which gives the free pages inside the heap back."""
     if devices >= FLEET and fixed_mmap_threshold():
         return _as_is
     trim = malloc_trim()
     if trim is None:
         return _as_is
+    last = [-float("inf")]  # when the last trim ended: one heap, every device's handler
 
     def trimming(handler: H) -> H:
         @functools.wraps(handler)
@@ -70,7 +85,9 @@ def fleet_heap(devices: int) -> Callable[[H], H]:
             try:
                 return handler(*args)
             finally:
-                trim(0)
+                if clock() - last[0] >= interval:
+                    trim(0)
+                    last[0] = clock()
 
         return handle  # type: ignore[return-value]
 

@@ -28,11 +28,10 @@ not match the request it pretends to answer. CRC-32 rather than SHA-256 because 
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import os
 import secrets
 import struct
-import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import numpy as np
 
 from edgefl.errors import WireError
 from edgefl.wire.crc import crc32
+from edgefl.wire.jsontext import json_writer, parse_json, parse_json_depth
 from edgefl.wire.layout import DTYPES as _DTYPES
 from edgefl.wire.layout import NUMPY as _NUMPY
 from edgefl.wire.layout import malformed, tensor_layout
@@ -49,10 +49,13 @@ from edgefl.wire.schema import KINDS, SCHEMA_VERSION, Header, check_meta, valida
 
 Scalar = str | int | float | bool
 
-#: json.dumps(..., sort_keys=True) and json.dumps(..., sort_keys=True, allow_nan=False), built once
-#: (json.dumps with any argument builds a new encoder at each call)
-_CANONICAL = json.JSONEncoder(sort_keys=True)
-_META_JSON = json.JSONEncoder(sort_keys=True, allow_nan=False)
+
+#: json.dumps(..., sort_keys=True): the routing fields as their CRC covers them
+_CANONICAL = json_writer(sort_keys=True)
+#: json.dumps(..., sort_keys=True, allow_nan=False): a payload's metadata
+_META_JSON = json_writer(sort_keys=True, allow_nan=False)
+#: json.dumps(..., separators=(",", ":"), ensure_ascii=False): the safetensors header's JSON
+_HEADER_JSON = json_writer(separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,15 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
+def new_message_id() -> str:
+    """``uuid.uuid4().hex`` (16 random bytes, the version and variant bits set as RFC 4122 sets
+    them) without building a UUID object, which cost more than the rest of an Envelope."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40  # version 4
+    b[8] = (b[8] & 0x3F) | 0x80  # variant: RFC 4122
+    return b.hex()
+
+
 @dataclass(frozen=True)
 class Envelope:
     kind: str
@@ -100,7 +112,7 @@ class Envelope:
     algorithm: str = ""
     tier: str = ""
     payload: Payload = field(default_factory=Payload)
-    message_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    message_id: str = field(default_factory=new_message_id)
     run: str = ""  # the server's run id
     nonce: str = ""  # a request's fresh nonce; a reply echoes it
 
@@ -125,7 +137,7 @@ def _routing_crc(routing: Mapping[str, str]) -> int:
     """CRC-32 of the routing fields but the checksum: the start of :func:`_checksum`."""
     if "checksum" in routing:
         routing = {k: v for k, v in routing.items() if k != "checksum"}
-    return crc32(_CANONICAL.encode(routing).encode())
+    return crc32(_CANONICAL(routing).encode())
 
 
 def _checksum(
@@ -153,13 +165,10 @@ def _dense(name: str, a: Any) -> np.ndarray:
     return a if a.dtype.byteorder != ">" else a.astype(a.dtype.newbyteorder("<"))
 
 
-def _prepare(
-    env: Envelope, checksum: bool = True
-) -> tuple[dict[str, np.ndarray], dict[str, str], list, Header, int]:
-    """What :func:`encode` checks and writes: the arrays (dense, little-endian, whitelisted
-    dtypes), the routing header (validated as a receiver validates it), the tensors in name
-    order, the checked header and the routing fields' CRC (:func:`_routing_crc`).
-    ``checksum=False`` leaves a placeholder checksum (for :func:`check`: no bytes, no CRC)."""
+def _arrays_and_routing(env: Envelope) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """What :func:`encode` checks before it writes: the arrays (dense, little-endian,
+    whitelisted dtypes), the payload metadata (its kind's schema), and the routing fields but the
+    checksum."""
     if env.kind not in KINDS:
         raise WireError(f"unknown message kind {env.kind!r}")
     arrays = {name: _dense(name, a) for name, a in env.payload.arrays.items()}
@@ -178,8 +187,16 @@ def _prepare(
         "tier": env.tier,
         "run": env.run,
         "nonce": env.nonce,
-        "meta": _META_JSON.encode(meta),
+        "meta": _META_JSON(meta),
     }
+    return arrays, routing
+
+
+def _prepare(env: Envelope) -> tuple[dict[str, np.ndarray], dict[str, str], list, Header, int]:
+    """What :func:`encode` checks and writes: the arrays (dense, little-endian, whitelisted
+    dtypes), the routing header (validated as a receiver validates it), the tensors in name
+    order, the checked header and the routing fields' CRC (:func:`_routing_crc`)."""
+    arrays, routing = _arrays_and_routing(env)
     tensors = [
         (
             n,
@@ -189,10 +206,26 @@ def _prepare(
         )
         for n in sorted(arrays)
     ]
-    start = _routing_crc(routing) if checksum else 0
-    routing["checksum"] = _checksum(start, tensors) if checksum else "0" * 8
+    start = _routing_crc(routing)
+    routing["checksum"] = _checksum(start, tensors)
     header = validate(Header, routing, "envelope header")  # what we send must pass what we accept
     return arrays, routing, tensors, header, start
+
+
+#: the checksum in a header whose size is computed without its bytes (:func:`checked_size`):
+#: a valid checksum's length and form (eight hex digits), so the header validates and measures
+#: as the real one
+_NO_CHECKSUM = "0" * 8
+
+
+def _checked_routing(env: Envelope) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """:func:`_arrays_and_routing`, the routing fields (a placeholder checksum among them)
+    validated as a receiver validates a header: :func:`_prepare` without the tensors' bytes and
+    the CRC."""
+    arrays, routing = _arrays_and_routing(env)
+    routing["checksum"] = _NO_CHECKSUM
+    validate(Header, routing, "envelope header")
+    return arrays, routing
 
 
 def encode(env: Envelope) -> bytes:
@@ -219,12 +252,12 @@ def encode(env: Envelope) -> bytes:
 _ORDER = {"I64": 0, "F64": 1, "F32": 2, "I32": 3, "F16": 4, "U8": 5, "BOOL": 6}
 
 
-def _header_bytes(
+def _header_text(
     routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]
-) -> tuple[bytes, list[np.ndarray]]:
+) -> tuple[str, list[np.ndarray]]:
     """The JSON header the safetensors library writes for these routing fields and arrays
-    (compact, padded with spaces to a multiple of 8), and the arrays in the order their bytes
-    follow it: by dtype as the library orders them, then by name."""
+    (compact, unpadded), and the arrays in the order their bytes follow it: by dtype as the
+    library orders them, then by name."""
     entries, ordered, offset = {}, [], 0
     for name in sorted(arrays, key=lambda n: (_ORDER[_DTYPES[arrays[n].dtype]], n)):
         a = arrays[name]
@@ -235,20 +268,30 @@ def _header_bytes(
         }
         ordered.append(a)
         offset += a.nbytes
-    header = {"__metadata__": dict(routing), **entries}
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    return _HEADER_JSON({"__metadata__": dict(routing), **entries}), ordered
+
+
+def _header_bytes(
+    routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]
+) -> tuple[bytes, list[np.ndarray]]:
+    """:func:`_header_text` in UTF-8, padded with spaces to a multiple of 8 (as the library
+    pads it), and the arrays in the order their bytes follow it."""
+    text, ordered = _header_text(routing, arrays)
+    raw = text.encode()
     return raw + b" " * ((-len(raw)) % 8), ordered
 
 
 def _header_size(routing: Mapping[str, str], arrays: Mapping[str, np.ndarray]) -> int:
-    """The length of :func:`_header_bytes`' header."""
-    return len(_header_bytes(routing, arrays)[0])
+    """The length of :func:`_header_bytes`' header, without its bytes."""
+    text = _header_text(routing, arrays)[0]
+    n = len(text) if text.isascii() else len(text.encode())
+    return n + (-n) % 8
 
 
 def encoded_size(env: Envelope) -> int:
     """``len(encode(env))``, computed without serializing (no copy of the arrays): what an
     in-memory exchange records as the message's bytes."""
-    arrays, routing, _, _, _ = _prepare(env, checksum=False)
+    arrays, routing = _checked_routing(env)
     return 8 + _header_size(routing, arrays) + sum(a.nbytes for a in arrays.values())
 
 
@@ -263,7 +306,7 @@ def check(env: Envelope, limits: Limits = Limits()) -> Envelope:
 
 def checked_size(env: Envelope, limits: Limits = Limits()) -> tuple[Envelope, int]:
     """:func:`check`'s envelope and :func:`encoded_size`'s size, from one pass."""
-    arrays, routing, _, _, _ = _prepare(env, checksum=False)
+    arrays, routing = _checked_routing(env)
     if len(arrays) > limits.max_tensors:
         raise WireError(f"{len(arrays)} tensors exceed the limit of {limits.max_tensors}")
     header = _header_size(routing, arrays)
@@ -283,54 +326,10 @@ def checked_size(env: Envelope, limits: Limits = Limits()) -> tuple[Envelope, in
         views[name] = a
     # a copy, as decode gives: the receiver cannot change the sender's
     meta = json.loads(routing["meta"])
-    return dataclasses.replace(env, payload=Payload(arrays=views, meta=meta)), size
-
-
-def nesting(value: Any) -> int:
-    """The nesting depth of a parsed JSON value (0 for a scalar), level by level (no recursion)."""
-    depth, level = 0, [value]
-    while True:
-        below: list[Any] = []
-        containers = False
-        for v in level:
-            if isinstance(v, dict):
-                below.extend(v.values())
-                containers = True
-            elif isinstance(v, list):
-                below.extend(v)
-                containers = True
-        if not containers:
-            return depth
-        depth += 1
-        level = below
-
-
-def parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) -> Any:
-    """``raw`` parsed as JSON, every bound checked in time linear in its bytes: its size first,
-    then ``json.loads`` (linear; it stops a deep text by itself at the interpreter's recursion
-    limit, a RecursionError refused here like any other defect, with no second pass over the text
-    to measure how deep it went), then the nesting of what it returned (a walk of the parsed value,
-    bounded by its size). Every failure is a WireError. The one JSON reader for whatever a device
-    sends: envelope headers and metadata, registration profiles, model reports."""
-    return _parse_json(raw, max_bytes=max_bytes, max_depth=max_depth, what=what)[0]
-
-
-def _parse_json(raw: bytes | str, *, max_bytes: int, max_depth: int, what: str) -> tuple[Any, int]:
-    """:func:`parse_json`'s value and its nesting depth."""
-    if len(raw) > max_bytes:
-        raise WireError(f"{what} of {len(raw)} bytes exceeds the limit of {max_bytes}")
-    try:
-        value = json.loads(raw)
-    except RecursionError:
-        raise WireError(
-            f"{what} nests deeper than the parser's recursion limit (limit {max_depth})"
-        ) from None
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise WireError(f"{what} is not JSON: {str(e)[:200]}") from None
-    depth = nesting(value)
-    if depth > max_depth:
-        raise WireError(f"{what} nests {depth} deep (limit {max_depth})")
-    return value, depth
+    # every field as it is but the payload (what dataclasses.replace gives, without its walk of
+    # the fields; a test holds this list to Envelope's fields)
+    return Envelope(env.kind, env.round, env.device_id, env.fleet, env.algorithm, env.tier,
+                    Payload(arrays=views, meta=meta), env.message_id, env.run, env.nonce), size
 
 
 #: headers up to this size are checked once per distinct header (:class:`CheckedHeaders`)
@@ -406,7 +405,7 @@ def checked_header(data: bytes, limits: Limits) -> Checked:
 
 
 def _check_header(raw: bytes, limits: Limits) -> Checked:
-    header, depth = _parse_json(
+    header, depth = parse_json_depth(
         raw, max_bytes=limits.max_header_bytes, max_depth=limits.max_depth, what="header"
     )
     if not isinstance(header, dict):

@@ -225,8 +225,8 @@ META_MODELS: dict[str, type[Meta]] = {
 
 def validate(model: type[BaseModel], data: Any, what: str) -> BaseModel:
     """``model.model_validate(data)``; a failure is a WireError naming the first bad field."""
-    try:
-        return model.model_validate(data)
+    try:  # model.model_validate(data) without its Python frame
+        return model.__pydantic_validator__.validate_python(data)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(root)"
