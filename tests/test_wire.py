@@ -431,6 +431,21 @@ def test_the_wire_json_writers_write_what_json_dumps_writes():
     assert envelope._META_JSON({"x": 1.5}) == '{"x": 1.5}'  # no state left by the failure
 
 
+def test_empty_metadata_is_refused_each_time_by_the_kinds_that_require_a_field():
+    from edgefl.wire.schema import check_meta
+
+    for _ in range(2):  # the verdict on {} is remembered only where {} passes
+        assert check_meta("train", {}) == {}
+        for kind in ("update", "metrics", "error"):
+            with pytest.raises(WireError, match=f"{kind} metadata"):
+                check_meta(kind, {})
+        with pytest.raises(WireError):
+            check_meta("train", [])  # not a dict: never the remembered verdict
+    env = Envelope("update", 0, "d0", payload=Payload({}, {}))
+    with pytest.raises(WireError, match="update metadata"):
+        check(env)
+
+
 def test_message_ids_are_uuid4_hex():
     import uuid
 

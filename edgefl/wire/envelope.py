@@ -325,7 +325,7 @@ def checked_size(env: Envelope, limits: Limits = Limits()) -> tuple[Envelope, in
             raise WireError(f"tensor {name!r} has non-finite values")
         views[name] = a
     # a copy, as decode gives: the receiver cannot change the sender's
-    meta = json.loads(routing["meta"])
+    meta = {} if routing["meta"] == "{}" else json.loads(routing["meta"])
     # every field as it is but the payload (what dataclasses.replace gives, without its walk of
     # the fields; a test holds this list to Envelope's fields)
     return Envelope(env.kind, env.round, env.device_id, env.fleet, env.algorithm, env.tier,

@@ -234,9 +234,18 @@ def validate(model: type[BaseModel], data: Any, what: str) -> BaseModel:
 
 
 def check_meta(kind: str, meta: Any) -> dict[str, Any]:
-    """The payload metadata of a ``kind`` message, checked; returns it as a plain dict."""
+    """The payload metadata of a ``kind`` message, checked; returns it as a plain dict. Empty
+    metadata (most requests') is validated once per kind: the verdict depends on nothing else."""
+    if type(meta) is dict and not meta and kind in _EMPTY_META_PASSES:
+        return meta
     validate(META_MODELS.get(kind, Meta), meta, f"{kind} metadata")
+    if type(meta) is dict and not meta:
+        _EMPTY_META_PASSES.add(kind)
     return meta
+
+
+#: the kinds whose metadata model accepted an empty dict (those requiring a field refuse it)
+_EMPTY_META_PASSES: set[str] = set()
 
 
 # --- arrays ----------------------------------------------------------------------------------
