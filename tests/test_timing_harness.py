@@ -150,3 +150,20 @@ def test_a_partial_page_written_mid_run_leaves_the_run_s_end_to_the_final_write(
     # the end is stamped by the final write (the partial one used to freeze it at the first group)
     assert final["finished"] and final["load_end"] is not None
     assert json.loads((tmp_path / "results.json").read_text())["finished"] == final["finished"]
+
+
+def test_the_parallel_page_states_the_bound_the_one_thread_run_sets():
+    from benchmarks.scale.parallel_reuse import bound_note
+
+    def group(seq, one, par):
+        return {"summary": {"sequential": {"median": seq}, "sequential, 1 thread": {"median": one},
+                            "2 workers, reused": {"median": par}}}
+
+    # 2 threads 1.45x one thread: two one-thread workers can be at most 2 x 23.2 / 33.8 faster
+    note = bound_note(group(23.2, 33.8, 20.1), 2)
+    assert "at most 1.37x" in note and "1.15x faster than the sequential" in note
+    assert "not met" in note and "out of reach" in note
+    # a machine where threads do not help: the bound is 2x and 1.5x is within it
+    assert "within the bound" in bound_note(group(30.0, 30.0, 16.0), 2)
+    assert ": met" in bound_note(group(30.0, 30.0, 16.0), 2)
+    assert bound_note({"summary": {"sequential": {"median": 1.0}}}, 2) is None
