@@ -220,6 +220,15 @@ def diagnostics(results: dict) -> str:
         readings(results)
         + per_tier(results)
         + [
+            "## A regeneration on a slower machine",
+            "",
+            "Started at clean 205eb57 on 2026-11-27 and stopped after 7 bounds and 2 grid cells: "
+            "~200 CPU-seconds a grid cell there, about 2 hours for the grid at 2 workers on that "
+            "machine (Zen 3, AVX2), against the 51 minutes estimated from the earlier machine's "
+            "wall times ([regeneration_attempt.md](regeneration_attempt.md)).",
+            "",
+        ]
+        + [
             "## Server step",
             "",
             "M at the last round (mean over seeds; uniform = 1/tiers) and its spread (max − min); "
