@@ -5,8 +5,9 @@
 Felo, FedProto, FedDW (local DP) and DP-FedAvg (central DP) are the runner's cells
 (results.json); a run that stopped because every device failed a round (its record's
 ``stop_reason``: a collapse) is counted and left out of the mean, one stopped by a spent privacy
-budget is in it. FedAvg with DP-SGD is dp_sgd.json's fleet of the same size. Means over 3 seeds,
-bars one standard deviation; Local and the two bounds as lines."""
+budget is in it. FedAvg with DP-SGD is dp_sgd.json's 10-device fleet. Means over 3 seeds, bars
+one standard deviation; the two bounds and each fleet's Local as lines (DP-FedAvg runs on the
+1,000-device fleet, the others on 10 devices: a Local per fleet, never their mean)."""
 
 from __future__ import annotations
 
@@ -41,11 +42,18 @@ def main() -> Path:
     import matplotlib.pyplot as plt
 
     acc, results = _points()
-    local = statistics.mean(r["final_accuracy"] for r in results["runs"] if r["method"] == "local")
+    fleets = {"fleet1000": "Local, 1,000 devices (DP-FedAvg's fleet)",
+              "dir0.5": "Local, 10 devices (the others' fleet)"}
+    locals_ = {
+        name: statistics.mean(rs)
+        for setting, name in fleets.items()
+        if (rs := [r["final_accuracy"] for r in results["runs"]
+                   if r["method"] == "local" and r["setting"] == setting])
+    }
     labels = {
         "felo": "Felo (local DP)",
         "fedproto": "FedProto (local DP)",
-        "fedavg": "FedAvg (central DP)",
+        "fedavg": "FedAvg (central DP, 1,000 devices)",
         "feddw": "FedDW (local DP)",
         "fedavg DP-SGD": "FedAvg (DP-SGD on the device)",
     }
@@ -59,24 +67,29 @@ def main() -> Path:
                 xs.append(x + (i - 2) * 0.06)
                 ys.append(statistics.mean(done))
                 sds.append(statistics.stdev(done) if len(done) > 1 else 0.0)
-            if len(done) < len(values):
+            if len(done) < len(values):  # (a method with no cell here draws nothing)
                 notes.append(
                     (x + (i - 2) * 0.06,
                      f"{len(values) - len(done)} of {len(values)} stopped (all failed)")
                 )
+        if not xs:
+            continue
         ax.errorbar(xs, ys, yerr=sds, marker="o", capsize=3, label=label)
         for x, text in notes:
             ax.annotate(text, (x, 22), fontsize=7, rotation=90, va="bottom", ha="center")
     bounds = results["bounds"]
-    for y, ls, c, name in ((bounds["centralized"], ":", "k", "centralized bound"),
-                           (bounds["local_iid"], "-.", "grey", "Local-IID bound"),
-                           (local, "--", "grey", "Local (no uplink)")):
+    lines = [(bounds["centralized"], ":", "k", "centralized bound"),
+             (bounds["local_iid"], "-.", "grey", "Local-IID bound")]
+    lines += [(y, ls, "grey", name)
+              for (name, y), ls in zip(locals_.items(), ("--", (0, (1, 3))), strict=False)]
+    for y, ls, c, name in lines:
         ax.axhline(100 * y, ls=ls, c=c, lw=1, label=f"{name} {100 * y:.1f} %")
     ax.set_xticks(range(len(BUDGETS)), [f"ε = {b}" for b in BUDGETS])
     ax.set_xlabel("privacy budget per device (δ = 1e-5)")
     ax.set_ylabel("final test accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("Fashion-MNIST Dir(0.5), 10 devices, 16 rounds, 3 seeds", fontsize=10)
+    ax.set_title("Fashion-MNIST Dir(0.5), 16 rounds, 3 seeds: DP-FedAvg on 1,000 devices, "
+                 "the others on 10", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
     out = HERE / "epsilon.png"
