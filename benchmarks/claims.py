@@ -303,8 +303,10 @@ def evaluate_claim(
             why.append("not converged: no last-quarter slope for " + ", ".join(unknown)
                        + " (a run without evaluations in the last quarter of its rounds)")
         if worst is not None and worst >= SLOPE_LIMIT:
+            rising = [m for m, x in zip(per_method, method_slopes, strict=True)
+                      if x is not None and abs(x) >= SLOPE_LIMIT]
             why.append(f"not converged: method slope {worst:.2f} ≥ {SLOPE_LIMIT} points per 10 % "
-                       "of rounds")
+                       f"of rounds ({', '.join(rising)})")
     verdict = "not comparable" if why else stat
     reason = " | ".join(why) + f" (the numbers alone: {stat}; {measured})" if why else measured
     return {**out, "mean_diff": mean, "sd": sd, "diffs": diffs, "signs": signs, "statistic": stat,

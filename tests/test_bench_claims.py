@@ -71,6 +71,7 @@ def test_claims_are_read_only_on_converged_runs_with_three_seeds_and_on_the_name
     c = evaluate_claim(Claim("x", "a > b", "s"), runs)
     assert not c["holds"] and c["verdict"] == "not comparable" and c["statistic"] == "reproduced"
     assert "not converged" in c["reason"] and "the numbers alone: reproduced" in c["reason"]
+    assert "of rounds (a)" in c["reason"]  # the method still rising is named, not b
     two = [r for r in runs if r["seed"] < 2]
     for r in two:
         r["slope"] = 0.0
