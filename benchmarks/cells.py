@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import provenance
+from benchmarks.timing import load
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = Path(__file__).resolve().parent
@@ -181,14 +182,6 @@ def now() -> str:
     return time.strftime(TIME_FORMAT)
 
 
-def load1() -> float | None:
-    """The machine's 1-minute load average (None where the platform has none)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-
-
 def new_invocation() -> str:
     """An id for one invocation of a benchmark (``python -m benchmarks.<name>``): its start time and
     process id. Every cell the invocation runs records it (``invocation``), so a page can tell the
@@ -220,7 +213,7 @@ def run_cell(
     records before these fields), the machine's 1-minute load at the start and at the end
     (``load_at_start``, ``load_at_end``) and ``invocation`` (the benchmark invocation that ran it,
     :func:`new_invocation`; a fresh one for a cell run on its own)."""
-    started_at, load_at_start = now(), load1()
+    started_at, load_at_start = now(), load()[0]
     import torch
 
     from edgefl.algorithms import get_algorithm
@@ -288,7 +281,7 @@ def run_cell(
                     f"record_extras {record_extras} returned keys the record already has: {clash}"
                 )
             record.update(extras, extras_from=record_extras)
-    record.update(finished_at=now(), load_at_end=load1())
+    record.update(finished_at=now(), load_at_end=load()[0])
     return record
 
 
