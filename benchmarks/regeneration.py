@@ -172,7 +172,8 @@ def paragraph(regen: Mapping[str, Any] | None) -> list[str]:
         f"Estimated regeneration at {workers} workers on an idle machine: {how}. It assumes the "
         "cells pack evenly onto the workers and leaves out each cell's time outside its run "
         f"(set-up, predictions, hook; {outside}). Target ≤ {regen['target_seconds'] / 60:.0f} "
-        f"min: {verdict} by this estimate, on the machine that ran the cells: the same cells "
-        "took 1.6–3.3× longer on another 2-core machine of this project (an AVX2-only Zen 3; "
+        f"min: {verdict} by this estimate, on the machine that ran the cells: the same work "
+        "took 2.9–3.3× longer on another 2-core machine of this project (an AVX2-only Zen 3; the "
+        "demo's training floor and a HierarchyFL cell: "
         "`benchmarks/overhead/ANALYSIS.md`, `benchmarks/hierarchyfl/regeneration_attempt.md`).",
     ]
