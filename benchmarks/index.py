@@ -24,7 +24,12 @@ def estimate(regen: dict | None) -> str:
     if not regen or not regen.get("cells"):
         return ""
     source = "CPU" if regen["estimate_from"] == "cpu_seconds" else "wall"
-    return (f" Regeneration at {regen['workers']} workers estimated at "
+    m = regen.get("measured")
+    done = (f" Regenerated in one run in {m['span_minutes']:.0f} min, measured on "
+            f"{m['cores']} cores (target ≤ {m['target_seconds'] / 60:.0f} min "
+            f"{'met' if m['target_met'] else 'not met'}; claims reproduced there "
+            f"{m['reproduced'][0]} of {m['reproduced'][1]})." if m else "")
+    return done + (f" Regeneration at {regen['workers']} workers estimated at "
             f"{regen['estimate_seconds'] / 60:.0f} min (Σ {source} seconds / {regen['workers']}; "
             f"target ≤ {regen['target_seconds'] / 60:.0f} min "
             f"{'met' if regen['target_met'] else 'not met'}).")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from benchmarks import provenance
 from benchmarks.cells import BENCHMARKS
 from benchmarks.claims import COUNTED, KINDS, SLOPE_LIMIT, mean_sd, metric_scale
-from benchmarks.regeneration import paragraph
+from benchmarks.regeneration import measured_paragraph, paragraph
 
 if TYPE_CHECKING:
     from benchmarks.runner import Benchmark
@@ -235,6 +235,9 @@ def provenance_section(bench: Benchmark, results: Mapping[str, Any]) -> list[str
     )
     regen = paragraph(results.get("regeneration"))
     lines += ["", *regen] if regen else []
+    done = measured_paragraph((results.get("regeneration") or {}).get("measured"),
+                              counts(results.get("claims", [])))
+    lines += ["", *done] if done else []
     decl = prov.get("declaration")
     lines.append("")
     if decl:

@@ -15,13 +15,18 @@ page's text of it (:mod:`benchmarks.pages`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 #: the machine a page's regeneration is estimated for (issue 37) and the target
 WORKERS = 2
 TARGET_SECONDS = 3600
+#: where a benchmark keeps a whole regeneration of its page, measured: ``python -m
+#: benchmarks.<name> --workers 2 --out benchmarks/<name>/regeneration`` (:func:`measured`)
+MEASURED_DIR = "regeneration"
 
 
 def _parse(text: str | None) -> datetime | None:
@@ -114,6 +119,75 @@ def regeneration(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "target_seconds": TARGET_SECONDS,
         "target_met": estimate <= TARGET_SECONDS,
     }
+
+
+def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The page's regeneration as measured: the run kept in ``bench_dir/regeneration`` (every cell
+    rerun into a fresh folder, the committed cells untouched), when its cells come from one
+    invocation at one clean commit; None without one. Its span, CPU and loads, the machine and the
+    load at its start and end, its claims' count and the rows whose verdict differs from the
+    page's ``claims``."""
+    path = Path(bench_dir) / MEASURED_DIR / "results.json"
+    if not path.exists():
+        return None
+    from benchmarks.pages import counts  # the page module imports this one
+
+    there = json.loads(path.read_text())
+    regen = there.get("regeneration") or {}
+    groups = regen.get("groups") or []
+    if there.get("missing") or len(groups) != 1 or groups[0]["by"] != "invocation" \
+            or len(groups[0]["commits"]) != 1 or groups[0]["commits"][0].endswith("+dirty"):
+        return None  # not one whole run from clean code: nothing measured to state
+    g = groups[0]
+    verdict = {(c["statement"], c["setting"]): c["verdict"] for c in there.get("claims", [])}
+    differ = [
+        {"statement": c["statement"], "setting": c["setting"], "page": c["verdict"],
+         "regenerated": verdict.get((c["statement"], c["setting"]), "absent")}
+        for c in claims if verdict.get((c["statement"], c["setting"])) != c["verdict"]
+    ]
+    k, n = counts(there.get("claims", []))
+    machine = there.get("machine") or {}
+    before, after = machine.get("before") or {}, machine.get("after") or {}
+    return {
+        "folder": MEASURED_DIR,
+        "commit": g["commits"][0],
+        "cells": g["cells"],
+        "start": g["start"],
+        "end": g["end"],
+        "span_minutes": g["span_minutes"],
+        "cpu_seconds": g["cpu_seconds"],
+        "cell_load": g["load"],
+        "load_start": before.get("loadavg_1_5_15"),
+        "load_end": after.get("loadavg_1_5_15"),
+        "cpu": before.get("cpu"),
+        "cores": before.get("cores"),
+        "reproduced": [k, n],
+        "differ": differ,
+        "target_seconds": TARGET_SECONDS,
+        "target_met": g["span_minutes"] is not None and g["span_minutes"] * 60 <= TARGET_SECONDS,
+    }
+
+
+def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]) -> list[str]:
+    """The page's words for :func:`measured` (empty without a measured regeneration)."""
+    if not m:
+        return []
+    load = (f"1-minute load {m['load_start'][0]:.2f} at the start and {m['load_end'][0]:.2f} at "
+            "the end" if m.get("load_start") and m.get("load_end") else "load not recorded")
+    cpu = f", Σ CPU {m['cpu_seconds']:,.0f} s" if m.get("cpu_seconds") is not None else ""
+    same = ("every claim's verdict the same as on this page" if not m["differ"] else
+            f"{len(m['differ'])} verdict(s) differ: " + "; ".join(
+                f"`{d['statement']}` [{d['setting']}] {d['page']} here, {d['regenerated']} there"
+                for d in m["differ"]))
+    return [
+        f"Measured: the whole page regenerated in one run at clean `{m['commit']}` into "
+        f"[`{m['folder']}/`]({m['folder']}/results.md) (the committed cells untouched), "
+        f"{m['cells']} cells on {m['cores']} cores ({m['cpu']}): **{m['span_minutes']:.1f} min** "
+        f"({_stamp(_parse(m['start']))} to {_stamp(_parse(m['end']))}{cpu}; {load}). Target "
+        f"≤ {m['target_seconds'] / 60:.0f} min: **{'met' if m['target_met'] else 'not met'}**, "
+        f"measured. Claims reproduced there: {m['reproduced'][0]} of {m['reproduced'][1]} "
+        f"(here {claims_here[0]} of {claims_here[1]}); {same}.",
+    ]
 
 
 def _group_line(g: Mapping[str, Any]) -> str:

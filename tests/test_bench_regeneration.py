@@ -12,7 +12,7 @@ import pytest
 from benchmarks import runner
 from benchmarks.cells import TIME_FORMAT
 from benchmarks.index import estimate
-from benchmarks.regeneration import paragraph, regeneration
+from benchmarks.regeneration import measured, measured_paragraph, paragraph, regeneration
 from benchmarks.runner import Cache, run_cells
 from tests.bench_cases import full_run, tiny_cell
 
@@ -183,3 +183,51 @@ def test_the_page_and_results_json_carry_the_regeneration(tmp_path):
     assert line == (" Regeneration at 2 workers estimated at 2 min (Σ CPU seconds / 2; "
                     "target ≤ 60 min met).")
 
+
+
+def _regenerated(bench_dir, records, claims, **extra):
+    folder = bench_dir / "regeneration"
+    folder.mkdir(parents=True, exist_ok=True)
+    machine = {"cpu": "AMD EPYC", "cores": 2, "loadavg_1_5_15": [1.5, 1.0, 0.5]}
+    (folder / "results.json").write_text(json.dumps({
+        "regeneration": regeneration(records), "claims": claims, "missing": [],
+        "machine": {"before": machine, "after": {**machine, "loadavg_1_5_15": [2.5, 2, 1]}},
+        **extra}))
+
+
+def test_a_regeneration_kept_beside_the_page_is_stated_as_measured(tmp_path):
+    # Prepare: a whole regeneration from one invocation at a clean commit (two cells over 70
+    # minutes), whose second claim's verdict differs from the page's
+    def claim(statement, verdict, kind="paper"):
+        return {"statement": statement, "setting": "s", "verdict": verdict, "kind": kind}
+
+    page_claims = [claim("a > b", "reproduced"), claim("c > d", "reproduced")]
+    there = [claim("a > b", "reproduced"), claim("c > d", "not reproduced")]
+    records = [timed(0, 0, 1800, cpu=1700, code="c9", invocation="inv-1", started_at=at(0)),
+               timed(1, 40, 1800, cpu=1750, code="c9", invocation="inv-1", started_at=at(40))]
+    _regenerated(tmp_path, records, there)
+    # Execute
+    m = measured(tmp_path, page_claims)
+    # Assert: its span (70 min: over the hour), its loads, its count and the differing row
+    assert m["commit"] == "c9" and m["cells"] == 2
+    assert m["span_minutes"] == pytest.approx(70) and m["target_met"] is False
+    assert m["cpu_seconds"] == 3450 and m["load_start"][0] == 1.5 and m["load_end"][0] == 2.5
+    assert m["reproduced"] == [1, 2]
+    assert m["differ"] == [{"statement": "c > d", "setting": "s", "page": "reproduced",
+                            "regenerated": "not reproduced"}]
+    text = "\n".join(measured_paragraph(m, (2, 2)))
+    assert "**70.0 min**" in text and "**not met**, measured" in text
+    assert "`c > d` [s] reproduced here, not reproduced there" in text
+    assert "Claims reproduced there: 1 of 2 (here 2 of 2)" in text
+    regen = {**regeneration(records), "measured": m}
+    assert estimate(regen).startswith(" Regenerated in one run in 70 min, measured on 2 cores "
+                                      "(target ≤ 60 min not met; claims reproduced there 1 of 2).")
+    # none where the run is not one whole run from clean code, or where there is none
+    assert measured(tmp_path / "elsewhere", page_claims) is None
+    assert measured_paragraph(None, (0, 0)) == []
+    for bad in ([records[0], {**records[1], "invocation": "inv-2"}],  # two runs
+                [{**r, "code": "c9+dirty"} for r in records]):  # uncommitted code
+        _regenerated(tmp_path, bad, there)
+        assert measured(tmp_path, page_claims) is None
+    _regenerated(tmp_path, records, there, missing=["grid:s:a:s2"])  # stopped before its end
+    assert measured(tmp_path, page_claims) is None
