@@ -3,7 +3,8 @@
 Alternates (:mod:`benchmarks.timing`, the load recorded before and after each sample) the demo's
 training floor (:func:`benchmarks.demo.floor.floor_run`: its 20 devices trained in memory one at
 a time at one thread, scaled to 12 rounds on this machine's cores) and the whole ``make demo``
-(timed from outside, with this interpreter's venv: ``make demo VENV=<sys.prefix>``), and writes
+(timed from outside, with this interpreter's venv: ``make demo VENV=<sys.prefix>``, this
+checkout's ``edgefl`` first on ``PYTHONPATH``), and writes
 ``ratio.json`` and ``ratio.md`` beside this file: each sample, and make demo ÷ floor as the median
 of the ratios of samples taken side by side (issue 39's target: ≤ 1.2). Then the demo page
 (``README.md``, :mod:`benchmarks.demo.record`) is rewritten from the last ``runs/demo`` with its
@@ -17,12 +18,9 @@ ratio taken under load with that in mind; the load of every sample is in ``ratio
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from benchmarks.demo import record
+from benchmarks.demo import ab, record
 from benchmarks.demo.floor import floor_run
 from benchmarks.timing import Timing
 
@@ -32,12 +30,10 @@ TARGET = 1.2
 
 
 def make_demo() -> dict:
-    """One sample: the wall seconds of ``make demo`` with this interpreter's venv."""
-    t0 = time.perf_counter()
-    # -o: the venv is taken as installed (make would otherwise reinstall this checkout into it)
-    subprocess.run(["make", "-o", f"{sys.prefix}/.installed-stamp", "demo", f"VENV={sys.prefix}"],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return {"value": time.perf_counter() - t0}
+    """One sample: the wall seconds of ``make demo`` in this checkout with this interpreter's
+    venv, this checkout's ``edgefl`` first on the path (:func:`benchmarks.demo.ab.make_demo`: the
+    venv's editable install may point at another checkout)."""
+    return ab.make_demo(ROOT)
 
 
 def main(argv: list[str] | None = None) -> dict:
