@@ -47,7 +47,7 @@ from edgefl.report.console import Feedback, out
 FILE_KEYS = (
     "broker", "fleet", "device_id", "username", "password", "password_file", "data", "tier",
     "profile", "delay", "max_bytes", "threads", "train_device", "save_model", "export", "wait",
-    "ca_file", "cert_file", "key_file", "models_dir", "work_slots",
+    "ca_file", "cert_file", "key_file", "models_dir",
 )  # fmt: skip
 SECRET = "password"
 
@@ -167,12 +167,6 @@ def train(
     ),
     max_bytes: MaxBytes = MAX_BYTES,
     threads: int = typer.Option(None, help="Torch CPU threads."),
-    work_slots: Path = typer.Option(
-        None,
-        help="A folder of slot files shared by the device processes of this machine: local work "
-        "(train, evaluate) waits for a free one, so at most one device per file computes at once "
-        "(edgefl simulate --transport mqtt sets it when its devices outnumber the cores).",
-    ),
     train_device: str = typer.Option(
         None,
         help="Where local training runs: auto (a CUDA GPU when this torch build sees one, else "
@@ -196,7 +190,7 @@ def train(
         "device_id": device_id, "data": data, "tier": tier, "profile": profile, "wait": wait,
         "delay": delay, "max_bytes": max_bytes, "threads": threads, "train_device": train_device,
         "save_model": save_model, "export": export,
-        "models_dir": models_dir, "work_slots": work_slots,
+        "models_dir": models_dir,
     }  # fmt: skip
     sources = {key: _source(ctx, key) for key in values}
     if print_config:
@@ -252,7 +246,6 @@ def train(
         delay=float(resolved["delay"]),
         max_bytes=int(resolved["max_bytes"]),
         threads=resolved["threads"],
-        work_slots=str(resolved["work_slots"]) if resolved["work_slots"] else None,
         train_device=str(resolved["train_device"] or "auto"),
         save_model=str(resolved["save_model"]) if resolved["save_model"] else None,
         export=str(resolved["export"]) if resolved["export"] else None,

@@ -9,8 +9,8 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, MutableMapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping, MutableMapping
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -105,12 +105,8 @@ class DeviceAgent:
         limits: Limits = Limits(),
         eval_cache: MutableMapping[tuple[str, str], dict[str, float]] | None = None,
         run_id: str | None = None,
-        work_slot: Callable[[], AbstractContextManager[None]] = nullcontext,
     ):
         self.half = half
-        #: held around the local work (train, evaluate, finish): ``WorkSlots.hold`` where device
-        #: processes share a machine's cores (:mod:`edgefl.runtime.slots`)
-        self.work_slot = work_slot
         self.eval_sets = dict(eval_sets or {})
         self.fleet, self.algorithm, self.limits = fleet, algorithm, limits
         self.eval_cache = eval_cache
@@ -175,14 +171,13 @@ class DeviceAgent:
                         f"the server relies on round {since}'s evaluation downlink, which this "
                         "device does not hold")
                 self.absorbed_eval_round = None
+                t0 = time.perf_counter()
                 undo = undone_on_failure if self.half.undo_failed_rounds else nullcontext
-                with self.work_slot():
-                    t0 = time.perf_counter()  # the local work, not the wait for a slot
-                    with undo(self.half):
-                        with seeded_torch(self.half.ctx, env.round):
-                            up = self.half.fit(env.round)
-                        up.meta["train_seconds"] = time.perf_counter() - t0
-                        _check_finite(up)
+                with undo(self.half):
+                    with seeded_torch(self.half.ctx, env.round):
+                        up = self.half.fit(env.round)
+                    up.meta["train_seconds"] = time.perf_counter() - t0
+                    _check_finite(up)
                 return env.reply("update", up, algorithm=self.algorithm)
             if env.kind == "evaluate":
                 meta = dict(env.payload.meta)
@@ -191,13 +186,12 @@ class DeviceAgent:
                 if env.payload.arrays or meta:
                     self.half.receive(env.round, Payload(env.payload.arrays, meta))
                 self.absorbed_eval_round = env.round
-                with self.work_slot():
-                    metrics = self.evaluate(split, limit)
-                return env.reply("metrics", Payload({}, metrics), algorithm=self.algorithm)
+                return env.reply("metrics", Payload({}, self.evaluate(split, limit)),
+                                 algorithm=self.algorithm)
             self.absorbed_eval_round = None
             meta = dict(env.payload.meta)
             send_model = bool(meta.pop(SEND_MODEL, False))
-            with self.work_slot(), seeded_torch(self.half.ctx, env.round):
+            with seeded_torch(self.half.ctx, env.round):
                 self.half.finish(env.round, Payload(env.payload.arrays, meta))
             # asked for: the final model goes back with the reply (checked by the server against its
             # spec), unless local differential privacy protects this device's data: then no model

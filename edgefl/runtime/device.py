@@ -35,7 +35,6 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,9 +87,6 @@ class DeviceOptions:
     register_cap: float = 60.0  # then doubling (±25 % jitter per device) up to this
     exit_when_over: bool = True
     threads: int | None = None
-    # a folder of slot files shared with the other device processes of this machine: the local
-    # work waits for a free one (edgefl.runtime.slots; edgefl simulate --transport mqtt sets it)
-    work_slots: str | None = None
     # where local training runs: auto (CUDA when torch sees it), cpu, cuda, cuda:N
     train_device: str = "auto"
     # write the final model here (safetensors + spec) when the run is over
@@ -165,11 +161,6 @@ class DeviceRuntime:
             .with_tls(opts.ca_file, opts.cert_file, opts.key_file)
         )
         self.endpoint = MqttDeviceEndpoint(address, opts.fleet, opts.device_id, limits=self.limits)
-        self.slots = None
-        if opts.work_slots:
-            from edgefl.runtime.slots import WorkSlots  # POSIX (fcntl): imported where asked for
-
-            self.slots = WorkSlots(opts.work_slots)
         self.profile = opts.profile if opts.profile is not None else measure_profile(opts.device_id)
         self.assignment: Assignment | None = None
         self.agent: DeviceAgent | None = None
@@ -246,8 +237,7 @@ class DeviceRuntime:
         compute = resolve_compute(self.opts.train_device)
         half, evals = build_assigned(self.data_spec, a, self.opts.device_id, compute=compute)
         self.agent = DeviceAgent(half, eval_sets=evals, fleet=self.opts.fleet,
-                                 algorithm=a.algorithm, limits=self.limits, run_id=a.epoch,
-                                 work_slot=self.slots.hold if self.slots else nullcontext)
+                                 algorithm=a.algorithm, limits=self.limits, run_id=a.epoch)
         self.num_samples = len(half.ctx.train_data)
         log.info("device %s: built %s for %s on %d samples, training on %s", self.opts.device_id,
                  a.spec.name, a.algorithm, self.num_samples, compute)
@@ -381,8 +371,6 @@ class DeviceRuntime:
             self._flush()
         finally:
             self.endpoint.stop()
-            if self.slots is not None:
-                self.slots.close()
         if self.over and self.agent is not None:
             self._keep_model()
         return self.served

@@ -74,7 +74,6 @@ def device_command(
     train_device: str | None = None,
     verbose: bool = False,
     save_model: Path | None = None,
-    work_slots: Path | None = None,
 ) -> list[str]:
     cmd = [sys.executable, "-m", "edgefl.cli.main"]
     if verbose:
@@ -93,8 +92,6 @@ def device_command(
         cmd += ["--train-device", train_device]
     if save_model is not None:
         cmd += ["--save-model", str(save_model)]
-    if work_slots is not None:
-        cmd += ["--work-slots", str(work_slots)]
     return cmd
 
 
@@ -199,20 +196,6 @@ def _import_while_the_fork_server_does() -> None:
     import edgefl.report.plots  # noqa: F401
 
 
-def work_slots(folder: Path, devices: int, threads: int, train_device: str | None) -> Path | None:
-    """The slot folder of a fleet whose device processes outnumber this machine's cores at
-    ``threads`` each (one slot per ``threads`` cores: :mod:`edgefl.runtime.slots`); None where
-    they fit, where the devices train on a GPU, or without POSIX file locks (Windows)."""
-    from edgefl.algorithms.training import resolve_compute
-
-    slots = max(1, (os.cpu_count() or 1) // max(1, threads))
-    if devices <= slots or os.name != "posix" or resolve_compute(train_device or "auto") != "cpu":
-        return None
-    from edgefl.runtime.slots import create_slots
-
-    return create_slots(folder, slots)
-
-
 def simulate_mqtt(
     cfg: RunConfig,
     *,
@@ -256,7 +239,6 @@ def simulate_mqtt(
     with tempfile.TemporaryDirectory(prefix="edgefl-fleet-") as tmp:
         profiles = plan.profiles()  # a fleet file's profiles; without one, the simulated profile
         threads = max(1, (os.cpu_count() or 1) // max(1, cfg.clients))
-        slots = work_slots(Path(tmp) / "work-slots", cfg.clients, threads, cfg.train_device)
         try:
             for i, device_id in enumerate(plan.ids):
                 profile_file = Path(tmp) / f"{device_id}.json"
@@ -264,7 +246,7 @@ def simulate_mqtt(
                 cmd = device_command(
                     broker, fleet, device_id, data_spec_for(cfg, i), tier=plan.tiers[device_id],
                     profile_file=profile_file, threads=threads, train_device=cfg.train_device,
-                    verbose=verbose, work_slots=slots,
+                    verbose=verbose,
                 )
                 procs.append(launcher.start(cmd, log_dir / f"{device_id}.log",
                                             {REPEATABLE_NOISE_ENV: "1"}))
