@@ -121,12 +121,30 @@ def regeneration(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def _run_shift(page_runs: Sequence[Mapping[str, Any]], there: Sequence[Mapping[str, Any]],
+               ) -> dict[str, Any] | None:
+    """How far the same runs (method, setting, seed) moved between the page and its regeneration:
+    final accuracy there minus here, in points (None when no run matches)."""
+    def by(runs):
+        return {(r.get("method"), r.get("setting"), r.get("seed")): r.get("final_accuracy")
+                for r in runs if r.get("final_accuracy") is not None}
+
+    here, regenerated = by(page_runs), by(there)
+    diffs = [100 * (regenerated[k] - here[k]) for k in here if k in regenerated]
+    if not diffs:
+        return None
+    mean = sum(diffs) / len(diffs)
+    sd = (sum((d - mean) ** 2 for d in diffs) / len(diffs)) ** 0.5
+    return {"runs": len(diffs), "mean": mean, "sd": sd, "max_abs": max(map(abs, diffs))}
+
+
+def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
+             runs: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any] | None:
     """The page's regeneration as measured: the run kept in ``bench_dir/regeneration`` (every cell
     rerun into a fresh folder, the committed cells untouched), when its cells come from one
     invocation at one clean commit; None without one. Its span, CPU and loads, the machine and the
     load at its start and end, its claims' count and the rows whose verdict differs from the
-    page's ``claims``."""
+    page's ``claims``, and how far the same runs moved (``runs``: the page's)."""
     path = Path(bench_dir) / MEASURED_DIR / "results.json"
     if not path.exists():
         return None
@@ -163,6 +181,7 @@ def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]]) -> dict[str, 
         "cores": before.get("cores"),
         "reproduced": [k, n],
         "differ": differ,
+        "run_shift": _run_shift(runs, there.get("runs", [])),
         "target_seconds": TARGET_SECONDS,
         "target_met": g["span_minutes"] is not None and g["span_minutes"] * 60 <= TARGET_SECONDS,
     }
@@ -179,6 +198,13 @@ def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]
             f"{len(m['differ'])} verdict(s) differ: " + "; ".join(
                 f"`{d['statement']}` [{d['setting']}] {d['page']} here, {d['regenerated']} there"
                 for d in m["differ"]))
+    shift = m.get("run_shift")
+    moved = (f" The same {shift['runs']} runs (method, setting, seed) moved by "
+             f"{shift['mean']:+.2f} ± {shift['sd']:.2f} points there (at most "
+             f"{shift['max_abs']:.2f}; the page's cells ran at other commits, on another "
+             "machine where the page's regeneration records say so): a verdict near the 2 sd line "
+             "can turn with such a shift."
+             if shift else "")
     return [
         f"Measured: the whole page regenerated in one run at clean `{m['commit']}` into "
         f"[`{m['folder']}/`]({m['folder']}/results.md) (the committed cells untouched), "
@@ -186,7 +212,7 @@ def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]
         f"({_stamp(_parse(m['start']))} to {_stamp(_parse(m['end']))}{cpu}; {load}). Target "
         f"≤ {m['target_seconds'] / 60:.0f} min: **{'met' if m['target_met'] else 'not met'}**, "
         f"measured. Claims reproduced there: {m['reproduced'][0]} of {m['reproduced'][1]} "
-        f"(here {claims_here[0]} of {claims_here[1]}); {same}.",
+        f"(here {claims_here[0]} of {claims_here[1]}); {same}.{moved}",
     ]
 
 
@@ -246,8 +272,8 @@ def paragraph(regen: Mapping[str, Any] | None) -> list[str]:
         f"Estimated regeneration at {workers} workers on an idle machine: {how}. It assumes the "
         "cells pack evenly onto the workers and leaves out each cell's time outside its run "
         f"(set-up, predictions, hook; {outside}). Target ≤ {regen['target_seconds'] / 60:.0f} "
-        f"min: {verdict} by this estimate, on the machine that ran the cells: the same work "
-        "took 2.9–3.3× longer on another 2-core machine of this project (an AVX2-only Zen 3; the "
-        "demo's training floor and a HierarchyFL cell: "
+        f"min: {verdict} by this estimate, on the machine that ran the cells; this project's "
+        "2-core machines differ by 2.9–3.3× on the same work (an AVX2-only Zen 3 against the "
+        "earlier sessions' machine: the demo's training floor and a HierarchyFL cell, "
         "`benchmarks/overhead/ANALYSIS.md`, `benchmarks/hierarchyfl/regeneration_attempt.md`).",
     ]

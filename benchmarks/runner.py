@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -300,6 +301,27 @@ def build_results(
     }
 
 
+_LINK = re.compile(r"\]\(([^)#\s]+)([^)]*)\)")
+
+
+def relink(text: str, page_dir: Path, bench_dir: Path) -> str:
+    """A page written outside its benchmark's folder (``--out``: a measured regeneration, a
+    reviewer's folder) with its relative links that do not resolve there pointed at the files of
+    the benchmark's folder they name (``declared.json`` → ``../declared.json``)."""
+    page_dir, bench_dir = Path(page_dir).resolve(), Path(bench_dir).resolve()
+    if page_dir == bench_dir:
+        return text
+
+    def fix(m: re.Match) -> str:
+        target, rest = m.group(1), m.group(2)
+        if "://" in target or target.startswith("/") or (page_dir / target).exists() \
+                or not (bench_dir / target).exists():
+            return m.group(0)
+        return f"]({os.path.relpath(bench_dir / target, page_dir)}{rest})"
+
+    return _LINK.sub(fix, text)
+
+
 # -- entry point ----------------------------------------------------------------------------------
 def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
@@ -430,7 +452,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     )
     results["missing"] = [c.label for c in missing]
     if args.out is None and not args.quick:  # the page itself: a measured regeneration beside it
-        results["regeneration"]["measured"] = measured(BENCHMARKS / bench.name, results["claims"])
+        results["regeneration"]["measured"] = measured(BENCHMARKS / bench.name, results["claims"],
+                                                       results["runs"])
     if args.report_only and (out / "results.json").exists():
         # a report rewritten from cached cells: the machine is that of the run that made them
         previous = json.loads((out / "results.json").read_text())
@@ -438,7 +461,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     (out / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
     plot_results(results, out)
     figures = bench.figures(results, out) if bench.figures is not None else ""
-    (out / "results.md").write_text(results_markdown(bench, results, figures))
+    (out / "results.md").write_text(
+        relink(results_markdown(bench, results, figures), out, BENCHMARKS / bench.name))
     if not args.quick and args.out is None:
         write_readme_index()
     from benchmarks.pages import counts

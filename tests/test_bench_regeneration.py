@@ -205,9 +205,12 @@ def test_a_regeneration_kept_beside_the_page_is_stated_as_measured(tmp_path):
     there = [claim("a > b", "reproduced"), claim("c > d", "not reproduced")]
     records = [timed(0, 0, 1800, cpu=1700, code="c9", invocation="inv-1", started_at=at(0)),
                timed(1, 40, 1800, cpu=1750, code="c9", invocation="inv-1", started_at=at(40))]
-    _regenerated(tmp_path, records, there)
+    runs_there = [{"method": "a", "setting": "s", "seed": i, "final_accuracy": 0.5 + i / 100}
+                  for i in range(2)]
+    page_runs = [{**r, "final_accuracy": 0.5} for r in runs_there]
+    _regenerated(tmp_path, records, there, runs=runs_there)
     # Execute
-    m = measured(tmp_path, page_claims)
+    m = measured(tmp_path, page_claims, page_runs)
     # Assert: its span (70 min: over the hour), its loads, its count and the differing row
     assert m["commit"] == "c9" and m["cells"] == 2
     assert m["span_minutes"] == pytest.approx(70) and m["target_met"] is False
@@ -219,6 +222,9 @@ def test_a_regeneration_kept_beside_the_page_is_stated_as_measured(tmp_path):
     assert "**70.0 min**" in text and "**not met**, measured" in text
     assert "`c > d` [s] reproduced here, not reproduced there" in text
     assert "Claims reproduced there: 1 of 2 (here 2 of 2)" in text
+    # the same runs moved by 0 and +1 point there
+    assert m["run_shift"] == pytest.approx({"runs": 2, "mean": 0.5, "sd": 0.5, "max_abs": 1.0})
+    assert "The same 2 runs (method, setting, seed) moved by +0.50 ± 0.50 points" in text
     regen = {**regeneration(records), "measured": m}
     assert estimate(regen).startswith(" Regenerated in one run in 70 min, measured on 2 cores "
                                       "(target ≤ 60 min not met; claims reproduced there 1 of 2).")
@@ -231,3 +237,17 @@ def test_a_regeneration_kept_beside_the_page_is_stated_as_measured(tmp_path):
         assert measured(tmp_path, page_claims) is None
     _regenerated(tmp_path, records, there, missing=["grid:s:a:s2"])  # stopped before its end
     assert measured(tmp_path, page_claims) is None
+
+
+def test_a_page_written_outside_its_folder_links_back_to_the_folders_files(tmp_path):
+    bench_dir = tmp_path / "bench"
+    out = bench_dir / "regeneration"
+    out.mkdir(parents=True)
+    (bench_dir / "declared.json").write_text("{}")
+    (out / "accuracy.png").write_bytes(b"")
+    text = ("[d](declared.json) [a](accuracy.png) [w](https://x.org/a) [m](missing.md) "
+            "[r](declared.json#main)")
+    assert runner.relink(text, out, bench_dir) == (
+        "[d](../declared.json) [a](accuracy.png) [w](https://x.org/a) [m](missing.md) "
+        "[r](../declared.json#main)")
+    assert runner.relink(text, bench_dir, bench_dir) == text  # the page in its own folder
