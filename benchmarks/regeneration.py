@@ -16,6 +16,7 @@ page's text of it (:mod:`benchmarks.pages`).
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -133,9 +134,8 @@ def _run_shift(page_runs: Sequence[Mapping[str, Any]], there: Sequence[Mapping[s
     diffs = [100 * (regenerated[k] - here[k]) for k in here if k in regenerated]
     if not diffs:
         return None
-    mean = sum(diffs) / len(diffs)
-    sd = (sum((d - mean) ** 2 for d in diffs) / len(diffs)) ** 0.5
-    return {"runs": len(diffs), "mean": mean, "sd": sd, "max_abs": max(map(abs, diffs))}
+    return {"runs": len(diffs), "mean": statistics.fmean(diffs), "sd": statistics.pstdev(diffs),
+            "max_abs": max(map(abs, diffs))}
 
 
 def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
@@ -157,11 +157,15 @@ def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
             or len(groups[0]["commits"]) != 1 or groups[0]["commits"][0].endswith("+dirty"):
         return None  # not one whole run from clean code: nothing measured to state
     g = groups[0]
-    verdict = {(c["statement"], c["setting"]): c["verdict"] for c in there.get("claims", [])}
+
+    def key(c: Mapping[str, Any]) -> tuple:  # one claim may be read on several metrics (per tier)
+        return c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")
+
+    verdict = {key(c): c["verdict"] for c in there.get("claims", [])}
     differ = [
-        {"statement": c["statement"], "setting": c["setting"], "page": c["verdict"],
-         "regenerated": verdict.get((c["statement"], c["setting"]), "absent")}
-        for c in claims if verdict.get((c["statement"], c["setting"])) != c["verdict"]
+        {"statement": c["statement"], "setting": c["setting"], "metric": c.get("metric_a"),
+         "page": c["verdict"], "regenerated": verdict.get(key(c), "absent")}
+        for c in claims if verdict.get(key(c)) != c["verdict"]
     ]
     k, n = counts(there.get("claims", []))
     machine = there.get("machine") or {}
@@ -196,7 +200,9 @@ def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]
     cpu = f", Σ CPU {m['cpu_seconds']:,.0f} s" if m.get("cpu_seconds") is not None else ""
     same = ("every claim's verdict the same as on this page" if not m["differ"] else
             f"{len(m['differ'])} verdict(s) differ: " + "; ".join(
-                f"`{d['statement']}` [{d['setting']}] {d['page']} here, {d['regenerated']} there"
+                f"`{d['statement']}` [{d['setting']}"
+                + ("" if d.get("metric") in (None, "final_accuracy") else f", {d['metric']}")
+                + f"] {d['page']} here, {d['regenerated']} there"
                 for d in m["differ"]))
     shift = m.get("run_shift")
     moved = (f" The same {shift['runs']} runs (method, setting, seed) moved by "

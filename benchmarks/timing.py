@@ -155,7 +155,6 @@ class Timing:
         """``scale`` multiplies values for the page only (1000 with ``unit="ms"`` on seconds)."""
         self.title, self.out_dir = title, Path(out_dir)
         self.metric, self.unit, self.scale = metric, unit, scale
-        self.name = "results"  # the files' name (write's)
         self.results: dict = {
             "title": title,
             "invocation": invocation(),
@@ -174,7 +173,6 @@ class Timing:
         timing = cls.__new__(cls)
         timing.title, timing.out_dir = results["title"], Path(path).parent
         timing.metric, timing.unit, timing.scale = results["metric"], unit, scale
-        timing.name = Path(path).stem
         timing.results = results
         return timing
 
@@ -224,13 +222,13 @@ class Timing:
             self.results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
             self.results["load_end"] = load()
         self.results["notes"] = list(notes)
-        self.name = name
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"{name}.json").write_text(json.dumps(self.results, indent=2) + "\n")
-        (self.out_dir / f"{name}.md").write_text("\n".join(self.markdown(extra_md)) + "\n")
+        (self.out_dir / f"{name}.md").write_text("\n".join(self.markdown(extra_md, name)) + "\n")
         return self.results
 
-    def markdown(self, extra_md: list[str] = ()) -> list[str]:
+    def markdown(self, extra_md: list[str] = (), name: str = "results") -> list[str]:
+        """The page's lines; ``name``: the json beside it (``<name>.json``)."""
         r = self.results
         inv, m = r["invocation"], r["machine"]
         loads = [s[k] for g in r["groups"].values() for s in g["samples"]
@@ -247,8 +245,7 @@ class Timing:
             "",
             f"Load average (1/5/15 min): {r['load_start']} at the start, {r.get('load_end')} at "
             f"the end; the 1-minute load ranged {min(one_min):.2f}–{max(one_min):.2f} over the "
-            f"samples (each sample's load before and after is in {self.name}"
-            ".json).",
+            f"samples (each sample's load before and after is in {name}.json).",
             "",
             "Variants alternate within each group (rotated order per repetition); a ratio is the "
             "median over repetitions of the ratio of two samples taken side by side.",

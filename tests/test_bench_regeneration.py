@@ -216,8 +216,8 @@ def test_a_regeneration_kept_beside_the_page_is_stated_as_measured(tmp_path):
     assert m["span_minutes"] == pytest.approx(70) and m["target_met"] is False
     assert m["cpu_seconds"] == 3450 and m["load_start"][0] == 1.5 and m["load_end"][0] == 2.5
     assert m["reproduced"] == [1, 2]
-    assert m["differ"] == [{"statement": "c > d", "setting": "s", "page": "reproduced",
-                            "regenerated": "not reproduced"}]
+    assert m["differ"] == [{"statement": "c > d", "setting": "s", "metric": None,
+                            "page": "reproduced", "regenerated": "not reproduced"}]
     text = "\n".join(measured_paragraph(m, (2, 2)))
     assert "**70.0 min**" in text and "**not met**, measured" in text
     assert "`c > d` [s] reproduced here, not reproduced there" in text
@@ -251,3 +251,19 @@ def test_a_page_written_outside_its_folder_links_back_to_the_folders_files(tmp_p
         "[d](../declared.json) [a](accuracy.png) [w](https://x.org/a) [m](missing.md) "
         "[r](../declared.json#main)")
     assert runner.relink(text, bench_dir, bench_dir) == text  # the page in its own folder
+
+
+def test_a_measured_regeneration_tells_claims_apart_by_their_metric(tmp_path):
+    # one claim read on two metrics (per tier): only the tier whose verdict moved differs
+    def claim(metric, verdict):
+        return {"statement": "h > f", "setting": "s", "metric_a": metric, "metric_b": metric,
+                "verdict": verdict, "kind": "paper"}
+
+    records = [timed(0, 0, 60, cpu=50, code="c9", invocation="inv-1", started_at=at(0))]
+    _regenerated(tmp_path, records, [claim("per_tier.1", "reproduced"),
+                                     claim("per_tier.2", "not reproduced")])
+    m = measured(tmp_path, [claim("per_tier.1", "reproduced"), claim("per_tier.2", "reproduced")])
+    assert [(d["metric"], d["page"], d["regenerated"]) for d in m["differ"]] == [
+        ("per_tier.2", "reproduced", "not reproduced")]
+    assert "`h > f` [s, per_tier.2] reproduced here, not reproduced there" in "\n".join(
+        measured_paragraph(m, (2, 2)))

@@ -29,13 +29,6 @@ HERE = Path(__file__).resolve().parent
 TARGET = 1.2
 
 
-def make_demo() -> dict:
-    """One sample: the wall seconds of ``make demo`` in this checkout with this interpreter's
-    venv, this checkout's ``edgefl`` first on the path (:func:`benchmarks.demo.ab.make_demo`: the
-    venv's editable install may point at another checkout)."""
-    return ab.make_demo(ROOT)
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repetitions", type=int, default=1)
@@ -45,7 +38,8 @@ def main(argv: list[str] | None = None) -> dict:
     timing = Timing("make demo against its training floor", HERE, metric="seconds",
                     settings=vars(args))
     samples = timing.alternate(
-        "demo", {"training floor": lambda: floor_run(args.floor_rounds), "make demo": make_demo},
+        "demo", {"training floor": lambda: floor_run(args.floor_rounds),
+                 "make demo": lambda: ab.make_demo(ROOT)},
         args.repetitions, baseline="training floor")
     ratio = timing.results["groups"]["demo"]["summary"]["make demo"].get("ratio_to_baseline")
     verdict = ("not measured" if not ratio else
