@@ -29,7 +29,12 @@ def estimate(regen: dict | None) -> str:
             f"{m['cores']} cores (target ≤ {m['target_seconds'] / 60:.0f} min "
             f"{'met' if m['target_met'] else 'not met'}; claims reproduced there "
             f"{m['reproduced'][0]} of {m['reproduced'][1]})." if m else "")
-    return done + (f" Regeneration at {regen['workers']} workers estimated at "
+    q = regen.get("quick")
+    quick = (f" Quick profile measured in {q['span_minutes']:.1f} min (target ≤ "
+             f"{q['target_seconds'] / 60:.0f} min {'met' if q['target_met'] else 'not met'}), "
+             f"signs agreeing for {q['agree']} of {len(q['rows'])} counted claims compared."
+             if q else "")
+    return done + quick + (f" Regeneration at {regen['workers']} workers estimated at "
             f"{regen['estimate_seconds'] / 60:.0f} min (Σ {source} seconds / {regen['workers']}; "
             f"target ≤ {regen['target_seconds'] / 60:.0f} min "
             f"{'met' if regen['target_met'] else 'not met'}).")

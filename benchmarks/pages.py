@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from benchmarks import provenance
 from benchmarks.cells import BENCHMARKS
 from benchmarks.claims import COUNTED, KINDS, SLOPE_LIMIT, mean_sd, metric_scale
-from benchmarks.regeneration import measured_paragraph, paragraph
+from benchmarks.regeneration import measured_paragraph, paragraph, quick_paragraph
 
 if TYPE_CHECKING:
     from benchmarks.runner import Benchmark
@@ -238,6 +238,8 @@ def provenance_section(bench: Benchmark, results: Mapping[str, Any]) -> list[str
     done = measured_paragraph((results.get("regeneration") or {}).get("measured"),
                               counts(results.get("claims", [])))
     lines += ["", *done] if done else []
+    quick = quick_paragraph((results.get("regeneration") or {}).get("quick"))
+    lines += ["", *quick] if quick else []
     decl = prov.get("declaration")
     lines.append("")
     if decl:

@@ -191,6 +191,127 @@ def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
     }
 
 
+#: where a benchmark keeps its quick profile's run, measured: ``python -m benchmarks.<name> --quick
+#: --workers 2 --out benchmarks/<name>/quick`` (:func:`quick_measured`)
+QUICK_DIR = "quick"
+#: issue 37: ``--quick`` reproduces the signs of the main claims in at most 10 minutes
+QUICK_TARGET_SECONDS = 600
+
+
+def _sign(x: float | None) -> int:
+    return 0 if not x else (1 if x > 0 else -1)
+
+
+def quick_measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The quick profile as measured: the run kept in ``bench_dir/quick`` when its cells come from
+    one invocation at one clean commit (None without one): its span against the 10-minute target,
+    and for each counted claim of the page (``claims``) the quick run's paired difference beside
+    the page's, matched by statement, setting and metrics; where no claim matches on its metrics
+    but exactly one of the quick run's has the same statement and setting, that one, marked as on
+    another metric. A sign agrees when both means are non-zero and of the same sign."""
+    path = Path(bench_dir) / QUICK_DIR / "results.json"
+    if not path.exists():
+        return None
+    from benchmarks.claims import metric_scale
+    from benchmarks.pages import is_counted  # the page module imports this one
+
+    there = json.loads(path.read_text())
+    groups = (there.get("regeneration") or {}).get("groups") or []
+    if there.get("missing") or len(groups) != 1 or groups[0]["by"] != "invocation" \
+            or len(groups[0]["commits"]) != 1 or groups[0]["commits"][0].endswith("+dirty"):
+        return None
+    g = groups[0]
+    quick = there.get("claims", [])
+    exact = {(c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")): c
+             for c in quick}
+    rows = []
+    for c in claims:
+        if not is_counted(c):
+            continue
+        q = exact.get((c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")))
+        other = False
+        if q is None:
+            same = [x for x in quick if (x["statement"], x["setting"]) ==
+                    (c["statement"], c["setting"])]
+            q, other = (same[0], True) if len(same) == 1 else (None, False)
+        if q is None:
+            continue
+        rows.append({
+            "statement": c["statement"], "setting": c["setting"],
+            "metric": c.get("metric_a"), "metric_b": c.get("metric_b"),
+            "quick_metric": q.get("metric_a"), "other_metric": other,
+            "scale": metric_scale(c.get("metric_a") or "final_accuracy"),
+            "quick_scale": metric_scale(q.get("metric_a") or "final_accuracy"),
+            "quick_mean": q.get("mean_diff"), "quick_sd": q.get("sd"),
+            "quick_signs": q.get("signs") or [], "page_mean": c.get("mean_diff"),
+            "agree": _sign(q.get("mean_diff")) != 0
+            and _sign(q.get("mean_diff")) == _sign(c.get("mean_diff")),
+        })
+    machine = (there.get("machine") or {}).get("before") or {}
+    return {
+        "folder": QUICK_DIR,
+        "commit": g["commits"][0],
+        "command": there.get("command"),
+        "cells": g["cells"],
+        "start": g["start"],
+        "end": g["end"],
+        "span_minutes": g["span_minutes"],
+        "cpu_seconds": g["cpu_seconds"],
+        "cell_load": g["load"],
+        "cpu": machine.get("cpu"),
+        "cores": machine.get("cores"),
+        "rows": rows,
+        "agree": sum(r["agree"] for r in rows),
+        "counted": sum(is_counted(c) for c in claims),
+        "target_seconds": QUICK_TARGET_SECONDS,
+        "target_met": g["span_minutes"] is not None
+        and g["span_minutes"] * 60 <= QUICK_TARGET_SECONDS,
+    }
+
+
+def quick_paragraph(m: Mapping[str, Any] | None) -> list[str]:
+    """The page's words for :func:`quick_measured` (empty without a measured quick run)."""
+    if not m:
+        return []
+
+    def signs(r):
+        return " ".join({1: "+", -1: "−", 0: "0"}[_sign(x)] for x in r["quick_signs"])
+
+    def num(x, scale):
+        return "—" if x is None else f"{scale * x:+.2f}"
+
+    cpu = f", Σ CPU {m['cpu_seconds']:,.0f} s" if m.get("cpu_seconds") is not None else ""
+    load = ("; 1-minute load {:.2f}–{:.2f} at the cells' ends".format(*m["cell_load"])
+            if m.get("cell_load") else "")
+    lines = [
+        f"Quick profile (`--quick`: the main claims' signs, not their verdicts): measured in one "
+        f"run at clean `{m['commit']}` into [`{m['folder']}/`]({m['folder']}/results.md), "
+        f"{m['cells']} cells on {m['cores']} cores ({m['cpu']}): **{m['span_minutes']:.1f} min** "
+        f"({_stamp(_parse(m['start']))} to {_stamp(_parse(m['end']))}{cpu}{load}). Target "
+        f"≤ {m['target_seconds'] / 60:.0f} min: **{'met' if m['target_met'] else 'not met'}**. "
+        f"Signs of the counted claims' mean paired differences agree with this page's for "
+        f"**{m['agree']} of {len(m['rows'])}** compared"
+        + (f" ({m['counted'] - len(m['rows'])} of this page's {m['counted']} counted claims are "
+           "over settings the quick profile does not run)" if m["counted"] > len(m["rows"])
+           else "") + ".",
+    ]
+    if m["rows"]:
+        lines += ["", "| claim | setting | metric | quick: mean ± sd (signs per seed) | "
+                  "here: mean | same sign |", "|---|---|---|---|---|---|"]
+        for r in m["rows"]:
+            metric = (f"`{r['metric']}`" if r["metric"] == r["metric_b"]
+                      else f"`{r['metric']}` vs `{r['metric_b']}`")
+            if r["other_metric"]:
+                metric += f" (quick: `{r['quick_metric']}`)"
+            sd = ("" if r["quick_sd"] is None or len(r["quick_signs"]) < 2
+                  else f" ± {r['quick_scale'] * r['quick_sd']:.2f}")
+            lines.append(
+                f"| `{r['statement']}` | {r['setting']} | {metric} | "
+                f"{num(r['quick_mean'], r['quick_scale'])}{sd} ({signs(r)}) | "
+                f"{num(r['page_mean'], r['scale'])} | {'yes' if r['agree'] else 'no'} |")
+    return lines
+
+
 def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]) -> list[str]:
     """The page's words for :func:`measured` (empty without a measured regeneration)."""
     if not m:

@@ -12,7 +12,14 @@ import pytest
 from benchmarks import runner
 from benchmarks.cells import TIME_FORMAT
 from benchmarks.index import estimate
-from benchmarks.regeneration import measured, measured_paragraph, paragraph, regeneration
+from benchmarks.regeneration import (
+    measured,
+    measured_paragraph,
+    paragraph,
+    quick_measured,
+    quick_paragraph,
+    regeneration,
+)
 from benchmarks.runner import Cache, run_cells
 from tests.bench_cases import full_run, tiny_cell
 
@@ -185,8 +192,8 @@ def test_the_page_and_results_json_carry_the_regeneration(tmp_path):
 
 
 
-def _regenerated(bench_dir, records, claims, **extra):
-    folder = bench_dir / "regeneration"
+def _regenerated(bench_dir, records, claims, folder="regeneration", **extra):
+    folder = bench_dir / folder
     folder.mkdir(parents=True, exist_ok=True)
     machine = {"cpu": "AMD EPYC", "cores": 2, "loadavg_1_5_15": [1.5, 1.0, 0.5]}
     (folder / "results.json").write_text(json.dumps({
@@ -267,3 +274,41 @@ def test_a_measured_regeneration_tells_claims_apart_by_their_metric(tmp_path):
         ("per_tier.2", "reproduced", "not reproduced")]
     assert "`h > f` [s, per_tier.2] reproduced here, not reproduced there" in "\n".join(
         measured_paragraph(m, (2, 2)))
+
+
+def test_a_quick_run_kept_beside_the_page_states_its_time_and_signs(tmp_path):
+    # Prepare: a quick run of one invocation at a clean commit (7 minutes) with four claims: one
+    # agreeing, one of the other sign, one measured on another metric, one the page does not count
+    def claim(statement, mean, metric="final_accuracy", kind="paper", signs=(1, 1)):
+        return {"statement": statement, "setting": "s", "metric_a": metric, "metric_b": metric,
+                "mean_diff": mean, "sd": 0.01, "signs": list(signs), "kind": kind,
+                "verdict": "not reproduced"}
+
+    page = [claim("a > b", 0.05), claim("c > d", 0.02), claim("t < u", -300.0, "time_to_80"),
+            claim("e > f", 0.03, kind="implied"), claim("g > h", 0.04)]
+    quick = [claim("a > b", 0.01), claim("c > d", -0.01, signs=(-1, 1)),
+             claim("t < u", -100.0, "time_to_70"), claim("e > f", 0.03, kind="implied")]
+    records = [timed(0, 0, 300, cpu=280, code="c9", invocation="inv-q", started_at=at(0)),
+               timed(1, 2, 300, cpu=290, code="c9", invocation="inv-q", started_at=at(2))]
+    _regenerated(tmp_path, records, quick, folder="quick", command="python -m b --quick")
+    # Execute
+    q = quick_measured(tmp_path, page)
+    # Assert: 7 minutes (target met); of the four counted claims three are compared, two agree
+    assert q["span_minutes"] == pytest.approx(7) and q["target_met"] is True
+    assert q["counted"] == 4 and len(q["rows"]) == 3 and q["agree"] == 2
+    rows = {r["statement"]: r for r in q["rows"]}
+    assert rows["a > b"]["agree"] and not rows["c > d"]["agree"]
+    assert rows["t < u"]["other_metric"] and rows["t < u"]["quick_metric"] == "time_to_70"
+    text = "\n".join(quick_paragraph(q))
+    assert "**7.0 min**" in text and "Target ≤ 10 min: **met**" in text
+    assert "**2 of 3** compared (1 of this page's 4 counted claims" in text
+    assert "| `c > d` | s | `final_accuracy` | -1.00 ± 1.00 (− +) | +2.00 | no |" in text
+    assert "`time_to_80` (quick: `time_to_70`) | -100.00 ± 0.01 (+ +) | -300.00 | yes |" in text
+    assert estimate({**regeneration(records), "quick": q}).startswith(
+        " Quick profile measured in 7.0 min (target ≤ 10 min met), signs agreeing for 2 of 3")
+    # none from dirty code, from two runs, or where there is none
+    assert quick_measured(tmp_path / "elsewhere", page) is None and quick_paragraph(None) == []
+    for bad in ([records[0], {**records[1], "invocation": "inv-2"}],
+                [{**r, "code": "c9+dirty"} for r in records]):
+        _regenerated(tmp_path, bad, quick, folder="quick")
+        assert quick_measured(tmp_path, page) is None
