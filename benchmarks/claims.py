@@ -3,7 +3,8 @@
 A :class:`Claim` is ``"a OP b"`` in one setting on one metric, paired by seed;
 :func:`evaluate_claim` gives its verdict in one vocabulary: **reproduced** (mean beyond 2 sd, every
 seed agreeing), **not reproduced** (with the measured numbers), **reversed** (significantly the
-other way), **not comparable** (with the reason: too few seeds, not converged — the last-quarter
+other way), **not comparable** (with the reason: too few seeds — fewer than 3, or fewer than 5
+where a compared method's seeds spread over more than 5 points —, not converged — the last-quarter
 slope of a method's mean curve over the seeds at or above :data:`SLOPE_LIMIT` points per 10 % of
 rounds —, collapsed runs, failed gates). Non-inferiority rows ("not worse than": mean above −1 sd)
 are their own kind and never count as a paper's claim. A :class:`Sweep` picks an open default on a
@@ -23,6 +24,11 @@ from benchmarks.cells import Cell
 #: Converged: the per-round accuracy moved less than this many points per 10 % of rounds over the
 #: last quarter of the run (BENCHMARKS.md).
 SLOPE_LIMIT = 0.5
+#: Seeds (BENCHMARKS.md): at least 3, and at least :data:`SPREAD_SEEDS` where a compared method's
+#: runs spread over more than :data:`SPREAD_POINTS` points (the largest minus the smallest of its
+#: seeds, on a metric in points).
+SPREAD_SEEDS = 5
+SPREAD_POINTS = 5.0
 #: What a claim is. Counted as the paper's claims: "paper" (the claim as the paper makes it) and
 #: "control" (decides whether a gain is the method's: a claim, BENCHMARKS.md). "implied": every
 #: method against Local and FedAvg, a row the paper implies; "not worse": a non-inferiority row;
@@ -201,7 +207,8 @@ def evaluate_claim(
 ) -> dict[str, Any]:
     """A claim's verdict (:data:`VERDICTS`; "not worse" / "worse" for a "not worse" row) with its
     ``reason``: the measured numbers where it is not reproduced, why where it is not comparable
-    (no runs, a metric missing, fewer than 3 seeds, not converged, collapsed runs — ``collapsed``
+    (no runs, a metric missing, fewer than 3 seeds or than :data:`SPREAD_SEEDS` where a compared
+    method's seeds spread wide, not converged, collapsed runs — ``collapsed``
     maps :func:`benchmarks.gates.run_id` to reasons —, a failed gate). ``statistic`` is what the
     paired differences alone say."""
     a, op, b = claim.parse()
@@ -296,6 +303,16 @@ def evaluate_claim(
         why.append("collapsed runs: " + "; ".join(fallen))
     if len(seeds) < 3:
         why.append(f"{len(seeds)} seed(s), the protocol reads ≥ 3")
+    elif len(seeds) < SPREAD_SEEDS and scale == 100:
+        wide = {}
+        for m, metric in dict.fromkeys(((a, metric_a), (b, metric_b))):
+            values = [metric_value(by[(m, claim.setting, s)], metric) for s in seeds]
+            if scale * (max(values) - min(values)) > SPREAD_POINTS:
+                wide[m] = scale * (max(values) - min(values))
+        if wide:
+            why.append(f"{len(seeds)} seeds where the protocol reads ≥ {SPREAD_SEEDS}: "
+                       + ", ".join(f"{m}'s spread over {x:.1f} points" for m, x in wide.items())
+                       + f" (> {SPREAD_POINTS:g})")
     if not converged:
         unknown = [m for m, x in zip(per_method, method_slopes, strict=True) if x is None]
         worst = max((abs(x) for x in method_slopes if x is not None), default=None)

@@ -139,12 +139,14 @@ def _run_shift(page_runs: Sequence[Mapping[str, Any]], there: Sequence[Mapping[s
 
 
 def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
-             runs: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any] | None:
+             runs: Sequence[Mapping[str, Any]] = (), cells: int | None = None,
+             ) -> dict[str, Any] | None:
     """The page's regeneration as measured: the run kept in ``bench_dir/regeneration`` (every cell
     rerun into a fresh folder, the committed cells untouched), when its cells come from one
     invocation at one clean commit; None without one. Its span, CPU and loads, the machine and the
     load at its start and end, its claims' count and the rows whose verdict differs from the
-    page's ``claims``, and how far the same runs moved (``runs``: the page's)."""
+    page's ``claims``, and how far the same runs moved (``runs``: the page's). None too where the
+    run's number of cells differs from the page's (``cells``): it regenerated another version."""
     path = Path(bench_dir) / MEASURED_DIR / "results.json"
     if not path.exists():
         return None
@@ -157,6 +159,8 @@ def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
             or len(groups[0]["commits"]) != 1 or groups[0]["commits"][0].endswith("+dirty"):
         return None  # not one whole run from clean code: nothing measured to state
     g = groups[0]
+    if cells is not None and g["cells"] != cells:
+        return None  # a regeneration of another version of the page (other cells, other seeds)
 
     def key(c: Mapping[str, Any]) -> tuple:  # one claim may be read on several metrics (per tier)
         return c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")

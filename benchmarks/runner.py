@@ -453,7 +453,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     results["missing"] = [c.label for c in missing]
     if args.out is None and not args.quick:  # the page itself: a measured regeneration beside it
         results["regeneration"]["measured"] = measured(BENCHMARKS / bench.name, results["claims"],
-                                                       results["runs"])
+                                                       results["runs"],
+                                                       results["regeneration"]["cells"])
         results["regeneration"]["quick"] = quick_measured(BENCHMARKS / bench.name,
                                                           results["claims"])
     if args.report_only and (out / "results.json").exists():

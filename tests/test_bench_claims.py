@@ -87,6 +87,29 @@ def test_claims_are_read_only_on_converged_runs_with_three_seeds_and_on_the_name
         Claim("x", "a beats b", "s").parse()
 
 
+def test_a_method_whose_seeds_spread_over_five_points_needs_five_seeds():
+    # Prepare: a beats b by 10 points on every seed, but a's three seeds span 6 points
+    runs = [run("a", s, 0.60 + 0.03 * s) for s in range(3)] + [
+        run("b", s, 0.50 + 0.03 * s) for s in range(3)]
+    # Execute
+    c = evaluate_claim(Claim("x", "a > b", "s"), runs)
+    # Assert: not comparable, both methods named with their spread; the numbers alone reproduce it
+    assert c["verdict"] == "not comparable" and c["statistic"] == "reproduced"
+    assert "3 seeds where the protocol reads ≥ 5: a's spread over 6.0 points, b's spread over " \
+           "6.0 points (> 5)" in c["reason"]
+    # five seeds answer it; so do three within 5 points
+    five = [run("a", s, 0.60 + 0.015 * s) for s in range(5)] + [
+        run("b", s, 0.50 + 0.015 * s) for s in range(5)]
+    assert evaluate_claim(Claim("x", "a > b", "s"), five)["verdict"] == "reproduced"
+    narrow = [run("a", s, 0.60 + 0.02 * s) for s in range(3)] + [
+        run("b", s, 0.50 + 0.02 * s) for s in range(3)]
+    assert evaluate_claim(Claim("x", "a > b", "s"), narrow)["verdict"] == "reproduced"
+    # a metric not in points (seconds to a target) has no such rule
+    timed = [run("a", s, 0.6, t=100.0 + 50 * s) for s in range(3)] + [
+        run("b", s, 0.6, t=300.0 + 50 * s) for s in range(3)]
+    assert evaluate_claim(Claim("x", "a < b", "s", metric="t"), timed)["verdict"] == "reproduced"
+
+
 def test_convergence_is_read_on_each_methods_mean_slope_over_seeds():
     # one noisy run above the limit, its method's mean curve flat: readable
     runs = [run("a", s, 0.9, slope=x) for s, x in enumerate((0.8, -0.6, 0.1))] + [

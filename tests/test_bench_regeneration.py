@@ -244,6 +244,10 @@ def test_a_regeneration_kept_beside_the_page_is_stated_as_measured(tmp_path):
         assert measured(tmp_path, page_claims) is None
     _regenerated(tmp_path, records, there, missing=["grid:s:a:s2"])  # stopped before its end
     assert measured(tmp_path, page_claims) is None
+    # a regeneration of another version of the page (two cells where the page now has three)
+    _regenerated(tmp_path, records, there)
+    assert measured(tmp_path, page_claims, cells=2) is not None
+    assert measured(tmp_path, page_claims, cells=3) is None
 
 
 def test_a_page_written_outside_its_folder_links_back_to_the_folders_files(tmp_path):

@@ -15,6 +15,13 @@ from benchmarks.runner import Benchmark, Cell, Claim, mean_sd
 
 DEPTHS = ("10", "14", "18", "22", "26")
 SEEDS = (0, 1, 2)
+#: The grid's seeds (issue 37): five, as the protocol reads where a method's seeds spread over more
+#: than 5 points; over seeds 0-2 eight of the nine methods and settings did (5.1-6.1 points: FedHe,
+#: Felo, Velo, Felo-KO, Velo-KO and Local at Dir(0.5), Felo and Velo at homo-Dir(0.5)). The quick
+#: profile keeps three; the bounds keep three (Local-IID's seeds spread over 2.2 points).
+SEEDS5 = (0, 1, 2, 3, 4)
+FIVE = ("; five, since over seeds 0–2 eight of the nine methods' seeds spread over more than 5 "
+        "points, where the protocol reads five")
 #: the main heterogeneous setting (declared.json; with homo-dir0.5): the paper's non-IID split
 SETTINGS = {"dir0.5": {"partition": "dirichlet", "alpha": 0.5}}
 #: declared as alternatives and left out of the regenerated grid (issue 37: a benchmark
@@ -101,15 +108,16 @@ def make(quick: bool = False) -> Benchmark:
         }
         return Cell(method, setting_name or setting, seed, config, role)
 
+    seeds = SEEDS if quick else SEEDS5
     cells = []
     # by method, every seed of one before the next, the paper's claims' pairs first: a run stopped
     # early leaves whole claims (three seeds of both sides) rather than one seed of everything
     for setting in SETTINGS:
         for method in RUN_ORDER:
-            for seed in SEEDS:
+            for seed in seeds:
                 cells.append(cell(method, *HETERO[method], setting, seed))
     for method, (algorithm, options) in HOMO.items():
-        for seed in SEEDS:
+        for seed in seeds:
             cells.append(
                 cell(
                     method,
@@ -227,10 +235,10 @@ where convergence is read, comes after both); α = 0.5 (the authors' code), warm
 ⌈5 %⌉ of rounds) and the CVAE as the method's defaults. Accuracy: mean over devices of each
 device's model on the test images (the paper's metric) ({base["test_samples"]:,} test images).
 Main settings: Dir(0.5) (the paper's non-IID, the headline of its heterogeneous and extreme
-tables) and homo-Dir(0.5) (its homogeneous table's non-IID column); seeds {list(SEEDS)} (a seed
-changes the partition, the initialisation and the sampling). Bounds: centralized (one ResNet18
-on the union of the devices' data, the same sample visits) and Local on IID shards (seeds
-{list(SEEDS)}).
+tables) and homo-Dir(0.5) (its homogeneous table's non-IID column); seeds {list(seeds)} (a seed
+changes the partition, the initialisation and the sampling{"" if quick else FIVE}). Bounds:
+centralized (one ResNet18 on the union of the devices' data, the same sample visits) and Local
+on IID shards (seeds {list(SEEDS)}).
 
 What changed from the paper, and why: the models are 1/8 of the paper's width and the data is
 Fashion-MNIST on ten devices, to run on 2 cores; CIFAR-10's 20 clients held 2,500 images each and
