@@ -138,6 +138,37 @@ def _run_shift(page_runs: Sequence[Mapping[str, Any]], there: Sequence[Mapping[s
             "max_abs": max(map(abs, diffs))}
 
 
+def _one_run(results: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The one group of a results.json's cells when they all ran in one invocation at one clean
+    commit and none is missing (a whole run, measured); None otherwise."""
+    groups = (results.get("regeneration") or {}).get("groups") or []
+    if results.get("missing") or len(groups) != 1 or groups[0]["by"] != "invocation" \
+            or len(groups[0]["commits"]) != 1 or groups[0]["commits"][0].endswith("+dirty"):
+        return None
+    return groups[0]
+
+
+def _run_facts(g: Mapping[str, Any], machine: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a page states of a whole run (:func:`_one_run`'s group) against the hour's target:
+    its commit, cells, span, CPU and loads, and the machine that ran it."""
+    before, after = (machine or {}).get("before") or {}, (machine or {}).get("after") or {}
+    return {
+        "commit": g["commits"][0],
+        "cells": g["cells"],
+        "start": g["start"],
+        "end": g["end"],
+        "span_minutes": g["span_minutes"],
+        "cpu_seconds": g["cpu_seconds"],
+        "cell_load": g["load"],
+        "load_start": before.get("loadavg_1_5_15"),
+        "load_end": after.get("loadavg_1_5_15"),
+        "cpu": before.get("cpu"),
+        "cores": before.get("cores"),
+        "target_seconds": TARGET_SECONDS,
+        "target_met": g["span_minutes"] is not None and g["span_minutes"] * 60 <= TARGET_SECONDS,
+    }
+
+
 def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
              runs: Sequence[Mapping[str, Any]] = (), cells: int | None = None,
              ) -> dict[str, Any] | None:
@@ -153,12 +184,9 @@ def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
     from benchmarks.pages import counts  # the page module imports this one
 
     there = json.loads(path.read_text())
-    regen = there.get("regeneration") or {}
-    groups = regen.get("groups") or []
-    if there.get("missing") or len(groups) != 1 or groups[0]["by"] != "invocation" \
-            or len(groups[0]["commits"]) != 1 or groups[0]["commits"][0].endswith("+dirty"):
+    g = _one_run(there)
+    if g is None:
         return None  # not one whole run from clean code: nothing measured to state
-    g = groups[0]
     if cells is not None and g["cells"] != cells:
         return None  # a regeneration of another version of the page (other cells, other seeds)
 
@@ -171,27 +199,12 @@ def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
          "page": c["verdict"], "regenerated": verdict.get(key(c), "absent")}
         for c in claims if verdict.get(key(c)) != c["verdict"]
     ]
-    k, n = counts(there.get("claims", []))
-    machine = there.get("machine") or {}
-    before, after = machine.get("before") or {}, machine.get("after") or {}
     return {
         "folder": MEASURED_DIR,
-        "commit": g["commits"][0],
-        "cells": g["cells"],
-        "start": g["start"],
-        "end": g["end"],
-        "span_minutes": g["span_minutes"],
-        "cpu_seconds": g["cpu_seconds"],
-        "cell_load": g["load"],
-        "load_start": before.get("loadavg_1_5_15"),
-        "load_end": after.get("loadavg_1_5_15"),
-        "cpu": before.get("cpu"),
-        "cores": before.get("cores"),
-        "reproduced": [k, n],
+        **_run_facts(g, there.get("machine")),
+        "reproduced": list(counts(there.get("claims", []))),
         "differ": differ,
         "run_shift": _run_shift(runs, there.get("runs", [])),
-        "target_seconds": TARGET_SECONDS,
-        "target_met": g["span_minutes"] is not None and g["span_minutes"] * 60 <= TARGET_SECONDS,
     }
 
 
@@ -220,11 +233,9 @@ def quick_measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]]) -> dict
     from benchmarks.pages import is_counted  # the page module imports this one
 
     there = json.loads(path.read_text())
-    groups = (there.get("regeneration") or {}).get("groups") or []
-    if there.get("missing") or len(groups) != 1 or groups[0]["by"] != "invocation" \
-            or len(groups[0]["commits"]) != 1 or groups[0]["commits"][0].endswith("+dirty"):
+    g = _one_run(there)
+    if g is None:
         return None
-    g = groups[0]
     quick = there.get("claims", [])
     exact = {(c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")): c
              for c in quick}
@@ -251,19 +262,10 @@ def quick_measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]]) -> dict
             "agree": _sign(q.get("mean_diff")) != 0
             and _sign(q.get("mean_diff")) == _sign(c.get("mean_diff")),
         })
-    machine = (there.get("machine") or {}).get("before") or {}
     return {
         "folder": QUICK_DIR,
-        "commit": g["commits"][0],
+        **_run_facts(g, there.get("machine")),
         "command": there.get("command"),
-        "cells": g["cells"],
-        "start": g["start"],
-        "end": g["end"],
-        "span_minutes": g["span_minutes"],
-        "cpu_seconds": g["cpu_seconds"],
-        "cell_load": g["load"],
-        "cpu": machine.get("cpu"),
-        "cores": machine.get("cores"),
         "rows": rows,
         "agree": sum(r["agree"] for r in rows),
         "counted": sum(is_counted(c) for c in claims),
@@ -316,6 +318,19 @@ def quick_paragraph(m: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
+def own_measured(results: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The page's own cells as a measured regeneration: when they all ran in one invocation at one
+    clean commit and none is missing, their span is what regenerating the page took (the machine
+    and loads of the run that made them, which a report from the cache keeps). None otherwise."""
+    g = _one_run(results)
+    if g is None:
+        return None
+    from benchmarks.pages import counts  # the page module imports this one
+
+    return {"folder": None, **_run_facts(g, results.get("machine")),
+            "reproduced": list(counts(results.get("claims", []))), "differ": [], "run_shift": None}
+
+
 def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]) -> list[str]:
     """The page's words for :func:`measured` (empty without a measured regeneration)."""
     if not m:
@@ -336,6 +351,14 @@ def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]
              "machine where the page's regeneration records say so): a verdict near the 2 sd line "
              "can turn with such a shift."
              if shift else "")
+    if m.get("folder") is None:  # the page's own cells (:func:`own_measured`)
+        return [
+            f"Measured: this page's {m['cells']} cells ran in one invocation at clean "
+            f"`{m['commit']}` on {m['cores']} cores ({m['cpu']}): **{m['span_minutes']:.1f} min** "
+            f"({_stamp(_parse(m['start']))} to {_stamp(_parse(m['end']))}{cpu}; {load}), which is "
+            f"what regenerating it took. Target ≤ {m['target_seconds'] / 60:.0f} min: "
+            f"**{'met' if m['target_met'] else 'not met'}**, measured on this machine.",
+        ]
     return [
         f"Measured: the whole page regenerated in one run at clean `{m['commit']}` into "
         f"[`{m['folder']}/`]({m['folder']}/results.md) (the committed cells untouched), "

@@ -15,6 +15,7 @@ from benchmarks.index import estimate
 from benchmarks.regeneration import (
     measured,
     measured_paragraph,
+    own_measured,
     paragraph,
     quick_measured,
     quick_paragraph,
@@ -316,3 +317,31 @@ def test_a_quick_run_kept_beside_the_page_states_its_time_and_signs(tmp_path):
                 [{**r, "code": "c9+dirty"} for r in records]):
         _regenerated(tmp_path, bad, quick, folder="quick")
         assert quick_measured(tmp_path, page) is None
+
+
+def test_a_page_whose_own_cells_ran_in_one_invocation_states_that_run_as_measured():
+    # Prepare: the page's two cells from one invocation at a clean commit, 70 minutes
+    records = [timed(0, 0, 1800, cpu=1700, code="c9", invocation="inv-1", started_at=at(0)),
+               timed(1, 40, 1800, cpu=1750, code="c9", invocation="inv-1", started_at=at(40))]
+    machine = {"cpu": "AMD EPYC", "cores": 2, "loadavg_1_5_15": [1.5, 1.0, 0.5]}
+    results = {"regeneration": regeneration(records), "missing": [],
+               "claims": [{"statement": "a > b", "setting": "s", "verdict": "reproduced",
+                           "kind": "paper"}],
+               "machine": {"before": machine, "after": {**machine, "loadavg_1_5_15": [2.5, 2, 1]}}}
+    # Execute
+    m = own_measured(results)
+    # Assert
+    assert m["folder"] is None and m["commit"] == "c9" and m["cells"] == 2
+    assert m["span_minutes"] == pytest.approx(70) and m["target_met"] is False
+    assert m["reproduced"] == [1, 1]
+    text = "\n".join(measured_paragraph(m, (1, 1)))
+    assert text.startswith("Measured: this page's 2 cells ran in one invocation at clean `c9`")
+    assert "**70.0 min**" in text and "**not met**, measured on this machine" in text
+    assert estimate({**results["regeneration"], "measured": m}).startswith(
+        " Its cells ran in one invocation in 70 min, measured on 2 cores (target ≤ 60 min not "
+        "met).")
+    # none from two invocations, from dirty code, or with cells missing
+    assert own_measured({**results, "missing": ["grid:s:a:s2"]}) is None
+    for bad in ([records[0], {**records[1], "invocation": "inv-2"}],
+                [{**r, "code": "c9+dirty"} for r in records]):
+        assert own_measured({**results, "regeneration": regeneration(bad)}) is None
