@@ -307,8 +307,8 @@ def evaluate_claim(
         wide = {}
         for m, metric in dict.fromkeys(((a, metric_a), (b, metric_b))):
             values = [metric_value(by[(m, claim.setting, s)], metric) for s in seeds]
-            if scale * (max(values) - min(values)) > SPREAD_POINTS:
-                wide[m] = scale * (max(values) - min(values))
+            if (spread := scale * (max(values) - min(values))) > SPREAD_POINTS:
+                wide[m] = spread
         if wide:
             why.append(f"{len(seeds)} seeds where the protocol reads ≥ {SPREAD_SEEDS}: "
                        + ", ".join(f"{m}'s spread over {x:.1f} points" for m, x in wide.items())

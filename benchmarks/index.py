@@ -25,14 +25,14 @@ def estimate(regen: dict | None) -> str:
         return ""
     source = "CPU" if regen["estimate_from"] == "cpu_seconds" else "wall"
     m = regen.get("measured")
-    done = "" if not m else (
-        f" Its cells ran in one invocation in {m['span_minutes']:.0f} min, measured on "
-        f"{m['cores']} cores (target ≤ {m['target_seconds'] / 60:.0f} min "
-        f"{'met' if m['target_met'] else 'not met'})." if m.get("folder") is None else
-        f" Regenerated in one run in {m['span_minutes']:.0f} min, measured on "
-        f"{m['cores']} cores (target ≤ {m['target_seconds'] / 60:.0f} min "
-        f"{'met' if m['target_met'] else 'not met'}; claims reproduced there "
-        f"{m['reproduced'][0]} of {m['reproduced'][1]}).")
+    done = ""
+    if m:  # the page's own cells (folder None) or a regeneration kept beside it
+        own = m.get("folder") is None
+        done = (f" {'Its cells ran in one invocation' if own else 'Regenerated in one run'} in "
+                f"{m['span_minutes']:.0f} min, measured on {m['cores']} cores (target ≤ "
+                f"{m['target_seconds'] / 60:.0f} min {'met' if m['target_met'] else 'not met'}"
+                + ("" if own else f"; claims reproduced there {m['reproduced'][0]} of "
+                   f"{m['reproduced'][1]}") + ").")
     q = regen.get("quick")
     quick = (f" Quick profile measured in {q['span_minutes']:.1f} min (target ≤ "
              f"{q['target_seconds'] / 60:.0f} min {'met' if q['target_met'] else 'not met'}), "

@@ -148,9 +148,10 @@ def _one_run(results: Mapping[str, Any]) -> dict[str, Any] | None:
     return groups[0]
 
 
-def _run_facts(g: Mapping[str, Any], machine: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What a page states of a whole run (:func:`_one_run`'s group) against the hour's target:
-    its commit, cells, span, CPU and loads, and the machine that ran it."""
+def _run_facts(g: Mapping[str, Any], machine: Mapping[str, Any] | None,
+               target: float = TARGET_SECONDS) -> dict[str, Any]:
+    """What a page states of a whole run (:func:`_one_run`'s group) against its ``target`` in
+    seconds: its commit, cells, span, CPU and loads, and the machine that ran it."""
     before, after = (machine or {}).get("before") or {}, (machine or {}).get("after") or {}
     return {
         "commit": g["commits"][0],
@@ -164,9 +165,15 @@ def _run_facts(g: Mapping[str, Any], machine: Mapping[str, Any] | None) -> dict[
         "load_end": after.get("loadavg_1_5_15"),
         "cpu": before.get("cpu"),
         "cores": before.get("cores"),
-        "target_seconds": TARGET_SECONDS,
-        "target_met": g["span_minutes"] is not None and g["span_minutes"] * 60 <= TARGET_SECONDS,
+        "target_seconds": target,
+        "target_met": g["span_minutes"] is not None and g["span_minutes"] * 60 <= target,
     }
+
+
+def _claim_key(c: Mapping[str, Any]) -> tuple:
+    """A claim row's identity across two runs of a page: one claim may be read on several metrics
+    (per tier)."""
+    return c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")
 
 
 def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
@@ -190,14 +197,11 @@ def measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]],
     if cells is not None and g["cells"] != cells:
         return None  # a regeneration of another version of the page (other cells, other seeds)
 
-    def key(c: Mapping[str, Any]) -> tuple:  # one claim may be read on several metrics (per tier)
-        return c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")
-
-    verdict = {key(c): c["verdict"] for c in there.get("claims", [])}
+    verdict = {_claim_key(c): c["verdict"] for c in there.get("claims", [])}
     differ = [
         {"statement": c["statement"], "setting": c["setting"], "metric": c.get("metric_a"),
-         "page": c["verdict"], "regenerated": verdict.get(key(c), "absent")}
-        for c in claims if verdict.get(key(c)) != c["verdict"]
+         "page": c["verdict"], "regenerated": verdict.get(_claim_key(c), "absent")}
+        for c in claims if verdict.get(_claim_key(c)) != c["verdict"]
     ]
     return {
         "folder": MEASURED_DIR,
@@ -237,13 +241,12 @@ def quick_measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]]) -> dict
     if g is None:
         return None
     quick = there.get("claims", [])
-    exact = {(c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")): c
-             for c in quick}
+    exact = {_claim_key(c): c for c in quick}
     rows = []
     for c in claims:
         if not is_counted(c):
             continue
-        q = exact.get((c["statement"], c["setting"], c.get("metric_a"), c.get("metric_b")))
+        q = exact.get(_claim_key(c))
         other = False
         if q is None:
             same = [x for x in quick if (x["statement"], x["setting"]) ==
@@ -264,14 +267,11 @@ def quick_measured(bench_dir: Path, claims: Sequence[Mapping[str, Any]]) -> dict
         })
     return {
         "folder": QUICK_DIR,
-        **_run_facts(g, there.get("machine")),
+        **_run_facts(g, there.get("machine"), QUICK_TARGET_SECONDS),
         "command": there.get("command"),
         "rows": rows,
         "agree": sum(r["agree"] for r in rows),
         "counted": sum(is_counted(c) for c in claims),
-        "target_seconds": QUICK_TARGET_SECONDS,
-        "target_met": g["span_minutes"] is not None
-        and g["span_minutes"] * 60 <= QUICK_TARGET_SECONDS,
     }
 
 
