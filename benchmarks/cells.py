@@ -337,6 +337,8 @@ def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], w
         if "eval" in r:
             entry["accuracy"] = r["eval"]["mean_accuracy"]
             entry["per_tier"] = r["eval"]["tier_accuracy"]
+        if r.get("failed"):  # devices whose work the round lost (non-finite, timed out, …)
+            entry["failed"] = sorted(r["failed"])
         server = {k: v for k, v in (r.get("server") or {}).items() if k in keep_server_metrics}
         if server:
             entry["server"] = server

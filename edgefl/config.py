@@ -67,6 +67,7 @@ class RunConfig(BaseModel):
     weight_decay: float = 0.0
     lr_decay_rounds: tuple[int, ...] = ()
     lr_gamma: float = 0.1
+    max_grad_norm: float | None = None  # each local step's gradient clipped to this L2 norm
     eval_every: int = 1
     timeout: float | None = None
     # the server optimizer over averaged weights (edgefl.algorithms.server_opt; Reddi et al. 2021):
@@ -123,10 +124,10 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be >= 1 (got {v})")
         return v
 
-    @field_validator("lr", "width", "lr_gamma")
+    @field_validator("lr", "width", "lr_gamma", "max_grad_norm")
     @classmethod
-    def _positive_float(cls, v: float, info) -> float:
-        if v <= 0:
+    def _positive_float(cls, v: float | None, info) -> float | None:
+        if v is not None and v <= 0:
             raise ValueError(f"{info.field_name} must be > 0 (got {v})")
         return v
 

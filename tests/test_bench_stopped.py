@@ -116,3 +116,16 @@ def test_missing_only_runs_just_the_cells_no_code_has_a_record_of(tmp_path, monk
         runner.main(lambda quick: bench, ["--missing-only", "--draft", "--out", str(tmp_path)])
     # Assert: only the cell without any record runs
     assert asked == [cells[1]]
+
+
+def test_a_record_names_the_devices_whose_work_each_round_lost():
+    from benchmarks.cells import make_record
+
+    def round_(n: int, failed: dict) -> dict:
+        return {"round": n, "completed": ["d01"], "failed": failed, "bytes_up_total": 1,
+                "bytes_down_total": 1}
+
+    rounds = [round_(1, {}), round_(2, {"d00": "FloatingPointError: non-finite 'logit'"})]
+    summary = {"mean_accuracy": 0.5, "tier_accuracy": {}, "client_accuracy": {}}
+    record = make_record(cell("m", 0, {}), {"rounds": 2}, summary, rounds, 1.0)
+    assert [p.get("failed") for p in record["per_round"]] == [None, ["d00"]]

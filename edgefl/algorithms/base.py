@@ -77,6 +77,9 @@ class TrainSettings:
     weight_decay: float = 0.0
     lr_decay_rounds: tuple[int, ...] = ()  # multiply lr by lr_gamma at each of these rounds
     lr_gamma: float = 0.1
+    # the L2 norm the whole gradient of a step is scaled down to before the optimizer's step
+    # (torch.nn.utils.clip_grad_norm_); None: not clipped
+    max_grad_norm: float | None = None
 
     def visits(self, num_samples: int) -> int:
         """How many sample visits one round of local training makes on ``num_samples`` samples."""

@@ -39,7 +39,7 @@ from edgefl.algorithms.fedavg import (
     GlobalModelDevice,
     GlobalModelServer,
 )
-from edgefl.algorithms.training import make_optimizer, train_local
+from edgefl.algorithms.training import make_optimizer, optimizer_step, train_local
 from edgefl.privacy import Release
 from edgefl.wire import ArraySpec, Payload, arrays_to_state, state_to_arrays
 
@@ -118,7 +118,7 @@ class FedRepDevice(GlobalModelDevice):
                 opt.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(head(feats[idx]), labels[idx])
                 loss.backward()
-                opt.step()
+                optimizer_step(opt, self.ctx.settings)
                 total += float(loss.detach()) * len(idx)
                 seen += len(idx)
         opt.zero_grad(set_to_none=True)

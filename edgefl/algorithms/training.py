@@ -144,6 +144,18 @@ def local_batches(
                 return
 
 
+def optimizer_step(opt: torch.optim.Optimizer, settings: TrainSettings) -> None:
+    """``opt.step()``, the gradient of all its parameters first scaled down to L2 norm
+    ``settings.max_grad_norm`` when that is set (a step that a conflicting loss term would make
+    large cannot throw the model off; off by default)."""
+    if settings.max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(
+            [p for group in opt.param_groups for p in group["params"] if p.grad is not None],
+            settings.max_grad_norm,
+        )
+    opt.step()
+
+
 def train_local(
     model: nn.Module,
     data: ArrayDataset,
@@ -162,13 +174,18 @@ def train_local(
     opt = make_optimizer(params if params is not None else model.parameters(), settings, round)
     trainer = active_trainer()
     if trainer is not None:
+        if settings.max_grad_norm is not None:
+            raise ConfigError(
+                "--max-grad-norm does not apply under dp=sgd: DP-SGD clips each sample's "
+                "gradient to the privacy clip instead"
+            )
         return trainer(model, data, settings, round, loss_fn, opt)
     total, seen = 0.0, 0
     for x, y in local_batches(data, settings, rng):
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(x, y)
         loss.backward()
-        opt.step()
+        optimizer_step(opt, settings)
         total += float(loss.detach()) * len(y)
         seen += len(y)
     # the gradients are of no use after the round; a fleet in memory would hold a set per device

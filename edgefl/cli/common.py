@@ -127,6 +127,9 @@ class LocalTraining:
     batch_size: Annotated[int, typer.Option(help="Local batch size.")] = None
     optimizer: Annotated[str, typer.Option(help="sgd or adam.")] = None
     lr: Annotated[float, typer.Option(help="Learning rate.")] = None
+    max_grad_norm: Annotated[float, typer.Option(
+        help="Scale each local step's gradient down to this L2 norm (default: not clipped).",
+    )] = None
 
     def settings(self) -> dict:
         """The run settings given (None: not given)."""

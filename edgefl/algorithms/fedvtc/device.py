@@ -36,7 +36,7 @@ from edgefl.algorithms.fedvtc.vtc import (
     trainable,
     vtc_layout,
 )
-from edgefl.algorithms.training import local_batches, make_optimizer
+from edgefl.algorithms.training import local_batches, make_optimizer, optimizer_step
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.privacy import ClassStats, Release
 from edgefl.wire import ArraySpec, Payload, array_spec, arrays_to_state, state_to_arrays
@@ -198,7 +198,7 @@ class FedVTCDevice(DeviceHalf):
             )
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            optimizer_step(opt, self.ctx.settings)
         finally:
             trainable(psi, True)
             self.log_sigma.requires_grad_(True)
@@ -232,7 +232,7 @@ class FedVTCDevice(DeviceHalf):
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            optimizer_step(opt, self.ctx.settings)
         finally:
             trainable(model, True)
             model.train()
@@ -291,4 +291,4 @@ class FedVTCDevice(DeviceHalf):
                 rows = order[start : start + settings.batch_size]
                 opt.zero_grad(set_to_none=True)
                 F.cross_entropy(self.model(x[rows]), y[rows]).backward()
-                opt.step()
+                optimizer_step(opt, settings)
