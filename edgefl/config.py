@@ -203,6 +203,8 @@ ADDED_SETTINGS: dict[str, Any] = {
     "buffer": None,
     # the devices' training device (--train-device): the CPU
     "train_device": "cpu",
+    # a local step's gradient clip (--max-grad-norm, issue 37): none
+    "max_grad_norm": None,
 }
 
 

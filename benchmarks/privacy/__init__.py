@@ -97,6 +97,11 @@ LOCAL_FLEET = {"epochs": 4, "batch_size": 8, "lr": 0.01}
 HETERO = {"model": "cnn", "tiers": ("1", "2", "3"), "width": 0.25, "feature_dim": 128,
           "model_options": {}, "optimizer": "sgd", "lr": 0.05, "batch_size": 32}
 FELO = {"algorithm": "felo", **HETERO}
+#: Felo's cells add a local gradient clip (issue 37): without it ``felo ε=1`` seed 2 diverged at
+#: 8208785 (KL toward the noisy teacher against CE; felo_recipe.py's docstring). The value is the
+#: choice of ``python -m benchmarks.privacy.felo_recipe`` on a validation split (felo_recipe.md:
+#: its rule fixed before its runs; every candidate was stable there, clip 2 had the highest mean).
+FELO_RECIPE = {"max_grad_norm": 2.0}
 FEDPROTO = {"algorithm": "fedproto", **HETERO}
 #: FedAvg: CNN tier 2 at width 0.25, its defaults otherwise (one local epoch as every method here).
 #: (lr pinned at 0.05, the default the first cells ran with: the CNN default became 0.01 after them)
@@ -104,7 +109,7 @@ FEDAVG = {"algorithm": "fedavg", "model": "cnn", "tiers": ("2",), "width": 0.25,
 #: FedDW (its weights under local DP) is declared but not run (declared.json; fleet.md): its
 #: CNN tier 2 at width 0.25 with its head and Adam.
 FEDDW = {"algorithm": "feddw", "model": "cnn", "tiers": ("2",), "width": 0.25}
-METHODS = {"fedavg": FEDAVG, "felo": FELO, "fedproto": FEDPROTO}
+METHODS = {"fedavg": FEDAVG, "felo": {**FELO, **FELO_RECIPE}, "fedproto": FEDPROTO}
 #: the setting each method runs in: DP-FedAvg on the 1,000-device fleet, the local-DP methods on 10
 SETTINGS = {"fedavg": FLEET, "felo": SETTING, "fedproto": SETTING}
 
@@ -223,7 +228,10 @@ without DP), the noise multiplier the smallest that spends the budget over the r
 (`--target-epsilon`; docs/privacy.md). No sampling amplification is claimed.
 
 **Felo** and **FedProto** (`--dp local`): three CNN tiers at **width 0.25** with a common 128-d
-feature, SGD 0.05 at batch 32; Felo knowledge only (`-o average_weights=false`). Each device clips
+feature, SGD 0.05 at batch 32; Felo knowledge only (`-o average_weights=false`), its local steps'
+gradients clipped to norm {FELO_RECIPE["max_grad_norm"]:g} (`--max-grad-norm`; \
+[felo_recipe.md](felo_recipe.md): a validation sweep after `felo ε=1` seed 2 diverged without
+it). Each device clips
 every sample's statistics vector (Felo: [logits, features]; FedProto: its feature) to C and noises
 its per-class sums and counts before the uplink: ε per *sample* of a device.
 **FedAvg** (`--dp central`): CNN tier 2 at **width 0.25**, its defaults otherwise; the server clips

@@ -90,7 +90,8 @@ def page(data: dict | None) -> list[str]:
     """The page's section on the collapsed Felo device (empty without felo_collapse.json)."""
     if not data:
         return []
-    lines = ["## The collapsed Felo device at ε = 1 (felo_collapse.json)", "",
+    lines = ["## The Felo device that collapsed at ε = 1 before the gradient clip "
+             "(felo_collapse.json)", "",
              f"`python -m benchmarks.privacy.felo_collapse` reran `{data['cell']}` (at "
              f"{data['code']}; the grid's cell at {data['grid_cell_code']}) and recorded the "
              "global per-class logits Felo's server sends back each round (the same to every "
@@ -111,11 +112,16 @@ def page(data: dict | None) -> list[str]:
                      f"{sum(data['known'][r])} classes the server knows point at another class ("
                      + ", ".join(f"{c} → {argmax[c]}" for c in bad) + ")")
     pointed = any(data["classes_pointing_elsewhere"].values())
-    return lines + ["", "The noise local DP puts on each device's per-class statistics at this ε "
-                    "turns the global logits of several classes towards other classes, and the "
-                    "device distills its images towards them: a collapse the privacy budget "
-                    "causes, not the recipe." if pointed else "The logits sent point at their "
-                    "own classes: the noise on them does not explain the collapse.", ""]
+    return lines + ["", ("The noise local DP puts on each device's per-class statistics at this ε "
+                         "turns the global logits of several classes towards other classes. "
+                         if pointed else "The logits sent point at their own classes. ")
+                    + "Distilling towards them against its own labels, the device's local SGD "
+                    "diverged in round 3 (its weights growing every step from the first "
+                    "distilling round, then steps of gradient norm 33 and 94; non-finite logits "
+                    "from round 4, every later upload refused): a recipe that cannot hold a "
+                    "conflicting teacher, measured in [felo_recipe.md](felo_recipe.md). The "
+                    "grid's Felo cells now clip each local step's gradient (its choice there, on "
+                    "a validation split); this section is the run before it.", ""]
 
 if __name__ == "__main__":
     main()
