@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> dict:
     if record is None:
         raise SystemExit(f"{cell.label}: not in the grid's cache; run the benchmark first")
     collapsed = gates.collapsed_devices(record)[0]
+    if not collapsed:  # the grid's Felo cells clip each local step's gradient since f7b12ab
+        raise SystemExit(f"{cell.label}: no device predicts one class (the grid's Felo recipe "
+                         "clips the local gradient, felo_recipe.md); felo_collapse.json keeps "
+                         "the diagnosis of the run before the clip")
     sent: dict[int, np.ndarray] = {}
     known: dict[int, list[bool]] = {}  # the classes the server has statistics of (the rest: zeros)
     receive = felo_device.FedHeDevice.receive
