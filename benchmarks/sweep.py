@@ -140,3 +140,13 @@ def provenance(result: dict, tail: str, note: str = "") -> list[str]:
     followed by ``tail``."""
     return ["", "## Provenance", "", commits_text(result) + "." + (" " + note if note else ""),
             machine_text(result) + "; " + tail, ""]
+
+
+def opening(result: dict, title: str, doc: str | None, none: str) -> list[str]:
+    """A sweep page's opening lines: ``title``, the docstring ``doc`` from its second paragraph
+    to its "Run it" one, and the decision (``none``: the words when no candidate passed)."""
+    chosen = (f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})."
+              if result["chosen"] else "**Not decided yet.**"
+              if "undecided" in result["status"].values() else none)
+    return [title, "", (doc or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, ""]
+

@@ -32,7 +32,6 @@ Run it at a clean commit with ``nice -n 5 python -m benchmarks.privacy.felo_reci
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -103,14 +102,12 @@ def _acc(xs: list[float]) -> str:
 
 
 def markdown(result: dict) -> str:
-    status = result["status"].values()
-    chosen = (f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})."
-              if result["chosen"] else "**Not decided yet.**" if "undecided" in status
-              else "**No candidate is stable**: the grid keeps its recipe.")
-    lines = ["# Felo's local gradient clip under local DP: a sweep on a validation split", "",
-             (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
-             "| recipe | runs | val. acc % at ε = 1 | at ε = ∞ | mean of all runs | collapsed "
-             "runs | device-rounds lost | status |", "|---|---|---|---|---|---|---|---|"]
+    lines = sweep.opening(
+        result, "# Felo's local gradient clip under local DP: a sweep on a validation split",
+        __doc__,
+        "**No candidate is stable**: the grid keeps its recipe.")
+    lines += ["| recipe | runs | val. acc % at ε = 1 | at ε = ∞ | mean of all runs | collapsed "
+              "runs | device-rounds lost | status |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         mean = "—" if r["mean"] is None else f"{100 * r['mean']:.2f}"
         collapsed = "; ".join(f"{k}: {', '.join(v)}" for k, v in r["collapsed_runs"].items())

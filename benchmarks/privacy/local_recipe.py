@@ -41,7 +41,6 @@ Run it at a clean commit with ``nice -n 5 python -m benchmarks.privacy.local_rec
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -125,15 +124,13 @@ def pct(x: float) -> str:
 
 
 def markdown(result: dict) -> str:
-    status = result["status"].values()
-    chosen = (f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})."
-              if result["chosen"] else "**Not decided yet.**" if "undecided" in status
-              else "**No candidate qualifies**: the grid keeps its recipe.")
-    lines = ["# Local's recipe on the 1,000-device fleet: a sweep on a validation split", "",
-             (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
-             "| recipe | runs | CPU vs the grid's recipe (seed 10) | val. acc % (mean ± sd) | "
-             "per seed | last-quarter slope per seed | devices predicting one class | status |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = sweep.opening(
+        result, "# Local's recipe on the 1,000-device fleet: a sweep on a validation split",
+        __doc__,
+        "**No candidate qualifies**: the grid keeps its recipe.")
+    lines += ["| recipe | runs | CPU vs the grid's recipe (seed 10) | val. acc % (mean ± sd) | "
+              "per seed | last-quarter slope per seed | devices predicting one class | status |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         xs = r["accuracy"]
         ms = (f"{pct(statistics.fmean(xs))} ± {pct(statistics.stdev(xs) if len(xs) > 1 else 0)}"
