@@ -119,7 +119,8 @@ def write_readme_index(root: Path = BENCHMARKS) -> Path:
         "chosen cells with "
         "seeds of your own with `python -m benchmarks.<name> --cells A,B --setting S --seeds "
         "101,102,103 --out DIR` "
-        '(each page\'s "Check it yourself").',
+        '(each page\'s "Check it yourself"; quote a method name that holds a space: '
+        "`--cells 'local,fedavg ε=∞'`).",
         "",
         "| benchmark | claim | setting | metric | kind | counted | the paper's number | verdict | "
         "the numbers alone | mean diff | seeds |",

@@ -9,6 +9,7 @@ the runs pass the sanity gates, and where the cells come from. Every verdict is 
 from __future__ import annotations
 
 import math
+import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -267,6 +268,13 @@ def provenance_section(bench: Benchmark, results: Mapping[str, Any]) -> list[str
     return lines + [""]
 
 
+def check_command(name: str, methods: Sequence[str], setting: str) -> str:
+    """The reviewer's check as a shell line: method names such as ``fedavg ε=∞`` hold spaces,
+    so each argument is quoted where the shell needs it."""
+    return shlex.join(["python", "-m", f"benchmarks.{name}", "--cells", ",".join(methods),
+                       "--setting", setting, "--seeds", "101,102,103", "--out", "DIR"])
+
+
 def reviewer_section(bench: Benchmark) -> list[str]:
     methods = list(dict.fromkeys(c.method for c in bench.cells))
     setting = bench.cells[0].setting if bench.cells else "SETTING"
@@ -279,8 +287,7 @@ def reviewer_section(bench: Benchmark) -> list[str]:
         "of every claim "
         "between the chosen methods in that setting at the end, also in `check.json`):",
         "",
-        f"    python -m benchmarks.{bench.name} --cells {','.join(methods[:2])} --setting "
-        f"{setting} --seeds 101,102,103 --out DIR",
+        "    " + check_command(bench.name, methods[:2], setting),
         "",
         "(from outside the repository: "
         f"`PYTHONPATH=/path/to/repo python -m benchmarks.{bench.name} …`; "

@@ -458,3 +458,22 @@ def test_the_time_to_accuracy_hook_divides_offline_devices_by_the_fleets_size(tm
     )
     # Act / Assert: the mean share offline is (5/20 + 1/20) / 2, not a share of 10 devices
     assert extras(out)["offline_at_selection"] == pytest.approx(0.15)
+
+
+def test_the_pages_check_line_is_one_shell_command_for_method_names_with_spaces():
+    # Prepare: the privacy benchmark, whose method names hold spaces ("fedavg ε=∞")
+    import shlex
+
+    from benchmarks import privacy
+    from benchmarks.pages import reviewer_section
+
+    bench = privacy.make(False)
+    # Execute: the page's line, split as a shell splits it
+    line = next(x for x in reviewer_section(bench) if "--cells" in x)
+    argv = shlex.split(line)
+    # Assert: one --cells argument naming methods of the benchmark, in the setting named
+    cells = argv[argv.index("--cells") + 1].split(",")
+    setting = argv[argv.index("--setting") + 1]
+    assert argv[:3] == ["python", "-m", "benchmarks.privacy"]
+    assert any(" " in m for m in cells)
+    assert all(any(c.method == m and c.setting == setting for c in bench.cells) for m in cells)
