@@ -259,13 +259,28 @@ def provenance_section(bench: Benchmark, results: Mapping[str, Any]) -> list[str
             "that does not contain that declaration (here: every cell run before the declaration "
             "existed)."
         )
+        lines[-1] += setting_dates(decl)
         if decl.get("note"):
             lines[-1] += f" {decl['note']}"
+        for name, text in (decl.get("settings") or {}).items():
+            lines += ["", f"Setting `{name}`: {text}"]
     else:
         lines.append(
             "No `declared.json`: the benchmark's settings are not declared apart from its code."
         )
     return lines + [""]
+
+
+def setting_dates(decl: Mapping[str, Any]) -> str:
+    """Where a setting's own declaration (its entry under ``settings``) dates it apart from the
+    file: each setting and the commit of its declaration ('' when they all share the file's)."""
+    at, by = decl.get("declared_at"), decl.get("declared_at_by_setting") or {}
+    if not decl.get("settings") or not at:
+        return ""
+    dated = ", ".join(f"{name} at `{when}`" for name, when in by.items())
+    return (f" Each setting is dated by its own declaration (a setting's entry under `settings`, "
+            f"with the shared part; a change to one entry declares that setting alone again): "
+            f"{dated}.")
 
 
 def check_command(name: str, methods: Sequence[str], setting: str) -> str:

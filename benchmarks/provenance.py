@@ -11,8 +11,10 @@
   as the code is: a record keeps their digests, and the cache reuses or reports a record only while
   they match the files now (a record from before this existed: the files at the commit it ran at).
 - :func:`declaration`: a benchmark's settings are declared in its committed ``declared.json``
-  (main settings and alternatives); the commit that last changed it is recorded, and a claim over
-  cells produced at a commit that does not contain that declaration is marked.
+  (main settings and alternatives, a shared note, and optionally an entry per setting under
+  ``settings``); each setting is dated by the last commit that changed its declaration (the
+  shared part, or its own entry), and a claim over cells produced at a commit that does not
+  contain their setting's declaration is marked.
 
 Cells cached before this module existed carry no code hash: they stay usable for reports, marked
 "code hash unknown (pre-provenance)", and are never reused to run a benchmark.
@@ -107,19 +109,61 @@ def contains(commit: str, ancestor: str) -> bool | None:
 
 def declaration(bench_dir: Path) -> dict | None:
     """``declared.json`` of a benchmark with the commit that last changed it (``declared_at``;
-    None while it is not committed or differs from the commit)."""
+    None while it is not committed or differs from the commit) and, per setting it names, the
+    commit that last changed that setting's declaration (``declared_at_by_setting``;
+    :func:`setting_declaration`): a declaration of one setting made again leaves the cells of
+    the others standing."""
     path = Path(bench_dir) / "declared.json"
     if not path.exists():
         return None
     data = json.loads(path.read_text())
+    check_declaration(data, path)
+    rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else None
+    history = (_git("log", "--format=%h", "--", rel) or "").split() if rel else []
+    changed = _git("status", "--porcelain", "--", rel) if rel else None
+    committed = history[0] if history and not changed else None
+    data["declared_at"] = committed
+    names = [*data.get("main", []), *data.get("alternatives", []), *data.get("settings", {})]
+    data["declared_at_by_setting"] = {
+        name: _setting_declared_at(name, data, history, rel) if committed else None
+        for name in dict.fromkeys(names)
+    }
+    return data
+
+
+def check_declaration(data: dict, path: Path) -> None:
     for key in ("main", "alternatives"):
         if not isinstance(data.get(key, []), list):
             raise ValueError(f"{path}: '{key}' must be a list of setting names")
-    rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else None
-    committed = _git("log", "-1", "--format=%h", "--", rel) if rel else None
-    changed = _git("status", "--porcelain", "--", rel) if rel else None
-    data["declared_at"] = committed if committed and not changed else None
-    return data
+    settings = data.get("settings", {})
+    if not isinstance(settings, dict) or not all(isinstance(v, str) for v in settings.values()):
+        raise ValueError(f"{path}: 'settings' must map setting names to their declaration text")
+
+
+def setting_declaration(name: str, data: dict) -> tuple[str, str | None]:
+    """What declares setting ``name``: the file's shared part (every key but ``settings``: the
+    main settings, the alternatives, the shared note) and the setting's own entry under
+    ``settings``, if it has one. A change to the shared part declares every setting again; a
+    change to one setting's entry declares that setting alone again."""
+    shared = {k: v for k, v in data.items()
+              if k not in ("settings", "declared_at", "declared_at_by_setting")}
+    return json.dumps(shared, sort_keys=True), data.get("settings", {}).get(name)
+
+
+def _setting_declared_at(name: str, data: dict, history: list[str], rel: str) -> str:
+    """The oldest commit of the newest unbroken run of ``declared.json``'s versions (``history``:
+    newest first) that declare ``name`` as the file does now."""
+    now, at = setting_declaration(name, data), history[0]
+    for commit in history[1:]:
+        text = _git("show", f"{commit}:{rel}")
+        try:
+            older = json.loads(text) if text is not None else None
+        except json.JSONDecodeError:
+            older = None
+        if not isinstance(older, dict) or setting_declaration(name, older) != now:
+            break
+        at = commit
+    return at
 
 
 def cell_provenance(record: dict, current_hash: str) -> str:

@@ -242,15 +242,22 @@ def build_results(
                     else [(m, c["setting"], s)]
                 )
         c["commits"] = sorted({code_of.get(k, "unknown") for k in cells})
+        # each cell against its own setting's declaration and the claim's (a derived claim's
+        # cells are of other settings)
+        cell_commits = {
+            (code_of.get(k, "unknown"), setting) for k in cells for setting in (k[1], c["setting"])
+        }
         c["counted"] = c["kind"] in COUNTED
         if decl is not None:
             declared = "main" if c["setting"] in decl.get("main", []) else \
                 "alternative" if c["setting"] in decl.get("alternatives", []) else "undeclared"
             c["declared"] = declared
             c["counted"] = c["counted"] and declared == "main"
-            at = decl.get("declared_at")
-            c["before_declaration"] = at is None or any(
-                provenance.contains(x, at) is not True for x in c["commits"]
+            by_setting = decl.get("declared_at_by_setting") or {}
+            c["before_declaration"] = any(
+                (at := by_setting.get(setting, decl.get("declared_at"))) is None
+                or provenance.contains(x, at) is not True
+                for x, setting in cell_commits
             )
         # the protocol answers a claim only over cells run at a clean commit after its settings were
         # declared
@@ -289,7 +296,8 @@ def build_results(
             "cells": status,
             "declaration": None
             if decl is None
-            else {k: decl.get(k) for k in ("main", "alternatives", "declared_at", "note")},
+            else {k: decl.get(k) for k in ("main", "alternatives", "declared_at", "note",
+                                           "settings", "declared_at_by_setting")},
         },
         "runs": grid_runs,
         "derived_runs": derived,
