@@ -21,7 +21,8 @@ and hands it to :func:`main`. The runner does the rest:
   failed bounds). Non-inferiority rows ("not worse than": mean above −1 sd) are their own kind and
   never count as a paper's claim;
 - applies the sanity gates of :mod:`benchmarks.gates` (bounds, collapsed runs) and marks claims over
-  cells produced before the benchmark's committed ``declared.json`` (its main settings);
+  cells produced before their setting's declaration in the benchmark's committed
+  ``declared.json`` (its main settings; each setting dated by :func:`provenance.declaration`);
 - adds to each run's record what the benchmark's ``record_extras`` hook computes from the finished
   run (a metric the toolkit does not report itself, e.g. accuracy on each device's local split),
   and derives runs from runs (``derived``, e.g. :func:`paired_difference`) so a claim can compare
