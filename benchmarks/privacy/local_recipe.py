@@ -42,6 +42,8 @@ Run it at a clean commit with ``nice -n 5 python -m benchmarks.privacy.local_rec
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import gates, sweep
@@ -66,6 +68,26 @@ COST_LIMIT = 2.9
 SLOPE_LIMIT = 0.5
 
 
+@dataclass(frozen=True)
+class Spec:
+    """One sweep of Local's recipe: its files' name, its page's title and text (its docstring,
+    the rule), its candidates (the grid's own first: ``current``), the cost limit, its cells (the
+    first seed's decide eligibility) and its command."""
+
+    name: str
+    title: str
+    doc: str
+    candidates: dict[str, dict]
+    current: str
+    cost_limit: float
+    cells: Callable[[], list[Cell]]
+    command: str
+    seeds: tuple[int, ...] = SEEDS
+    #: the rule's convergence over a candidate's run slopes (default: every run under the limit)
+    converged: Callable[[list[float | None]], bool] = (
+        lambda slopes: all(s is not None and s < SLOPE_LIMIT for s in slopes))
+
+
 def cells() -> list[Cell]:
     """Every candidate's cells, seed 10 first (they decide eligibility)."""
     base = {**fleet_profile(False), **FEDAVG, "algorithm": "local", "options": {},
@@ -76,25 +98,26 @@ def cells() -> list[Cell]:
     return every
 
 
-def summarize(records: list[dict | None], every: list[Cell]) -> dict:
+def summarize(records: list[dict | None], every: list[Cell], spec: Spec | None = None) -> dict:
     """Per candidate: eligibility, validation accuracies, collapsed devices and runs, slopes;
     the chosen candidate (None while undecided or when none qualifies)."""
+    spec = spec or FLEET
     done = {c: r for c, r in zip(every, records, strict=True) if r is not None}
-    first = {c.method: done.get(c) for c in every if c.seed == SEEDS[0]}
-    ref = first.get(CURRENT)
+    first = {c.method: done.get(c) for c in every if c.seed == spec.seeds[0]}
+    ref = first.get(spec.current)
     rows, status = [], {}
-    for name in CANDIDATES:
+    for name in spec.candidates:
         planned = [c for c in every if c.method == name]
         rs = [done[c] for c in planned if c in done]
         cost = (first[name]["cpu_seconds"] / ref["cpu_seconds"]
                 if ref is not None and first.get(name) is not None else None)
         collapsed = {r["seed"]: w for r in rs if (w := gates.run_collapse(r))}
         slopes = [r.get("slope") for r in rs]
-        if cost is not None and cost > COST_LIMIT:
+        if cost is not None and cost > spec.cost_limit:
             state = "ineligible (cost)"
         elif collapsed:
             state = "unstable"
-        elif any(s is None or s >= SLOPE_LIMIT for s in slopes):
+        elif not spec.converged(slopes):
             state = "not converged"
         elif len(rs) < len(planned) or cost is None:
             state = "undecided"
@@ -102,7 +125,7 @@ def summarize(records: list[dict | None], every: list[Cell]) -> dict:
             state = "stable, converged"
         status[name] = state
         rows.append({
-            "recipe": name, "settings": CANDIDATES[name], "planned": len(planned),
+            "recipe": name, "settings": spec.candidates[name], "planned": len(planned),
             "seeds": [r["seed"] for r in rs], "accuracy": [r["final_accuracy"] for r in rs],
             "slope": slopes, "cost_vs_current": cost,
             "devices": sum(len(r.get("client_accuracy", {})) for r in rs),
@@ -115,7 +138,7 @@ def summarize(records: list[dict | None], every: list[Cell]) -> dict:
     chosen = (max(good, key=lambda r: statistics.fmean(r["accuracy"]))["recipe"]
               if good and decided else None)
     return {"rows": rows, "status": status, "chosen": chosen,
-            "chosen_recipe": CANDIDATES.get(chosen) if chosen else None,
+            "chosen_recipe": spec.candidates.get(chosen) if chosen else None,
             "not_run": [c.label for c in every if c not in done]}
 
 
@@ -123,11 +146,10 @@ def pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-def markdown(result: dict) -> str:
-    lines = sweep.opening(
-        result, "# Local's recipe on the 1,000-device fleet: a sweep on a validation split",
-        __doc__,
-        "**No candidate qualifies**: the grid keeps its recipe.")
+def markdown(result: dict, spec: Spec | None = None) -> str:
+    spec = spec or FLEET
+    lines = sweep.opening(result, f"# {spec.title}: a sweep on a validation split", spec.doc,
+                          "**No candidate qualifies**: the grid keeps its recipe.")
     lines += ["| recipe | runs | CPU vs the grid's recipe (seed 10) | val. acc % (mean ± sd) | "
               "per seed | last-quarter slope per seed | devices predicting one class | status |",
               "|---|---|---|---|---|---|---|---|"]
@@ -149,30 +171,36 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = sweep.parser("Local's recipe on the 1,000-device fleet: a validation sweep.").parse_args(
-        argv)
-    cache = Cache(HERE / "local_recipe_cells", draft=args.draft)
-    every = cells()
-    previous = HERE / "local_recipe.json"
+def main(argv: list[str] | None = None, spec: Spec | None = None) -> dict:
+    spec = spec or FLEET
+    args = sweep.parser(f"{spec.title}: a validation sweep.").parse_args(argv)
+    cache = Cache(HERE / f"{spec.name}_cells", draft=args.draft)
+    every = spec.cells()
+    previous = HERE / f"{spec.name}.json"
     before = sweep.machine_before(previous)
-    first = [c for c in every if c.seed == SEEDS[0]]
+    first = [c for c in every if c.seed == spec.seeds[0]]
+    tmp = HERE / f"{spec.name}_tmp"
     records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
-                            tmp_root=HERE / "local_recipe_tmp", run=first)
-    eligible = {r["recipe"] for r in summarize(records, every)["rows"]
+                            tmp_root=tmp, run=first)
+    eligible = {r["recipe"] for r in summarize(records, every, spec)["rows"]
                 if not r["status"].startswith("ineligible")}
     records = sweep.records(every, cache, report_only=args.report_only, workers=args.workers,
-                            tmp_root=HERE / "local_recipe_tmp",
-                            run=[c for c in every if c.method in eligible])
+                            tmp_root=tmp, run=[c for c in every if c.method in eligible])
     result = sweep.finish(
-        summarize(records, every), [r for r in records if r is not None],
-        command="nice -n 5 python -m benchmarks.privacy.local_recipe --workers 2", before=before,
+        summarize(records, every, spec), [r for r in records if r is not None],
+        command=spec.command, before=before,
         after=sweep.machine_after(previous, args.report_only),
         keys=("method", "setting", "seed", "final_accuracy", "slope", "client_accuracy",
               "client_class_counts", "client_predictions", "code", "code_hash", "config"))
-    sweep.write(HERE, "local_recipe", result, markdown)
-    print(f"chosen: {result['chosen']} {result['chosen_recipe']}; {HERE / 'local_recipe.md'}")
+    sweep.write(HERE, spec.name, result, lambda r: markdown(r, spec))
+    print(f"chosen: {result['chosen']} {result['chosen_recipe']}; {HERE / (spec.name + '.md')}")
     return result
+
+
+#: the sweep of this module's docstring: Local on the 1,000-device fleet
+FLEET = Spec("local_recipe", "Local's recipe on the 1,000-device fleet", __doc__, CANDIDATES,
+             CURRENT, COST_LIMIT, cells,
+             "nice -n 5 python -m benchmarks.privacy.local_recipe --workers 2")
 
 
 if __name__ == "__main__":
