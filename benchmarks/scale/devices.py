@@ -193,9 +193,11 @@ NOTES = [
     "the server has averaged the round. The training data are loaded once and shared out: a "
     "device holds its own shard (6 images at 10,000 devices).",
     "Time per device in the fedavg rounds is the device's training: one step of the CNN on one "
-    "torch thread (a batch of 32 images at 1,000 devices, of 6 at 10,000: so fedavg-narrow's "
-    "round times are not one workload's and its fitted b means nothing), at niceness 10 on 2 "
-    "cores shared with other work at load ~11–19: the seconds are those of a crowded machine.",
+    "torch thread (a batch of 32 images at 1,000 devices, of 6 at 10,000: so neither fedavg's "
+    "nor fedavg-narrow's round times are one workload's, and their fitted b mean nothing), at "
+    "niceness 10 on 2 cores shared with other work (load ~11–19 for the rows of 2026-11-26; "
+    "the fedavg row of 10,000 devices at load 1.7–3.9, beside a benchmark's two workers): the "
+    "seconds are those of a shared machine.",
     "The echo rounds are the orchestration alone (requests, checks, replies, records). In one "
     "invocation at load ~8 they cost 0.11, 0.18 and 0.08 ms a device at 10, 100 and 1,000 "
     "devices: no growth per device. The 10,000-device row comes from another invocation at "
@@ -205,14 +207,17 @@ NOTES = [
     "times the fleet; the fitted b = 1.26 mixes the two loads. Issue 39's '1.1 ms at 10 devices "
     "against 38 ms at 100' (0.11 against 0.38 ms a device) was the load too: rerun at one "
     "load, the 100-device round costs what the 10-device round does, a device.",
-    "The rows come from three invocations (their commands above and in devices.json): the "
+    "The rows come from four invocations (their commands above and in devices.json): the "
     "first two ran this branch's commits d15b447 and fb72647 before they were rebased onto "
     "main (the same code of these paths as landed; the fedavg-narrow child of 10,000 devices "
-    "started after a rebase), the third the commit in the header.",
-    "fedavg at 10,000 devices was stopped by hand during its set-up (4.8 GB resident): the "
-    "machine had 9.1 GB available when it started and the run needs ~1 MB a device at its "
-    "peak (the model, the uplink, the objects), about 10 GB with the base; fedavg-narrow runs "
-    "the same 10,000 training devices with a model a seventh the size.",
+    "started after a rebase), the third 9a7f743 (echo at 10–1,000 devices), the fourth the "
+    "commit in the header (fedavg at 10,000 devices).",
+    "fedavg at 10,000 devices (the CNN's 334 kB model on every device, one round, every device "
+    "selected) ran whole on 2026-11-28: 10,000 of 10,000 devices completed the round, peak "
+    "7.69 GB resident (the cap is 16 GB), 750 kB a device over the base and 722 kB a device "
+    "from 1,000 to 10,000: the model, its uplink until the round is averaged, the objects "
+    "around them. Its first attempt (2026-11-26) was stopped by hand during its set-up at "
+    "4.8 GB: the shared machine then had 9.1 GB available.",
 ]
 
 
