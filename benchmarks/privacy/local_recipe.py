@@ -50,6 +50,7 @@ from benchmarks import gates, sweep
 from benchmarks.cache import Cache
 from benchmarks.cells import Cell
 from benchmarks.privacy import FEDAVG, LOCAL_EVAL, fleet_profile
+from benchmarks.privacy.felo_recipe import failed_rounds
 
 HERE = Path(__file__).resolve().parent
 SEEDS = (10, 11, 12, 13, 14)  # not the benchmark's seeds
@@ -130,6 +131,8 @@ def summarize(records: list[dict | None], every: list[Cell], spec: Spec | None =
             "slope": slopes, "cost_vs_current": cost,
             "devices": sum(len(r.get("client_accuracy", {})) for r in rs),
             "collapsed_devices": sum(len(gates.collapsed_devices(r)[0]) for r in rs),
+            # shown, not part of the rule: device-rounds whose local work diverged (refused)
+            "lost_device_rounds": {r["seed"]: n for r in rs if (n := failed_rounds(r))},
             "collapsed_runs": collapsed, "status": state,
             "wall_seconds": [r["wall_seconds"] for r in rs],
         })
@@ -142,6 +145,14 @@ def summarize(records: list[dict | None], every: list[Cell], spec: Spec | None =
             "not_run": [c.label for c in every if c not in done]}
 
 
+def lost_text(lost: dict | None) -> str:
+    """"none", or each seed's device-rounds lost ("s12: 10"); "—" where a summary predates the
+    count."""
+    if lost is None:
+        return "—"
+    return ", ".join(f"s{seed}: {n}" for seed, n in lost.items()) or "none"
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
@@ -151,8 +162,9 @@ def markdown(result: dict, spec: Spec | None = None) -> str:
     lines = sweep.opening(result, f"# {spec.title}: a sweep on a validation split", spec.doc,
                           "**No candidate qualifies**: the grid keeps its recipe.")
     lines += ["| recipe | runs | CPU vs the grid's recipe (seed 10) | val. acc % (mean ± sd) | "
-              "per seed | last-quarter slope per seed | devices predicting one class | status |",
-              "|---|---|---|---|---|---|---|---|"]
+              "per seed | last-quarter slope per seed | devices predicting one class | "
+              "device-rounds lost | status |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         xs = r["accuracy"]
         ms = (f"{pct(statistics.fmean(xs))} ± {pct(statistics.stdev(xs) if len(xs) > 1 else 0)}"
@@ -161,7 +173,8 @@ def markdown(result: dict, spec: Spec | None = None) -> str:
         slopes = ", ".join("—" if s is None else f"{s:.2f}" for s in r["slope"]) or "—"
         cost = "—" if r["cost_vs_current"] is None else f"{r['cost_vs_current']:.2f}×"
         lines.append(f"| {r['recipe']} | {len(xs)} of {r['planned']} | {cost} | {ms} | {per} | "
-                     f"{slopes} | {r['collapsed_devices']} of {r['devices']} | {r['status']} |")
+                     f"{slopes} | {r['collapsed_devices']} of {r['devices']} | "
+                     f"{lost_text(r.get('lost_device_rounds'))} | {r['status']} |")
     if result["not_run"]:
         lines += ["", f"Not run ({len(result['not_run'])} cells: an ineligible candidate's "
                   "other seeds, or an unfinished run): "
