@@ -236,7 +236,11 @@ every sample's statistics vector (Felo: [logits, features]; FedProto: its featur
 its per-class sums and counts before the uplink: ε per *sample* of a device.
 **FedAvg** (`--dp central`): CNN tier 2 at **width 0.25**, its defaults otherwise; the server clips
 each update to C, averages with equal weights and adds noise z·C/n per coordinate (n = 1,000).
-**local**: in {SETTING} Felo's devices and models without any uplink, in {FLEET} FedAvg's model
+**local**: in {SETTING} Felo's devices and models without any uplink (their recipe, checked on a
+validation split when the grid's Local read a last-quarter slope of 0.52 there: \
+[local_recipe_dir05.md](local_recipe_dir05.md) keeps it, the one candidate of three with no
+collapsed device, converged at a mean slope of 0.34 on one evaluation set; two and four epochs a
+round left devices predicting one class), in {FLEET} FedAvg's model
 on each device alone at its own recipe, four epochs a round at batch 8 and lr 0.01
 ([local_recipe.md](local_recipe.md): chosen on a validation split for no collapsed device, a
 converged curve and the best validation accuracy; FedAvg's one epoch at batch 32 and lr 0.05 left
