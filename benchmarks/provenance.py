@@ -155,10 +155,10 @@ def _setting_declared_at(name: str, data: dict, history: list[str], rel: str) ->
     newest first) that declare ``name`` as the file does now."""
     now, at = setting_declaration(name, data), history[0]
     for commit in history[1:]:
-        text = _git("show", f"{commit}:{rel}")
+        blob = _blob_at(commit, rel, str(ROOT))  # each version read once for every setting
         try:
-            older = json.loads(text) if text is not None else None
-        except json.JSONDecodeError:
+            older = json.loads(blob) if blob is not None else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
             older = None
         if not isinstance(older, dict) or setting_declaration(name, older) != now:
             break

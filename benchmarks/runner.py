@@ -255,7 +255,7 @@ def build_results(
             c["declared"] = declared
             c["counted"] = c["counted"] and declared == "main"
             by_setting = decl.get("declared_at_by_setting") or {}
-            c["before_declaration"] = any(
+            c["before_declaration"] = decl.get("declared_at") is None or any(
                 (at := by_setting.get(setting, decl.get("declared_at"))) is None
                 or provenance.contains(x, at) is not True
                 for x, setting in cell_commits
