@@ -99,10 +99,9 @@ def cells() -> list[Cell]:
     return every
 
 
-def summarize(records: list[dict | None], every: list[Cell], spec: Spec | None = None) -> dict:
+def summarize(records: list[dict | None], every: list[Cell], spec: Spec) -> dict:
     """Per candidate: eligibility, validation accuracies, collapsed devices and runs, slopes;
     the chosen candidate (None while undecided or when none qualifies)."""
-    spec = spec or FLEET
     done = {c: r for c, r in zip(every, records, strict=True) if r is not None}
     first = {c.method: done.get(c) for c in every if c.seed == spec.seeds[0]}
     ref = first.get(spec.current)
@@ -145,11 +144,8 @@ def summarize(records: list[dict | None], every: list[Cell], spec: Spec | None =
             "not_run": [c.label for c in every if c not in done]}
 
 
-def lost_text(lost: dict | None) -> str:
-    """"none", or each seed's device-rounds lost ("s12: 10"); "—" where a summary predates the
-    count."""
-    if lost is None:
-        return "—"
+def lost_text(lost: dict) -> str:
+    """"none", or each seed's device-rounds lost ("s12: 10")."""
     return ", ".join(f"s{seed}: {n}" for seed, n in lost.items()) or "none"
 
 
@@ -157,8 +153,7 @@ def pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-def markdown(result: dict, spec: Spec | None = None) -> str:
-    spec = spec or FLEET
+def markdown(result: dict, spec: Spec) -> str:
     lines = sweep.opening(result, f"# {spec.title}: a sweep on a validation split", spec.doc,
                           "**No candidate qualifies**: the grid keeps its recipe.")
     lines += ["| recipe | runs | CPU vs the grid's recipe (seed 10) | val. acc % (mean ± sd) | "
@@ -174,7 +169,7 @@ def markdown(result: dict, spec: Spec | None = None) -> str:
         cost = "—" if r["cost_vs_current"] is None else f"{r['cost_vs_current']:.2f}×"
         lines.append(f"| {r['recipe']} | {len(xs)} of {r['planned']} | {cost} | {ms} | {per} | "
                      f"{slopes} | {r['collapsed_devices']} of {r['devices']} | "
-                     f"{lost_text(r.get('lost_device_rounds'))} | {r['status']} |")
+                     f"{lost_text(r['lost_device_rounds'])} | {r['status']} |")
     if result["not_run"]:
         lines += ["", f"Not run ({len(result['not_run'])} cells: an ineligible candidate's "
                   "other seeds, or an unfinished run): "

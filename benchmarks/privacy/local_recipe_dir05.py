@@ -42,6 +42,8 @@ Run it at a clean commit with ``nice -n 5 python -m benchmarks.privacy.local_rec
 
 from __future__ import annotations
 
+import statistics
+
 from benchmarks.cells import Cell
 from benchmarks.privacy import FELO, SETTING, profile
 from benchmarks.privacy.local_recipe import SEEDS, Spec, main
@@ -71,7 +73,8 @@ SLOPE_MEAN_LIMIT = 0.4
 
 
 def converged(slopes: list[float | None]) -> bool:
-    return None not in slopes and sum(slopes) / len(slopes) < SLOPE_MEAN_LIMIT
+    # no run yet: not decided here (the sweep's "undecided")
+    return None not in slopes and (not slopes or statistics.fmean(slopes) < SLOPE_MEAN_LIMIT)
 
 
 SPEC = Spec("local_recipe_dir05", "Local's recipe on the 10-device fleet (dir0.5)", __doc__,
