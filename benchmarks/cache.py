@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import provenance
-from benchmarks.cells import Cell, _worker_init, new_invocation, run_cell
+from benchmarks.cells import Cell, _worker_init, legacy_curve, new_invocation, run_cell
 from edgefl.report.recorder import json_safe
 from edgefl.runtime.processes import preloaded_context
 
@@ -81,7 +81,8 @@ class Cache:
         if not provenance.inputs_match(cell.config, record):
             return None
         # the same configuration run for another label (a sweep value that is also a grid cell)
-        return {**record, "method": cell.method, "setting": cell.setting, "role": cell.role}
+        return {**legacy_curve(record), "method": cell.method, "setting": cell.setting,
+                "role": cell.role}
 
     def get(self, cell: Cell) -> dict | None:
         p = self.path(cell)

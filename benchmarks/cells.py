@@ -348,8 +348,9 @@ def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], w
     final = summary["mean_accuracy"]
     if not stopped and total_rounds and per_round and per_round[-1]["round"] == total_rounds \
             and "accuracy" not in per_round[-1]:
-        per_round[-1]["accuracy"] = final  # the final evaluation closes the curve
-        per_round[-1]["per_tier"] = summary["tier_accuracy"]
+        # the final evaluation closes a curve whose last round was not evaluated (eval_every not
+        # dividing the rounds): shown, never in the slope (another evaluation set)
+        per_round[-1].update(accuracy=final, per_tier=summary["tier_accuracy"], final=True)
     stop: dict[str, Any] = {}
     if stopped:
         keys = ("stopped_at_round", "stop_reason", "stop_detail", "accuracy_from_round")
@@ -368,6 +369,7 @@ def make_record(cell: Cell, resolved: dict, summary: dict, rounds: list[dict], w
         "per_tier": summary["tier_accuracy"],
         "client_accuracy": summary["client_accuracy"],
         "per_round": per_round,
+        "final_point_marked": True,  # see curve_points
         "slope": last_quarter_slope(per_round, total_rounds),
         "bytes_up_per_device_round": sum(r["bytes_up_total"] for r in train_rounds) / completed,
         "bytes_down_per_device_round": sum(r["bytes_down_total"] for r in train_rounds) / completed,
@@ -412,7 +414,9 @@ def predictions(cfg: Any, run_dir: Path) -> dict[str, Any]:
 
 def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None:
     """Least-squares slope of accuracy over the last quarter of rounds, in points per 10 % of
-    rounds (None with fewer than two evaluations there)."""
+    rounds (None with fewer than two evaluations there). Only the per-round evaluations count: a
+    point marked ``final`` (the final evaluation closing the curve, on the test split) is another
+    evaluation set, whose offset from the per-round one would weigh most on the slope."""
     if not total_rounds:
         return None
     start = total_rounds * 0.75
@@ -420,6 +424,7 @@ def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None
         (p["round"], p["accuracy"])
         for p in per_round
         if "accuracy" in p and p["round"] >= start and p["accuracy"] is not None
+        and not p.get("final")
     ]
     if len(pts) < 2:
         return None
@@ -432,3 +437,35 @@ def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None
     return slope * 0.1 * total_rounds
 
 
+
+
+def curve_points(record: dict) -> list[dict]:
+    """A record's per-round points with the final evaluation's point marked ``final``. Records
+    made before the loop evaluated the last round on the per-round split (those without
+    ``final_point_marked``) closed the curve with the final evaluation unmarked: that point is the
+    last round's, equal to ``final_accuracy``, on a run that did not stop early, where the
+    per-round split is smaller than the test split (on the same images it is the same number)."""
+    per_round = record.get("per_round") or []
+    if record.get("final_point_marked") or not per_round:
+        return per_round
+    resolved = record.get("resolved_config") or {}
+    last = per_round[-1]
+    rounds = resolved.get("rounds")
+    test = resolved.get("test_samples")
+    evaluated = resolved.get("eval_samples")
+    smaller = evaluated is not None and (test is None or evaluated < test)
+    if (smaller and rounds is not None and last.get("round") == rounds
+            and "stopped_at_round" not in record
+            and last.get("accuracy") == record.get("final_accuracy")):
+        return [*per_round[:-1], {**last, "final": True}]
+    return per_round
+
+
+def legacy_curve(record: dict) -> dict:
+    """A record made before the final point was marked (:func:`curve_points`) with that point
+    marked and its slope from the per-round evaluations alone; any other record as it is."""
+    if record.get("final_point_marked") or not record.get("per_round"):
+        return record
+    points = curve_points(record)
+    rounds = (record.get("resolved_config") or {}).get("rounds") or len(points)
+    return {**record, "per_round": points, "slope": last_quarter_slope(points, rounds)}

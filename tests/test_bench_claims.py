@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks import runner
+from benchmarks.cells import legacy_curve
 from benchmarks.runner import Cell, Claim, evaluate_claim, last_quarter_slope
 from tests.bench_cases import full_run, gated, run, tiny_cell
 
@@ -134,6 +135,30 @@ def test_last_quarter_slope_is_points_per_tenth_of_the_run():
     per_round = [{"round": r, "accuracy": 0.5 + 0.001 * r} for r in range(1, 41)]
     assert last_quarter_slope(per_round, 40) == pytest.approx(0.4)
     assert last_quarter_slope([{"round": 40, "accuracy": 0.5}], 40) is None
+
+
+def test_the_slope_reads_the_per_round_evaluations_alone_never_the_final_one():
+    # a flat curve on the per-round split, closed by the final evaluation 3 points higher (another,
+    # larger set): that point would read as a rising curve (0.9 points per 10 % of rounds)
+    flat = [{"round": r, "accuracy": 0.70} for r in range(1, 16)]
+    closed = [*flat, {"round": 16, "accuracy": 0.73}]
+    assert last_quarter_slope(closed, 16) == pytest.approx(0.96)
+    assert last_quarter_slope([*flat, {"round": 16, "accuracy": 0.73, "final": True}], 16) == 0.0
+    # a record made before the final point was marked: the point equal to the final accuracy at the
+    # last round is marked where the per-round split is the smaller one
+    legacy = {"per_round": closed, "final_accuracy": 0.73, "slope": 0.96,
+              "resolved_config": {"rounds": 16, "eval_samples": 500, "test_samples": 2000}}
+    read = legacy_curve(legacy)
+    assert read["slope"] == 0.0 and read["per_round"][-1]["final"] and legacy["slope"] == 0.96
+    # on the same images the two evaluations are one number: the point stays
+    same = {**legacy, "resolved_config": {**legacy["resolved_config"], "eval_samples": 2000}}
+    assert legacy_curve(same)["slope"] == pytest.approx(0.96)
+    # a run that stopped early, or a last point that is not the final accuracy: as it is
+    assert legacy_curve({**legacy, "stopped_at_round": 9})["slope"] == pytest.approx(0.96)
+    assert legacy_curve({**legacy, "final_accuracy": 0.72})["slope"] == pytest.approx(0.96)
+    # a record made since: as it is
+    assert legacy_curve({**legacy, "final_point_marked": True}) == {**legacy,
+                                                                    "final_point_marked": True}
 
 
 def test_a_missing_metric_is_reported_as_missing_not_raised():

@@ -145,10 +145,10 @@ def test_fedvtc_run_has_a_closing_round_and_per_round_psi_costs_more(tmp_path):
     assert sum(every["bytes_up_per_round"]) > sum(single["bytes_up_per_round"])
 
 
-def test_the_last_training_round_keeps_its_evaluation_because_the_finish_fine_tunes(tmp_path):
-    """The final evaluation comes after the synthetic fine-tune, so it cannot stand for the last
-    training round's (as it does for methods whose finish changes nothing): the curve keeps the
-    models before the fine-tune, with ψ every round (no closing round) as with the closing round."""
+def test_every_training_round_keeps_its_evaluation_and_closing_rounds_have_none(tmp_path):
+    """The curve is on the per-round split from the first training round to the last (for FedVTC
+    the models before the fine-tune, whose final evaluation comes after it), with ψ every round
+    (no closing round) as with the closing round, and for a method whose finish trains nothing."""
 
     def evaluated(run_dir):
         rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
@@ -177,9 +177,9 @@ def test_the_last_training_round_keeps_its_evaluation_because_the_finish_fine_tu
         ("train", True),
         ("closing", False),
     ]
-    # its finish trains nothing
+    # its finish trains nothing: the last round is evaluated all the same (one evaluation set)
     simulate(tiny_config(tmp_path / "fedavg", algorithm="fedavg", eval_every=1), plots=False)
-    assert evaluated(tmp_path / "fedavg/run") == [("train", True), ("train", False)]
+    assert evaluated(tmp_path / "fedavg/run") == [("train", True), ("train", True)]
 
 
 def test_first_round_starts_from_the_devices_class_means_and_feature_spread():

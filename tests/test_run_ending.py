@@ -35,10 +35,10 @@ def test_a_device_that_misses_the_final_evaluation_counts_with_its_last_round_ma
     final = RoundLoop(
         algo.server(ctx, None), ctx, transport, LoopSettings(rounds=3), on_round=records.append
     ).run()
-    # the evaluation after round 2 is d01's last (round 3's stands for the final one)
-    assert [r["round"] for r in records if "eval" in r] == [1, 2]
-    assert final["accuracy_from_round"] == {"d01": 2} and final["measured_by"] == "mixed"
-    assert final["client_accuracy"]["d01"] == records[1]["eval"]["client_accuracy"]["d01"]
+    # every round is evaluated, the last one too: the evaluation after round 3 is d01's last
+    assert [r["round"] for r in records if "eval" in r] == [1, 2, 3]
+    assert final["accuracy_from_round"] == {"d01": 3} and final["measured_by"] == "mixed"
+    assert final["client_accuracy"]["d01"] == records[2]["eval"]["client_accuracy"]["d01"]
     assert set(final["client_accuracy"]) == {"d00", "d01", "d02"} and final["unmeasured"] == []
     assert final["mean_accuracy"] == pytest.approx(np.mean(list(final["client_accuracy"].values())))
     assert "d01" in final["eval_failed"] and final["final_answered"] == 2
@@ -52,9 +52,9 @@ def test_when_nobody_answers_the_final_evaluation_the_last_rounds_stand_in_and_n
         transport.connect(d, _misses_the_final_evaluation(transport.handlers[d]))
     final = RoundLoop(algo.server(ctx, None), ctx, transport, LoopSettings(rounds=2)).run()
     assert final["measured_by"] == "last-round" and final["accuracy_from_round"] == {
-        "d00": 1,
-        "d01": 1,
-        "d02": 1,
+        "d00": 2,
+        "d01": 2,
+        "d02": 2,
     }
     assert final["mean_accuracy"] is not None and final["mean_accuracy"] == final["mean_accuracy"]
     # never evaluated at all (eval_every 0): no number, and no "nan" either

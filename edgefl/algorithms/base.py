@@ -146,8 +146,6 @@ class ServerContext:
     # server-held data (HierarchyFL's labelled 1%, FedHeNN's pool)
     public: ArrayDataset | None = None
     closing_rounds: int = 0  # rounds after training (the method's declared needs)
-    # the final exchange changes the devices' models (the method's declared needs)
-    finish_trains: bool = False
     #: uplink arrays that are model changes (the method's declared ``uplink_deltas``)
     uplink_deltas: tuple[str, ...] = ()
     #: The server optimizer that turns averaged weights into the new ones (``--server-opt``); only
@@ -353,11 +351,6 @@ class MethodNeeds:
     #: Rounds after the training rounds (FedVTC's one-shot decoder upload); the loop runs them
     #: as rounds ``rounds .. rounds + closing_rounds - 1`` with ``phase = "closing"``.
     closing_rounds: int = 0
-    #: Whether the final exchange (``phase=final``) changes the devices' models (FedVTC's synthetic
-    #: fine-tune). The loop's final evaluation otherwise stands for the last round's, which it then
-    #: skips; a method that trains in its finish keeps the last training round's evaluation, so a
-    #: run's curve shows the models before the finish and the final evaluation after it.
-    finish_trains: bool = False
     #: Whether the server averages model weights (over the fleet, a tier's sub-models or an
     #: architecture) and hands the average to its ``server_opt`` step: only then may a run choose
     #: a server optimizer other than plain averaging (``--server-opt``).

@@ -351,14 +351,14 @@ class RoundLoop:
             record["clock"] = timing  # start, end, each device's seconds, who dropped and why
         if self.clock is not None:
             record["simulated_seconds"] = self.simulated_seconds
-        # Training rounds are evaluated every eval_every rounds, except the run's last one, whose
-        # evaluation is the final one (after the finish exchange), unless the finish trains.
+        # Training rounds are evaluated every eval_every rounds on the per-round split, the last
+        # one too: a run's curve is on one evaluation set from its first point to its last (the
+        # final evaluation, after the finish exchange, is on the test split, often larger; closing
+        # a curve with it moved the last-quarter slope by up to the two sets' difference).
         # Closing rounds train nothing: never evaluated.
         training = round < self.settings.rounds
-        stands_for_final = round == self.total_rounds - 1 and not self.ctx.finish_trains
         if (
             training
-            and not stands_for_final
             and self.settings.eval_every > 0
             and (round + 1) % self.settings.eval_every == 0
         ):

@@ -190,7 +190,6 @@ def server_context(
         min_fit=cfg.min_fit or 1,
         public=public,
         closing_rounds=method.needs.closing_rounds,
-        finish_trains=method.needs.finish_trains,
         uplink_deltas=method.needs.uplink_deltas,
         server_opt=server_optimizer(cfg, method),
     )

@@ -69,7 +69,7 @@ FEDVTC_DEFAULTS = {**PROTOTYPE_DEFAULTS, "epochs": 2}
 def psi_upload(options: FedVTCOptions) -> MethodNeeds:
     """The one-shot ψ upload after training (none when ψ travels every round); the finish is the
     synthetic fine-tune."""
-    return MethodNeeds(closing_rounds=0 if options.psi_every_round else 1, finish_trains=True)
+    return MethodNeeds(closing_rounds=0 if options.psi_every_round else 1)
 
 
 register(
