@@ -29,7 +29,8 @@ VOCABULARY = (
     "the other "
     "way; **not comparable**: the runs cannot answer (fewer than 3 seeds, a compared method's "
     "last-quarter "
-    f"slope at or above {SLOPE_LIMIT} points per 10 % of rounds, collapsed runs, failed sanity "
+    f"slope at or above {SLOPE_LIMIT} points per 10 % of rounds (over the per-round evaluations "
+    "alone, never the final one on the larger test split), collapsed runs, failed sanity "
     "gates; the "
     'reason beside it, and what the numbers alone say). A "not worse than" row (mean above −1 sd) '
     "is a "
