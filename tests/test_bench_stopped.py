@@ -120,6 +120,35 @@ def test_missing_only_runs_just_the_cells_no_code_has_a_record_of(tmp_path, monk
     assert asked == [cells[1]]
 
 
+def test_settings_runs_just_the_cells_of_those_settings_and_reports_the_rest_from_any_code(
+    tmp_path, monkeypatch
+):
+    # Prepare: cells of two settings, all cached by other code (before a declaration changed)
+    from benchmarks import runner
+    from benchmarks.cache import Cache
+
+    cells = [runner.Cell("a", s, seed, {}) for s in ("x", "y") for seed in (0, 1)]
+    for c in cells:
+        Cache(tmp_path / "cells", code_hash="0ther0ther0ther0").put(c, {"final_accuracy": 0.5})
+    asked: list = []
+
+    def fake_run_cells(todo, cache, **kw):
+        asked.extend(todo)
+        raise SystemExit("ran")
+
+    monkeypatch.setattr(runner, "run_cells", fake_run_cells)
+    bench = runner.Benchmark("t", "T", "tiny", cells)
+    # Execute: setting y regenerated
+    with pytest.raises(SystemExit, match="ran"):
+        runner.main(lambda quick: bench, ["--settings", "y", "--draft", "--out", str(tmp_path)])
+    # Assert: only its cells run, whatever the cache holds for them
+    assert asked == cells[2:]
+    # a setting the benchmark does not have is named, with the ones it has
+    with pytest.raises(SystemExit):
+        runner.main(lambda quick: bench, ["--settings", "z", "--out", str(tmp_path)])
+    assert asked == cells[2:]
+
+
 def test_a_record_names_the_devices_whose_work_each_round_lost():
     from benchmarks.cells import make_record
 
