@@ -437,14 +437,13 @@ def last_quarter_slope(per_round: list[dict], total_rounds: int) -> float | None
     return slope * 0.1 * total_rounds
 
 
-
-
 def curve_points(record: dict) -> list[dict]:
     """A record's per-round points with the final evaluation's point marked ``final``. Records
     made before the loop evaluated the last round on the per-round split (those without
     ``final_point_marked``) closed the curve with the final evaluation unmarked: that point is the
-    last round's, equal to ``final_accuracy``, on a run that did not stop early, where the
-    per-round split is smaller than the test split (on the same images it is the same number)."""
+    last round's, equal to ``final_accuracy``, on a run that did not stop early (a run whose
+    privacy budget was spent did run to its end), where the per-round split is smaller than the
+    test split (on the same images it is the same number)."""
     per_round = record.get("per_round") or []
     if record.get("final_point_marked") or not per_round:
         return per_round
@@ -455,7 +454,7 @@ def curve_points(record: dict) -> list[dict]:
     evaluated = resolved.get("eval_samples")
     smaller = evaluated is not None and (test is None or evaluated < test)
     if (smaller and rounds is not None and last.get("round") == rounds
-            and "stopped_at_round" not in record
+            and record.get("stop_reason", BUDGET_SPENT) == BUDGET_SPENT
             and last.get("accuracy") == record.get("final_accuracy")):
         return [*per_round[:-1], {**last, "final": True}]
     return per_round

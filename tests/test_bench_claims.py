@@ -154,7 +154,11 @@ def test_the_slope_reads_the_per_round_evaluations_alone_never_the_final_one():
     same = {**legacy, "resolved_config": {**legacy["resolved_config"], "eval_samples": 2000}}
     assert legacy_curve(same)["slope"] == pytest.approx(0.96)
     # a run that stopped early, or a last point that is not the final accuracy: as it is
-    assert legacy_curve({**legacy, "stopped_at_round": 9})["slope"] == pytest.approx(0.96)
+    failed = {**legacy, "stopped_at_round": 9, "stop_reason": "every device failed"}
+    assert legacy_curve(failed)["slope"] == pytest.approx(0.96)
+    # a run whose privacy budget was spent ran to its end: its curve was closed as any other
+    spent = {**legacy, "stopped_at_round": 9, "stop_reason": "privacy budget spent"}
+    assert legacy_curve(spent)["slope"] == 0.0
     assert legacy_curve({**legacy, "final_accuracy": 0.72})["slope"] == pytest.approx(0.96)
     # a record made since: as it is
     assert legacy_curve({**legacy, "final_point_marked": True}) == {**legacy,
