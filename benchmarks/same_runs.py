@@ -1,4 +1,6 @@
-"""Whether two cell caches hold the same runs: ``python -m benchmarks.same_runs OLD NEW [--out F]``.
+"""Whether two cell caches hold the same runs: ``python -m benchmarks.same_runs OLD NEW [--out F]``,
+each a cells folder, or ``FOLDER@CODEHASH`` for the records of one code in it (a benchmark's own
+cache holds every code's records side by side).
 
 For every cell configuration (key) cached in both folders (the newest record of each), it compares
 what the runs measured: the final accuracy, each device's, and the per-round curve on the rounds
@@ -19,10 +21,11 @@ from pathlib import Path
 from benchmarks.cells import legacy_curve
 
 
-def newest(folder: Path) -> dict[str, dict]:
-    """``{key: record}``, the newest record of each key in ``folder``."""
+def newest(folder: Path, code: str = "") -> dict[str, dict]:
+    """``{key: record}``, the newest record of each key in ``folder`` (of code hash ``code``
+    where one is given: the records named ``<key>-<code>.json``)."""
     out: dict[str, dict] = {}
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(folder.glob(f"*-{code}.json" if code else "*.json")):
         record = legacy_curve(json.loads(path.read_text()))
         key = record.get("key")
         if key and record.get("finished_at", "") >= out.get(key, {}).get("finished_at", ""):
@@ -58,12 +61,12 @@ def table(rows: list[dict], old_dir: Path, new_dir: Path) -> str:
         f"accuracy, every device's, and the curve on the rounds both evaluated): **{same} of "
         f"{len(rows)}**.",
         "",
-        "| cell | final (old → new) | devices | curve (rounds both evaluated) | rounds only new "
+        "| cell | final % (old → new) | devices | curve (rounds both evaluated) | rounds only new "
         "| rounds only old | code (old → new) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        fo, fn = r["final"]
+        fo, fn = (("—" if x is None else f"{100 * x:.3f}") for x in r["final"])
         lines.append(
             f"| {r['cell']} | {fo} → {fn}{'' if r['final_same'] else ' **differs**'} | "
             f"{'same' if r['devices_same'] else '**differ**'} | "
@@ -75,14 +78,17 @@ def table(rows: list[dict], old_dir: Path, new_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("old", type=Path, help="a cells folder (the older code's)")
-    p.add_argument("new", type=Path, help="a cells folder (the newer code's)")
+    p.add_argument("old", help="a cells folder (the older code's), or FOLDER@CODEHASH")
+    p.add_argument("new", help="a cells folder (the newer code's), or FOLDER@CODEHASH")
     p.add_argument("--out", type=Path, help="write the table here (default: standard output)")
     args = p.parse_args(argv)
-    for d in (args.old, args.new):
-        if not d.is_dir():
-            p.error(f"{d}: not a folder")
-    old, new = newest(args.old), newest(args.new)
+    found = []
+    for spec in (args.old, args.new):
+        folder, _, code = spec.partition("@")
+        if not Path(folder).is_dir():
+            p.error(f"{folder}: not a folder")
+        found.append(newest(Path(folder), code))
+    old, new = found
     rows = sorted((compare(old[k], new[k]) for k in set(old) & set(new)),
                   key=lambda r: r["cell"])
     if not rows:

@@ -24,10 +24,10 @@ def test_the_same_runs_but_for_a_new_last_point_are_the_same_and_a_changed_one_i
     _put(new, _record("a", 0.7, [(1, 0.5), (2, 0.6), (3, 0.68)], "c0de1", final_point_marked=True))
     assert main([str(old), str(new)]) == 0
     out = capsys.readouterr().out
-    assert "**1 of 1**" in out and "| s:m:s0 | 0.7 → 0.7 | same | same (2) | 3 | — |" in out
+    assert "**1 of 1**" in out and "| s:m:s0 | 70.000 → 70.000 | same | same (2) | 3 | — |" in out
     # a run whose training changed: named, and the exit status says so
     _put(old, _record("b", 0.7, [(1, 0.5), (2, 0.6)], "c0de0"))
     _put(new, _record("b", 0.71, [(1, 0.5), (2, 0.61)], "c0de1", final_point_marked=True))
     assert main([str(old), str(new)]) == 1
     out = capsys.readouterr().out
-    assert "**1 of 2**" in out and "0.7 → 0.71 **differs**" in out and "**differs** (2)" in out
+    assert "**1 of 2**" in out and "70.000 → 71.000 **differs**" in out and "**differs** (2)" in out

@@ -246,7 +246,9 @@ its per-class sums and counts before the uplink: ε per *sample* of a device.
 **FedAvg** (`--dp central`): CNN tier 2 at **width 0.25**, its defaults otherwise; the server clips
 each update to C, averages with equal weights and adds noise z·C/n per coordinate (n = 1,000).
 **local**: in {SETTING} Felo's devices and models without any uplink (their recipe, checked on a
-validation split when the grid's Local read a last-quarter slope of 0.52 there: \
+validation split when the grid's Local read a last-quarter slope of 0.52 there, over four \
+per-round points and the final evaluation on another set; 0.49 since the last round has a \
+per-round point of its own, on the same runs, [same_runs.md](same_runs.md): \
 [local_recipe_dir05.md](local_recipe_dir05.md) keeps it, the one candidate of three with no
 collapsed device, converged at a mean slope of 0.34 on one evaluation set; two and four epochs a
 round left devices predicting one class), in {FLEET} FedAvg's model
@@ -282,6 +284,14 @@ device failed** a round (losses non-finite or past 1e12, refused; the loop ends 
 a **collapsed** run, and its accuracy is that of its last evaluated round; **every device's
 privacy budget spent** is a legitimate end, its accuracy what the fleet has at that point (the
 noise here is calibrated to spend the budget over all the rounds).
+**Cells of two codes.** The loop now evaluates the last round on the per-round split too \
+(3a48c99); before, the runner closed each curve with the final evaluation, on the larger test \
+split, and that point weighed most on the last-quarter slope. The 10-device fleet and the bounds \
+were rerun at that code (33 cells): the same runs, every final accuracy, every device's and every \
+curve point both codes evaluated equal ([same_runs.md](same_runs.md), \
+`python -m benchmarks.same_runs benchmarks/privacy/cells@OLD benchmarks/privacy/cells@NEW`), with \
+one per-round point more. The quick profile's cells show the same \
+([quick/same_runs.md](quick/same_runs.md)).
 A device's noisy per-class means (Felo, FedProto) are projected onto the C-ball before the uplink
 (post-processing, ε unchanged; edgefl/privacy/mechanisms.py): on the validation fleet it cuts the
 release's error 2–3× (below), and without it devices diverged (non-finite logits and prototypes).
