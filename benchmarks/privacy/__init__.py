@@ -292,6 +292,10 @@ curve point both codes evaluated equal ([same_runs.md](same_runs.md), \
 `python -m benchmarks.same_runs benchmarks/privacy/cells@OLD benchmarks/privacy/cells@NEW`), with \
 one per-round point more. The quick profile's cells show the same \
 ([quick/same_runs.md](quick/same_runs.md)).
+**Why Felo and FedProto at ε = 8 end below Local on {SETTING}**: not DP. Without it they end \
+below Local too (the ε = ∞ rows of the table below against local), and ε = 8 leaves each within \
+a quarter point of its ε = ∞ run (the "not worse than" rows): sharing knowledge alone (no weights) \
+does not beat ten devices' own training on this fleet, with or without noise.
 A device's noisy per-class means (Felo, FedProto) are projected onto the C-ball before the uplink
 (post-processing, ε unchanged; edgefl/privacy/mechanisms.py): on the validation fleet it cuts the
 release's error 2–3× (below), and without it devices diverged (non-finite logits and prototypes).
