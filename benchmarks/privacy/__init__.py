@@ -287,8 +287,10 @@ noise here is calibrated to spend the budget over all the rounds).
 **Cells of two codes.** The loop now evaluates the last round on the per-round split too \
 (3a48c99); before, the runner closed each curve with the final evaluation, on the larger test \
 split, and that point weighed most on the last-quarter slope. The 10-device fleet and the bounds \
-were rerun at that code (33 cells): the same runs, every final accuracy, every device's and every \
-curve point both codes evaluated equal ([same_runs.md](same_runs.md), \
+were rerun at that code (33 cells), and 11 of the 1,000-device fleet's 15 (the other four, \
+DP-FedAvg at ε = 4 and ε = 1 seed 2, are e7695b0's; the rerun was stopped for time): the same \
+runs, every final accuracy, every device's and every curve point both codes evaluated equal \
+(44 of 44, [same_runs.md](same_runs.md), \
 `python -m benchmarks.same_runs benchmarks/privacy/cells@OLD benchmarks/privacy/cells@NEW`), with \
 one per-round point more. The quick profile's cells show the same \
 ([quick/same_runs.md](quick/same_runs.md)).
