@@ -338,8 +338,7 @@ def _csv(text: str) -> list[str]:
 
 def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -> dict[str, Any]:
     """``python -m benchmarks.<name> [--quick] [--workers N] [--report-only] [--missing-only]
-    [--only ROLE] [--settings S1,S2] [--draft] [--cells A,B --setting S --seeds 1,2,3]
-    [--out DIR]``."""
+    [--only ROLE] [--settings S,T] [--draft] [--cells A,B --setting S --seeds 1,2] [--out D]``."""
     p = argparse.ArgumentParser(description="Run a benchmark declared for benchmarks/runner.py.")
     p.add_argument(
         "--quick", action="store_true", help="the small profile, into runs/bench-quick/<name>"
@@ -361,13 +360,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
         help="run only the cells no code has a cached record of; report every cell from the "
         "cache as --report-only does (cells of other commits are listed so on the page)",
     )
-    p.add_argument(
-        "--settings",
-        type=_csv,
-        help="run only the cells of these settings (comma-separated; a bound's setting is its "
-        "own, e.g. centralized), at the code now; report every cell from the cache as "
-        "--missing-only does: one setting regenerated after its own declaration changed",
-    )
+    p.add_argument("--settings", type=_csv, help="run only the cells of these settings (a "
+                   "bound's is its own, e.g. centralized); report the rest as --missing-only does")
     p.add_argument(
         "--partial",
         action="store_true",
@@ -430,9 +424,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     if args.only:
         cells = [c for c in cells if c.role == args.only]
     every = bench.all_cells()
-    if args.settings:
-        unknown = sorted(set(args.settings) - {c.setting for c in every})
-        if unknown:
+    if args.settings:  # one setting regenerated after its declaration (or the code) changed
+        if unknown := sorted(set(args.settings) - {c.setting for c in every}):
             p.error(f"no cells of setting(s) {', '.join(unknown)}; this benchmark's settings: "
                     + ", ".join(dict.fromkeys(c.setting for c in every)))
         cells = [c for c in cells if c.setting in args.settings]
@@ -454,8 +447,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
             )
         except DirtyCode as e:
             raise SystemExit(str(e)) from None
-        subset = args.missing_only or args.settings
-        records = {c: (cache.find if subset else cache.get)(c) for c in every}
+        find = args.missing_only or args.settings  # the other cells from any code
+        records = {c: (cache.find if find else cache.get)(c) for c in every}
     missing = [c for c, r in records.items() if r is None]
     if missing and not args.partial:
         print(
