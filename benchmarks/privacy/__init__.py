@@ -211,7 +211,7 @@ def make(quick: bool = False) -> Benchmark:
         claims=claims,
         bounds={"centralized": centralized, "local_iid": local_iid},
         diagnostics=diagnostics,
-        command="nice -n 10 python -m benchmarks.privacy --workers 2"
+        command="python -m benchmarks.privacy --workers 2"
         + (" --quick" if quick else ""),
     )
 

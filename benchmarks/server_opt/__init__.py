@@ -171,6 +171,6 @@ two cores. The centralized bound and Local-IID run three seeds each.
         claims=claims,
         sweeps=sweeps,
         bounds=bounds,
-        command="nice -n 5 python -m benchmarks.server_opt --workers 2"
+        command="python -m benchmarks.server_opt --workers 2"
         + (" --quick" if quick else ""),
     )

@@ -160,7 +160,7 @@ threshold is the simulated clock at the end of the first round whose accuracy re
         record_extras="benchmarks.time_to_accuracy.extras:extras",
         diagnostics=diagnostics,
         figures=figures,
-        command="nice -n 10 python -m benchmarks.time_to_accuracy --workers 2"
+        command="python -m benchmarks.time_to_accuracy --workers 2"
         + (" --quick" if quick else ""),
         paper="FedBuff (Nguyen et al., AISTATS 2022)",
     )
