@@ -284,13 +284,12 @@ device failed** a round (losses non-finite or past 1e12, refused; the loop ends 
 a **collapsed** run, and its accuracy is that of its last evaluated round; **every device's
 privacy budget spent** is a legitimate end, its accuracy what the fleet has at that point (the
 noise here is calibrated to spend the budget over all the rounds).
-**Cells of two codes.** The loop now evaluates the last round on the per-round split too \
+**The cells' code.** The loop now evaluates the last round on the per-round split too \
 (3a48c99); before, the runner closed each curve with the final evaluation, on the larger test \
-split, and that point weighed most on the last-quarter slope. The 10-device fleet and the bounds \
-were rerun at that code (33 cells), and 11 of the 1,000-device fleet's 15 (the other four, \
-DP-FedAvg at ε = 4 and ε = 1 seed 2, are e7695b0's; the rerun was stopped for time): the same \
-runs, every final accuracy, every device's and every curve point both codes evaluated equal \
-(44 of 44, [same_runs.md](same_runs.md), \
+split, and that point weighed most on the last-quarter slope. Every cell was rerun at that \
+code (the 10-device fleet and the bounds in one invocation, the 1,000-device fleet in two, the \
+first stopped for time): the same runs, every final accuracy, every device's and every curve \
+point both codes evaluated equal (48 of 48, [same_runs.md](same_runs.md), \
 `python -m benchmarks.same_runs benchmarks/privacy/cells@OLD benchmarks/privacy/cells@NEW`), with \
 one per-round point more. The quick profile's cells show the same \
 ([quick/same_runs.md](quick/same_runs.md)).
