@@ -153,6 +153,8 @@ def _run_facts(g: Mapping[str, Any], machine: Mapping[str, Any] | None,
     """What a page states of a whole run (:func:`_one_run`'s group) against its ``target`` in
     seconds: its commit, cells, span, CPU and loads, and the machine that ran it."""
     before, after = (machine or {}).get("before") or {}, (machine or {}).get("after") or {}
+    if before.get("invocation") not in (None, g["id"]):  # the block of another run (a report kept
+        before, after = {"cpu": before.get("cpu"), "cores": before.get("cores")}, {}  # its machine)
     return {
         "commit": g["commits"][0],
         "cells": g["cells"],
@@ -336,7 +338,9 @@ def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]
     if not m:
         return []
     load = (f"1-minute load {m['load_start'][0]:.2f} at the start and {m['load_end'][0]:.2f} at "
-            "the end" if m.get("load_start") and m.get("load_end") else "load not recorded")
+            "the end" if m.get("load_start") and m.get("load_end") else
+            "1-minute load {:.2f}–{:.2f} at the cells' starts and ends".format(*m["cell_load"])
+            if m.get("cell_load") else "load not recorded")
     cpu = f", Σ CPU {m['cpu_seconds']:,.0f} s" if m.get("cpu_seconds") is not None else ""
     same = ("every claim's verdict the same as on this page" if not m["differ"] else
             f"{len(m['differ'])} verdict(s) differ: " + "; ".join(

@@ -419,7 +419,7 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     command = bench.command or f"python -m benchmarks.{bench.name}" + (
         " --quick" if args.quick else ""
     )
-    before = machine()
+    before = dict(machine(), invocation=invocation)  # whose loads they are (regeneration)
     cells = bench.all_cells()
     if args.only:
         cells = [c for c in cells if c.role == args.only]
