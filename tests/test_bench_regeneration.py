@@ -355,12 +355,12 @@ def test_a_measured_run_takes_its_loads_from_its_own_machine_block_only():
                timed(1, 5, 600, cpu=595, code="c9", invocation="inv-1", started_at=at(5), **loads)]
     machine = {"cpu": "AMD EPYC", "cores": 2, "loadavg_1_5_15": [3.25, 2, 1]}
     results = {"regeneration": regeneration(records), "missing": [], "claims": []}
-    for invocation, loads in (("inv-1", "load 3.25 at the start and 3.10 at the end"),
-                              ("inv-0", "load 1.00–1.50 at the cells' starts and ends")):
+    for invocation, stated in (("inv-1", "load 3.25 at the start and 3.10 at the end"),
+                               ("inv-0", "load 1.00–1.50 at the cells' starts and ends")):
         before = {**machine, "invocation": invocation}
         after = {**before, "loadavg_1_5_15": [3.1, 2, 1]}
         # Execute
         m = own_measured({**results, "machine": {"before": before, "after": after}})
         # Assert: another run's loads are never stated as this run's; the cells' own are
         assert m["cores"] == 2 and m["cpu"] == "AMD EPYC"
-        assert loads in "\n".join(measured_paragraph(m, (0, 0)))
+        assert stated in "\n".join(measured_paragraph(m, (0, 0)))

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.common import measure_models, models_page
+from benchmarks.scale.optimizer_step import step_timer
 from benchmarks.timing import command_line
 
 HERE = Path(__file__).resolve().parent
@@ -64,23 +64,7 @@ def trainer(family: str, tier: str, settings: dict, channels_last: bool):
     opt = make_optimizer(model.parameters(), ts, 0)
     model.train()
     gen = torch.Generator().manual_seed(1)
-
-    def steps(n: int) -> float:
-        batches = [
-            (
-                torch.rand(settings["batch"], 1, 28, 28, generator=gen),
-                torch.randint(0, 10, (settings["batch"],), generator=gen),
-            )
-            for _ in range(n)
-        ]
-        t0 = time.process_time()
-        for x, y in batches:
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return time.process_time() - t0
-
-    return model, steps
+    return model, step_timer(model, opt, settings["batch"], gen, clock=time.process_time)
 
 
 def measure(name: str, family: str, tier: str, settings: dict, repeats: int, n: int) -> dict:
