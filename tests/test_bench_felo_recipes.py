@@ -62,3 +62,30 @@ def test_undecided_while_a_candidate_that_could_beat_it_has_seeds_to_run():
     assert result["chosen"] == "1600/dev" and result["not_run"]
     assert "1600/dev" in recipes.markdown({**result, "machine": {"before": {}, "after": {}},
                                            "commits": {}, "command": "x"})
+
+
+def test_the_rounds_check_keeps_the_profile_but_its_rounds_and_chooses_the_cheapest():
+    from benchmarks.felo_velo import rounds
+
+    every = rounds.cells()
+    assert [c.method for c in every[:5]] == ["8 rounds"] * 5  # cheapest first
+    for c in every:  # the profile's Local-IID on the validation split: rounds and schedule alone
+        changed = {k for k in c.config if c.config[k] != rounds.BASE.get(k)}
+        assert changed == {"rounds", "lr_decay_rounds"}
+    assert rounds.CANDIDATES["9 rounds"]["lr_decay_rounds"] == (4, 6)
+    assert rounds.CANDIDATES["8 rounds"]["lr_decay_rounds"] == (3, 6)
+
+    def records(accuracy, ran=lambda c: True):
+        return [record(c, accuracy[c.method]) if ran(c) else None for c in every]
+
+    both = {"8 rounds": 0.765, "9 rounds": 0.77}
+    assert rounds.summarize(records(both), every)["chosen"] == "8 rounds"
+    # 8 rounds under the target: 9 rounds is chosen once its seeds have run, not before
+    short = {"8 rounds": 0.75, "9 rounds": 0.77}
+    eight = records(short, lambda c: c.method == "8 rounds")
+    assert rounds.summarize(eight, every)["chosen"] is None
+    assert rounds.summarize(records(short), every)["chosen"] == "9 rounds"
+    assert rounds.summarize(records({"8 rounds": 0.75, "9 rounds": 0.755}), every)["chosen"] is None
+    page = rounds.markdown({**rounds.summarize(records(both), every), "commits": {},
+                            "machine": {"before": {}, "after": {}}, "command": "x"})
+    assert "Chosen: 8 rounds" in page and "validation split" in page

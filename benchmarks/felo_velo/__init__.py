@@ -42,7 +42,7 @@ RECIPE_FINDING = (
     "the data (one epoch per round instead of two: 72.35 ± 0.68 % over five seeds), its curve "
     "flat after the first ×0.1 step: it has learnt what 800 images teach this model. With 1,600 "
     "images per device at one epoch per round (the same sample visits) it ends at 76.86 ± 0.38 % "
-    "(lowest 76.42 %, no collapse, last-quarter slope −0.32): the data per device is the lever."
+    "(lowest 76.42 %, no collapse, last-quarter slope 0.03): the data per device is the lever."
 )
 #: method label → (algorithm, options). "-ko": knowledge only, no weights at all (what a fleet of
 #: unique devices gets); the plain labels average weights among devices of one depth.

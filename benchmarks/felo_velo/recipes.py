@@ -122,6 +122,11 @@ PROVENANCE_NOTE = (
 )
 
 
+#: how the sweep's cells ran, after the machine on the page
+TAIL = ("one torch thread per cell, two cells at a time on a machine shared with other work, so "
+        "wall times are rough.")
+
+
 def cells() -> list[Cell]:
     """By candidate in :data:`ORDER` (every seed of one before the next), the diagnostics last."""
     out = [Cell(name, "local-iid", seed, {**CURRENT, **CANDIDATES[name]}, role="sweep")
@@ -137,12 +142,14 @@ def beyond_reach(row: dict) -> bool:
     return sum(row["final"]) + left * 1.0 < TARGET * row["planned"]
 
 
-def summarize(records: list[dict | None], every: list[Cell]) -> dict:
+def summarize(records: list[dict | None], every: list[Cell], candidates: dict = CANDIDATES,
+              cost: dict = COST, diagnostic: dict = DIAGNOSTIC) -> dict:
     """Per candidate: final validation accuracy per seed, mean ± sd, lowest, slope, collapses,
     whether it qualifies; the chosen candidate (the rule in the module's docstring) once no
-    candidate that could still beat it has cells to run."""
+    candidate that could still beat it has cells to run. ``candidates``, ``cost`` and
+    ``diagnostic``: another sweep's under the same rule (rounds.py)."""
     rows = {}
-    for name in CANDIDATES:
+    for name in candidates:
         planned = [c for c in every if c.method == name]
         rs = sorted((r for r in records if r is not None and r["method"] == name),
                     key=lambda r: r["seed"])
@@ -155,34 +162,38 @@ def summarize(records: list[dict | None], every: list[Cell]) -> dict:
             "planned": len(planned), "seeds": [r["seed"] for r in rs], "final": finals,
             "mean": mean, "sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
             "min": min(finals, default=None), "slope": slope, "collapsed": collapsed,
-            "cost": COST[name], "wall": [r["wall_seconds"] for r in rs],
-            "diagnostic": name in DIAGNOSTIC,
-            "qualifies": (name not in DIAGNOSTIC and len(rs) == len(planned) and not collapsed
+            "cost": cost[name], "wall": [r["wall_seconds"] for r in rs],
+            "diagnostic": name in diagnostic,
+            "qualifies": (name not in diagnostic and len(rs) == len(planned) and not collapsed
                           and mean is not None and mean >= TARGET
                           and slope is not None and slope < 0.5),
         }
     ok = [n for n, r in rows.items() if r["qualifies"]]
-    best = min(ok, key=lambda n: (COST[n], -rows[n]["mean"])) if ok else None
+    best = min(ok, key=lambda n: (cost[n], -rows[n]["mean"])) if ok else None
 
     def could_beat(name: str) -> bool:  # still running, and cheaper or as cheap as the best
         r = rows[name]
         return (not r["diagnostic"] and len(r["final"]) < r["planned"] and not beyond_reach(r)
-                and COST[name] <= COST[best])
+                and cost[name] <= cost[best])
 
     chosen = best if best and not any(could_beat(n) for n in rows) else None
     return {"rows": rows, "chosen": chosen,
-            "chosen_recipe": CANDIDATES.get(chosen) if chosen else None,
+            "chosen_recipe": candidates.get(chosen) if chosen else None,
             "not_run": [c.label for c, r in zip(every, records, strict=True) if r is None]}
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict, title: str = "Felo/Velo: why Local-IID sat at 72 %, a one-lever "
+             "sweep on a validation split", doc: str | None = __doc__,
+             note: str = PROVENANCE_NOTE, tail: str = TAIL) -> str:
+    """The page: ``title``, ``doc`` from its second paragraph to its "Run it" one, the decision,
+    the candidates' table and runs, the provenance (with ``note``; ``tail`` after the machine)."""
     def pct(x: float | None) -> str:
         return "—" if x is None else f"{100 * x:.2f}"
 
     chosen = (f"**Chosen: {result['chosen']}** ({json.dumps(result['chosen_recipe'])})."
               if result["chosen"] else "**Not decided** (cells to run, or no candidate qualifies).")
-    lines = ["# Felo/Velo: why Local-IID sat at 72 %, a one-lever sweep on a validation split", "",
-             (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
+    lines = [f"# {title}", "",
+             (doc or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "", chosen, "",
              "| candidate | runs | final val. acc % (mean ± sd) | lowest | last-quarter slope | "
              "relative cost | mean cell wall s | collapsed | qualifies |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -201,9 +212,7 @@ def markdown(result: dict) -> str:
     lines += [f"- {name}: " + (", ".join(f"s{s} {pct(f)}" for s, f in
                                           zip(r["seeds"], r["final"], strict=True)) or "not run")
               for name, r in result["rows"].items()]
-    lines += sweep.provenance(result, "one torch thread per cell, two cells at a time on a "
-                              "machine shared with other work, so wall times are rough.",
-                              PROVENANCE_NOTE)
+    lines += sweep.provenance(result, tail, note)
     return "\n".join(lines)
 
 
