@@ -118,3 +118,21 @@ def test_the_committed_demo_references_are_found_under_the_current_settings():
         # a neutral added setting is left out of the key; another value is keyed
         assert reference_key(cfg.model_copy(update={"train_device": "cuda"})) != stored["key"]
     assert set(ADDED_SETTINGS) <= set(RunConfig.model_fields)
+
+
+def test_a_package_missing_from_the_device_is_a_config_error_naming_it(tmp_path, monkeypatch):
+    """The device process ends on a ConfigError for its assignment (runtime/device.py) instead of
+    logging the same ImportError at every retry while the server waits: a Pi whose [train]
+    layer lacked cryptography (imported by the run assembly's secure-aggregation layer) did."""
+    import sys
+
+    from edgefl.errors import ConfigError
+
+    run = assemble(tiny_config(tmp_path, algorithm="fedavg"))
+    monkeypatch.delitem(sys.modules, "edgefl.runtime.setup")
+    for name in ["cryptography", *[m for m in sys.modules if m.startswith("cryptography.")]]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    for name in [m for m in sys.modules if m.startswith("edgefl.privacy.secagg")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ConfigError, match=r"cryptography is not installed here.*\[train\]"):
+        build_assigned(DataSpec("synthetic", train_samples=600), assignment_for(run, "d00"), "d00")

@@ -128,9 +128,17 @@ def align_classes(run_data, classes: tuple[str, ...]):
 def build_assigned(data: DataSpec, a: Assignment, device_id: str, compute: str = "cpu"):
     """The device half and evaluation sets that the run assembly builds for this device: exactly
     what the in-memory simulation builds for the same configuration and shard, its labels in the
-    run's class order (:func:`align_classes`)."""
+    run's class order (:func:`align_classes`). A package the run needs that is not installed here
+    is a :class:`ConfigError` naming it: waiting for another assignment would not change it."""
     from edgefl.privacy.declare import REPEATABLE_NOISE_ENV
-    from edgefl.runtime.setup import build_device, load_run_data, resolve_method
+
+    try:
+        from edgefl.runtime.setup import build_device, load_run_data, resolve_method
+    except ImportError as e:  # e.g. torch or cryptography missing from this device's install
+        raise ConfigError(
+            f"device {device_id} cannot build its {a.algorithm} run: the Python package "
+            f"{(e.name or str(e)).split('.')[0]} is not installed here; a device that trains needs "
+            "`pip install 'edgefl-toolkit[train]'` (docs/install-pi-jetson.md)") from e
 
     method = resolve_method(a.algorithm, a.options, a.public_fraction)
     if os.environ.get(REPEATABLE_NOISE_ENV) == "1":  # a device process a simulation started itself
