@@ -155,8 +155,11 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     round_lines = [
         line for line in log.splitlines() if line.startswith("[d00] round ") and "| loss " in line
     ]
-    # from 1, as the server counts
-    assert {int(line.split()[2]) for line in round_lines} >= {1, 2, 3, 4, 5}
+    # from 1, as the server counts: a line for every round the server counts d00's update in (a
+    # round that starts while the broker's restart drops every device can fail them all: round 3
+    # of a CI run under load, every device failed on a Last Will 0.0 s after the request)
+    assert {int(line.split()[2]) for line in round_lines} >= {
+        r["round"] for r in records if "d00" in r["completed"]}
     assert all(" kB | down " in line and line.endswith(" s") for line in round_lines)
 
 
