@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 import uuid
@@ -40,7 +41,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgefl.errors import ConfigError, EdgeflError, WireError
-from edgefl.wire.validate import parse_active
+from edgefl.wire.schema import SESSION_HEX, device_status
+from edgefl.wire.validate import parse_active, parse_status
 
 log = logging.getLogger(__name__)
 
@@ -340,11 +342,13 @@ def run_agent(address, fleet: str, device_id: str, store: ModelStore, *,
     # the device's status topic says whether its agent is connected (its Last Will: offline), so
     # that `edgefl deploy` can tell an offline device from one that did not answer
     status_topic = topics.device(device_id, "status")
+    session = secrets.token_hex(SESSION_HEX // 2)
     conn = _connect(address, f"edgefl-{fleet}-{device_id}-agent", fleet, on_message,
-                    (topics.device(device_id, "model"),), will=(status_topic, b"offline"))
+                    (topics.device(device_id, "model"),),
+                    will=(status_topic, device_status("offline", session)))
 
     def on_connected() -> None:
-        conn.publish(status_topic, b"online", retain=True)
+        conn.publish(status_topic, device_status("online", session), retain=True)
         publish_report()
 
     conn.on_connected = on_connected
@@ -354,7 +358,9 @@ def run_agent(address, fleet: str, device_id: str, store: ModelStore, *,
             pass
     finally:
         if conn.connected.is_set():  # a clean exit: no Last Will, so say it
-            conn.client.publish(status_topic, b"offline", qos=1, retain=True).wait_for_publish(2.0)
+            conn.client.publish(
+                status_topic, device_status("offline", session), qos=1, retain=True
+            ).wait_for_publish(2.0)
         conn.stop()
 
 
@@ -413,7 +419,10 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
     def on_status(topic: str, data: bytes) -> None:
         where = topics.parse_device(topic)
         if where is not None and where[1] == "status":
-            status[where[0]] = data.decode("utf-8", "replace")[:16]
+            try:
+                status[where[0]] = parse_status(data)[0]
+            except WireError as e:
+                log.warning("ignoring %s's status: %s", where[0], e)
 
     def on_any(topic: str, data: bytes) -> None:
         (on_status if topic.endswith("/status") else on_message)(topic, data)

@@ -251,7 +251,8 @@ def kinds(tmp_path) -> list[Kind]:
     ]
     return [
         Kind("register", regs, rx.register, register_oracle, mutate_register, rx.prepare_register),
-        Kind("status", [b"online", b"offline"], parse_status, status_oracle, mutate_status),
+        Kind("status", [b"online", b"offline", b"online 0123456789abcdef",
+                        b"offline fedcba9876543210"], parse_status, status_oracle, mutate_status),
         Kind("active", reports, parse_active, active_oracle, mutate_active),
         Kind("metrics", metrics, rx.metrics, metrics_oracle, mutate_metrics),
         Kind("chunk", rx.chunks, rx.chunk, chunk_oracle, mutate_chunk, rx.prepare_chunk),

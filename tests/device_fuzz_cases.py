@@ -54,8 +54,15 @@ def register_oracle(data: bytes) -> str | None:
     return None
 
 
-def status_oracle(word: str) -> str | None:
-    return None if word in ("online", "offline") else "status word"
+def status_oracle(status: tuple[str, str | None]) -> str | None:
+    word, session = status
+    if word not in ("online", "offline"):
+        return "status word"
+    if session is not None and not (
+        len(session) == 16 and all(c in "0123456789abcdef" for c in session)
+    ):
+        return "status session"
+    return None
 
 
 ACTIVE_FIELDS = {"version", "digest", "tier", "format", "previous", "time", "error"}

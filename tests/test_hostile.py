@@ -13,6 +13,7 @@ from edgefl.errors import WireError
 from edgefl.models import ModelSpec
 from edgefl.runtime.claims import SOURCES, bound_uplinks, label_summary, weight_bound
 from edgefl.wire import Envelope, Payload, decode, encode
+from edgefl.wire.schema import device_status
 from edgefl.wire.validate import parse_active, parse_profile, parse_status
 from tests.conftest import tiny_config, wait_until
 from tests.needs import need_mosquitto
@@ -108,8 +109,14 @@ def test_a_4_mib_deep_header_is_refused_without_a_second_pass():
 
 
 def test_status_and_model_reports_are_held_to_a_schema():
-    assert parse_status(b"online") == "online" and parse_status(b"offline") == "offline"
-    for bad in (b"", b"ONLINE", b"online\0", b"x" * 100, b"\xff\xfe"):
+    session = "0123456789abcdef"
+    assert parse_status(b"online") == ("online", None)  # an earlier version's device
+    assert parse_status(b"offline") == ("offline", None)
+    assert parse_status(f"online {session}".encode()) == ("online", session)
+    assert parse_status(device_status("offline", session)) == ("offline", session)
+    for bad in (b"", b"ONLINE", b"online\0", b"x" * 100, b"\xff\xfe", b"online ",
+                b"online 0123456789ABCDEF", b"online 0123456789abcde", b"online  0123456789abcdef",
+                b"offline 0123456789abcdef0", b"online 0123456789abcdeg"):
         with pytest.raises(WireError):
             parse_status(bad)
     good = {

@@ -1,7 +1,9 @@
-"""A device that loses its connection while it owes a reply (its Last Will: status "offline")
-fails its request at once, on a real Mosquitto: the round ends with the others instead of
-waiting for its deadline, and a reply it sends once back is not used; a round whose devices
-are all offline waits for the first to come back."""
+"""A device that loses its connection while it owes a reply (its Last Will: status "offline"),
+on a real Mosquitto: one that comes back in the same session (the Wi-Fi dropped, the broker
+restarted) still replies within the round; one that does not come back fails its request once the
+reconnect grace is over, and one that restarted (a new session) at once, instead of holding the
+round to its deadline; a reply after that is not used. A round whose devices are all offline
+waits for the first to come back."""
 
 import socket
 import threading
@@ -12,9 +14,11 @@ import pytest
 
 from edgefl.runtime.ending import Availability
 from edgefl.transport.broker import MosquittoBroker
-from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint
+from edgefl.transport.mqtt import BrokerAddress, MqttDeviceEndpoint, MqttServerTransport
 from edgefl.transport.mqtt.device import _leaving
+from edgefl.transport.mqtt.pending import _Pending
 from edgefl.wire import Envelope, Payload, decode, encode
+from edgefl.wire.schema import device_status
 from tests.conftest import scaled, wait_until
 from tests.test_mqtt_transport import EchoDevice, started_server
 
@@ -30,16 +34,22 @@ def mosquitto(tmp_path_factory):
         broker.stop()
 
 
-def dropper(url, fleet, device_id):
+def dropper(url, fleet, device_id, *, come_back=True):
     """A device that loses its connection (the socket shut, no DISCONNECT: the broker publishes
-    its Last Will) when its first request arrives, and replies once connected again."""
+    its Last Will) when its first request arrives, and replies once connected again; with
+    ``come_back=False`` its client stops (a device that lost power) and it never replies."""
     dropped = threading.Event()
 
     def drop():
         if not dropped.is_set():
             device.ep.connected.clear()
+            if not come_back:
+                device.ep.client.loop_stop()  # no reconnecting
             device.ep.client.socket().shutdown(socket.SHUT_RDWR)  # Wi-Fi gone
             dropped.set()
+            if not come_back:
+                device.stop.set()
+                return
             wait_until(device.ep.connected.is_set, "the device reconnecting", timeout=60)
 
     device = EchoDevice(url, fleet, device_id, before_reply=drop)
@@ -53,56 +63,191 @@ def _train(fleet, device_id, rnd):
     )
 
 
-def test_a_device_that_goes_offline_mid_round_fails_at_once_and_its_late_reply_is_not_used(
-    mosquitto,
-):
+def _request(server, fleet, devices):
+    t0 = time.monotonic()
+    out = server.request(
+        {d: _train(fleet, d, 0) for d in devices},
+        timeout=scaled(DEADLINE),
+        accept=lambda device_id, data: decode(data),
+    )
+    return out, time.monotonic() - t0
+
+
+def test_a_device_whose_connection_drops_mid_round_and_comes_back_still_replies(mosquitto):
     fleet = "off1"
     server = started_server(mosquitto.url, fleet, retry_after=scaled(0.5))
-
-    # the steady device replies only once the dropper's reply (sent after it came back) has
-    # reached the server: the exchange is still open then, and that reply must not be taken
-    def late_reply_seen():
-        wait_until(lambda: "dropper:update:0" in server.stats.dropped, "the late reply", 60)
-
-    steady = EchoDevice(mosquitto.url, fleet, "steady", before_reply=late_reply_seen).start()
+    steady = EchoDevice(mosquitto.url, fleet, "steady").start()
     dropping = dropper(mosquitto.url, fleet, "dropper").start()
     try:
-        t0 = time.monotonic()
-        out = server.request(
-            {d: _train(fleet, d, 0) for d in ("steady", "dropper")},
-            timeout=scaled(DEADLINE),
-            accept=lambda device_id, data: decode(data),
-        )
-        took = time.monotonic() - t0
+        out, _ = _request(server, fleet, ("steady", "dropper"))
     finally:
         steady.close()
         dropping.close()
         server.close()
     assert dropping.dropped.is_set() and dropping.trained == 1
+    # its Last Will came, then its "online" in the same session: the request went on
+    assert out["dropper"].error is None
+    assert decode(out["dropper"].reply).payload.arrays["w/x"].tolist() == [2.0] * 4
+    assert decode(out["steady"].reply).payload.arrays["w/x"].tolist() == [2.0] * 4
+
+
+def test_a_broker_restart_mid_round_costs_no_device_its_round(tmp_path):
+    # the broker goes away for a second while both devices train: it sends every device's Last
+    # Will as it stops, then each reconnects in its session and replies (before the reconnect
+    # grace, every device failed the round: a CI run under load at 616a8dc)
+    broker = MosquittoBroker(port=0, workdir=tmp_path / "mosq").start()
+    fleet = "restart"
+    holding = {d: threading.Event() for d in ("a", "b")}
+    release = threading.Event()
+
+    def hold(device_id):
+        def wait():
+            holding[device_id].set()
+            release.wait(60)
+            wait_until(devices[device_id].ep.connected.is_set, "the device reconnecting", 60)
+        return wait
+
+    server = started_server(broker.url, fleet, retry_after=scaled(0.5))
+    devices = {d: EchoDevice(broker.url, fleet, d, before_reply=hold(d)).start() for d in holding}
+    got = {}
+    asking = threading.Thread(target=lambda: got.update(out=_request(server, fleet, holding)[0]))
+    try:
+        asking.start()
+        for d, event in holding.items():
+            wait_until(event.is_set, f"{d} to take its request", 60)
+        broker.restart(down_seconds=1.0)
+        wait_until(lambda: all(server.status.get(d) == "online" for d in holding) and all(
+            not p.dropped for p in list(server.pending.values())), "both back online", 60)
+        release.set()
+        asking.join(scaled(DEADLINE))
+    finally:
+        release.set()
+        for device in devices.values():
+            device.close()
+        server.close()
+        broker.stop()
+    out = got["out"]
+    assert {d: out[d].error for d in holding} == {"a": None, "b": None}
+    assert all(decode(out[d].reply).payload.arrays["w/x"].tolist() == [2.0] * 4 for d in holding)
+
+
+def test_a_device_that_does_not_come_back_fails_once_its_grace_is_over(mosquitto):
+    fleet = "off4"
+    grace = scaled(1.0)
+    server = started_server(mosquitto.url, fleet, retry_after=scaled(0.5), reconnect_grace=grace)
+    steady = EchoDevice(mosquitto.url, fleet, "steady").start()
+    dropping = dropper(mosquitto.url, fleet, "dropper", come_back=False).start()
+    try:
+        out, took = _request(server, fleet, ("steady", "dropper"))
+    finally:
+        steady.close()
+        dropping.close()
+        server.close()
+    assert dropping.dropped.is_set()
     assert out["dropper"].reply is None
     assert "device went offline" in out["dropper"].error
-    assert "Last Will" in out["dropper"].error
-    assert decode(out["steady"].reply).payload.arrays["w/x"].tolist() == [2.0] * 4
+    assert f"did not come back within {grace:g} s" in out["dropper"].error
+    assert out["steady"].error is None
     # the round ended with the steady device, not at the deadline the dropper would have held it to
+    assert grace <= took < scaled(DEADLINE) / 2
+
+
+def test_a_device_that_restarts_mid_round_fails_at_once(mosquitto):
+    # its process died and a new one connected (a new session): the request it had is lost with
+    # the old process; the grace (as long as the deadline here) is not waited for
+    fleet = "off5"
+    server = started_server(mosquitto.url, fleet, retry_after=scaled(0.5),
+                            reconnect_grace=scaled(DEADLINE))
+    steady = EchoDevice(mosquitto.url, fleet, "steady").start()
+    dying = dropper(mosquitto.url, fleet, "d", come_back=False).start()
+    first_session = dying.ep.session
+    wait_until(lambda: server.sessions.get("d") == first_session, "the server to see d online", 60)
+    restarted = []
+
+    def restart():
+        wait_until(dying.dropped.is_set, "the device to die", 60)
+        restarted.append(EchoDevice(mosquitto.url, fleet, "d").start())
+
+    threading.Thread(target=restart, daemon=True).start()
+    try:
+        out, took = _request(server, fleet, ("steady", "d"))
+        wait_until(lambda: restarted, "the restart", 60)
+    finally:
+        steady.close()
+        dying.close()
+        for device in restarted:
+            device.close()
+        server.close()
+    assert restarted[0].ep.session != first_session
+    assert out["d"].reply is None and "device restarted" in out["d"].error
     assert took < scaled(DEADLINE) / 2
 
 
-def test_an_open_request_whose_device_goes_offline_arrives_failed(mosquitto):
+def test_an_open_request_whose_device_does_not_come_back_arrives_failed(mosquitto):
     # asynchronous aggregation keeps requests open across calls: arrivals() returns it failed
     fleet = "off2"
-    server = started_server(mosquitto.url, fleet, retry_after=scaled(0.5))
-    dropping = dropper(mosquitto.url, fleet, "dropper").start()
+    server = started_server(mosquitto.url, fleet, retry_after=scaled(0.5),
+                            reconnect_grace=scaled(1.0))
+    dropping = dropper(mosquitto.url, fleet, "dropper", come_back=False).start()
     try:
         assert server.submit({"dropper": _train(fleet, "dropper", 3)}, accept=None) == {}
         got = server.arrivals(["dropper"], most=1, timeout=scaled(DEADLINE))
-        wait_until(lambda: "dropper:update:3" in server.stats.dropped, "the late reply", 60)
         still_open = "dropper" in server.pending
     finally:
         dropping.close()
         server.close()
     assert list(got) == ["dropper"] and got["dropper"].reply is None
-    assert "device went offline" in got["dropper"].error
-    assert not still_open  # closed when it failed: the reply after it was not used
+    assert "did not come back" in got["dropper"].error
+    assert not still_open  # closed when it failed
+
+
+def _unstarted_server(url, grace=30.0):
+    """A server transport that is not connected: its status handling is called directly."""
+    return MqttServerTransport(BrokerAddress.parse(url), "f", reconnect_grace=grace)
+
+
+def _open(server, device_id):
+    """An open request to ``device_id`` (as ``request`` opens it), acknowledged."""
+    with server.lock:
+        server._open({device_id: _train("f", device_id, 0)}, None, time.monotonic())
+        server.outstanding += 1
+        p = server.pending[device_id]
+        p.acked = True
+    return p
+
+
+def _status(server, device_id, data):
+    server.on_message(f"edgefl/f/devices/{device_id}/status", data)
+
+
+def test_a_last_will_of_an_earlier_session_is_ignored(mosquitto):
+    old, new = "0" * 16, "1" * 16
+    server = _unstarted_server(mosquitto.url)
+    _status(server, "d", device_status("online", new))  # the restarted process is up
+    p = _open(server, "d")
+    _status(server, "d", device_status("offline", old))  # the dead process's will, late
+    assert server.status["d"] == "online" and p.dropped == 0.0 and not p.gone
+    _status(server, "d", device_status("offline", new))  # now its connection is gone
+    assert server.status["d"] == "offline" and p.dropped > 0.0 and not p.gone
+    _status(server, "d", device_status("online", new))  # and back, the same process
+    assert server.status["d"] == "online" and p.dropped == 0.0 and not p.gone
+    _status(server, "d", device_status("online", old))  # another process: the work is lost
+    assert p.gone and "device restarted" in p.gone_why
+
+
+def test_devices_of_an_earlier_version_say_online_and_offline_without_a_session(mosquitto):
+    server = _unstarted_server(mosquitto.url, grace=0.0)
+    _status(server, "d", b"online")
+    p = _open(server, "d")
+    _status(server, "d", b"offline")
+    assert p.dropped > 0.0 and not p.gone
+    _status(server, "d", b"online")  # back: nothing tells a restart apart, so the request goes on
+    assert p.dropped == 0.0 and not p.gone
+    _status(server, "d", b"offline")
+    with server.lock:
+        server._grace_over(["d"], time.monotonic())  # no grace: it fails as the will arrived
+    assert p.gone and "did not come back within 0 s" in p.gone_why
+    assert isinstance(p, _Pending)
 
 
 def test_a_round_of_nobody_waits_for_the_first_device_to_come_back():

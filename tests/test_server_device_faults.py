@@ -143,9 +143,12 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     # every round once, across two server processes
     assert [r["round"] for r in records] == [1, 2, 3, 4, 5]
     first = records[0]
-    # d02's Last Will came while it owed its update: failed at once, not at the deadline
+    # d02 died while it owed its update and came back as a new process (a new session): failed
+    # as it came back (or at the end of the reconnect grace, had it been slower), not at the
+    # deadline
     assert first["completed"] == ["d00", "d01"]
-    assert "device went offline" in first["failed"]["d02"]
+    assert "device restarted" in first["failed"]["d02"] or (
+        "did not come back" in first["failed"]["d02"])
     assert any("d02" in r["completed"] for r in records[1:])  # the device rejoined
     assert device_codes == [0, 0, 0]
     assert len(summary["client_accuracy"]) == 3
@@ -155,11 +158,12 @@ def test_device_kill_broker_restart_and_server_kill_resume(tmp_path, profile_fil
     round_lines = [
         line for line in log.splitlines() if line.startswith("[d00] round ") and "| loss " in line
     ]
-    # from 1, as the server counts: a line for every round the server counts d00's update in (a
-    # round that starts while the broker's restart drops every device can fail them all: round 3
-    # of a CI run under load, every device failed on a Last Will 0.0 s after the request)
-    assert {int(line.split()[2]) for line in round_lines} >= {
-        r["round"] for r in records if "d00" in r["completed"]}
+    # from 1, as the server counts
+    assert {int(line.split()[2]) for line in round_lines} >= {1, 2, 3, 4, 5}
+    # the broker's restart (every device's Last Will, then each back in its session) cost d00 and
+    # d01 no round: before the reconnect grace, a round that started as the broker went away failed
+    # every device (a CI run under load at 616a8dc: round 3, completed [])
+    assert all({"d00", "d01"} <= set(r["completed"]) for r in records), records
     assert all(" kB | down " in line and line.endswith(" s") for line in round_lines)
 
 

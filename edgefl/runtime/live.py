@@ -6,8 +6,9 @@ and requests stay open across rounds (a transport with ``submit``, ``arrivals`` 
 :class:`~edgefl.transport.base.Encoded` over the MQTT server transport). One round of the loop
 is one aggregation step:
 
-1. a device whose update is in flight longer than the deadline, or whose Last Will says
-   offline, is given up on (failed in this round's record) and is free again;
+1. a device whose update is in flight longer than the deadline is given up on (failed in this
+   round's record) and is free again; one that left (its Last Will and no return within the
+   transport's reconnect grace, or a restart) arrives failed from the transport;
 2. every free device pulls the newest model (a train request whose round is the model
    version: the number of aggregations behind it) and trains;
 3. the server takes updates as they arrive, one per device, until it holds ``K`` (at most the
@@ -116,23 +117,20 @@ class LiveRounds:
                 self.flights[d] = _Flight(round, payloads[d], now)
 
     def _give_up(self, loop: RoundLoop, round: int, out: Exchange) -> None:
-        """Flights past the deadline, or of a device whose Last Will says offline: failed."""
+        """Flights past the deadline: failed. (A device that left mid-flight is the transport's to
+        tell: its request arrives failed once its reconnect grace is over, or at once when it
+        restarted; a Last Will alone may be a broker restart it comes back from.)"""
         now, timeout = time.monotonic(), loop.settings.timeout
         late = [
             d for d, f in self.flights.items() if timeout is not None and now - f.sent > timeout
         ]
-        gone = [d for d in self.flights if d not in late and not loop.available(d)]
-        for devices, why in (
-            (late, f"no update within the deadline of {timeout} s"),
-            (gone, "offline (its Last Will) while training"),
-        ):
-            for d, delivery in loop.transport.cancel(devices, why).items():
-                self.flights.pop(d, None)
-                out.failed[d] = why
-                if delivery.rejected:
-                    out.rejected[d] = out.rejected.get(d, 0) + len(delivery.rejected)
-            for d in devices:
-                self.flights.pop(d, None)
+        why = f"no update within the deadline of {timeout} s"
+        for d, delivery in loop.transport.cancel(late, why).items():
+            out.failed[d] = why
+            if delivery.rejected:
+                out.rejected[d] = out.rejected.get(d, 0) + len(delivery.rejected)
+        for d in late:
+            self.flights.pop(d, None)
 
     def collect(
         self, loop: RoundLoop, round: int, out: Exchange

@@ -213,6 +213,18 @@ class ActiveReport(BaseModel):
 
 #: What a device publishes, retained, on ``devices/<id>/status`` (its Last Will says "offline").
 DEVICE_STATES = frozenset({"online", "offline"})
+#: The hex digits of a device's session token: new for each process (each MQTT device endpoint),
+#: it follows the state word after one space (``online 3f2a…``), in its Last Will too, so that the
+#: server can tell a connection that drops and comes back from a device process that restarted.
+SESSION_HEX = 16
+
+
+def device_status(state: str, session: str) -> bytes:
+    """A device's status message (:func:`edgefl.wire.validate.parse_status` reads it)."""
+    if state not in DEVICE_STATES or len(session) != SESSION_HEX:
+        raise ValueError(f"a device status needs a state of {sorted(DEVICE_STATES)} and a "
+                         f"{SESSION_HEX}-digit session (got {state!r}, {session!r})")
+    return f"{state} {session}".encode()
 
 META_MODELS: dict[str, type[Meta]] = {
     "update": UpdateMeta,

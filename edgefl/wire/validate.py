@@ -8,12 +8,13 @@
   same algorithm, the kind the request asks for (or ``error``), the arrays the method declares
   (dtype and shape per key), and no more samples than the device declared it holds.
 - :func:`parse_profile`, :func:`parse_status` and :func:`parse_active`: what else a device sends
-  (its registration's profile, its retained status word, its model agent's report), held to the
-  envelope's standard: bounded size and depth, a closed schema, WireError and nothing else.
+  (its registration's profile, its retained status and session, its model agent's report), held
+  to the envelope's standard: bounded size and depth, a closed schema, WireError and nothing else.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from edgefl.wire.schema import (
     DEVICE_STATES,
     MAX_PROFILE_BYTES,
     REPLY_KINDS,
+    SESSION_HEX,
     ActiveReport,
     Expectation,
     ProfileModel,
@@ -111,14 +113,25 @@ def parse_profile(text: str) -> dict[str, Any]:
     return value
 
 
-def parse_status(data: bytes) -> str:
-    """A device's retained status word (``online`` / ``offline``). Raises WireError only."""
-    if len(data) > 16:
-        raise WireError(f"a device status of {len(data)} bytes (limit 16)")
-    word = data.decode("ascii", "replace")
+_SESSION = re.compile(f"[0-9a-f]{{{SESSION_HEX}}}")
+
+
+def parse_status(data: bytes) -> tuple[str, str | None]:
+    """A device's retained status: its state word (``online`` / ``offline``), then one space and
+    its session (:data:`~edgefl.wire.schema.SESSION_HEX` lowercase hex digits), which an earlier
+    version's devices leave out. Returns (state, session or None). Raises WireError only."""
+    limit = 8 + SESSION_HEX
+    if len(data) > limit:
+        raise WireError(f"a device status of {len(data)} bytes (limit {limit})")
+    text = data.decode("ascii", "replace")
+    word, space, session = text.partition(" ")
     if word not in DEVICE_STATES:
         raise WireError(f"a device status {word[:16]!r} is not one of {sorted(DEVICE_STATES)}")
-    return word
+    if space and not _SESSION.fullmatch(session):
+        raise WireError(
+            f"a device status session {session[:32]!r} is not {SESSION_HEX} lowercase hex digits"
+        )
+    return word, (session if space else None)
 
 
 def parse_active(data: bytes) -> dict[str, Any]:

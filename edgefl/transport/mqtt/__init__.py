@@ -5,7 +5,9 @@ Topics, all under ``edgefl/<fleet>/``::
     devices/<id>/down       server → device   train / evaluate / finish / assign / ack envelopes
     devices/<id>/up         device → server   update / metrics / done / error / ack envelopes
     devices/<id>/register   device → server   register envelopes (profile, readiness)
-    devices/<id>/status     device, retained  "online" / "offline" (the Last Will)
+    devices/<id>/status     device, retained  "online <session>" / "offline <session>" (the
+                                              Last Will; the session: 16 hex digits, new for
+                                              each device process)
     server/status           server, retained  {"state": "online"|"offline", "epoch": ...}
                                               (Last Will)
     broadcast               server, retained  the end of a run (a "finish" envelope for device "*")

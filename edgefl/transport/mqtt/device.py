@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -22,6 +23,7 @@ from edgefl.transport.mqtt.connection import BrokerAddress, Endpoint
 from edgefl.transport.mqtt.reliable import ack_envelope, retry_delay
 from edgefl.transport.mqtt.topics import Topics
 from edgefl.wire import REPLY_KINDS, Limits
+from edgefl.wire.schema import SESSION_HEX, device_status
 from edgefl.wire.validate import Routing, peek
 
 log = logging.getLogger(__name__)
@@ -76,12 +78,19 @@ class MqttDeviceEndpoint(Endpoint):
         chunks: ChunkSettings | None = None,
     ):
         topics = Topics(fleet)
+        # this endpoint's session, in its "online" and in its Last Will: a will of the same
+        # session is a connection that may come back, another session is a new process
+        self.session = secrets.token_hex(SESSION_HEX // 2)
         super().__init__(
             address,
             client_id or f"edgefl-{fleet}-{device_id}",
             topics,
             limits=limits,
-            will=(topics.device(device_id, "status"), b"offline") if will else None,
+            will=(
+                (topics.device(device_id, "status"), device_status("offline", self.session))
+                if will
+                else None
+            ),
             chunks=chunks,
         )
         self.fleet, self.device_id = fleet, device_id
@@ -113,7 +122,10 @@ class MqttDeviceEndpoint(Endpoint):
     def on_connected(self) -> None:
         if self.announce:  # a helper connection (registration check) does not announce liveness
             self.client.publish(
-                self.topics.device(self.device_id, "status"), b"online", qos=1, retain=True
+                self.topics.device(self.device_id, "status"),
+                device_status("online", self.session),
+                qos=1,
+                retain=True,
             )
 
     def start(self, wait: float | None = 30.0) -> MqttDeviceEndpoint:
@@ -132,7 +144,10 @@ class MqttDeviceEndpoint(Endpoint):
             self.acks_wake.notify_all()
         if graceful and self.connected.is_set() and self.announce:
             info = self.client.publish(
-                self.topics.device(self.device_id, "status"), b"offline", qos=1, retain=True
+                self.topics.device(self.device_id, "status"),
+                device_status("offline", self.session),
+                qos=1,
+                retain=True,
             )
             try:
                 info.wait_for_publish(2)

@@ -52,14 +52,22 @@ class _Pending:
     value: object = None
     rejected: list[str] = field(default_factory=list)
     nonce: str = ""  # the request's, which its reply echoes
-    # when (monotonic) the device's status turned "offline" while the request waited for its
-    # reply (0.0: it did not): the request fails at once, and no later reply is taken
+    # the device's session when the request opened (its last "online"; None: not known)
+    session: str | None = None
+    # when (monotonic) its Last Will arrived while the request waited for its reply (0.0: it did
+    # not, or the device came back in the same session): the device has the transport's
+    # reconnect_grace to come back before the request fails
+    dropped: float = 0.0
+    # when (monotonic) the request failed because its device left (0.0: it did not): its Last
+    # Will and no return within the grace, or a new session (the process restarted); no later
+    # reply is taken
     gone: float = 0.0
+    gone_why: str = ""
 
 
 def gone_reason(p: _Pending) -> str:
-    """Why a request whose device went offline (status "offline": its Last Will) failed."""
-    return (
+    """Why a request whose device left (:attr:`_Pending.gone`) failed."""
+    return p.gone_why or (
         f"device went offline {p.gone - p.sent:.1f} s after the request was sent "
         "(its Last Will), before it replied"
     )
@@ -83,6 +91,10 @@ class OpenRequests:
     ack_wait: float
     outstanding: int
     wake_at: float
+    sessions: dict[str, str | None]  # device → the session of its last "online"
+    # seconds a device whose Last Will arrived has to come back (in the same session) before its
+    # open request fails
+    reconnect_grace: float
 
     def _open(
         self, messages: Mapping[str, bytes], accept: Accept, now: float
@@ -108,8 +120,52 @@ class OpenRequests:
                 first,
                 accept=accept,
                 nonce=r.nonce,
+                session=self.sessions.get(device_id),
             )
         return out
+
+    def _gone(self, p: _Pending, why: str) -> None:
+        """Under the lock: the request fails because its device left (``why``)."""
+        p.gone, p.gone_why = time.monotonic(), why
+        self.outstanding -= 1
+        self.lock.notify_all()
+
+    def _device_status(self, device_id: str, state: str, session: str | None) -> None:
+        """Under the lock: what a device's status (``online``/``offline`` and its session) means
+        for its open request. Its Last Will starts the reconnect grace; an "online" in the same
+        session (the connection came back: the broker restarted, the Wi-Fi dropped) ends it and
+        re-sends an unacknowledged request at once; an "online" in another session (the process
+        restarted: what it was working on is lost) fails the request at once."""
+        p = self.pending.get(device_id)
+        if p is None or p.reply is not None or p.gone:
+            return
+        now = time.monotonic()
+        if p.session is None:  # not known when the request opened: the first one seen since
+            p.session = session
+        if state == "offline":
+            if not p.dropped:
+                p.dropped = now
+                self.lock.notify_all()  # the request loop wakes at the end of the grace
+        elif None not in (session, p.session) and session != p.session:
+            self._gone(p, f"device restarted {now - p.sent:.1f} s after the request was sent "
+                          "(a new session: its work in flight is lost), before it replied")
+        elif p.dropped:
+            log.info("%s is back (its session %s) after %.1f s offline; its %s round %d goes on",
+                     device_id, session, now - p.dropped, p.kind, p.round)
+            p.dropped = 0.0
+            if not p.acked:  # its copy may have been lost with the connection: re-send now
+                p.next_retry = now
+                self.lock.notify_all()
+
+    def _grace_over(self, devices: list[str], now: float) -> None:
+        """Under the lock: requests whose device's Last Will is older than the grace fail."""
+        for d in devices:
+            p = self.pending.get(d)
+            if (p is not None and p.dropped and p.reply is None and not p.gone
+                    and now >= p.dropped + self.reconnect_grace):
+                self._gone(p, f"device went offline {p.dropped - p.sent:.1f} s after the request "
+                              f"was sent (its Last Will) and did not come back within "
+                              f"{self.reconnect_grace:g} s, before it replied")
 
     def _pump(
         self, devices: list[str], deadline: float | None, enough: Callable[[int], bool]
@@ -120,6 +176,8 @@ class OpenRequests:
         while True:
             resend, acks = [], []
             with self.lock:
+                now = time.monotonic()
+                self._grace_over(devices, now)
                 waiting = [
                     d
                     for d in devices
@@ -128,7 +186,6 @@ class OpenRequests:
                     and not self.pending[d].gone
                 ]
                 answered = sum(1 for d in devices if d in self.pending) - len(waiting)
-                now = time.monotonic()
                 if not waiting or enough(answered) or (deadline is not None and now >= deadline):
                     break
                 for d in waiting:
@@ -158,6 +215,9 @@ class OpenRequests:
                         acks.append(p)
                 if not resend and not acks:
                     wake = min(self.pending[d].next_retry for d in waiting)
+                    graces = [self.pending[d].dropped + self.reconnect_grace for d in waiting
+                              if self.pending[d].dropped]
+                    wake = min([wake, *graces])
                     wake = min([wake, *(p.replied_at + self.ack_delay for p in replied)])
                     if deadline is not None:
                         wake = min(wake, deadline)

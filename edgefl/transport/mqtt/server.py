@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 #: 45 MB update takes tens of ms, during which that thread would read no other device's message
 #: and send no acknowledgement or chunk
 CHECK_OFF_THREAD_BYTES = 1 << 20
+#: Seconds a device whose Last Will arrived has to come back in the same session before its open
+#: request fails: a broker restart sends every device's will, and a device reconnects by itself
+#: (back-off from 1 s), so a short outage costs no round; a device that does not come back fails
+#: its request this long after its will, not at the deadline, and one that restarted (a new
+#: session) at once.
+RECONNECT_GRACE = 30.0
 
 
 @dataclass
@@ -70,6 +76,7 @@ class MqttServerTransport(OpenRequests, Endpoint):
         ack_delay: float = 0.25,
         epoch: str | None = None,
         chunks: ChunkSettings | None = None,
+        reconnect_grace: float = RECONNECT_GRACE,
     ):
         topics = Topics(fleet)
         self.epoch = epoch or uuid.uuid4().hex[:12]
@@ -98,6 +105,8 @@ class MqttServerTransport(OpenRequests, Endpoint):
         self.seen_replies: OrderedDict[str, None] = OrderedDict()
         self.cancelled: OrderedDict[str, None] = OrderedDict()  # nonces of requests given up
         self.status: dict[str, str] = {}
+        self.sessions: dict[str, str | None] = {}
+        self.reconnect_grace = reconnect_grace
         self.status_at: dict[str, float] = {}  # device → wall-clock time its status last changed
         self.last_seen: dict[str, float] = {}  # device → wall-clock time of its last message
         self.stats = ExchangeStats()
@@ -311,20 +320,24 @@ class MqttServerTransport(OpenRequests, Endpoint):
         self.last_seen[device_id] = time.time()
         if leaf == "status":
             try:
-                state = parse_status(data)
+                status = parse_status(data)
             except WireError as e:
                 self._count_rejected(device_id, str(e))
                 raise
+            state, session = status
             with self.lock:
+                known = self.sessions.get(device_id)
+                if state == "offline" and None not in (session, known) and session != known:
+                    # the Last Will of a connection before the device's current one (a process
+                    # that is gone; the device is back in a new session): it says nothing now
+                    log.info("ignoring a Last Will of %s's earlier session %s (now %s)",
+                             device_id, session, known)
+                    return
                 self.status[device_id] = state
                 self.status_at[device_id] = time.time()
-                p = self.pending.get(device_id)
-                if state == "offline" and p is not None and p.reply is None and not p.gone:
-                    # its connection is gone (its Last Will) while it owes a reply: the request
-                    # fails now, not at the deadline
-                    p.gone = time.monotonic()
-                    self.outstanding -= 1
-                    self.lock.notify_all()
+                if state == "online":
+                    self.sessions[device_id] = session
+                self._device_status(device_id, state, session)
             return
         try:
             r = peek(data, self.limits)
