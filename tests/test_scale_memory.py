@@ -133,6 +133,41 @@ def test_an_exchange_is_trimmed_after_once_the_interval_has_passed_since_the_las
     assert trims[3:] == pytest.approx([107.2, 108.4])
 
 
+def test_trims_take_no_more_than_their_share_of_the_time(monkeypatch):
+    """A trim that takes long (a large heap's) makes the next wait: with a share of 1/20, a trim of
+    0.5 s is followed by none for 9.5 s; one that takes nothing again waits the interval only."""
+    from edgefl.runtime import heap
+
+    trims: list[float] = []
+    now = [0.0]
+    cost = [0.5]  # what a trim takes on the clock
+
+    def trim(pad):
+        trims.append(now[0])
+        now[0] += cost[0]
+        return 0
+
+    monkeypatch.setattr(heap, "malloc_trim", lambda: trim)
+
+    def handler(x):
+        now[0] += 1.0  # each exchange takes a second
+        return x + 1
+
+    wrapped = heap.fleet_heap(10, interval=0.5, share=0.05, clock=lambda: now[0])(handler)
+    assert [wrapped(i) for i in range(12)] == list(range(1, 13))
+    # a trim at 1.0 (it ends at 1.5: the next may come 9.5 s later) and at 11.5
+    assert trims == [1.0, 11.5]
+    cost[0] = 0.0
+    assert wrapped(0) == 1 and wrapped(0) == 1  # ending at 14.0 and 15.0: no trim
+    # the trim at 11.5 ended at 12.0 and took 0.5 s: the exchange ending 21.5 trims (free this
+    # time), and from there the interval alone applies: the next exchange, a second on, trims
+    now[0] = 20.5
+    assert wrapped(0) == 1 and wrapped(0) == 1
+    assert trims[2:] == [21.5, 22.5]
+    with pytest.raises(ValueError, match="share"):
+        heap.fleet_heap(10, share=0.0)
+
+
 CHILD = textwrap.dedent("""
     import json, sys
     from pathlib import Path

@@ -10,8 +10,10 @@ glibc from raising it, and the trim threshold with it, as blocks are freed);
 ``malloc_trim(0)`` after each exchange of a device. Each sample is one child process running
 ``edgefl simulate``'s in-memory run (:func:`edgefl.runtime.simulation.simulate`, one torch
 thread) with the heap ``pinned`` (``FLEET`` = 0: every run pinned, as before this benchmark),
-``dynamic`` (glibc's default: neither pinned nor trimmed) or ``trimmed`` (``FLEET`` above the
-fleet: dynamic, trimmed after each exchange), alternating (rotated order per repetition), and
+``dynamic`` (glibc's default: neither pinned nor trimmed), ``trimmed-each`` (``FLEET`` above
+the fleet: dynamic, trimmed after each exchange, the rule before ``TRIM_SHARE``) or ``trimmed``
+(likewise, trims taking at most :data:`~edgefl.runtime.heap.TRIM_SHARE` of the time: the
+default), alternating (rotated order per repetition), and
 records the child's CPU time (user + system, from ``RUSAGE_CHILDREN``: what the run cost,
 whatever else the machine runs), its wall time, page faults, peak resident memory
 (``ru_maxrss``) and resident memory after the round, with the load before and after.
@@ -43,7 +45,7 @@ from benchmarks.scale.devices import WORKLOADS as SCALE
 from benchmarks.timing import Timing
 
 HERE = Path(__file__).resolve().parent
-POLICIES = ("pinned", "dynamic", "trimmed")
+POLICIES = ("pinned", "dynamic", "trimmed-each", "trimmed")
 WORKLOADS = {
     "fedavg-10": {"algorithm": "fedavg", "dataset": "fashion-mnist", "clients": 10, "rounds": 3,
                   "epochs": 1, "partition": "iid", "train_samples": 6000, "test_samples": 1000,
@@ -72,6 +74,8 @@ def child(policy: str, name: str, out: Path) -> dict:
     heap.FLEET = 0 if policy == "pinned" else 10**9
     if policy == "dynamic":
         heap.malloc_trim = lambda: None
+    if policy == "trimmed-each":  # every exchange (past TRIM_INTERVAL) trims, whatever it costs
+        heap.TRIM_SHARE = 1.0
     explicit = {**workload(name), "threads": 1, "out_dir": str(out), "run_name": name}
     cfg = resolve_config(explicit, dict(get_algorithm(explicit["algorithm"]).defaults))
     held: list[int] = []
@@ -130,6 +134,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="fleets whose memory is measured (one repetition each)")
     p.add_argument("--large", type=int, nargs="*", default=[3000],
                    help="larger fleets: pinned against trimmed (dynamic: ~2.4 MB more a device)")
+    p.add_argument("--name", default="heap_policy",
+                   help="the results' file name under benchmarks/scale (NAME.json, NAME.md)")
+    p.add_argument("--policies", nargs="*", choices=POLICIES, default=list(POLICIES))
     p.add_argument("--page", action="store_true",
                    help="rewrite heap_policy.md from heap_policy.json (with these notes)")
     p.add_argument("--child", nargs=3, metavar=("POLICY", "WORKLOAD", "OUT"),
@@ -140,15 +147,15 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(child(policy, name, Path(out))), flush=True)
         return {}
     if args.page:
-        timing = Timing.load_results(HERE / "heap_policy.json")
-        return timing.write(name="heap_policy", notes=NOTES,
+        timing = Timing.load_results(HERE / f"{args.name}.json")
+        return timing.write(name=args.name, notes=NOTES.get(args.name, []),
                             extra_md=memory_table(timing.results))
     timing = Timing("The mmap threshold pinned or dynamic: CPU of an in-memory run", HERE,
                     metric="CPU time (user + system) of the child", unit="s",
                     settings={"workloads": WORKLOADS, "fleet": SCALE["fedavg"],
                               "policies": POLICIES})
 
-    def variants(name, policies=POLICIES):
+    def variants(name, policies=tuple(args.policies)):
         return {policy: (lambda policy=policy: sample(policy, name)) for policy in policies}
 
     def show(s):
@@ -161,14 +168,16 @@ def main(argv: list[str] | None = None) -> dict:
         timing.alternate(f"fleet-{n}", variants(f"fleet-{n}"), 1, baseline="pinned",
                          on_sample=show)
     for n in args.large:
-        timing.alternate(f"fleet-{n}", variants(f"fleet-{n}", ("pinned", "trimmed")), 1,
+        large = tuple(p for p in args.policies if p != "dynamic")  # dynamic: ~2.4 MB a device more
+        timing.alternate(f"fleet-{n}", variants(f"fleet-{n}", large), 1,
                          baseline="pinned", on_sample=show)
-    return timing.write(name="heap_policy", notes=NOTES,
+    return timing.write(name=args.name, notes=NOTES.get(args.name, []),
                         extra_md=memory_table(timing.results))
 
 
-#: What the rows say (written with the results they describe).
-NOTES = [
+#: What the rows say (written with the results they describe), per results file.
+NOTES: dict[str, list[str]] = {}
+NOTES["heap_policy"] = [
     "Policies: `pinned` is what every in-memory run did before (mallopt(M_MMAP_THRESHOLD, "
     "64 KiB)); `dynamic` is glibc's default (neither pinned nor trimmed); `trimmed` keeps the "
     "dynamic threshold and calls malloc_trim(0) after each exchange of a device. "
