@@ -136,3 +136,14 @@ def test_a_package_missing_from_the_device_is_a_config_error_naming_it(tmp_path,
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ConfigError, match=r"cryptography is not installed here.*\[train\]"):
         build_assigned(DataSpec("synthetic", train_samples=600), assignment_for(run, "d00"), "d00")
+
+
+def test_a_missing_edgefl_module_is_a_bug_raised_as_it_is_not_a_missing_install(
+        tmp_path, monkeypatch):
+    import sys
+
+    run = assemble(tiny_config(tmp_path, algorithm="fedavg"))
+    monkeypatch.delitem(sys.modules, "edgefl.runtime.setup")
+    monkeypatch.setitem(sys.modules, "edgefl.privacy.secagg_halves", None)
+    with pytest.raises(ModuleNotFoundError, match="edgefl.privacy.secagg_halves"):
+        build_assigned(DataSpec("synthetic", train_samples=600), assignment_for(run, "d00"), "d00")

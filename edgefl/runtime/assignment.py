@@ -134,10 +134,13 @@ def build_assigned(data: DataSpec, a: Assignment, device_id: str, compute: str =
 
     try:
         from edgefl.runtime.setup import build_device, load_run_data, resolve_method
-    except ImportError as e:  # e.g. torch or cryptography missing from this device's install
+    except ModuleNotFoundError as e:  # e.g. torch or cryptography missing from this install
+        package = (e.name or "").split(".")[0]
+        if not package or package == "edgefl":  # not a missing install: a bug, raised as it is
+            raise
         raise ConfigError(
             f"device {device_id} cannot build its {a.algorithm} run: the Python package "
-            f"{(e.name or str(e)).split('.')[0]} is not installed here; a device that trains needs "
+            f"{package} is not installed here; a device that trains needs "
             "`pip install 'edgefl-toolkit[train]'` (docs/install-pi-jetson.md)") from e
 
     method = resolve_method(a.algorithm, a.options, a.public_fraction)
