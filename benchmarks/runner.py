@@ -351,8 +351,10 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     )
     p.add_argument(
         "--only",
-        choices=("sweep", "bound", "grid"),
-        help="run only these cells (the rest must be cached to report)",
+        type=_csv,
+        help="run only the cells of these roles, comma-separated (sweep, bound, grid; e.g. "
+        "grid,bound: a regeneration that reads its sweeps' cells); the rest must be cached to "
+        "report",
     )
     p.add_argument(
         "--missing-only",
@@ -422,7 +424,9 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     before = dict(machine(), invocation=invocation)  # whose loads they are (regeneration)
     cells = bench.all_cells()
     if args.only:
-        cells = [c for c in cells if c.role == args.only]
+        if unknown := sorted(set(args.only) - {"sweep", "bound", "grid"}):
+            p.error(f"--only takes sweep, bound and grid, not {', '.join(unknown)}")
+        cells = [c for c in cells if c.role in args.only]
     every = bench.all_cells()
     if args.settings:  # one setting regenerated after its declaration (or the code) changed
         if unknown := sorted(set(args.settings) - {c.setting for c in every}):

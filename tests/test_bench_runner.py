@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -134,6 +135,23 @@ def test_prepare_runs_once_before_cells_that_still_have_to_run(tmp_path):
     # which commits its cells come from
     assert reported["machine"] == ran["machine"]
     assert reported["provenance"]["commits"] == {ran["runs"][0]["code"]: 1}
+
+
+def test_only_runs_the_cells_of_the_roles_it_names(tmp_path):
+    # a regeneration of grid and bounds that reads its sweeps' cached cells: --only grid,bound
+    grid, bound, swept = tiny_cell(0), replace(tiny_cell(1), role="bound"), replace(
+        tiny_cell(2), role="sweep")
+
+    def make(quick):
+        return runner.Benchmark("t", "T", "tiny", [grid, swept], bounds={"local_iid": [bound]})
+
+    runner.main(make, ["--out", str(tmp_path), "--workers", "1", "--draft", "--only",
+                       "grid,bound"])
+    cache = Cache(tmp_path / "cells", draft=True)
+    assert cache.get(grid) is not None and cache.get(bound) is not None
+    assert cache.get(swept) is None
+    with pytest.raises(SystemExit):
+        runner.main(make, ["--out", str(tmp_path), "--draft", "--only", "grid,bounds"])
 
 
 @pytest.mark.slow
