@@ -46,13 +46,13 @@ demo: venv data
 	@echo "took $$(( $$(date +%s) - $$(cat $(DEMO)/started-at) )) s on $$(nproc) cores; load average now: $$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # The system packages the tests need (mosquitto, chromium, systemd-analyze, the data) are
-# installed first when apt is usable and this runs as root (tools/test-system-packages.sh), else
+# installed first when apt is usable and this runs as root (tests/system-packages.sh), else
 # named. The suite in parallel (pytest-xdist): one worker per core, at most 4 (tests start processes of
 # their own). A file's tests stay in one worker, except those tests/conftest.py lets spread (SPREAD);
 # the longest files go first (their seconds in tests/durations.json: `pytest --write-durations`).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: venv data
-	@bash tools/test-system-packages.sh
+	@bash tests/system-packages.sh
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The emulated Raspberry Pi check (root; slow, not part of CI): benchmarks/pi/results.md.

@@ -349,13 +349,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     p.add_argument(
         "--report-only", action="store_true", help="rewrite results from cached cells; run nothing"
     )
-    p.add_argument(
-        "--only",
-        type=_csv,
-        help="run only the cells of these roles, comma-separated (sweep, bound, grid; e.g. "
-        "grid,bound: a regeneration that reads its sweeps' cells); the rest must be cached to "
-        "report",
-    )
+    p.add_argument("--only", type=_csv, help="run only the cells of these roles, comma-separated "
+                   "(sweep, bound, grid; e.g. grid,bound); the rest must be cached to report")
     p.add_argument(
         "--missing-only",
         action="store_true",
