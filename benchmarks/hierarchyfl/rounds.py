@@ -79,22 +79,14 @@ def summarize(records: list[dict | None], every: list[Cell]) -> dict:
     for name in CANDIDATES:
         pairs = [(r, c) for r, c in zip(records, every, strict=True) if c.method == name]
         rows[name] = stem_check.summarize([r for r, _ in pairs], [c for _, c in pairs])
-    decided = [n for n in CANDIDATES if rows[n]["status"] != "undecided"]
-    chosen = None
-    for name in CANDIDATES:  # most rounds first: the first that passes, once it is decided
-        if rows[name]["status"] == "undecided":
-            break
-        if rows[name]["status"] == "passes":
-            chosen = name
-            break
-    return {"rows": rows, "decided": decided, "chosen": chosen,
+    # most rounds first: the first that does not fail, chosen once it passes
+    first = next((n for n in CANDIDATES if rows[n]["status"] != "fails"), None)
+    chosen = first if first and rows[first]["status"] == "passes" else None
+    return {"rows": rows, "chosen": chosen,
             "chosen_recipe": CANDIDATES.get(chosen) if chosen else None}
 
 
 def markdown(result: dict) -> str:
-    def pct(x):
-        return "—" if x is None else f"{100 * x:.2f}"
-
     chosen = (f"**Chosen: {result['chosen']}** ({result['chosen_recipe']})." if result["chosen"]
               else "**Not chosen** (cells to run, or no candidate qualifies).")
     lines = ["# HierarchyFL within the hour: the grid's rounds, chosen on a validation split", "",
@@ -103,11 +95,8 @@ def markdown(result: dict) -> str:
              "last-quarter slope | verdict |", "|---|---|---|---|---|---|---|"]
     for name, row in result["rows"].items():
         verdict = row["status"] + (f" ({'; '.join(row['why'])})" if row["why"] else "")
-        for r in row["rows"]:
-            per = ", ".join(f"s{s} {pct(f)}" for s, f in zip(r["seeds"], r["final"], strict=True))
-            slope = "—" if r["slope"] is None else f"{r['slope']:.2f}"
-            lines.append(f"| {name} | {r['setting']} | {len(r['seeds'])} | {per or '—'} | "
-                         f"{pct(r['mean'])} | {slope} | {verdict} |")
+        lines += [f"| {name} | {r['setting']} | {stem_check.row_cells(r)} | {verdict} |"
+                  for r in row["rows"]]
     return "\n".join(lines + sweep.provenance(result, sweep.cell_minutes(result) + " in all."))
 
 

@@ -81,21 +81,25 @@ def summarize(records: list[dict | None], every: list[Cell]) -> dict:
             "chosen": "stride2" if status == "passes" else None}
 
 
-def markdown(result: dict) -> str:
-    def pct(x):
-        return "—" if x is None else f"{100 * x:.2f}"
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f}"
 
+
+def row_cells(r: dict) -> str:
+    """A setting's table cells: its runs, final validation accuracy per seed, mean and slope."""
+    per = ", ".join(f"s{s} {pct(f)}" for s, f in zip(r["seeds"], r["final"], strict=True))
+    slope = "—" if r["slope"] is None else f"{r['slope']:.2f}"
+    return f"{len(r['seeds'])} | {per or '—'} | {pct(r['mean'])} | {slope}"
+
+
+def markdown(result: dict) -> str:
     lines = ["# HierarchyFL's stride-2 stem: the bounds on a validation split", "",
              (__doc__ or "").split("\n\n", 1)[1].split("\n\nRun it")[0], "",
              f"**Verdict: {result['status']}**" + (
                  f" ({'; '.join(result['why'])})" if result["why"] else ""), "",
              "| setting | runs | final val. acc % per seed | mean % | last-quarter slope |",
              "|---|---|---|---|---|"]
-    for r in result["rows"]:
-        per = ", ".join(f"s{s} {pct(f)}" for s, f in zip(r["seeds"], r["final"], strict=True))
-        slope = "—" if r["slope"] is None else f"{r['slope']:.2f}"
-        lines.append(f"| {r['setting']} | {len(r['seeds'])} | {per or '—'} | {pct(r['mean'])} | "
-                     f"{slope} |")
+    lines += [f"| {r['setting']} | {row_cells(r)} |" for r in result["rows"]]
     return "\n".join(lines + sweep.provenance(result, sweep.cell_minutes(result) + " in all."))
 
 
