@@ -339,9 +339,10 @@ def run_agent(address, fleet: str, device_id: str, store: ModelStore, *,
             say(f"refused a model command: {e} (active: {(store.active() or {}).get('version')})")
             publish_report(str(e))
 
-    # the device's status topic says whether its agent is connected (its Last Will: offline), so
-    # that `edgefl deploy` can tell an offline device from one that did not answer
-    status_topic = topics.device(device_id, "status")
+    # the agent's own status topic says whether it is connected (its Last Will: offline), so that
+    # `edgefl deploy` can tell an offline device from one that did not answer; not the training
+    # process's `status`, where the server would read the agent's session as a restarted device
+    status_topic = topics.device(device_id, "agent")
     session = secrets.token_hex(SESSION_HEX // 2)
     conn = _connect(address, f"edgefl-{fleet}-{device_id}-agent", fleet, on_message,
                     (topics.device(device_id, "model"),),
@@ -414,20 +415,22 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
         ):
             done.set()
 
-    status: dict[str, str] = {}
+    # the agent's status (``agent``); an earlier version's agent said it on ``status``
+    status: dict[str, dict[str, str]] = {"agent": {}, "status": {}}
 
     def on_status(topic: str, data: bytes) -> None:
         where = topics.parse_device(topic)
-        if where is not None and where[1] == "status":
+        if where is not None and where[1] in status:
             try:
-                status[where[0]] = parse_status(data)[0]
+                status[where[1]][where[0]] = parse_status(data)[0]
             except WireError as e:
-                log.warning("ignoring %s's status: %s", where[0], e)
+                log.warning("ignoring %s's %s: %s", where[0], where[1], e)
 
     def on_any(topic: str, data: bytes) -> None:
-        (on_status if topic.endswith("/status") else on_message)(topic, data)
+        (on_status if topic.endswith(("/status", "/agent")) else on_message)(topic, data)
 
-    subscribe = (topics.device("+", "active"), topics.device("+", "status")) if wait > 0 else ()
+    leaves = ("active", "agent", "status") if wait > 0 else ()
+    subscribe = tuple(topics.device("+", leaf) for leaf in leaves)
     conn = _connect(
         address, f"edgefl-{fleet}-deploy-{uuid.uuid4().hex[:6]}", fleet, on_any, subscribe
     ).start()
@@ -443,19 +446,20 @@ def publish_commands(address, fleet: str, messages: dict[str, bytes], *, wait: f
         return {}
 
     def missing(d: str) -> dict[str, Any]:
-        if status.get(d) == "offline":
+        state = status["agent"].get(d, status["status"].get(d))
+        if state == "offline":
             why = (
                 "the device is offline; the model stays on the broker (retained) and installs "
                 "when its agent connects"
             )
-        elif d not in status and d not in reports:
+        elif state is None and d not in reports:
             why = (
                 "the device has never connected a model agent (edgefl device agent, or edgefl "
                 "train --models-dir)"
             )
         else:
             why = f"no report from the device within {wait:g} s"
-        return {"error": why, "status": status.get(d), "last_report": reports.get(d)}
+        return {"error": why, "status": state, "last_report": reports.get(d)}
 
     return {d: fresh.get(d) or missing(d) for d in messages}
 

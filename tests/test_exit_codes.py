@@ -431,3 +431,15 @@ def test_the_agent_says_every_install_and_rollback_and_deploy_says_a_device_is_o
         assert (
             never.returncode == ExitCode.ERROR and "never connected a model agent" in never.stderr
         )
+        # an earlier version's agent said it on the device's `status` topic (now its own `agent`)
+        from edgefl.rollout import _connect
+        from edgefl.transport.mqtt import BrokerAddress
+        from edgefl.wire.schema import device_status
+
+        earlier = _connect(BrokerAddress.parse(broker.url), "earlier", "lab").start()
+        earlier.client.publish("edgefl/lab/devices/pi-08/status",
+                               device_status("offline", "0" * 16), qos=1,
+                               retain=True).wait_for_publish(30)
+        earlier.stop()
+        old = deploy("--model", MODEL, "--version", "v3", device="pi-08", wait=2)
+        assert old.returncode == ExitCode.ERROR and "pi-08: the device is offline" in old.stderr

@@ -329,6 +329,8 @@ def test_the_server_drops_an_uplink_naming_another_device(fleet_broker, caplog):
 def test_acl_blocks_are_fleet_scoped():
     block = acl_block("pi-07", "lab")
     assert "topic write edgefl/lab/devices/pi-07/up" in block
+    # the model agent's own status topic, apart from the training process's
+    assert "topic write edgefl/lab/devices/pi-07/agent" in block
     assert "down" not in "".join(
         line for line in block.splitlines() if line.startswith("topic write")
     )

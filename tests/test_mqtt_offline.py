@@ -312,3 +312,48 @@ def test_a_reply_is_not_re_sent_while_its_last_copy_has_not_left_the_device(mosq
     assert held == (1, False)  # still in paho: not re-sent
     assert resent == 2  # with the broker and unacknowledged: re-sent
     assert queued == 3  # the reply published while disconnected: once, not re-sent
+
+
+def test_a_model_agent_starting_and_stopping_beside_training_costs_no_round(mosquitto, tmp_path):
+    # `edgefl device agent` beside `edgefl train` on one device: the agent says it is connected on
+    # its own topic, so the server never reads its session as the training process restarting
+    # (on `status`, its "online" failed the open request as "device restarted")
+    from edgefl.rollout import ModelStore, _connect, parse_status, run_agent
+
+    fleet = "agent1"
+    address = BrokerAddress.parse(mosquitto.url)
+    taken, release = threading.Event(), threading.Event()
+
+    def hold():
+        taken.set()
+        release.wait(60)
+
+    server = started_server(mosquitto.url, fleet, retry_after=scaled(0.5))
+    device = EchoDevice(mosquitto.url, fleet, "d", before_reply=hold).start()
+    said = []
+    watcher = _connect(address, "watcher", fleet, lambda t, data: said.append(parse_status(data)),
+                       (f"edgefl/{fleet}/devices/d/agent",)).start()
+    stop = threading.Event()
+    agent = threading.Thread(target=run_agent, args=(address, fleet, "d", ModelStore(tmp_path)),
+                             kwargs={"stop": stop}, daemon=True)
+    got = {}
+    asking = threading.Thread(target=lambda: got.update(out=_request(server, fleet, ["d"])[0]))
+    try:
+        asking.start()
+        wait_until(taken.is_set, "d to take its request", 60)
+        agent.start()
+        wait_until(lambda: said and said[-1][0] == "online", "the agent online", 60)
+        stop.set()
+        agent.join(60)
+        wait_until(lambda: said[-1][0] == "offline", "the agent offline", 60)
+        release.set()
+        asking.join(scaled(DEADLINE))
+    finally:
+        release.set()
+        stop.set()
+        watcher.stop()
+        device.close()
+        server.close()
+    assert said[-1][1] != device.ep.session  # the agent's own session
+    assert got["out"]["d"].error is None
+    assert server.sessions["d"] == device.ep.session

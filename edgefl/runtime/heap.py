@@ -32,10 +32,10 @@ The trim walks the heap's free chunks, which grow with the fleet; it was measure
 devices, so from :data:`FLEET` devices (where ``benchmarks/scale/devices.py`` ran its 10,000
 devices, pinned) the threshold is pinned instead. Elsewhere than glibc nothing changes.
 
-A trim walks the heap's free chunks, so on a large fleet it costs milliseconds, and trims are
-held to :data:`TRIM_SHARE` of the time: 1,000 CNN devices, one round of one step, took 48.8 CPU s
-trimming after each exchange and 43.4 with the share, at the same peak (1,524 and 1,536 MB;
-never trimmed: 37.9 s and 3,562 MB; ``benchmarks/scale/heap_trim_share.md``).
+On a large fleet a trim therefore costs milliseconds, and trims are held to :data:`TRIM_SHARE`
+of the time: 1,000 CNN devices, one round of one step, took 48.8 CPU s trimming after each
+exchange and 43.4 with the share, at the same peak (1,524 and 1,536 MB; never trimmed: 37.9 s
+and 3,562 MB; ``benchmarks/scale/heap_trim_share.md``).
 
 A trim costs tens of microseconds even on a small heap (41 µs CPU a call, 10 bench-echo devices
 in memory: ``benchmarks/overhead/investigations/memory_round.py``), more than a whole exchange

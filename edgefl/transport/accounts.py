@@ -20,7 +20,7 @@ from edgefl.transport.broker import check_device_id
 ROLES = ("device", "server", "operator")
 #: What a device may publish (under its own id in its own fleet) and read. Not its downlink:
 #: only the server writes requests, so a device cannot forge one to itself.
-DEVICE_WRITES = ("up", "register", "status", "active")
+DEVICE_WRITES = ("up", "register", "status", "agent", "active")
 DEVICE_READS = ("down", "model")
 
 

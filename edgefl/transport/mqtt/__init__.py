@@ -14,6 +14,8 @@ Topics, all under ``edgefl/<fleet>/``::
     server/fleet            server, retained  fleet status JSON (edgefl.runtime.status)
     devices/<id>/model      operator/server, retained  model rollout commands (edgefl.rollout)
     devices/<id>/active     device, retained  the device's active model version (edgefl.rollout)
+    devices/<id>/agent      device, retained  its model agent's "online/offline <session>"
+                                              (Last Will; edgefl.rollout)
 
 A device writes only its own uplink topics in its own fleet, never its downlinks (the Mosquitto
 ACL in ``broker/`` enforces it), and reads its own downlinks, the broadcast and the server status.

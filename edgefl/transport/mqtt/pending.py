@@ -62,15 +62,7 @@ class _Pending:
     # Will and no return within the grace, or a new session (the process restarted); no later
     # reply is taken
     gone: float = 0.0
-    gone_why: str = ""
-
-
-def gone_reason(p: _Pending) -> str:
-    """Why a request whose device left (:attr:`_Pending.gone`) failed."""
-    return p.gone_why or (
-        f"device went offline {p.gone - p.sent:.1f} s after the request was sent "
-        "(its Last Will), before it replied"
-    )
+    gone_why: str = ""  # why, set with ``gone`` (:meth:`OpenRequests._gone`)
 
 
 class OpenRequests:
@@ -276,7 +268,7 @@ class OpenRequests:
                 p = self.pending.pop(d)
                 if p.reply is None:
                     out[d] = Delivery(
-                        d, None, gone_reason(p), p.gone - p.sent, rejected=tuple(p.rejected)
+                        d, None, p.gone_why, p.gone - p.sent, rejected=tuple(p.rejected)
                     )
                     continue
                 out[d] = Delivery(

@@ -23,7 +23,7 @@ from edgefl.transport.chunks import (
 )
 from edgefl.transport.mqtt.closing import DeferredCloses
 from edgefl.transport.mqtt.connection import BrokerAddress, Endpoint
-from edgefl.transport.mqtt.pending import OpenRequests, _Pending, gone_reason
+from edgefl.transport.mqtt.pending import OpenRequests, _Pending
 from edgefl.transport.mqtt.reliable import ack_envelope
 from edgefl.transport.mqtt.topics import Topics
 from edgefl.wire import REPLY_KINDS, Envelope, Limits, Payload, encode
@@ -178,7 +178,7 @@ class MqttServerTransport(OpenRequests, Endpoint):
                     )
                 elif p is not None and p.gone:
                     out[device_id] = Delivery(
-                        device_id, None, gone_reason(p), p.gone - p.sent, rejected=rejected
+                        device_id, None, p.gone_why, p.gone - p.sent, rejected=rejected
                     )
                 else:
                     state = self.status.get(device_id, "unknown")
