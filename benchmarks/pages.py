@@ -8,10 +8,12 @@ the runs pass the sanity gates, and where the cells come from. Every verdict is 
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import provenance
@@ -439,3 +441,50 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
     if figures.strip():
         lines += [figures.strip(), ""]
     return "\n".join(lines)
+
+
+def signs(claim: Mapping[str, Any]) -> str:
+    """A claim's paired differences' signs per seed: "+ + −"."""
+    return " ".join("+" if s > 0 else "−" if s < 0 else "0" for s in claim["signs"])
+
+
+def against_previous(results: Mapping[str, Any], previous: Path, heading: str,
+                     earlier: str) -> list[str]:
+    """Each claim's mean paired difference here against an earlier profile's committed
+    ``results.json`` (``previous``; ``earlier`` says what that profile was): whether the sign
+    survives the change of profile. Nothing when that file is not there."""
+    if not previous.exists():
+        return []
+    old = json.loads(previous.read_text())
+    before = {(c["id"], c["kind"]): c for c in old["claims"]}
+    rows, kept = [], {"paper": [0, 0], "control": [0, 0], "implied": [0, 0]}
+    clear = [0, 0]  # of the claims whose earlier difference was beyond 2 sd, every seed agreeing
+    for c in results["claims"]:
+        o = before.get((c["id"], c["kind"]))
+        if c["kind"] not in kept or o is None or c["mean_diff"] is None or o["mean_diff"] is None:
+            continue
+        same = (c["mean_diff"] > 0) == (o["mean_diff"] > 0)
+        kept[c["kind"]][0] += same
+        kept[c["kind"]][1] += 1
+        if abs(o["mean_diff"]) > 2 * o["sd"] and len({x > 0 for x in o["signs"]}) == 1:
+            clear[0] += same
+            clear[1] += 1
+        rows.append(f"| `{c['statement']}` | {c['setting']} | {c['kind']} | "
+                    f"{100 * o['mean_diff']:+.2f} ± {100 * o['sd']:.2f} ({signs(o)}) | "
+                    f"{100 * c['mean_diff']:+.2f} ± {100 * c['sd']:.2f} ({signs(c)}) | "
+                    f"{'yes' if same else '**no**'} | {c['verdict']} |")
+    bounds = ", ".join(f"{k} {100 * old['bounds'][k]:.1f} % → {100 * v:.1f} %"
+                       for k, v in results["bounds"].items() if old["bounds"].get(k) is not None)
+    return [
+        heading,
+        "",
+        earlier + " against this run, claim by claim: the mean paired difference ± sd (points) "
+        "and the sign per seed. Bounds: " + bounds + ". Signs kept: "
+        + "; ".join(f"{k} {a} of {n}" for k, (a, n) in kept.items() if n)
+        + f"; of those whose earlier difference was beyond 2 sd with every seed agreeing, "
+        f"{clear[0]} of {clear[1]} (the others' earlier sign was within the noise).",
+        "",
+        "| claim | setting | kind | earlier profile | this run | sign kept | verdict here |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]

@@ -435,3 +435,36 @@ def test_claims_over_cells_older_than_the_declaration_are_marked_undeclared_sett
         and "alternatives (not counted)" in page
         and "` † |" in page
     )
+
+
+def test_a_page_compares_each_claims_sign_with_an_earlier_profiles(tmp_path):
+    from benchmarks.pages import against_previous
+
+    def claim(cid, kind, diff, sd, signs, verdict="not reproduced"):
+        return {"id": cid, "kind": kind, "statement": f"{cid} claim", "setting": "s",
+                "mean_diff": diff, "sd": sd, "signs": signs, "verdict": verdict}
+
+    earlier = tmp_path / "results.json"
+    assert against_previous({"claims": [], "bounds": {}}, earlier, "## H", "Before") == []
+    earlier.write_text(json.dumps({"bounds": {"centralized": 0.86, "local_iid": None}, "claims": [
+        claim("kept", "paper", 0.05, 0.01, [1, 1, 1]),       # clear before, kept
+        claim("flipped", "control", 0.05, 0.01, [1, 1, 1]),  # clear before, flipped
+        claim("noise", "implied", -0.01, 0.02, [-1, 1, -1]),  # within the noise before
+        claim("byconstruction", "not worse", 0.05, 0.01, [1, 1, 1]),
+    ]}))
+    now = {"bounds": {"centralized": 0.87, "local_iid": 0.78}, "claims": [
+        claim("kept", "paper", 0.03, 0.01, [1, 1, 1], "reproduced"),
+        claim("flipped", "control", -0.02, 0.01, [-1, -1, -1], "reversed"),
+        claim("noise", "implied", 0.01, 0.02, [1, 1, -1]),
+        claim("byconstruction", "not worse", 0.05, 0.01, [1, 1, 1]),
+        claim("new", "paper", 0.01, 0.01, [1, 1, 1]),  # no earlier counterpart: no row
+    ]}
+    lines = against_previous(now, earlier, "## H", "Before")
+    text = "\n".join(lines)
+    assert lines[0] == "## H" and lines[2].startswith("Before against this run")
+    assert "centralized 86.0 % → 87.0 %" in text and "local_iid" not in text
+    assert "Signs kept: paper 1 of 1; control 0 of 1; implied 0 of 1" in text
+    assert "every seed agreeing, 1 of 2" in text
+    rows = [line for line in lines if line.startswith("| `")]
+    assert [r.split("`")[1] for r in rows] == ["kept claim", "flipped claim", "noise claim"]
+    assert "| +5.00 ± 1.00 (+ + +) | -2.00 ± 1.00 (− − −) | **no** | reversed |" in rows[1]

@@ -6,10 +6,10 @@ The declaration of :mod:`benchmarks.runner`: grid, bounds, sweep and claims. Run
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
+from benchmarks import pages
 from benchmarks.common import benchmark_profile, decay_rounds, device_class_counts, fleet_text
 from benchmarks.runner import Benchmark, Cell, Claim, mean_sd
 
@@ -443,47 +443,9 @@ def knowledge_only(runs: list[dict]) -> list[str]:
 PREVIOUS = Path(__file__).resolve().parent / "previous12" / "results.json"
 
 
-def signs(claim: dict) -> str:
-    return " ".join("+" if s > 0 else "−" if s < 0 else "0" for s in claim["signs"])
-
-
 def against_previous(results: dict) -> list[str]:
-    """Each claim's mean paired difference here against the earlier profile's cells
-    (``previous12/results.json``): whether the sign survives the change of profile."""
-    if not PREVIOUS.exists():
-        return []
-    old = json.loads(PREVIOUS.read_text())
-    before = {(c["id"], c["kind"]): c for c in old["claims"]}
-    rows, kept = [], {"paper": [0, 0], "implied": [0, 0]}
-    clear = [0, 0]  # of the claims whose earlier difference was beyond 2 sd, every seed agreeing
-    for c in results["claims"]:
-        o = before.get((c["id"], c["kind"]))
-        if c["kind"] not in kept or o is None or c["mean_diff"] is None:
-            continue
-        same = (c["mean_diff"] > 0) == (o["mean_diff"] > 0)
-        kept[c["kind"]][0] += same
-        kept[c["kind"]][1] += 1
-        if abs(o["mean_diff"]) > 2 * o["sd"] and len({x > 0 for x in o["signs"]}) == 1:
-            clear[0] += same
-            clear[1] += 1
-        rows.append(f"| `{c['statement']}` | {c['setting']} | {c['kind']} | "
-                    f"{100 * o['mean_diff']:+.2f} ± {100 * o['sd']:.2f} ({signs(o)}) | "
-                    f"{100 * c['mean_diff']:+.2f} ± {100 * c['sd']:.2f} ({signs(c)}) | "
-                    f"{'yes' if same else '**no**'} | {c['verdict']} |")
-    bounds = ", ".join(f"{k} {100 * old['bounds'][k]:.1f} % → {100 * v:.1f} %"
-                       for k, v in results["bounds"].items() if old["bounds"].get(k) is not None)
-    return [
-        "## Against the 12-round profile (the sign of every claim)",
-        "",
+    """Each claim's sign here against the 12-round profile's (``previous12/results.json``)."""
+    return pages.against_previous(
+        results, PREVIOUS, "## Against the 12-round profile (the sign of every claim)",
         "The cells committed before this profile (`previous12/`: the same fleet, data, models and "
-        "seeds at 12 rounds, ×0.1 before rounds 6 and 9; 71.0 min to regenerate here) against "
-        "this run, claim by claim: the mean paired difference ± sd (points) and the sign per "
-        "seed. Bounds: " + bounds + ". Signs kept: "
-        + "; ".join(f"{k} {a} of {n}" for k, (a, n) in kept.items() if n)
-        + f"; of those whose earlier difference was beyond 2 sd with every seed agreeing, "
-        f"{clear[0]} of {clear[1]} (the others' earlier sign was within the noise).",
-        "",
-        "| claim | setting | kind | earlier profile | this run | sign kept | verdict here |",
-        "|---|---|---|---|---|---|---|",
-        *rows,
-    ]
+        "seeds at 12 rounds, ×0.1 before rounds 6 and 9; 71.0 min to regenerate here)")

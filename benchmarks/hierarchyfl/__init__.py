@@ -434,8 +434,12 @@ Fleet: multi-exit ResNet-18 at **width 0.125** with the CIFAR stem's conv **at s
 CPU cost, chosen for cost alone so the benchmark regenerates within an hour on 2 cores; checked on
 a validation split by `stem_check.py` before its cells run), depth tiers 1–4 (exit i = Model i);
 {fleet}; every device every round; one local epoch of SGD lr 0.05 (momentum 0.9, weight decay 5e-4)
-at batch 32 per round. The width tiers (1/8, 1/4, 1/2, 1; a "not worse than" row, never a counted
-claim) are a declared alternative, not run in this profile (cost).
+at batch 32 per round. The rounds were cut from 32 for cost alone (the 32-round grid measured about
+77 min on this project's 2-core Zen 4, [`cost32/`](cost32/README.md)): [`rounds.md`](rounds.md)
+chose {ROUNDS} on a validation split by a rule fixed before its cells ran, and the 32-round page is
+in [`previous32/`](previous32/README.md), every claim's sign compared with it below. The width
+tiers (1/8, 1/4, 1/2, 1; a "not worse than" row, never a counted claim) are a declared
+alternative, not run in this profile (cost).
 
 **The public set has the paper's size**: 1 % of Fashion-MNIST's 60,000 training images, 600 for
 HierarchyFL's server step, and 600 more held out as the server's check split (each exit's accuracy

@@ -6,7 +6,9 @@ results at report time; nothing here runs in a cell."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
+from benchmarks import pages
 from benchmarks.hierarchyfl import CLAIMED, DEPTH, SMALL
 from benchmarks.runner import band_panel
 
@@ -211,6 +213,10 @@ def readings(results: dict) -> list[str]:
     return lines + [""]
 
 
+#: the 32-round profile's page as committed before the hour's cut (issue 37)
+PREVIOUS = Path(__file__).resolve().parent / "previous32" / "results.json"
+
+
 def diagnostics(results: dict) -> str:
     """The two public-set readings side by side; per tier, the gain against the headroom and split
     into labels and distillation; the meta-learner's weights at the last round and the
@@ -219,8 +225,14 @@ def diagnostics(results: dict) -> str:
     lines = (
         readings(results)
         + per_tier(results)
+        + pages.against_previous(
+            results, PREVIOUS, "## Against the 32-round profile (the sign of every claim)",
+            "The cells committed before this profile (`previous32/`: the same fleet, data, "
+            "models, settings and seeds at 32 rounds, ×0.1 before rounds 14 and 23; about 77 min "
+            "to regenerate on this project's Zen 4, [`cost32/`](cost32/README.md))")
         + [
-            "## A regeneration on a slower machine",
+            "",
+            "## The 32-round profile on a slower machine",
             "",
             "Started at clean 205eb57 on 2026-11-27 and stopped after 7 bounds and 2 grid cells: "
             "~200 CPU-seconds a grid cell there, about 2 hours for the grid at 2 workers on that "
