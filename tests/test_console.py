@@ -251,3 +251,16 @@ def test_train_on_a_terminal_draws_a_bar_of_the_rounds(tmp_path, broker_url):
         and "[pi-01] done" in text
     )
     assert "rounds trained" in text and "━" in text and "/2" in text
+
+
+def test_a_fleet_started_through_python_m_prints_no_runpy_warning(tmp_path):
+    # `python -m edgefl.cli.main simulate --transport mqtt` (how the CUDA check and these tests
+    # start it): each forked device first re-ran that module as __mp_main__, which the fork server
+    # had imported, and runpy's RuntimeWarning went to the console once per device
+    done = subprocess.run(
+        edgefl(*RUN, "--transport", "mqtt", "--out", str(tmp_path), "--run-name", "m"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "final evaluation: 3 of 3 devices answered" in done.stderr
+    assert "RuntimeWarning" not in done.stderr, done.stderr

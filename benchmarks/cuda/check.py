@@ -137,8 +137,9 @@ def verdict(cpu: dict, gpu: dict) -> tuple[bool, str]:
     return True, f"|GPU − CPU| = {gap:.2f} points"
 
 
-def export_check(run_dir: str, work: Path) -> dict:
-    """``edgefl export --run`` (parity-checked) and ``edgefl infer`` on a GPU run's models."""
+def export_check(run_dir: str, work: Path, data_dir: str | None = None) -> dict:
+    """``edgefl export --run`` (parity-checked) and ``edgefl infer`` on a GPU run's models (the
+    test images from ``data_dir`` where given, as the runs read them)."""
     onnx = work / "onnx"
     steps = [
         [
@@ -164,6 +165,7 @@ def export_check(run_dir: str, work: Path) -> dict:
             "test",
             "--limit",
             "500",
+            *(["--data-dir", data_dir] if data_dir else []),
         ],
     ]
     log = []
@@ -171,7 +173,7 @@ def export_check(run_dir: str, work: Path) -> dict:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         log.append(
             {
-                "command": " ".join(cmd[2:]),
+                "command": " ".join(cmd[3:]),  # after python -m edgefl.cli.main
                 "rc": proc.returncode,
                 "tail": (proc.stdout + proc.stderr).strip().splitlines()[-6:],
             }
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     fedavg = by[("fedavg", "cuda")]
     export = (
-        export_check(fedavg["run_dir"], args.work)
+        export_check(fedavg["run_dir"], args.work, args.data_dir)
         if fedavg.get("run_dir")
         else {"ok": False, "steps": []}
     )
