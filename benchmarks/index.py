@@ -28,11 +28,16 @@ def estimate(regen: dict | None) -> str:
     done = ""
     if m:  # the page's own cells (folder None) or a regeneration kept beside it
         own = m.get("folder") is None
-        done = (f" {'Its cells ran in one invocation' if own else 'Regenerated in one run'} in "
+        read = m.get("sweeps_read")
+        whose = "Its grid and bounds ran" if read else "Its cells ran"
+        done = (f" {whose + ' in one invocation' if own else 'Regenerated in one run'} in "
                 f"{m['span_minutes']:.0f} min, measured on {m['cores']} cores (target ≤ "
                 f"{m['target_seconds'] / 60:.0f} min {'met' if m['target_met'] else 'not met'}"
                 + ("" if own else f"; claims reproduced there {m['reproduced'][0]} of "
-                   f"{m['reproduced'][1]}") + ").")
+                   f"{m['reproduced'][1]}") + ")"
+                + (f"; its {read['cells']} sweep cells are read from earlier runs (about "
+                   f"{read['estimate_seconds'] / 60:.0f} min more if rerun)" if read else "")
+                + ".")
     q = regen.get("quick")
     quick = (f" Quick profile measured in {q['span_minutes']:.1f} min (target ≤ "
              f"{q['target_seconds'] / 60:.0f} min {'met' if q['target_met'] else 'not met'}), "

@@ -469,7 +469,9 @@ def against_previous(results: Mapping[str, Any], previous: Path, heading: str,
         if abs(o["mean_diff"]) > 2 * o["sd"] and len({x > 0 for x in o["signs"]}) == 1:
             clear[0] += same
             clear[1] += 1
-        rows.append(f"| `{c['statement']}` | {c['setting']} | {c['kind']} | "
+        a, b = c.get("metric_a") or "final_accuracy", c.get("metric_b") or c.get("metric_a")
+        metric = "" if a == "final_accuracy" else f" `{a}`" + (f" vs `{b}`" if b and b != a else "")
+        rows.append(f"| `{c['statement']}` | {c['setting']}{metric} | {c['kind']} | "
                     f"{100 * o['mean_diff']:+.2f} ± {100 * o['sd']:.2f} ({signs(o)}) | "
                     f"{100 * c['mean_diff']:+.2f} ± {100 * c['sd']:.2f} ({signs(c)}) | "
                     f"{'yes' if same else '**no**'} | {c['verdict']} |")

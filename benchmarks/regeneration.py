@@ -80,6 +80,9 @@ def _group(by: str, name: str, rs: Sequence[Mapping[str, Any]]) -> dict[str, Any
         "by": by,
         "id": name,
         "commits": sorted({r.get("code") or "unknown" for r in rs}),
+        # the cells' roles (grid, bound, sweep): a group of sweep cells alone can be read from an
+        # earlier run while the claims' cells are rerun (:func:`own_measured`)
+        "roles": sorted({r.get("role") or "unknown" for r in rs}),
         "cells": len(rs),
         "cells_with_time": len(times),
         "start": None if start is None else start.isoformat(),
@@ -138,14 +141,39 @@ def _run_shift(page_runs: Sequence[Mapping[str, Any]], there: Sequence[Mapping[s
             "max_abs": max(map(abs, diffs))}
 
 
-def _one_run(results: Mapping[str, Any]) -> dict[str, Any] | None:
+def _sweeps_alone(g: Mapping[str, Any]) -> bool:
+    """A group of sweep cells only (a group recorded before groups kept roles: not known so)."""
+    return bool(g.get("roles")) and set(g["roles"]) == {"sweep"}
+
+
+def _one_run(results: Mapping[str, Any], *, sweeps_read: bool = False) -> dict[str, Any] | None:
     """The one group of a results.json's cells when they all ran in one invocation at one clean
-    commit and none is missing (a whole run, measured); None otherwise."""
+    commit and none is missing (a whole run, measured); None otherwise. ``sweeps_read``: groups of
+    sweep cells alone may lie beside it (sweeps run earlier and read, not rerun)."""
     groups = (results.get("regeneration") or {}).get("groups") or []
+    if sweeps_read:
+        groups = [g for g in groups if not _sweeps_alone(g)]
     if results.get("missing") or len(groups) != 1 or groups[0]["by"] != "invocation" \
             or len(groups[0]["commits"]) != 1 or groups[0]["commits"][0].endswith("+dirty"):
         return None
     return groups[0]
+
+
+def _block_of(before: Mapping[str, Any], after: Mapping[str, Any], g: Mapping[str, Any]) -> bool:
+    """Whether a results.json's machine block is that of the run ``g``: it names ``g``'s
+    invocation, or (a block from before blocks named one) its start and end dates hold ``g``'s
+    span (a minute's slack); a block that says neither is taken as the run's."""
+    if before.get("invocation") is not None:
+        return before["invocation"] == g["id"]
+    try:
+        start, end = (datetime.strptime(b["date"], "%Y-%m-%d %H:%M:%S UTC").replace(
+            tzinfo=timezone.utc) for b in (before, after))
+    except (KeyError, TypeError, ValueError):
+        return True
+    if g.get("start") is None or g.get("end") is None:
+        return True
+    slack = timedelta(minutes=1)
+    return start - slack <= _parse(g["start"]) and _parse(g["end"]) <= end + slack
 
 
 def _run_facts(g: Mapping[str, Any], machine: Mapping[str, Any] | None,
@@ -153,8 +181,8 @@ def _run_facts(g: Mapping[str, Any], machine: Mapping[str, Any] | None,
     """What a page states of a whole run (:func:`_one_run`'s group) against its ``target`` in
     seconds: its commit, cells, span, CPU and loads, and the machine that ran it."""
     before, after = (machine or {}).get("before") or {}, (machine or {}).get("after") or {}
-    if before.get("invocation") not in (None, g["id"]):  # the block of another run (a report kept
-        before, after = {"cpu": before.get("cpu"), "cores": before.get("cores")}, {}  # its machine)
+    if not _block_of(before, after, g):  # the block of another run (a report kept its machine)
+        before, after = {"cpu": before.get("cpu"), "cores": before.get("cores")}, {}
     return {
         "commit": g["commits"][0],
         "cells": g["cells"],
@@ -324,13 +352,18 @@ def own_measured(results: Mapping[str, Any]) -> dict[str, Any] | None:
     """The page's own cells as a measured regeneration: when they all ran in one invocation at one
     clean commit and none is missing, their span is what regenerating the page took (the machine
     and loads of the run that made them, which a report from the cache keeps). None otherwise."""
-    g = _one_run(results)
+    g = _one_run(results, sweeps_read=True)
     if g is None:
         return None
     from benchmarks.pages import counts  # the page module imports this one
 
+    read = [x for x in results["regeneration"]["groups"] if x is not g and _sweeps_alone(x)]
+    wall = sum(x["wall_seconds"] for x in read)
     return {"folder": None, **_run_facts(g, results.get("machine")),
-            "reproduced": list(counts(results.get("claims", []))), "differ": [], "run_shift": None}
+            "reproduced": list(counts(results.get("claims", []))), "differ": [], "run_shift": None,
+            # sweep cells from earlier runs, read (their cost if rerun: Σ wall / workers)
+            "sweeps_read": {"cells": sum(x["cells"] for x in read), "wall_seconds": wall,
+                            "estimate_seconds": wall / WORKERS} if read else None}
 
 
 def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]) -> list[str]:
@@ -356,12 +389,20 @@ def measured_paragraph(m: Mapping[str, Any] | None, claims_here: tuple[int, int]
              "can turn with such a shift."
              if shift else "")
     if m.get("folder") is None:  # the page's own cells (:func:`own_measured`)
+        read = m.get("sweeps_read")
+        whose = (f"this page's {m['cells']} grid and bound cells" if read else
+                 f"this page's {m['cells']} cells")
         return [
-            f"Measured: this page's {m['cells']} cells ran in one invocation at clean "
+            f"Measured: {whose} ran in one invocation at clean "
             f"`{m['commit']}` on {m['cores']} cores ({m['cpu']}): **{m['span_minutes']:.1f} min** "
             f"({_stamp(_parse(m['start']))} to {_stamp(_parse(m['end']))}{cpu}; {load}), which is "
-            f"what regenerating it took. Target ≤ {m['target_seconds'] / 60:.0f} min: "
-            f"**{'met' if m['target_met'] else 'not met'}**, measured on this machine.",
+            f"what regenerating {'them' if read else 'it'} took. Target ≤ "
+            f"{m['target_seconds'] / 60:.0f} min: "
+            f"**{'met' if m['target_met'] else 'not met'}**, measured on this machine."
+            + (f" Not in that run: the page's {read['cells']} sweep cells, which chose the "
+               "defaults and are read from their earlier runs (listed above); rerunning them "
+               f"too would add about {read['estimate_seconds'] / 60:.0f} min (their Σ wall "
+               f"seconds / {WORKERS}, on the machines that ran them)." if read else ""),
         ]
     return [
         f"Measured: the whole page regenerated in one run at clean `{m['commit']}` into "

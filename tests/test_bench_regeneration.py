@@ -364,3 +364,34 @@ def test_a_measured_run_takes_its_loads_from_its_own_machine_block_only():
         # Assert: another run's loads are never stated as this run's; the cells' own are
         assert m["cores"] == 2 and m["cpu"] == "AMD EPYC"
         assert stated in "\n".join(measured_paragraph(m, (0, 0)))
+
+
+def test_sweeps_read_from_earlier_runs_leave_the_claims_cells_run_measured():
+    # Prepare: the grid and bounds from one invocation at a clean commit (50 minutes); two sweep
+    # cells from an earlier commit, read (they chose the defaults), 1,200 s of wall each
+    grid = [timed(0, 0, 1500, cpu=1400, code="c9", invocation="inv-1", started_at=at(0),
+                  role="grid"),
+            timed(1, 25, 1500, cpu=1450, code="c9", invocation="inv-1", started_at=at(25),
+                  role="bound")]
+    sweeps = [timed(s, -300, 1200, code="c1", role="sweep", method="sweepy") for s in (2, 3)]
+    # a dated machine block of another day: not this run's, so the cells' own loads are stated
+    day = {"cpu": "AMD EPYC", "cores": 2, "loadavg_1_5_15": [9.0, 9, 9], "date": "2020-01-01 "
+           "00:00:00 UTC"}
+    results = {"regeneration": regeneration(grid + sweeps), "missing": [], "claims": [],
+               "machine": {"before": day, "after": day}}
+    # Execute
+    m = own_measured(results)
+    # Assert: the run of the claims' cells, with the sweeps' cost if rerun beside it
+    assert m["cells"] == 2 and m["span_minutes"] == pytest.approx(50) and m["target_met"]
+    assert m["sweeps_read"] == {"cells": 2, "wall_seconds": 2400, "estimate_seconds": 1200}
+    assert m["load_start"] is None and m["cpu"] == "AMD EPYC"
+    text = "\n".join(measured_paragraph(m, (0, 0)))
+    assert text.startswith("Measured: this page's 2 grid and bound cells ran in one invocation")
+    assert "the page's 2 sweep cells" in text and "would add about 20 min" in text
+    assert "9.00" not in text
+    assert estimate({**results["regeneration"], "measured": m}).startswith(
+        " Its grid and bounds ran in one invocation in 50 min, measured on 2 cores (target ≤ 60 "
+        "min met); its 2 sweep cells are read from earlier runs (about 20 min more if rerun).")
+    # a grid cell from another run is not read like a sweep: nothing is measured then
+    other = [grid[0], {**grid[1], "invocation": None, "code": "c1"}, *sweeps]
+    assert own_measured({**results, "regeneration": regeneration(other)}) is None
