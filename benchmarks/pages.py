@@ -371,11 +371,14 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
         bench.description.strip(),
         "",
         f"Command: `{results['command']}`  ",
-        f"Machine: {m0.get('cores')} cores, load (1/5/15 min) {m0.get('loadavg_1_5_15')} at the "
-        f"start ({m0.get('date')}), "
-        f"{m1.get('loadavg_1_5_15')} at the end ({m1.get('date')}). Cells run one torch thread "
-        "each, "
-        "one cell per core; wall times are per cell and rough on a shared machine.",
+        (f"Machine: {m0.get('cores')} cores, load (1/5/15 min) {m0.get('loadavg_1_5_15')} at the "
+         f"start ({m0.get('date')}), {m1.get('loadavg_1_5_15')} at the end ({m1.get('date')}). "
+         if m0.get("loadavg_1_5_15") else
+         f"Machine: {m0.get('cores')} cores ({m0.get('cpu')}); this report was rewritten from "
+         "cells of a run whose machine block it does not have: that run's loads, from its cells' "
+         "records, are under Provenance. ")
+        + "Cells run one torch thread each, one cell per core; wall times are per cell and rough "
+        "on a shared machine.",
         "",
     ]
     if results["bounds"]:

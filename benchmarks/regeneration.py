@@ -176,6 +176,20 @@ def _block_of(before: Mapping[str, Any], after: Mapping[str, Any], g: Mapping[st
     return start - slack <= _parse(g["start"]) and _parse(g["end"]) <= end + slack
 
 
+def machine_of(previous: Mapping[str, Any] | None, regen: Mapping[str, Any],
+               now: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The machine block of a report rewritten from cached cells: the page's earlier block where it
+    is that of the run that made the claims' cells (the group holding them, else the largest),
+    else the cores and CPU alone (no loads: another run's would be misread as this one's)."""
+    groups = [g for g in regen.get("groups") or [] if not _sweeps_alone(g)]
+    if previous and groups:
+        g = max(groups, key=lambda x: x["cells"])
+        if _block_of(previous.get("before") or {}, previous.get("after") or {}, g):
+            return previous
+    before = (previous or now).get("before") or {}
+    return {"before": {"cpu": before.get("cpu"), "cores": before.get("cores")}, "after": {}}
+
+
 def _run_facts(g: Mapping[str, Any], machine: Mapping[str, Any] | None,
                target: float = TARGET_SECONDS) -> dict[str, Any]:
     """What a page states of a whole run (:func:`_one_run`'s group) against its ``target`` in

@@ -94,7 +94,7 @@ from benchmarks.common import machine
 from benchmarks.figures import band_panel, plot_results
 from benchmarks.index import write_readme_index
 from benchmarks.pages import pct, results_markdown, runs_table
-from benchmarks.regeneration import measured, own_measured, quick_measured, regeneration
+from benchmarks.regeneration import machine_of, measured, own_measured, quick_measured, regeneration
 from edgefl.config import ADDED_SETTINGS  # settings added after cells were cached
 from edgefl.report.recorder import json_safe
 
@@ -469,8 +469,8 @@ def main(make: Callable[[bool], Benchmark], argv: Sequence[str] | None = None) -
     results["missing"] = [c.label for c in missing]
     if args.report_only and (out / "results.json").exists():
         # a report rewritten from cached cells: the machine is that of the run that made them
-        previous = json.loads((out / "results.json").read_text())
-        results["machine"] = previous.get("machine", results["machine"])
+        previous = json.loads((out / "results.json").read_text()).get("machine")
+        results["machine"] = machine_of(previous, results["regeneration"], results["machine"])
     if args.out is None and not args.quick:  # the page itself: a measured regeneration beside it
         results["regeneration"]["measured"] = measured(
             BENCHMARKS / bench.name, results["claims"], results["runs"],

@@ -395,3 +395,24 @@ def test_sweeps_read_from_earlier_runs_leave_the_claims_cells_run_measured():
     # a grid cell from another run is not read like a sweep: nothing is measured then
     other = [grid[0], {**grid[1], "invocation": None, "code": "c1"}, *sweeps]
     assert own_measured({**results, "regeneration": regeneration(other)}) is None
+
+
+def test_a_report_from_cached_cells_keeps_a_machine_block_only_if_it_is_their_runs():
+    from benchmarks.regeneration import machine_of
+
+    records = [timed(0, 0, 600, cpu=590, code="c9", invocation="inv-1", started_at=at(0)),
+               timed(1, 5, 600, cpu=595, code="c9", invocation="inv-1", started_at=at(5))]
+    regen = regeneration(records)
+    start, end = (datetime.fromisoformat(regen["groups"][0][k]) for k in ("start", "end"))
+
+    def block(when):
+        return {"cpu": "AMD EPYC", "cores": 2, "loadavg_1_5_15": [1.2, 1, 1],
+                "date": when.strftime("%Y-%m-%d %H:%M:%S UTC")}
+
+    theirs = {"before": block(start), "after": block(end)}
+    assert machine_of(theirs, regen, {}) is theirs
+    # an earlier run's block (a day before): no loads are kept, only the machine
+    day = timedelta(days=1)
+    other = {"before": block(start - day), "after": block(end - day)}
+    assert machine_of(other, regen, {}) == {"before": {"cpu": "AMD EPYC", "cores": 2},
+                                            "after": {}}
