@@ -124,17 +124,22 @@ def test_prepare_runs_once_before_cells_that_still_have_to_run(tmp_path):
 
     runner.main(make, ["--out", str(tmp_path), "--workers", "1", "--draft"])
     assert calls == [0]  # before the first cell ran
-    runner.main(make, ["--out", str(tmp_path), "--workers", "1", "--draft"])
     ran = json.loads((tmp_path / "results.json").read_text())
     ran["machine"]["before"]["date"] = "the day the cells ran"
     (tmp_path / "results.json").write_text(json.dumps(ran))
     runner.main(make, ["--out", str(tmp_path), "--report-only", "--draft"])
-    assert calls == [0]  # everything cached: nothing to prepare
     reported = json.loads((tmp_path / "results.json").read_text())
     # a report rewritten from the cache keeps the machine of the run that made the cells, and says
     # which commits its cells come from
     assert reported["machine"] == ran["machine"]
     assert reported["provenance"]["commits"] == {ran["runs"][0]["code"]: 1}
+    runner.main(make, ["--out", str(tmp_path), "--workers", "1", "--draft"])
+    assert calls == [0]  # everything cached: nothing to prepare
+    # that run made no cell: a report from the cache then states no loads of its
+    runner.main(make, ["--out", str(tmp_path), "--report-only", "--draft"])
+    reported = json.loads((tmp_path / "results.json").read_text())
+    assert reported["machine"]["after"] == {} and "loadavg_1_5_15" not in reported["machine"][
+        "before"]
 
 
 def test_only_runs_the_cells_of_the_roles_it_names(tmp_path):
