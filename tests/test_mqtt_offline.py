@@ -318,7 +318,8 @@ def test_a_model_agent_starting_and_stopping_beside_training_costs_no_round(mosq
     # `edgefl device agent` beside `edgefl train` on one device: the agent says it is connected on
     # its own topic, so the server never reads its session as the training process restarting
     # (on `status`, its "online" failed the open request as "device restarted")
-    from edgefl.rollout import ModelStore, _connect, parse_status, run_agent
+    from edgefl.rollout import ModelStore, _connect, run_agent
+    from edgefl.wire.validate import parse_status
 
     fleet = "agent1"
     address = BrokerAddress.parse(mosquitto.url)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import runpy
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
@@ -38,13 +37,10 @@ from edgefl.report.console import Feedback, err
 def device_entry() -> None:
     """What a forked device process runs: ``edgefl <argv>`` as ``python -m edgefl.cli.main`` runs
     it, the module named, not imported (edgefl.cli.main imports this module: no import circle). The
-    fork server has that module loaded already; running it again as ``__main__`` is the intent, so
-    runpy's warning about it (which went into every device's log) is not shown."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r".*found in sys\.modules", category=RuntimeWarning
-        )
-        runpy.run_module("edgefl.cli.main", run_name="__main__", alter_sys=True)
+    fork server has that module loaded already; running it again as ``__main__`` is the intent, and
+    runpy's warning about it is filtered in the fork server, whose children inherit the filter
+    (:mod:`edgefl.runtime.forkwarm`)."""
+    runpy.run_module("edgefl.cli.main", run_name="__main__", alter_sys=True)
 
 
 def _rounds(value: str | None) -> tuple[int, ...] | None:
