@@ -414,24 +414,7 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
             "used)",
             "",
         ]
-        for s in results["sweeps"]:
-            vals = ", ".join(
-                f"{v}: {pct(a, sd)}"
-                for v, a, sd in zip(
-                    s["grid"], s["validation_accuracy"], s["validation_sd"], strict=True
-                )
-            )
-            chosen = (
-                f"chosen **{s['chosen']}**"
-                if s["chosen"] is not None
-                else f"metric missing ({s.get('missing', '')})"
-            )
-            if s.get("kept_default"):
-                chosen += f" (the default: the best, {s['best']}, is within the noise of it)"
-            lines.append(
-                f"- **{s['parameter']}** by `{s['metric']}` (seeds {s['seeds']}): {vals} → "
-                f"{chosen}. {s['note']}"
-            )
+        lines += [sweep_line(s) for s in results["sweeps"]]
         lines.append("")
     if bench.diagnostics is not None:
         lines += [bench.diagnostics(results).strip(), ""]
@@ -444,6 +427,21 @@ def results_markdown(bench: Benchmark, results: Mapping[str, Any], figures: str 
     if figures.strip():
         lines += [figures.strip(), ""]
     return "\n".join(lines)
+
+
+def sweep_line(s: Mapping[str, Any]) -> str:
+    """A sweep's line: its values, what it chose, and whether that is the value the grid runs."""
+    vals = ", ".join(f"{v}: {pct(a, sd)}" for v, a, sd in zip(
+        s["grid"], s["validation_accuracy"], s["validation_sd"], strict=True))
+    chosen = (f"chosen **{s['chosen']}**" if s["chosen"] is not None
+              else f"metric missing ({s.get('missing', '')})")
+    if s.get("kept_default"):
+        chosen += f" (the default: the best, {s['best']}, is within the noise of it)"
+    elif s.get("default") is not None and s["chosen"] not in (None, s["default"]):
+        chosen += (f" — **not the default {s['default']} the grid runs**: this page's claims "
+                   "are over a value the sweep did not choose until the grid reruns at it")
+    return (f"- **{s['parameter']}** by `{s['metric']}` (seeds {s['seeds']}): {vals} → {chosen}. "
+            f"{s['note']}")
 
 
 def signs(claim: Mapping[str, Any]) -> str:

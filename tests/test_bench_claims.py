@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import runner
 from benchmarks.cells import legacy_curve
+from benchmarks.pages import sweep_line
 from benchmarks.runner import Cell, Claim, evaluate_claim, last_quarter_slope
 from tests.bench_cases import full_run, gated, run, tiny_cell
 
@@ -312,6 +313,9 @@ def test_a_sweep_keeps_the_default_when_the_best_value_is_within_the_noise():
     )
     with pytest.raises(ValueError, match="not in the grid"):
         runner.Sweep("lr", (0.01, 0.1, 1.0), cells, default=0.5)
+    # Assert: the page says when the grid runs a default the sweep did not choose
+    assert "not the default 0.01 the grid runs" in sweep_line(far)
+    assert "not the default" not in sweep_line(close) and "within the noise" in sweep_line(close)
 
 
 def test_a_metric_can_be_the_difference_of_two():
