@@ -72,3 +72,26 @@ def test_nothing_is_chosen_while_a_candidate_has_cells_to_run():
     result = converge.summarize(records, every)
     assert result["verdicts"]["server_opt constant"]["status"] == "undecided"
     assert result["chosen"]["server_opt"] is None and result["chosen"]["foundation"] == "step70"
+
+
+def test_the_ceiling_rule_reads_twice_the_epochs_against_the_noise_and_all_data_against_90():
+    from benchmarks.foundation import ceiling
+
+    every = ceiling.cells()
+    ref = ceiling.reference()  # the committed converge.json's 30-epoch bound: 87.20 ± 1.15 %
+    assert [round(100 * x, 1) for x in ref["final"]] == [86.8, 88.5, 86.3]
+
+    def summary(longer, everything):
+        got = [record(c, longer if c.method == "twice the epochs" else everything)
+               for c in every]
+        return ceiling.summarize(got, every)["status"]
+
+    # Assert: within the noise of the bound is its ceiling; 90 % is read on the all-data mean
+    flat = summary(ref["mean"] + 0.005, 0.905)
+    assert flat["ceiling"].startswith("at its ceiling") and flat["ninety"].startswith("reaches 90")
+    climbing = summary(ref["mean"] + 0.03, 0.895)
+    assert climbing["ceiling"].startswith("not at its ceiling")
+    assert climbing["ninety"].startswith("does not reach 90 %")
+    # a candidate short of its seeds decides nothing
+    partial = ceiling.summarize([None] * len(every), every)["status"]
+    assert partial == {"ceiling": "undecided", "ninety": "undecided"}
