@@ -95,3 +95,26 @@ def test_the_ceiling_rule_reads_twice_the_epochs_against_the_noise_and_all_data_
     # a candidate short of its seeds decides nothing
     partial = ceiling.summarize([None] * len(every), every)["status"]
     assert partial == {"ceiling": "undecided", "ninety": "undecided"}
+
+
+def test_feddws_baseline_sweep_moves_a_grid_value_only_beyond_its_paired_noise():
+    from benchmarks.feddw import baselines
+
+    every = baselines.cells()
+    bump = {"fedprox.mu=0.1": 0.02, "feddw.lam=1000.0": 0.004}
+
+    def summary(spread):
+        # the two settings 40 points apart (not noise once paired); a value's bump over its grid
+        # value, with a per-seed spread around it
+        got = [record(c, (0.8 if c.setting == "sweep-practical" else 0.4)
+                      + bump.get(c.method, 0.0) * (1 + spread * (-1) ** c.seed))
+               for c in every]
+        return baselines.summarize(got, every)
+
+    steady = summary(0.1)
+    assert steady["chosen"] == {"fedprox.mu": "0.1", "feddw.lam": "1000.0"}
+    noisy = summary(3.0)  # the same means, paired differences that swing through zero
+    assert noisy["chosen"] == {"fedprox.mu": "0.01", "feddw.lam": "100.0"}
+    assert "within the noise" in noisy["status"]["fedprox.mu"]
+    assert baselines.summarize([None] * len(every), every)["status"] == {
+        "fedprox.mu": "undecided", "feddw.lam": "undecided"}
