@@ -133,10 +133,11 @@ def test_prepare_runs_once_before_cells_that_still_have_to_run(tmp_path):
     # which commits its cells come from
     assert reported["machine"] == ran["machine"]
     assert reported["provenance"]["commits"] == {ran["runs"][0]["code"]: 1}
+    # everything cached: nothing to prepare; that run made no cell, so its report states no loads
     runner.main(make, ["--out", str(tmp_path), "--workers", "1", "--draft"])
-    assert calls == [0]  # everything cached: nothing to prepare; that run made no cell, so a
-    runner.main(make, ["--out", str(tmp_path), "--report-only", "--draft"])  # report states no
-    assert json.loads((tmp_path / "results.json").read_text())["machine"]["after"] == {}  # loads
+    assert calls == [0]
+    runner.main(make, ["--out", str(tmp_path), "--report-only", "--draft"])
+    assert json.loads((tmp_path / "results.json").read_text())["machine"]["after"] == {}
 
 
 def test_only_runs_the_cells_of_the_roles_it_names(tmp_path):

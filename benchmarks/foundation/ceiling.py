@@ -30,20 +30,16 @@ from pathlib import Path
 
 from benchmarks import sweep
 from benchmarks.cells import Cell
-from benchmarks.foundation import RECIPE, STEP
+from benchmarks.foundation import STEP, converge
 from benchmarks.foundation.recipes import peak, unstable
 
 HERE = Path(__file__).resolve().parent
 COMMAND = "python -m benchmarks.foundation.ceiling --workers 2"
-RUN_KEYS = ("method", "setting", "seed", "final_accuracy", "per_round", "slope", "code",
-            "code_hash")
-SEEDS = (10, 11, 12)
-#: the bound's run as converge.md ran it (its "foundation step70" centralized cells)
-BOUND = {"dataset": "fashion-mnist", "epochs": 1, "test_samples": 2000, "eval_samples": 1000,
-         "model": "cnn", "tiers": ("2",), "width": 0.5, "clients": 1, "fraction": 1.0,
-         **RECIPE, "batch_size": 32, "algorithm": "local", "partition": "iid",
-         "train_samples": 6000, "validation_samples": 1000}
+SEEDS = converge.SEEDS  # converge.md's seeds, so the reference row pairs with these runs
 REFERENCE = "foundation step70"  # converge.json's candidate, its "centralized" row
+#: the bound's run as converge.md ran it (its "foundation step70" centralized cells)
+_base, _settings, _ = converge.PROFILES["foundation"]
+BOUND = {**_base, **_settings["centralized"]}
 
 
 def run_of(epochs: int, train_samples: int) -> dict:
@@ -131,7 +127,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     return sweep.main(argv, "The foundation bound's ceiling (issue 37).", HERE, "ceiling", cells,
-                      summarize, markdown, command=COMMAND, keys=RUN_KEYS,
+                      summarize, markdown, command=COMMAND, keys=converge.RUN_KEYS,
                       tmp_root=Path.cwd() / "runs" / "ceiling-tmp")
 
 

@@ -176,8 +176,7 @@ def make(quick: bool = False) -> Benchmark:
         }
         config = {
             **base,
-            "lr_decay_rounds": decay,
-            **table[setting],
+            **table[setting],  # the rounds and their decay included
             "algorithm": algorithm,
             "model": model,
             "tiers": tiers,
